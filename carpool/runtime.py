@@ -1,0 +1,150 @@
+"""The device runtime: one thread owns the device and runs one unit of work at a time.
+
+After hivemind's Runtime. Workers (a dynamic batcher, a generation engine) register
+with the runtime. On every turn the runtime polls each worker; among those with work
+ready it runs the one with the best (lowest) priority value, and among equals the one
+whose work has been ready longest. With nothing ready it sleeps until the earliest
+time a worker asked to be polled again, or until a worker calls ``notify()``.
+
+The runtime thread never awaits anything; workers hand results back to the event
+loop through futures. If a worker raises out of ``run_once`` the runtime is dead:
+every worker fails its outstanding requests and ``on_death`` is called.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from carpool.clock import Clock, MonotonicClock
+from carpool.errors import RuntimeDead, ServerShuttingDown
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkState:
+    """What a worker tells the runtime when polled.
+
+    ``ready_since``: when its current unit of work became ready, or None if none is.
+    ``wake_at``: when to poll again even if nothing is notified (a queue delay or a
+    deadline running out), or None.
+    """
+
+    ready_since: float | None = None
+    wake_at: float | None = None
+
+
+IDLE = WorkState()
+
+
+class Worker(Protocol):
+    """A model frontend the runtime can drive."""
+
+    name: str
+    priority: int
+
+    def attach(self, notify: Callable[[], None]) -> None:
+        """Receive the function that wakes the runtime; call it when work arrives."""
+
+    def poll(self, now: float) -> WorkState:
+        """Take in new work and report readiness. Runs on the runtime thread."""
+
+    def run_once(self, now: float) -> None:
+        """Run one unit of work (a batch, an engine step). Runs on the runtime thread.
+
+        Model failures are the worker's to contain; an exception escaping here kills
+        the runtime.
+        """
+
+    def fail_all(self, error: Exception) -> None:
+        """Finish every outstanding request with ``error``; the runtime is stopping."""
+
+
+class DeviceRuntime:
+    """Runs registered workers' units of work on one thread."""
+
+    def __init__(
+        self,
+        clock: Clock | None = None,
+        on_death: Callable[[BaseException], None] | None = None,
+        name: str = "carpool-runtime",
+    ) -> None:
+        self._clock = clock or MonotonicClock()
+        self._on_death = on_death
+        self._workers: list[Worker] = []
+        self._wakeup = threading.Event()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self.error: BaseException | None = None
+        self.units_run = 0
+
+    def register(self, worker: Worker) -> None:
+        """Add a worker; only before ``start``."""
+        if self._thread.is_alive():
+            raise RuntimeError("register workers before starting the runtime")
+        worker.attach(self.notify)
+        self._workers.append(worker)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def notify(self) -> None:
+        """Wake the runtime; any thread may call this."""
+        self._wakeup.set()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop after the current unit of work and fail what is left."""
+        self._stopping.set()
+        self._wakeup.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def _main(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                self._turn()
+        except BaseException as exc:
+            self.error = exc
+            log.exception("device runtime died; failing all outstanding requests")
+            self._fail_all(RuntimeDead("the device runtime stopped"))
+            if self._on_death is not None:
+                self._on_death(exc)
+            return
+        self._fail_all(ServerShuttingDown("the server is shutting down"))
+
+    def _turn(self) -> None:
+        # Clear before polling: a notify that lands after the poll keeps the event
+        # set, so the wait below returns at once instead of missing the work.
+        self._wakeup.clear()
+        now = self._clock.now()
+        best: tuple[int, float, Worker] | None = None
+        wake_at: float | None = None
+        for worker in self._workers:
+            state = worker.poll(now)
+            if state.ready_since is not None:
+                key = (worker.priority, state.ready_since)
+                if best is None or key < best[:2]:
+                    best = (*key, worker)
+            if state.wake_at is not None:
+                wake_at = state.wake_at if wake_at is None else min(wake_at, state.wake_at)
+        if best is not None:
+            best[2].run_once(now)
+            self.units_run += 1
+            return
+        timeout = None if wake_at is None else max(0.0, wake_at - self._clock.now())
+        self._wakeup.wait(timeout)
+
+    def _fail_all(self, error: Exception) -> None:
+        for worker in self._workers:
+            try:
+                worker.fail_all(error)
+            except Exception:
+                log.exception("worker %s failed to fail its requests", worker.name)

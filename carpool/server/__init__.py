@@ -1,0 +1,1 @@
+"""The HTTP edge: OpenAI /v1, Open Inference Protocol /v2, metrics."""

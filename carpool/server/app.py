@@ -1,0 +1,39 @@
+"""The FastAPI application: routes, error handling, limits, health and metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastapi import FastAPI, Response
+
+from carpool import __version__
+from carpool.server import errors, metrics, openai_routes, v2_routes
+from carpool.server.limits import BodySizeLimit
+from carpool.server.served import ClientDisconnected, ServedModels
+
+
+def create_app(
+    models: ServedModels, *, is_ready: Callable[[], bool], max_body_bytes: int
+) -> FastAPI:
+    """The ASGI app serving ``models``; ``is_ready`` says whether the runtime is alive."""
+    app = FastAPI(title="carpool", version=__version__)
+    errors.install(app)
+    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
+    app.include_router(openai_routes.router(models))
+    app.include_router(v2_routes.router(models, is_ready))
+    registry = metrics.make_registry([metrics.BatcherCollector(models)])
+
+    @app.exception_handler(ClientDisconnected)
+    async def _gone(_request: object, _exc: ClientDisconnected) -> Response:
+        # Nobody is listening; 499 (nginx's "client closed request") lands in the log only.
+        return Response(status_code=499)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200 if is_ready() else 503)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(registry), media_type=metrics.CONTENT_TYPE)
+
+    return app

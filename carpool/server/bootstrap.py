@@ -1,0 +1,80 @@
+"""Assembling a running server from a config: models, runtime, batchers, app."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from dataclasses import dataclass, field
+
+import uvicorn
+
+from carpool.batching import DynamicBatcher
+from carpool.config import CarpoolConfig
+from carpool.models import registry
+from carpool.runtime import DeviceRuntime
+from carpool.server.app import create_app
+from carpool.server.served import ServedEmbedding, ServedModels
+
+log = logging.getLogger("carpool")
+
+
+@dataclass
+class ServerBundle:
+    """Everything a running server holds."""
+
+    config: CarpoolConfig
+    models: ServedModels
+    runtime: DeviceRuntime = field(init=False)
+    exit_code: int = 0
+    _server: uvicorn.Server | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.runtime = DeviceRuntime(on_death=self.on_runtime_death)
+
+    def on_runtime_death(self, exc: BaseException) -> None:
+        """The runtime thread died: exit non-zero so a supervisor restarts us."""
+        log.critical("device runtime died (%s); shutting down", type(exc).__name__)
+        self.exit_code = 1
+        if self._server is not None:
+            self._server.should_exit = True
+
+    async def run(self, sock: socket.socket, ready_line: str) -> None:
+        app = create_app(
+            self.models,
+            is_ready=lambda: self.runtime.alive,
+            max_body_bytes=self.config.server.max_body_bytes,
+        )
+        uv_config = uvicorn.Config(
+            app,
+            log_level=self.config.server.log_level,
+            access_log=self.config.server.log_level == "debug",
+            timeout_graceful_shutdown=30,
+        )
+        self._server = uvicorn.Server(uv_config)
+        serving = asyncio.create_task(self._server.serve(sockets=[sock]))
+        while not self._server.started and not serving.done():
+            await asyncio.sleep(0.01)
+        if self._server.started:
+            log.info(ready_line)
+        await serving
+
+
+def build_server(config: CarpoolConfig) -> ServerBundle:
+    """Load every model and register it with a fresh (started) device runtime."""
+    if config.runtime.threads:
+        import torch
+
+        torch.set_num_threads(config.runtime.threads)
+    served = []
+    for spec in config.server.models:
+        source = registry.resolve(spec)
+        log.info("loading %s (%s) from %s", source.name, source.task.value, source.path)
+        model = registry.load(source, config.runtime.device)
+        batcher = DynamicBatcher(source.name, model, config.batching_for(source.name))
+        served.append(ServedEmbedding(source.name, model, batcher))
+    bundle = ServerBundle(config, ServedModels(served))
+    for s in served:
+        bundle.runtime.register(s.batcher)
+    bundle.runtime.start()
+    return bundle

@@ -1,0 +1,123 @@
+"""Every error a client sees, mapped to HTTP in one place, in its protocol's shape.
+
+/v2 (Open Inference Protocol): ``{"error": "<message>"}``.
+Everything else (OpenAI): ``{"error": {"message", "type", "param", "code"}}``.
+A client never sees a stack trace; an unexpected exception is logged with its
+trace and answered 500 with a short message.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from carpool.errors import (
+    CarpoolError,
+    InvalidRequest,
+    ModelExecutionError,
+    ModelNotFound,
+    Overloaded,
+    QueueTimeout,
+    RuntimeDead,
+    Unauthorized,
+)
+
+log = logging.getLogger(__name__)
+
+_STATUS: list[tuple[type[CarpoolError], int, str]] = [
+    (InvalidRequest, 400, "invalid_request_error"),
+    (Unauthorized, 401, "authentication_error"),
+    (ModelNotFound, 404, "not_found_error"),
+    (Overloaded, 503, "overloaded_error"),
+    (QueueTimeout, 504, "timeout_error"),
+    (ModelExecutionError, 500, "model_error"),
+    (RuntimeDead, 503, "service_unavailable"),
+]
+
+
+def status_of(exc: CarpoolError) -> tuple[int, str]:
+    """HTTP status and OpenAI error type of ``exc``."""
+    for cls, status, kind in _STATUS:
+        if isinstance(exc, cls):
+            return status, kind
+    return 500, "server_error"
+
+
+def error_response(
+    request: Request,
+    status: int,
+    message: str,
+    *,
+    kind: str = "invalid_request_error",
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    """The error body for ``request``'s protocol."""
+    if request.url.path.startswith("/v2"):
+        body: dict[str, object] = {"error": message}
+    else:
+        body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def response_for(request: Request, exc: CarpoolError) -> JSONResponse:
+    status, kind = status_of(exc)
+    headers = None
+    if isinstance(exc, Overloaded):
+        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
+    return error_response(request, status, exc.message, kind=kind, param=exc.param, headers=headers)
+
+
+def _describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
+    """A message naming the offending field, and the field. Pydantic reports a value
+    that matches no member of a union once per member; those become one message."""
+    errors = exc.errors()
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return f"request body is not valid JSON: {first.get('msg', '')}", None
+    loc = [p for p in first.get("loc", ()) if p != "body"]
+    if not loc:
+        return str(first.get("msg", "invalid request body")), None
+    field = str(loc[0])
+    same_field = [e for e in errors if [p for p in e.get("loc", ()) if p != "body"][:1] == loc[:1]]
+    if len(same_field) > 1:
+        reasons = sorted({str(e.get("msg")) for e in same_field})
+        return f"'{field}' has an invalid value: {'; or '.join(reasons[:4])}", field
+    path = ".".join(str(p) for p in loc)
+    return f"'{path}': {first.get('msg', 'invalid value')}", field
+
+
+def install(app: FastAPI) -> None:
+    """Register the exception handlers on ``app``."""
+
+    @app.exception_handler(CarpoolError)
+    async def _carpool(request: Request, exc: CarpoolError) -> JSONResponse:
+        return response_for(request, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, field = _describe_validation(exc)
+        status = 400 if field is None else 422
+        return error_response(request, status, message, param=field)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return error_response(request, exc.status_code, str(exc.detail), kind=kind)
+
+    @app.exception_handler(json.JSONDecodeError)
+    async def _json(request: Request, exc: json.JSONDecodeError) -> JSONResponse:
+        return error_response(request, 400, f"request body is not valid JSON: {exc.msg}")
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.error("unexpected error on %s", request.url.path, exc_info=exc)
+        return error_response(request, 500, "internal server error", kind="server_error")

@@ -1,0 +1,138 @@
+"""Plain statistics objects filled by the core and read by ``server/metrics.py``.
+
+The runtime thread is the only writer of a model's statistics; readers on other
+threads call ``snapshot()``, which copies under the object's lock.
+"""
+
+from __future__ import annotations
+
+import bisect
+import copy
+import threading
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Outcome(str, Enum):
+    """How a request ended."""
+
+    SUCCESS = "success"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    REJECTED = "rejected"
+    CANCELLED = "cancelled"
+
+
+@dataclass
+class Histogram:
+    """Cumulative-free bucket counts; ``bounds`` are upper bounds, +Inf implied."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+
+LATENCY_BOUNDS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+BATCH_SIZE_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+@dataclass
+class Duration:
+    """A count and a cumulative duration in nanoseconds (Triton's StatisticDuration)."""
+
+    count: int = 0
+    ns: int = 0
+
+    def add(self, seconds: float, count: int = 1) -> None:
+        self.count += count
+        self.ns += int(seconds * 1e9)
+
+
+@dataclass
+class BatchSizeStats:
+    """Triton's InferBatchStatistics for one executed batch size."""
+
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+@dataclass
+class BatcherStatsData:
+    """What a dynamic-batched model has done, in Triton's statistics terms."""
+
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    queue: Duration = field(default_factory=Duration)
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    inference_count: int = 0
+    execution_count: int = 0
+    last_inference_ms: int = 0
+    pending: int = 0
+    outcomes: dict[Outcome, int] = field(default_factory=lambda: {o: 0 for o in Outcome})
+    batch_sizes: dict[int, BatchSizeStats] = field(default_factory=dict)
+    queue_hist: Histogram = field(default_factory=lambda: Histogram(LATENCY_BOUNDS_S))
+    compute_hist: Histogram = field(default_factory=lambda: Histogram(LATENCY_BOUNDS_S))
+    batch_size_hist: Histogram = field(default_factory=lambda: Histogram(BATCH_SIZE_BOUNDS))
+
+
+class BatcherStats:
+    """Thread-safe holder of ``BatcherStatsData``: the runtime writes, anyone snapshots."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._data = BatcherStatsData()
+
+    def snapshot(self) -> BatcherStatsData:
+        with self._lock:
+            return copy.deepcopy(self._data)
+
+    def record_outcome(self, outcome: Outcome, total_s: float) -> None:
+        with self._lock:
+            self._data.outcomes[outcome] += 1
+            if outcome is Outcome.SUCCESS:
+                self._data.success.add(total_s)
+            elif outcome in (Outcome.ERROR, Outcome.TIMEOUT):
+                self._data.fail.add(total_s)
+
+    def record_queue(self, waited_s: float) -> None:
+        with self._lock:
+            self._data.queue.add(waited_s)
+            self._data.queue_hist.observe(waited_s)
+
+    def record_execution(
+        self, size: int, input_s: float, infer_s: float, output_s: float, wall_ms: int
+    ) -> None:
+        """One executed batch of ``size`` requests and how long each phase took."""
+        with self._lock:
+            d = self._data
+            d.execution_count += 1
+            d.inference_count += size
+            d.last_inference_ms = wall_ms
+            d.compute_input.add(input_s, size)
+            d.compute_infer.add(infer_s, size)
+            d.compute_output.add(output_s, size)
+            per_size = d.batch_sizes.setdefault(size, BatchSizeStats())
+            per_size.compute_input.add(input_s)
+            per_size.compute_infer.add(infer_s)
+            per_size.compute_output.add(output_s)
+            d.compute_hist.observe(input_s + infer_s + output_s)
+            d.batch_size_hist.observe(size)
+
+    def set_pending(self, pending: int) -> None:
+        with self._lock:
+            self._data.pending = pending
