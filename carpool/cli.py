@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import dataclasses
 import logging
+import signal
 import socket
 import sys
 import time
@@ -42,21 +43,34 @@ def _add_flags(parser: argparse.ArgumentParser, section: str, cls: type[Any]) ->
     group = parser.add_argument_group(section.replace("_", " "), cls.__doc__)
     helps = field_help(cls)
     for f in dataclasses.fields(cls):
-        if dataclasses.is_dataclass(f.default_factory) or f.name in ("priority_queue_policy", "queue_policy"):
+        if dataclasses.is_dataclass(f.default_factory) or f.name in (
+            "priority_queue_policy",
+            "queue_policy",
+        ):
             continue
         flag = "--" + f.name.replace("_", "-")
         if f.name == "models":
             flag = "--model"
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
         dest = f"{section}.{f.name}"
         help_text = f"{helps[f.name]} (default: {default})"
         if isinstance(default, bool):
-            group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+            group.add_argument(
+                flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_text
+            )
         elif isinstance(default, tuple):
             element = type(default[0]) if default else int
             action = "append" if f.name == "models" else "store"
             nargs = None if f.name == "models" else "+"
-            group.add_argument(flag, dest=dest, type=element, nargs=nargs, action=action, default=None, help=help_text)
+            group.add_argument(
+                flag,
+                dest=dest,
+                type=element,
+                nargs=nargs,
+                action=action,
+                default=None,
+                help=help_text,
+            )
         else:
             group.add_argument(flag, dest=dest, type=type(default), default=None, help=help_text)
 
@@ -83,7 +97,9 @@ def build_config(args: argparse.Namespace) -> CarpoolConfig:
 
 
 def parser() -> argparse.ArgumentParser:
-    root = argparse.ArgumentParser(prog="carpool", description="An inference server in which requests share the ride.")
+    root = argparse.ArgumentParser(
+        prog="carpool", description="An inference server in which requests share the ride."
+    )
     sub = root.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve models over HTTP")
     for section, cls in _SECTIONS:
@@ -150,6 +166,10 @@ def serve(config: CarpoolConfig) -> int:
         f"carpool ready on http://{host}:{port} serving {', '.join(m.name for m in bundle.models)} "
         f"(started in {time.monotonic() - started:.1f}s)"
     )
+    # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal to the handler that
+    # was in place before it started; a no-op one lets a clean drain exit 0.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: None)
     try:
         asyncio.run(bundle.run(sock, ready_line))
     finally:

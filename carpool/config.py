@@ -70,13 +70,9 @@ class BatchingConfig:
         "batch size times the longest input for a padded one.",
         default=16384,
     )
-    priority_levels: int = _help(
-        "Number of priority levels; level 1 runs first.", default=1
-    )
-    default_priority_level: int = _help(
-        "Priority level of a request that names none.", default=1
-    )
-    queue_policy: QueuePolicy = _help(
+    priority_levels: int = _help("Number of priority levels; level 1 runs first.", default=1)
+    default_priority_level: int = _help("Priority level of a request that names none.", default=1)
+    queue_policy: QueuePolicy = _help(  # noqa: RUF009 (field() with metadata, not a call default)
         "Queue policy of every priority level.", default_factory=QueuePolicy
     )
     priority_queue_policy: Mapping[int, QueuePolicy] = _help(
@@ -185,7 +181,9 @@ def from_dict(cls: type[T], data: Mapping[str, Any]) -> T:
             f"unknown {cls.__name__} key(s): {', '.join(unknown)}; "
             f"known: {', '.join(sorted(names))}"
         )
-    kwargs = {key: _convert(hints[key], value, f"{cls.__name__}.{key}") for key, value in data.items()}
+    kwargs = {
+        key: _convert(hints[key], value, f"{cls.__name__}.{key}") for key, value in data.items()
+    }
     try:
         return cls(**kwargs)
     except TypeError as exc:

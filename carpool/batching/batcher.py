@@ -58,7 +58,8 @@ class _Admission:
     def __init__(self, config: BatchingConfig) -> None:
         self._lock = threading.Lock()
         self._limits = {
-            lvl: config.policy_for(lvl).max_queue_size for lvl in range(1, config.priority_levels + 1)
+            lvl: config.policy_for(lvl).max_queue_size
+            for lvl in range(1, config.priority_levels + 1)
         }
         self._counts = dict.fromkeys(self._limits, 0)
 
@@ -137,7 +138,9 @@ class DynamicBatcher:
             timeout = min(timeout, timeout_s)
         if not self._admission.try_acquire(level):
             self.stats.record_outcome(Outcome.REJECTED, 0.0)
-            raise Overloaded(f"model {self.name!r} has too many requests waiting", retry_after_s=1.0)
+            raise Overloaded(
+                f"model {self.name!r} has too many requests waiting", retry_after_s=1.0
+            )
         now = self._clock.now()
         request = BatchRequest(payload, cost, level, arrival=now, deadline=now + timeout)
         # A cancelled future wakes the runtime so the request leaves the queue promptly.
@@ -209,7 +212,9 @@ class DynamicBatcher:
             self._admission.release(request.level)
             if request.future.set_running_or_notify_cancel():
                 request.future.set_exception(
-                    QueueTimeout(f"request waited {now - request.arrival:.3f}s in the queue and timed out")
+                    QueueTimeout(
+                        f"request waited {now - request.arrival:.3f}s in the queue and timed out"
+                    )
                 )
                 self.stats.record_outcome(Outcome.TIMEOUT, now - request.arrival)
             else:

@@ -12,7 +12,9 @@ class PriorityQueues:
     """Waiting requests, one FIFO per priority level (1 is served first)."""
 
     def __init__(self, levels: int) -> None:
-        self._queues: dict[int, deque[BatchRequest]] = {lvl: deque() for lvl in range(1, levels + 1)}
+        self._queues: dict[int, deque[BatchRequest]] = {
+            lvl: deque() for lvl in range(1, levels + 1)
+        }
 
     def __len__(self) -> int:
         return sum(len(q) for q in self._queues.values())

@@ -48,7 +48,9 @@ class Ragged:
         self.lengths = torch.tensor(lengths, device=device)
         self.count = len(lengths)
         self.positions = torch.cat([torch.arange(n, device=device) for n in lengths])
-        self.seq_index = torch.repeat_interleave(torch.arange(self.count, device=device), self.lengths)
+        self.seq_index = torch.repeat_interleave(
+            torch.arange(self.count, device=device), self.lengths
+        )
 
 
 class BertLayer(nn.Module):
@@ -117,7 +119,9 @@ class BertEncoder(nn.Module):
                     [tensors[f"{a}{n}.{kind}"] for n in ("query", "key", "value")]
                 )
                 own[f"layers.{i}.attn_out.{kind}"] = tensors[p + f"attention.output.dense.{kind}"]
-                own[f"layers.{i}.attn_norm.{kind}"] = tensors[p + f"attention.output.LayerNorm.{kind}"]
+                own[f"layers.{i}.attn_norm.{kind}"] = tensors[
+                    p + f"attention.output.LayerNorm.{kind}"
+                ]
                 own[f"layers.{i}.up.{kind}"] = tensors[p + f"intermediate.dense.{kind}"]
                 own[f"layers.{i}.down.{kind}"] = tensors[p + f"output.dense.{kind}"]
                 own[f"layers.{i}.out_norm.{kind}"] = tensors[p + f"output.LayerNorm.{kind}"]

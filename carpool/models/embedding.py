@@ -63,7 +63,8 @@ class EmbeddingModel:
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:
             raise InvalidRequest(
-                f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})", param=param
+                f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})",
+                param=param,
             )
         return self._fit(ids, truncate, param)
 
@@ -81,7 +82,9 @@ class EmbeddingModel:
     # --- BatchModel (runtime thread) ---------------------------------------------
 
     def collate(self, payloads: list[list[int]]) -> tuple[torch.Tensor, Ragged]:
-        flat = torch.tensor([t for ids in payloads for t in ids], dtype=torch.long, device=self.device)
+        flat = torch.tensor(
+            [t for ids in payloads for t in ids], dtype=torch.long, device=self.device
+        )
         return flat, Ragged([len(ids) for ids in payloads], self.device)
 
     def forward(self, batch: tuple[torch.Tensor, Ragged]) -> torch.Tensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from carpool.errors import ModelNotFound
 from carpool.models.weights import read_json
 
 
-class Task(str, Enum):
+class Task(StrEnum):
     """What a model does, which decides how it is batched and served."""
 
     EMBED = "embed"

@@ -57,7 +57,14 @@ class BodySizeLimit:
         if str(scope.get("path", "")).startswith("/v2"):
             body = {"error": message}
         else:
-            body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": 413}}
+            body = {
+                "error": {
+                    "message": message,
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": 413,
+                }
+            }
         payload = json.dumps(body).encode()
         await send(
             {

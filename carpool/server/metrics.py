@@ -24,7 +24,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def _buckets(h: Histogram) -> list[tuple[str, float]]:
-    out = []
+    out: list[tuple[str, float]] = []
     running = 0
     for bound, count in zip([*h.bounds, float("inf")], h.counts, strict=True):
         running += count
@@ -47,7 +47,9 @@ class BatcherCollector(Collector):
             "carpool_pending_requests", "Requests waiting in the queue.", labels=["model"]
         )
         queue = HistogramMetricFamily(
-            "carpool_queue_duration_seconds", "Time a request waited before its batch ran.", labels=["model"]
+            "carpool_queue_duration_seconds",
+            "Time a request waited before its batch ran.",
+            labels=["model"],
         )
         compute = HistogramMetricFamily(
             "carpool_compute_duration_seconds", "Time one batch took to run.", labels=["model"]
@@ -62,7 +64,11 @@ class BatcherCollector(Collector):
                 requests.add_metric([name, outcome.value], count)
             batches.add_metric([name], s.execution_count)
             pending.add_metric([name], s.pending)
-            for family, hist in ((queue, s.queue_hist), (compute, s.compute_hist), (sizes, s.batch_size_hist)):
+            for family, hist in (
+                (queue, s.queue_hist),
+                (compute, s.compute_hist),
+                (sizes, s.batch_size_hist),
+            ):
                 family.add_metric([name], _buckets(hist), hist.total)
         yield from (requests, batches, pending, queue, compute, sizes)
 

@@ -39,7 +39,9 @@ def router(models: ServedModels) -> APIRouter:
                 param="dimensions",
             )
         ids = tokenize_inputs(served, body.input, body.truncate)
-        vectors = await served.embed(ids, priority=body.priority, timeout_s=body.timeout, request=request)
+        vectors = await served.embed(
+            ids, priority=body.priority, timeout_s=body.timeout, request=request
+        )
         data = [
             {"object": "embedding", "index": i, "embedding": encode(v, body.encoding_format)}
             for i, v in enumerate(vectors)

@@ -25,10 +25,13 @@ class EmbeddingRequest(_Strict):
     user: StrictStr | None = None
     priority: StrictInt | None = Field(default=None, description="Priority level; 1 runs first.")
     timeout: float | None = Field(
-        default=None, gt=0, description="Seconds the request may wait in the queue (shortens the default)."
+        default=None,
+        gt=0,
+        description="Seconds the request may wait in the queue (shortens the default).",
     )
     truncate: bool = Field(
-        default=False, description="Cut inputs longer than the model's maximum instead of refusing them."
+        default=False,
+        description="Cut inputs longer than the model's maximum instead of refusing them.",
     )
 
 

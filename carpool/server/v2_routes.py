@@ -10,7 +10,12 @@ from fastapi import APIRouter, Request, Response
 from carpool import __version__
 from carpool.errors import InvalidRequest
 from carpool.server.served import ServedEmbedding, ServedModels
-from carpool.server.v2_tensors import HEADER_LENGTH, decode_bytes_tensor, encode_response, parse_request
+from carpool.server.v2_tensors import (
+    HEADER_LENGTH,
+    decode_bytes_tensor,
+    encode_response,
+    parse_request,
+)
 from carpool.stats import BatcherStatsData, Duration
 
 INPUT_NAME = "text"
@@ -99,7 +104,10 @@ def router(models: ServedModels, is_ready: Any) -> APIRouter:
         params = body.parameters or {}
         texts = _texts(body.inputs, blobs)
         truncate = _param(params, "truncate", bool, False)
-        ids = [served.model.tokenize(t, truncate, param=f"{INPUT_NAME}[{i}]") for i, t in enumerate(texts)]
+        ids = [
+            served.model.tokenize(t, truncate, param=f"{INPUT_NAME}[{i}]")
+            for i, t in enumerate(texts)
+        ]
         timeout_us = _param(params, "timeout", int, None)
         vectors = await served.embed(
             ids,
@@ -109,7 +117,11 @@ def router(models: ServedModels, is_ready: Any) -> APIRouter:
         )
         array = np.stack(vectors) if vectors else np.zeros((0, served.model.dimensions), np.float32)
         content, header_len = encode_response(
-            {"model_name": served.name, "model_version": VERSION, **({"id": body.id} if body.id else {})},
+            {
+                "model_name": served.name,
+                "model_version": VERSION,
+                **({"id": body.id} if body.id else {}),
+            },
             [
                 (
                     {"name": OUTPUT_NAME, "datatype": "FP32", "shape": list(array.shape)},

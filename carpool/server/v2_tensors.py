@@ -16,7 +16,9 @@ from carpool.server.schemas import V2InferRequest, V2Tensor
 HEADER_LENGTH = "inference-header-content-length"
 
 
-def parse_request(body: bytes, header_length: str | None) -> tuple[V2InferRequest, dict[str, bytes]]:
+def parse_request(
+    body: bytes, header_length: str | None
+) -> tuple[V2InferRequest, dict[str, bytes]]:
     """The JSON request and, per input name, its binary data (binary extension)."""
     if header_length is None:
         json_part, binary = body, b""
@@ -59,7 +61,8 @@ def decode_bytes_tensor(tensor: V2Tensor, blob: bytes | None) -> list[str]:
         raise InvalidRequest(f"input '{tensor.name}' has neither data nor binary_data_size")
     if len(items) != count:
         raise InvalidRequest(
-            f"input '{tensor.name}' has {len(items)} elements but shape {tensor.shape} needs {count}"
+            f"input '{tensor.name}' has {len(items)} elements "
+            f"but shape {tensor.shape} needs {count}"
         )
     texts = []
     for item in items:
@@ -67,11 +70,15 @@ def decode_bytes_tensor(tensor: V2Tensor, blob: bytes | None) -> list[str]:
             try:
                 texts.append(item.decode("utf-8"))
             except UnicodeDecodeError:
-                raise InvalidRequest(f"input '{tensor.name}' holds bytes that are not UTF-8") from None
+                raise InvalidRequest(
+                    f"input '{tensor.name}' holds bytes that are not UTF-8"
+                ) from None
         elif isinstance(item, str):
             texts.append(item)
         else:
-            raise InvalidRequest(f"input '{tensor.name}' must hold strings, found {type(item).__name__}")
+            raise InvalidRequest(
+                f"input '{tensor.name}' must hold strings, found {type(item).__name__}"
+            )
     return texts
 
 

@@ -1,0 +1,90 @@
+"""Our BERT embedder reproduces sentence-transformers and Hugging Face BERT, and batching
+never changes an embedding."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from carpool.errors import InvalidRequest
+from carpool.models.bert import BertConfig, BertEncoder, Ragged
+from carpool.models.embedding import EmbeddingModel
+from carpool.models.registry import BUILTIN_MODELS
+
+TEXTS = [
+    "Hello world",
+    "A man is eating food.",
+    "The quick brown fox jumps over the lazy dog. " * 8,
+    "a",
+    "Ünïcödé, emoji 🚗 and CJK 汉字 share the ride",
+    "   leading and trailing spaces   ",
+    "numbers 3.14159 and symbols #$%&*()",
+]
+
+
+@pytest.fixture(scope="module")
+def minilm() -> EmbeddingModel:
+    return EmbeddingModel(BUILTIN_MODELS["all-minilm-l6-v2"].locate())
+
+
+def test_matches_sentence_transformers(minilm: EmbeddingModel) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    reference = SentenceTransformer(str(minilm.folder), device="cpu").encode(TEXTS)
+    ours = minilm.embed(TEXTS)
+    assert ours.shape == (len(TEXTS), 384)
+    cosine = (
+        (ours * reference).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(reference, axis=1)
+    )
+    assert cosine.min() >= 0.9999
+    assert np.allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
+
+
+def test_batching_never_changes_an_embedding(minilm: EmbeddingModel) -> None:
+    together = minilm.embed(TEXTS)
+    alone = np.stack([minilm.embed([t])[0] for t in TEXTS])
+    assert np.abs(together - alone).max() < 1e-5
+
+
+def test_too_long_input_is_refused_unless_truncation_is_asked(minilm: EmbeddingModel) -> None:
+    long_text = "word " * 400
+    with pytest.raises(InvalidRequest, match="over this model's maximum of 256"):
+        minilm.tokenize(long_text)
+    ids = minilm.tokenize(long_text, truncate=True)
+    assert len(ids) == 256 and ids[-1] == minilm.tokenizer.token_to_id("[SEP]")
+    with pytest.raises(InvalidRequest, match="empty"):
+        minilm.tokenize("")
+    with pytest.raises(InvalidRequest, match="outside the vocabulary"):
+        minilm.check_ids([101, 10**6])
+
+
+def test_tiny_random_bert_matches_transformers(tmp_path: Path) -> None:
+    from transformers import BertConfig as HFConfig
+    from transformers import BertModel
+
+    torch.manual_seed(0)
+    hf_config = HFConfig(
+        vocab_size=99,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=64,
+    )
+    hf = BertModel(hf_config, add_pooling_layer=False).eval()
+    hf.config.to_json_file(tmp_path / "config.json")
+    ours = BertEncoder(BertConfig.from_hf(json.loads((tmp_path / "config.json").read_text())))
+    ours.load_hf_state_dict(hf.state_dict())
+    lengths = [5, 17, 1, 9]
+    sequences = [torch.randint(0, 99, (n,)) for n in lengths]
+    with torch.inference_mode():
+        flat = ours(torch.cat(sequences), Ragged(lengths, torch.device("cpu")))
+        offset = 0
+        for seq in sequences:
+            expected = hf(input_ids=seq[None]).last_hidden_state[0]
+            assert torch.allclose(flat[offset : offset + len(seq)], expected, atol=1e-5)
+            offset += len(seq)

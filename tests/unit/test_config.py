@@ -1,0 +1,87 @@
+"""Configuration is validated once, rejects unknown keys, and CLI flags take effect."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from carpool.cli import build_config, parser
+from carpool.config import BatchingConfig, ConfigError, QueuePolicy, from_dict, load_model_batching
+
+
+def test_unknown_keys_are_rejected_with_the_known_ones_listed() -> None:
+    with pytest.raises(ConfigError, match=r"unknown BatchingConfig key\(s\): max_batch.*known:"):
+        from_dict(BatchingConfig, {"max_batch": 4})
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"max_batch_size": 0}, "max_batch_size must be >= 1"),
+        ({"max_batch_size": 4, "preferred_batch_sizes": [8]}, "preferred batch size 8"),
+        ({"priority_levels": 2, "default_priority_level": 3}, "default_priority_level"),
+        ({"max_queue_delay_ms": -1}, "max_queue_delay_ms"),
+        ({"max_batch_size": "four"}, "expects int"),
+    ],
+)
+def test_bad_values_fail_with_a_clear_message(data: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        from_dict(BatchingConfig, data)
+
+
+def test_cli_flags_reach_the_config() -> None:
+    args = parser().parse_args(
+        [
+            "serve",
+            "--port",
+            "0",
+            "--max-batch-size",
+            "8",
+            "--max-queue-delay-ms",
+            "5",
+            "--preferred-batch-sizes",
+            "4",
+            "8",
+            "--max-queue-size",
+            "3",
+            "--no-allow-timeout-override",
+            "--model",
+            "a",
+            "--model",
+            "b",
+        ]
+    )
+    config = build_config(args)
+    assert config.server.port == 0 and config.server.models == ("a", "b")
+    assert config.batching.max_batch_size == 8 and config.batching.max_queue_delay_ms == 5.0
+    assert config.batching.preferred_batch_sizes == (4, 8)
+    assert config.batching.queue_policy == QueuePolicy(
+        max_queue_size=3, allow_timeout_override=False
+    )
+
+
+def test_per_model_config_file_overrides_the_shared_batching(tmp_path: Path) -> None:
+    path = tmp_path / "models.json"
+    path.write_text(
+        json.dumps(
+            {
+                "models": {
+                    "m": {
+                        "max_batch_size": 2,
+                        "priority_queue_policy": {"1": {"max_queue_size": 5}},
+                    }
+                }
+            }
+        )
+    )
+    batching = load_model_batching(path)
+    assert batching["m"].max_batch_size == 2
+    assert batching["m"].policy_for(1).max_queue_size == 5
+    config = build_config(parser().parse_args(["serve", "--model-config", str(path)]))
+    assert config.batching_for("m").max_batch_size == 2
+    assert config.batching_for("other") == BatchingConfig()
+    path.write_text(json.dumps({"models": {"m": {"max_batch_sise": 2}}}))
+    with pytest.raises(ConfigError, match="max_batch_sise"):
+        load_model_batching(path)
