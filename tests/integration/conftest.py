@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import os
 import re
-import selectors
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import httpx
 import pytest
+
+from carpool.testing import spawn
 
 READY = re.compile(r"carpool ready on (http://127\.0\.0\.1:\d+)")
 MODEL = "all-minilm-l6-v2"
@@ -47,32 +47,11 @@ class Server:
 
 
 def start_server(*args: str, timeout_s: float = 120.0) -> Server:
-    """Start ``carpool serve`` and wait for its ready line (read from its output)."""
+    """Start ``carpool serve`` on an ephemeral port and wait for its ready line."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "carpool.cli", "serve", "--port", "0", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
-    assert process.stdout is not None
-    log: list[str] = []
-    selector = selectors.DefaultSelector()
-    selector.register(process.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not selector.select(timeout=deadline - time.monotonic()):
-            break
-        line = process.stdout.readline()
-        if not line:
-            break
-        log.append(line)
-        match = READY.search(line)
-        if match:
-            return Server(match.group(1), process, log)
-    process.kill()
-    raise RuntimeError("carpool serve did not become ready:\n" + "".join(log))
+    command = [sys.executable, "-m", "carpool.cli", "serve", "--port", "0", *args]
+    process, match, log = spawn(command, READY, timeout_s, env)
+    return Server(match.group(1), process, log)
 
 
 def stop_server(server: Server) -> int:

@@ -1,0 +1,43 @@
+"""Starting servers as subprocesses and waiting for their ready line (tests, benchmarks)."""
+
+from __future__ import annotations
+
+import re
+import selectors
+import subprocess
+import time
+
+
+def spawn(
+    command: list[str],
+    ready: re.Pattern[str],
+    timeout_s: float = 120.0,
+    env: dict[str, str] | None = None,
+) -> tuple[subprocess.Popen[str], re.Match[str], list[str]]:
+    """Start ``command`` and read its merged output until a line matches ``ready``.
+
+    Returns the process, the match and the lines read. Kills the process and raises
+    ``RuntimeError`` (with its output) if it exits or stays silent past ``timeout_s``.
+    The caller keeps draining nothing: later output goes to the pipe, so long-running
+    children should log little.
+    """
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    assert process.stdout is not None
+    lines: list[str] = []
+    selector = selectors.DefaultSelector()
+    selector.register(process.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not selector.select(timeout=deadline - time.monotonic()):
+            break
+        line = process.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        match = ready.search(line)
+        if match:
+            return process, match, lines
+    process.kill()
+    raise RuntimeError(f"{command[0]} did not become ready:\n" + "".join(lines))
