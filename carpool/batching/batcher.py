@@ -144,11 +144,15 @@ class DynamicBatcher:
         now = self._clock.now()
         request = BatchRequest(payload, cost, level, arrival=now, deadline=now + timeout)
         # A cancelled future wakes the runtime so the request leaves the queue promptly.
-        request.future.add_done_callback(lambda _: self._notify())
+        request.future.add_done_callback(self._wake_if_cancelled)
         self._inbox.put(request)
         self.stats.set_pending(self._admission.total())
         self._notify()
         return request.future
+
+    def _wake_if_cancelled(self, future: Future[Any]) -> None:
+        if future.cancelled():
+            self._notify()
 
     # --- runtime thread -----------------------------------------------------------
 

@@ -1,0 +1,1 @@
+"""Text generation: continuous batching over a paged KV cache."""

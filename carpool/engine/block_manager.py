@@ -1,0 +1,164 @@
+"""The paged KV cache's bookkeeping: fixed-size blocks, a block table per sequence,
+and prefix caching. No torch: the model runner owns the tensors, this owns the ids.
+
+Prefix caching (after vLLM): once a block is full and computed, it is registered
+under a hash of its tokens chained with the hash of the block before it, so the
+hash names the whole prefix. A later sequence whose prompt starts with the same
+full blocks takes references on them instead of recomputing them. A block whose
+last reference is dropped goes to the free queue but keeps its content and hash,
+so it can still be hit until it is evicted, least recently freed first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+class BlockTable:
+    """One sequence's blocks, in order, and the prefix hashes of its full blocks."""
+
+    def __init__(self) -> None:
+        self.blocks: list[int] = []
+        self.hashes: list[bytes] = []
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+
+@dataclass
+class PrefixCacheStats:
+    """Prefix-cache lookups in blocks (vLLM counts tokens; blocks times size is that)."""
+
+    queries: int = 0
+    hits: int = 0
+
+
+def chain_hash(parent: bytes | None, tokens: Sequence[int]) -> bytes:
+    """The hash naming a full block of ``tokens`` after the prefix named ``parent``."""
+    digest = hashlib.sha256(parent or b"")
+    digest.update(array("q", tokens).tobytes())
+    return digest.digest()
+
+
+@dataclass
+class BlockManager:
+    """Allocates KV blocks to sequences; all-or-nothing, never over-committing."""
+
+    num_blocks: int
+    block_size: int
+    prefix_caching: bool = True
+    stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
+
+    def __post_init__(self) -> None:
+        if self.num_blocks < 1 or self.block_size < 1:
+            raise ValueError("num_blocks and block_size must be >= 1")
+        self._refs = [0] * self.num_blocks
+        self._hash_of: dict[int, bytes] = {}
+        self._cached: dict[bytes, int] = {}
+        # Free blocks, least recently freed first; a cached one may still be hit.
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(self.num_blocks))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks held by some sequence."""
+        return 1.0 - self.num_free / self.num_blocks
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def match_prefix(self, token_ids: Sequence[int]) -> list[int]:
+        """Cached blocks holding the longest full-block prefix of ``token_ids``.
+
+        At least one token is always left to compute, since the model must produce
+        logits for the last prompt token. Takes no references: pass the result to
+        ``allocate``."""
+        if not self.prefix_caching:
+            return []
+        usable = (len(token_ids) - 1) // self.block_size
+        found: list[int] = []
+        parent: bytes | None = None
+        for i in range(usable):
+            parent = chain_hash(parent, token_ids[i * self.block_size : (i + 1) * self.block_size])
+            block = self._cached.get(parent)
+            if block is None:
+                break
+            found.append(block)
+        self.stats.queries += usable
+        self.stats.hits += len(found)
+        return found
+
+    def allocate(self, table: BlockTable, num_tokens: int, prefix: Sequence[int] = ()) -> bool:
+        """Make ``table`` cover ``num_tokens`` tokens, starting from the cached
+        ``prefix`` blocks if the table is empty. False, with nothing changed, if
+        there are not enough free blocks."""
+        if prefix and table.blocks:
+            raise ValueError("a prefix can only start an empty block table")
+        reused_free = sum(1 for b in prefix if self._refs[b] == 0)
+        fresh = max(0, self.blocks_needed(num_tokens) - len(table.blocks) - len(prefix))
+        if fresh + reused_free > self.num_free:
+            return False
+        for block in prefix:
+            if self._refs[block] == 0:
+                del self._free[block]
+            self._refs[block] += 1
+            table.blocks.append(block)
+            table.hashes.append(self._hash_of[block])
+        for _ in range(fresh):
+            table.blocks.append(self._take_free())
+        return True
+
+    def commit(self, table: BlockTable, token_ids: Sequence[int], num_computed: int) -> None:
+        """Register the blocks that ``num_computed`` computed tokens have filled."""
+        if not self.prefix_caching:
+            return
+        full = min(num_computed // self.block_size, len(table.blocks))
+        while len(table.hashes) < full:
+            i = len(table.hashes)
+            parent = table.hashes[-1] if table.hashes else None
+            digest = chain_hash(parent, token_ids[i * self.block_size : (i + 1) * self.block_size])
+            table.hashes.append(digest)
+            block = table.blocks[i]
+            # An identical block already cached (computed twice concurrently) stays the
+            # canonical one; this block is simply not shared.
+            if digest not in self._cached:
+                self._cached[digest] = block
+                self._hash_of[block] = digest
+
+    def free(self, table: BlockTable) -> None:
+        """Drop the table's references, tail first, so a shared prefix's early
+        blocks are the last evicted."""
+        for block in reversed(table.blocks):
+            self._refs[block] -= 1
+            if self._refs[block] == 0:
+                self._free[block] = None
+        table.blocks.clear()
+        table.hashes.clear()
+
+    def _take_free(self) -> int:
+        block, _ = self._free.popitem(last=False)
+        stale = self._hash_of.pop(block, None)
+        if stale is not None:
+            del self._cached[stale]
+        self._refs[block] = 1
+        return block
+
+    def check(self, tables: Sequence[BlockTable]) -> None:
+        """Assert the invariants: every block is free xor referenced, references
+        equal the tables' entries, and the cache maps agree."""
+        counts = [0] * self.num_blocks
+        for table in tables:
+            for block in table.blocks:
+                counts[block] += 1
+        assert counts == self._refs, "reference counts match the block tables"
+        for block in range(self.num_blocks):
+            assert (block in self._free) == (self._refs[block] == 0), f"block {block} free xor used"
+        assert all(self._hash_of[b] == h for h, b in self._cached.items()), "cache maps agree"
+        assert len(self._hash_of) == len(self._cached)
