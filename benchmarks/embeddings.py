@@ -37,6 +37,19 @@ def free_port() -> int:
         return port
 
 
+def ours_in_process(texts: list[str]) -> float:
+    """carpool's own encoder, no server: sentences/s in sorted batches of 64."""
+    from carpool.models.embedding import EmbeddingModel
+
+    model = EmbeddingModel(BUILTIN_MODELS[MODEL].locate())
+    model.embed(texts[:64])
+    ordered = sorted(texts, key=len)
+    started = time.perf_counter()
+    for i in range(0, len(ordered), 64):
+        model.embed(ordered[i : i + 64])
+    return len(texts) / (time.perf_counter() - started)
+
+
 def in_process(texts: list[str]) -> tuple[float, float]:
     """(sentences/s in sorted batches of 64, median seconds of one single encode)."""
     model = SentenceTransformer(str(BUILTIN_MODELS[MODEL].locate()), device="cpu")
@@ -98,6 +111,10 @@ def main() -> None:
         f"single encode p50 {single * 1e3:.1f} ms",
         flush=True,
     )
+    ours = ours_in_process(texts)
+    print(
+        f"  carpool's encoder in-process (sorted batches of 64): {ours:.1f} sentences/s", flush=True
+    )
     carpool = measure(
         "carpool",
         [sys.executable, "-m", "carpool.cli", "serve", "--port", "0", *args.carpool_args.split()],
@@ -126,6 +143,7 @@ def main() -> None:
         json.dumps(
             {
                 "ceiling_sps": ceiling,
+                "ours_in_process_sps": ours,
                 "single_p50_s": single,
                 "carpool": {
                     c: {

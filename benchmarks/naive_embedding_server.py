@@ -7,6 +7,7 @@ webserver" guide (a queue, one server loop, one model call per request).
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
 
 import uvicorn
@@ -41,8 +42,14 @@ async def main(port: int) -> None:
     app = Starlette(routes=[Route("/v1/embeddings", embeddings, methods=["POST"])])
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
     loop_task = asyncio.create_task(server_loop())
+    # Bind and listen before announcing readiness; IPPROTO_TCP so asyncio sets
+    # TCP_NODELAY on accepted sockets, as it does for carpool.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(2048)
     print(f"naive ready on http://127.0.0.1:{port}", flush=True)
-    await uvicorn.Server(config).serve()
+    await uvicorn.Server(config).serve(sockets=[sock])
     loop_task.cancel()
 
 

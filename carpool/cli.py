@@ -14,6 +14,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +44,10 @@ def _add_flags(parser: argparse.ArgumentParser, section: str, cls: type[Any]) ->
     group = parser.add_argument_group(section.replace("_", " "), cls.__doc__)
     helps = field_help(cls)
     for f in dataclasses.fields(cls):
-        if dataclasses.is_dataclass(f.default_factory) or f.name in (
+        if f.name in (
             "priority_queue_policy",
             "queue_policy",
-        ):
+        ):  # nested: own flags or --model-config
             continue
         flag = "--" + f.name.replace("_", "-")
         if f.name == "models":
@@ -147,6 +148,11 @@ def serve(config: CarpoolConfig) -> int:
     )
     from carpool.server.bootstrap import build_server
 
+    # The runtime thread reacquires the GIL after every torch op; while the event
+    # loop holds it, the default 5 ms switch interval can stall each of those
+    # hundreds of reacquisitions per forward. A short interval bounds that wait.
+    sys.setswitchinterval(config.runtime.switch_interval_ms / 1000)
+
     started = time.monotonic()
     try:
         bundle = build_server(config)
@@ -174,10 +180,22 @@ def serve(config: CarpoolConfig) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: None)
     try:
-        asyncio.run(bundle.run(sock, ready_line))
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(bundle.run(sock, ready_line))
     finally:
         bundle.runtime.stop()
     return bundle.exit_code
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop where it is installed (uvicorn only picks it itself when it
+    owns the loop, which it does not here)."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ class QueuePolicy:
 class BatchingConfig:
     """Dynamic batching knobs for one model (after Triton's dynamic batcher)."""
 
-    max_batch_size: int = _help("Most requests in one executed batch.", default=64)
+    max_batch_size: int = _help("Most requests in one executed batch.", default=128)
     max_queue_delay_ms: float = _help(
         "Most milliseconds the oldest waiting request is held back to let a batch grow; "
         "0 runs whatever is waiting as soon as the device is free.",
@@ -116,7 +116,14 @@ class RuntimeConfig:
         "Intra-op threads for torch on the CPU; 0 keeps torch's default.", default=0
     )
 
+    switch_interval_ms: float = _help(
+        "Python's GIL switch interval in milliseconds: how long the event loop may keep "
+        "the runtime thread waiting between two model ops.",
+        default=0.5,
+    )
+
     def __post_init__(self) -> None:
+        _require(self.switch_interval_ms > 0, "switch_interval_ms must be > 0")
         _require(
             self.device == "cpu" or self.device.startswith("cuda"),
             f"device must be cpu or cuda[:N], got {self.device!r}",

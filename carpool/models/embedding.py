@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 
 from carpool.errors import InvalidRequest
 from carpool.models.bert import BertConfig, BertEncoder, Ragged, mean_pool
-from carpool.models.weights import load_safetensors, read_json
+from carpool.models.weights import load_safetensors, read_json, read_json_list
 
 
 class EmbeddingModel:
@@ -101,12 +101,3 @@ class EmbeddingModel:
         """Embed texts directly, in one batch (for offline use and tests)."""
         out = self.forward(self.collate([self.tokenize(t, truncate=True) for t in texts]))
         return out.float().cpu().numpy()
-
-
-def read_json_list(path: Path) -> list[dict[str, Any]]:
-    import json
-
-    if not path.exists():
-        return []
-    data = json.loads(path.read_text())
-    return data if isinstance(data, list) else []

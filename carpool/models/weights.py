@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -32,4 +33,14 @@ def read_json(path: Path) -> dict[str, object]:
     data = json.loads(path.read_text())
     if not isinstance(data, dict):
         raise ValueError(f"{path} does not hold a JSON object")
+    return data
+
+
+def read_json_list(path: Path) -> list[dict[str, Any]]:
+    """A JSON list of objects from ``path``; [] when the file is absent."""
+    if not path.exists():
+        return []
+    data = json.loads(path.read_text())
+    if not isinstance(data, list):
+        raise ValueError(f"{path} does not hold a JSON list")
     return data

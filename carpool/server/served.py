@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -102,7 +102,7 @@ class ServedModels:
     def __init__(self, models: list[ServedEmbedding]) -> None:
         self._models = {m.name: m for m in models}
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[ServedEmbedding]:
         return iter(self._models.values())
 
     def get(self, name: str) -> ServedEmbedding:

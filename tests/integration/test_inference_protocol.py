@@ -30,7 +30,7 @@ def test_health_and_metadata(client: triton.InferenceServerClient) -> None:
     meta = client.get_model_metadata(MODEL)
     assert meta["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": [-1, 384]}]
     assert client.get_server_metadata()["name"] == "carpool"
-    assert client.get_model_config(MODEL)["max_batch_size"] == 64
+    assert client.get_model_config(MODEL)["max_batch_size"] == 128
 
 
 @pytest.mark.parametrize("binary", [False, True])

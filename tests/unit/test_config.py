@@ -47,6 +47,8 @@ def test_cli_flags_reach_the_config() -> None:
             "--max-queue-size",
             "3",
             "--no-allow-timeout-override",
+            "--switch-interval-ms",
+            "2",
             "--model",
             "a",
             "--model",
@@ -55,6 +57,7 @@ def test_cli_flags_reach_the_config() -> None:
     )
     config = build_config(args)
     assert config.server.port == 0 and config.server.models == ("a", "b")
+    assert config.runtime.switch_interval_ms == 2.0
     assert config.batching.max_batch_size == 8 and config.batching.max_queue_delay_ms == 5.0
     assert config.batching.preferred_batch_sizes == (4, 8)
     assert config.batching.queue_policy == QueuePolicy(
