@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import base64
-import json
 from typing import Any
 
 import numpy as np
+import orjson
 from fastapi import APIRouter, Request, Response
 
 from carpool.errors import InvalidRequest
@@ -53,7 +53,9 @@ def router(models: ServedModels) -> APIRouter:
             "model": served.name,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
-        return Response(json.dumps(payload), media_type="application/json")
+        return Response(
+            orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json"
+        )
 
     return api
 
@@ -82,8 +84,9 @@ def tokenize_inputs(
     ]
 
 
-def encode(vector: np.ndarray[Any, Any], encoding_format: str) -> list[float] | str:
+def encode(vector: np.ndarray[Any, Any], encoding_format: str) -> np.ndarray[Any, Any] | str:
+    """The vector as base64 of little-endian float32, or as the float32 array itself
+    (orjson writes each element's shortest exact float32 form)."""
     if encoding_format == "base64":
         return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
-    result: list[float] = vector.tolist()
-    return result
+    return vector.astype(np.float32, copy=False)

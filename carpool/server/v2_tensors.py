@@ -3,11 +3,11 @@ binary tensor data extension (a JSON header followed by raw tensor bytes)."""
 
 from __future__ import annotations
 
-import json
 import struct
 from typing import Any
 
 import numpy as np
+import orjson
 from pydantic import ValidationError
 
 from carpool.errors import InvalidRequest
@@ -121,9 +121,9 @@ def encode_response(
             entry["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
         else:
-            entry["data"] = array.reshape(-1).tolist()
+            entry["data"] = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
         entries.append(entry)
-    head = json.dumps({**header, "outputs": entries}).encode()
+    head = orjson.dumps({**header, "outputs": entries}, option=orjson.OPT_SERIALIZE_NUMPY)
     if not blobs:
         return head, None
     return head + b"".join(blobs), len(head)
