@@ -145,26 +145,8 @@ def main() -> None:
                 "ceiling_sps": ceiling,
                 "ours_in_process_sps": ours,
                 "single_p50_s": single,
-                "carpool": {
-                    c: {
-                        "rps": r.rps,
-                        "p50": r.p50,
-                        "p90": r.pct(0.9),
-                        "p99": r.pct(0.99),
-                        "errors": r.errors,
-                    }
-                    for c, r in carpool.items()
-                },
-                "naive": {
-                    c: {
-                        "rps": r.rps,
-                        "p50": r.p50,
-                        "p90": r.pct(0.9),
-                        "p99": r.pct(0.99),
-                        "errors": r.errors,
-                    }
-                    for c, r in naive.items()
-                },
+                "carpool": {c: r.summary() for c, r in carpool.items()},
+                "naive": {c: r.summary() for c, r in naive.items()},
             },
             indent=1,
         )

@@ -29,6 +29,15 @@ class LoadResult:
     def p50(self) -> float:
         return statistics.median(self.latencies)
 
+    def summary(self) -> dict[str, float]:
+        return {
+            "rps": self.rps,
+            "p50": self.p50,
+            "p90": self.pct(0.9),
+            "p99": self.pct(0.99),
+            "errors": self.errors,
+        }
+
 
 async def run_load(
     url: str, model: str, texts: list[str], concurrency: int, time_limit_s: float = 300.0

@@ -1,7 +1,8 @@
 """Plain statistics objects filled by the core and read by ``server/metrics.py``.
 
-The runtime thread is the only writer of a model's statistics; readers on other
-threads call ``snapshot()``, which copies under the object's lock.
+The runtime thread writes a model's statistics, except rejections, which the
+submitting thread records as it refuses; every write and every ``snapshot()``
+(the readers' copy) holds the object's lock.
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ from starlette.requests import Request
 from carpool.batching import DynamicBatcher
 from carpool.errors import ModelNotFound
 from carpool.models.embedding import EmbeddingModel
-from carpool.models.registry import Task
 
 T = TypeVar("T")
 
@@ -31,7 +30,6 @@ class ServedEmbedding:
     model: EmbeddingModel
     batcher: DynamicBatcher
     created: int = field(default_factory=lambda: int(time.time()))
-    task: Task = Task.EMBED
 
     async def embed(
         self,
