@@ -1,0 +1,180 @@
+"""The continuous-batching scheduler (after vLLM v1): which tokens run in the next step.
+
+Each step has a token budget (``max_num_batched_tokens``) and a sequence limit
+(``max_num_seqs``). Running sequences go first, decodes and unfinished prompt
+chunks alike, so a long prompt is prefilled in chunks and never stalls the
+streams already decoding; waiting sequences then fill what budget is left, in
+priority then arrival order. When the KV blocks run out, the running sequence
+that sorts last (lowest priority, most recently arrived) is preempted: its blocks
+are freed and it goes back to the head of the waiting queue to be recomputed.
+A waiting sequence whose deadline passes is finished with a timeout; ``abort``
+finishes a sequence and frees its blocks at the next ``schedule``.
+
+No torch and no threads: the engine calls ``schedule`` and ``update`` on its own
+thread and feeds the sampled tokens back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from carpool.engine.block_manager import BlockManager
+from carpool.engine.outputs import ScheduledChunk, SchedulerOutput
+from carpool.engine.sequence import FinishReason, Sequence, SequenceStatus
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
+            raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager) -> None:
+        self.config = config
+        self.blocks = blocks
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self._aborts: set[str] = set()
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+        self.waiting.sort(key=lambda s: s.order)
+
+    def abort(self, request_id: str) -> None:
+        """Finish ``request_id`` at the next ``schedule`` (a no-op if it has ended)."""
+        self._aborts.add(request_id)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self._aborts)
+
+    def schedule(self, now: float) -> SchedulerOutput:
+        out = SchedulerOutput()
+        self._finish_aborted(out)
+        self._expire_waiting(now, out)
+        budget = self.config.max_num_batched_tokens
+        for seq in sorted(self.running, key=lambda s: s.order):
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            n = min(seq.num_uncomputed, budget)
+            if self._grow_or_preempt(seq, n, out):
+                out.chunks.append(ScheduledChunk.of(seq, n))
+                budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            # Waiting sequences hold no blocks (preemption frees them): start from
+            # whatever full-block prefix is cached.
+            prefix = self.blocks.match_prefix(seq.token_ids)
+            cached = len(prefix) * self.blocks.block_size
+            n = min(seq.num_tokens - cached, budget)
+            if not self.blocks.allocate(seq.block_table, cached + n, prefix):
+                break
+            seq.num_computed = cached
+            self.waiting.pop(0)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.chunks.append(ScheduledChunk.of(seq, n))
+            budget -= n
+        return out
+
+    def update(self, output: SchedulerOutput, sampled: Mapping[str, int]) -> list[Sequence]:
+        """Record a step's results: advance each chunk, append each sampled token,
+        finish what hit a stop or length. Returns the sequences finished now."""
+        finished: list[Sequence] = []
+        for chunk in output.chunks:
+            seq = chunk.seq
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            seq.num_computed += chunk.num_tokens
+            self.blocks.commit(seq.block_table, seq.token_ids, seq.num_computed)
+            if not chunk.samples:
+                continue
+            token = sampled[seq.request_id]
+            seq.output_ids.append(token)
+            if token == seq.eos_token_id:
+                self._finish(seq, FinishReason.STOP)
+            elif len(seq.output_ids) >= seq.max_tokens:
+                self._finish(seq, FinishReason.LENGTH)
+            if seq.status is SequenceStatus.FINISHED:
+                finished.append(seq)
+        return finished
+
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        """End ``seq`` now (a stop string matched by the detokenizer, say)."""
+        self._finish(seq, reason)
+
+    def _grow_or_preempt(self, seq: Sequence, n: int, out: SchedulerOutput) -> bool:
+        """Give ``seq`` room for ``n`` more tokens, preempting the last-ordered running
+        sequences while blocks are short. False if ``seq`` itself was preempted."""
+        while not self.blocks.allocate(seq.block_table, seq.num_computed + n):
+            victim = max(
+                (s for s in self.running if s.status is SequenceStatus.RUNNING),
+                key=lambda s: s.order,
+            )
+            self._preempt(victim, out)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.blocks.free(seq.block_table)
+        seq.num_computed = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.running.remove(seq)
+        out.chunks[:] = [c for c in out.chunks if c.seq is not seq]
+        self.add(seq)
+        out.preempted.append(seq)
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        if seq.status is SequenceStatus.FINISHED:
+            return
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        self.blocks.free(seq.block_table)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    def _finish_aborted(self, out: SchedulerOutput) -> None:
+        if not self._aborts:
+            return
+        for seq in [*self.running, *self.waiting]:
+            if seq.request_id in self._aborts:
+                self._finish(seq, FinishReason.ABORT)
+                out.finished.append(seq)
+        self._aborts.clear()
+
+    def _expire_waiting(self, now: float, out: SchedulerOutput) -> None:
+        for seq in [s for s in self.waiting if s.deadline is not None and s.deadline <= now]:
+            self._finish(seq, FinishReason.TIMEOUT)
+            out.finished.append(seq)
+
+    def check(self, everything: list[Sequence]) -> None:
+        """Invariants: each sequence in exactly one state and list; only running ones
+        hold blocks; the block manager agrees with the running tables."""
+        for seq in everything:
+            places = (
+                (seq in self.waiting)
+                + (seq in self.running)
+                + (seq.status is SequenceStatus.FINISHED)
+            )
+            assert places == 1, f"{seq.request_id} is in {places} places"
+            assert (seq in self.running) == (seq.status is SequenceStatus.RUNNING)
+            if seq.status is not SequenceStatus.RUNNING:
+                assert not seq.block_table.blocks, (
+                    f"{seq.request_id} holds blocks while not running"
+                )
+        assert len(self.running) <= self.config.max_num_seqs
+        self.blocks.check([s.block_table for s in self.running])
