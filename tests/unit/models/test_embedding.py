@@ -88,3 +88,8 @@ def test_tiny_random_bert_matches_transformers(tmp_path: Path) -> None:
             expected = hf(input_ids=seq[None]).last_hidden_state[0]
             assert torch.allclose(flat[offset : offset + len(seq)], expected, atol=1e-5)
             offset += len(seq)
+
+
+def test_every_builtin_model_is_found_in_its_installed_package() -> None:
+    for model in BUILTIN_MODELS.values():
+        assert model.locate().exists(), model.name

@@ -1,0 +1,93 @@
+"""Incremental detokenization with stop strings.
+
+Text comes out in pieces that never split a UTF-8 character: a token's text is
+released only once decoding the recent tokens no longer ends in U+FFFD (after
+TGI's prefix/read offsets, which also keep a word's leading space right).
+
+Stop strings never leak: text that could be the beginning of a stop string is
+held back until it either completes one (then everything from the stop string on
+is dropped and the sequence stops) or stops being a possible beginning (then it
+is released). So a stop string can span any number of tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+# Prompt tokens kept as decoding context, so the first generated token's leading
+# space and merges decode as they would in the full text.
+CONTEXT_TOKENS = 5
+
+
+class Decoder(Protocol):
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+
+
+class IncrementalDetokenizer:
+    def __init__(
+        self,
+        tokenizer: Decoder,
+        prompt_ids: Sequence[int],
+        stop: Sequence[str] = (),
+        skip_special_tokens: bool = True,
+    ) -> None:
+        if any(not s for s in stop):
+            raise ValueError("stop strings must not be empty")
+        self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
+        self._ids = list(prompt_ids[-CONTEXT_TOKENS:])
+        self._prefix_offset = 0
+        self._read_offset = len(self._ids)
+        self._stop = tuple(stop)
+        self._held = ""
+        self.text = ""
+        self.stopped_on: str | None = None
+
+    def push(self, token_id: int) -> str:
+        """Add one generated token; return the text it makes safe to show (maybe "")."""
+        if self.stopped_on is not None:
+            return ""
+        self._ids.append(token_id)
+        prefix = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        full = self._decode(self._ids[self._prefix_offset :])
+        if len(full) <= len(prefix) or full.endswith("\ufffd"):
+            return ""
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._ids)
+        return self._release(full[len(prefix) :])
+
+    def flush(self) -> str:
+        """The text held back for a possible stop string, at the end of generation."""
+        if self.stopped_on is not None:
+            return ""
+        out, self._held = self._held, ""
+        self.text += out
+        return out
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
+
+    def _release(self, new_text: str) -> str:
+        pending = self._held + new_text
+        hit = min(((pending.find(s), s) for s in self._stop if s in pending), default=None)
+        if hit is not None:
+            index, stop = hit
+            self.stopped_on = stop
+            self._held = ""
+            out = pending[:index]
+        else:
+            keep = self._longest_stop_prefix_suffix(pending)
+            out, self._held = pending[: len(pending) - keep], pending[len(pending) - keep :]
+        self.text += out
+        return out
+
+    def _longest_stop_prefix_suffix(self, text: str) -> int:
+        """Length of the longest end of ``text`` that begins some stop string."""
+        best = 0
+        for stop in self._stop:
+            for n in range(min(len(stop) - 1, len(text)), best, -1):
+                if text.endswith(stop[:n]):
+                    best = n
+                    break
+        return best

@@ -1,0 +1,74 @@
+"""Incremental detokenization with the built-in model's real tokenizer: pieces never
+split a character, join to the full decode, and stop strings never leak."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from transformers import AutoTokenizer
+
+from carpool.engine.detokenizer import IncrementalDetokenizer
+from carpool.models.registry import BUILTIN_MODELS
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    path = BUILTIN_MODELS["smollm2-135m-instruct"].locate()
+    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+def stream(
+    tokenizer: Any, text: str, stop: tuple[str, ...] = ()
+) -> tuple[list[str], IncrementalDetokenizer]:
+    prompt = tokenizer.encode("Say something:")
+    detok = IncrementalDetokenizer(tokenizer, prompt, stop)
+    pieces = [detok.push(t) for t in tokenizer.encode(text)]
+    pieces.append(detok.flush())
+    return pieces, detok
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Hello world",
+        " leading space and  double  spaces",
+        "Héllo 🚗 wörld 汉字 — done.",
+        "line one\nline two\n\ttab",
+        "🚗🚕🚙",
+    ],
+)
+def test_pieces_join_to_the_full_decode_and_never_split_a_character(
+    tokenizer: Any, text: str
+) -> None:
+    pieces, detok = stream(tokenizer, text)
+    assert "".join(pieces) == tokenizer.decode(tokenizer.encode(text)) == detok.text
+    assert not any("\ufffd" in p for p in pieces)
+
+
+def test_a_stop_string_across_tokens_ends_the_text_and_never_leaks(tokenizer: Any) -> None:
+    pieces, detok = stream(
+        tokenizer, "The answer is 42. END OF ANSWER and more text", stop=("END OF ANSWER",)
+    )
+    assert detok.stopped_on == "END OF ANSWER"
+    assert "".join(pieces) == detok.text == "The answer is 42. "
+    assert not any("END" in p for p in pieces)
+
+
+def test_text_that_only_began_like_a_stop_string_is_released(tokenizer: Any) -> None:
+    pieces, detok = stream(tokenizer, "We stopped. Then we stop here.", stop=("stop here",))
+    assert detok.text == "We stopped. Then we "
+    assert "stopped" in "".join(pieces[:-1]), (
+        "released before the end, once it could no longer match"
+    )
+
+
+def test_the_earliest_of_several_stop_strings_wins(tokenizer: Any) -> None:
+    _, detok = stream(tokenizer, "alpha beta gamma", stop=("gamma", "beta"))
+    assert detok.stopped_on == "beta" and detok.text == "alpha "
+
+
+def test_without_a_match_the_held_text_comes_out_at_the_end(tokenizer: Any) -> None:
+    pieces, detok = stream(tokenizer, "ends with sto", stop=("stop",))
+    assert detok.stopped_on is None
+    assert pieces[-1].endswith("sto") and detok.text == "ends with sto"
