@@ -1,0 +1,147 @@
+"""Picks each row's next token from a step's logits, every row with its own
+parameters, in one vectorised pass over the batch.
+
+Order (as vLLM): repetition, frequency and presence penalties; ``min_tokens``
+masking of end tokens; then greedy rows take the argmax, the others are scaled by
+temperature, filtered by top-k, top-p and min-p, and sampled by the exponential
+race (argmax of p / E, E ~ Exp(1)). A seeded row draws its E from its own
+generator, so its tokens do not depend on what else is in the batch.
+Log-probabilities are of the model's raw logits (vLLM's default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from carpool.engine.sampling_params import SamplingParams
+
+
+@dataclass
+class SamplingRow:
+    """One sequence's row of the logits: its parameters and history."""
+
+    params: SamplingParams
+    prompt_ids: Sequence[int]
+    output_ids: Sequence[int]
+    end_ids: frozenset[int] = frozenset()  # EOS (unless ignore_eos) and stop_token_ids
+    generator: torch.Generator | None = None
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """The chosen token's log-probability and the top alternatives, best first."""
+
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass(frozen=True)
+class SampleOutput:
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]
+
+
+def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleOutput:
+    """``logits``: [len(rows), vocab]."""
+    if logits.dim() != 2 or logits.shape[0] != len(rows):
+        raise ValueError(f"logits of shape {tuple(logits.shape)} for {len(rows)} rows")
+    logits = logits.float()
+    raw = (
+        torch.log_softmax(logits, dim=-1)
+        if any(r.params.logprobs is not None for r in rows)
+        else None
+    )
+    logits = _penalise(logits.clone(), rows)
+    _mask_early_ends(logits, rows)
+    device = logits.device
+
+    def column(values: list[float]) -> torch.Tensor:
+        return torch.tensor(values, device=device, dtype=torch.float32)[:, None]
+
+    greedy = torch.tensor([r.params.greedy for r in rows], device=device)
+    temperature = column([r.params.temperature or 1.0 for r in rows])
+    scaled = _filter(
+        logits / temperature,
+        top_k=[r.params.top_k for r in rows],
+        top_p=column([r.params.top_p for r in rows]),
+        min_p=column([r.params.min_p for r in rows]),
+    )
+    probs = torch.softmax(scaled, dim=-1)
+    noise = torch.empty_like(probs).exponential_()
+    for i, row in enumerate(rows):
+        if row.generator is not None:
+            noise[i] = torch.empty(probs.shape[1], device=device).exponential_(
+                generator=row.generator
+            )
+    chosen = torch.where(greedy, logits.argmax(dim=-1), (probs / noise).argmax(dim=-1))
+    tokens: list[int] = chosen.tolist()
+    return SampleOutput(tokens, _logprobs(raw, tokens, rows))
+
+
+def _penalise(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    for i, row in enumerate(rows):
+        p = row.params
+        if p.repetition_penalty != 1.0:
+            seen = torch.tensor(
+                sorted({*row.prompt_ids, *row.output_ids}), dtype=torch.long, device=logits.device
+            )
+            values = logits[i, seen]
+            logits[i, seen] = torch.where(
+                values > 0, values / p.repetition_penalty, values * p.repetition_penalty
+            )
+        if (p.frequency_penalty or p.presence_penalty) and row.output_ids:
+            out = torch.tensor(list(row.output_ids), dtype=torch.long, device=logits.device)
+            counts = torch.zeros(logits.shape[1], device=logits.device).scatter_add_(
+                0, out, torch.ones(len(out), device=logits.device)
+            )
+            logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).float()
+    return logits
+
+
+def _mask_early_ends(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    for i, row in enumerate(rows):
+        if row.end_ids and len(row.output_ids) < row.params.min_tokens:
+            logits[i, list(row.end_ids)] = float("-inf")
+
+
+def _filter(
+    logits: torch.Tensor, top_k: list[int], top_p: torch.Tensor, min_p: torch.Tensor
+) -> torch.Tensor:
+    vocab = logits.shape[1]
+    ordered, _ = logits.sort(dim=-1, descending=True)
+    k = torch.tensor([kk if 0 < kk < vocab else vocab for kk in top_k], device=logits.device)
+    kth = ordered.gather(1, (k - 1)[:, None])
+    logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    sorted_probs, _ = probs.sort(dim=-1, descending=True)
+    # Keep the smallest set of best tokens whose mass reaches top_p (always the best one).
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    kept = (mass_before < top_p).sum(dim=-1, keepdim=True).clamp(min=1)
+    threshold = sorted_probs.gather(1, kept - 1)
+    logits = logits.masked_fill(probs < threshold, float("-inf"))
+    return logits.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, float("-inf"))
+
+
+def _logprobs(
+    raw: torch.Tensor | None, tokens: list[int], rows: list[SamplingRow]
+) -> list[TokenLogprobs | None]:
+    out: list[TokenLogprobs | None] = []
+    for i, row in enumerate(rows):
+        k = row.params.logprobs
+        if raw is None or k is None:
+            out.append(None)
+            continue
+        values, ids = raw[i].topk(k) if k else (raw[i][:0], raw[i][:0].long())
+        out.append(
+            TokenLogprobs(
+                float(raw[i, tokens[i]]), list(zip(ids.tolist(), values.tolist(), strict=True))
+            )
+        )
+    return out

@@ -1,0 +1,74 @@
+"""Sampling parameters with vLLM's names and meanings, validated once on creation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from carpool.errors import InvalidRequest
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each next token of a request (vLLM's ``SamplingParams``).
+
+    ``temperature`` 0 is greedy. ``top_k`` 0 (or -1, vLLM's spelling) keeps every
+    token. ``logprobs`` is how many top alternatives to report per token (None:
+    none). Invalid values raise ``InvalidRequest`` naming the parameter.
+    """
+
+    n: int = 1
+    max_tokens: int = 16
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if self.top_k == -1:
+            object.__setattr__(self, "top_k", 0)
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        _check(1 <= self.n <= 16, "n", "must be between 1 and 16")
+        _check(self.max_tokens >= 1, "max_tokens", "must be at least 1")
+        _check(
+            0 <= self.min_tokens <= self.max_tokens,
+            "min_tokens",
+            "must be between 0 and max_tokens",
+        )
+        _check(0.0 <= self.temperature <= 100.0, "temperature", "must be between 0 and 100")
+        _check(0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]")
+        _check(self.top_k >= 0, "top_k", "must be -1, 0 (all tokens) or positive")
+        _check(0.0 <= self.min_p <= 1.0, "min_p", "must be between 0 and 1")
+        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be between -2 and 2")
+        _check(
+            -2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be between -2 and 2"
+        )
+        _check(0.0 < self.repetition_penalty <= 10.0, "repetition_penalty", "must be in (0, 10]")
+        _check(
+            self.logprobs is None or 0 <= self.logprobs <= 20,
+            "logprobs",
+            "must be between 0 and 20",
+        )
+        _check(all(s for s in self.stop), "stop", "must not contain empty strings")
+        _check(
+            all(t >= 0 for t in self.stop_token_ids), "stop_token_ids", "must be token ids (>= 0)"
+        )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def _check(ok: bool, param: str, message: str) -> None:
+    if not ok:
+        raise InvalidRequest(f"{param} {message}", param=param)

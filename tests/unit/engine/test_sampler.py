@@ -1,0 +1,146 @@
+"""The sampler: each parameter's effect on a row, rows independent, seeds reproducible."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from carpool.engine.sampler import SamplingRow, make_generator, sample
+from carpool.engine.sampling_params import SamplingParams
+from carpool.errors import InvalidRequest
+
+VOCAB = 50
+
+
+def logits_for(rows: int = 1, seed: int = 0) -> torch.Tensor:
+    return torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def row(
+    output: list[int] | None = None, prompt: list[int] | None = None, **params: object
+) -> SamplingRow:
+    return SamplingRow(SamplingParams(**params), prompt or [], output or [])  # type: ignore[arg-type]
+
+
+def test_greedy_takes_the_argmax() -> None:
+    logits = logits_for(4)
+    out = sample(logits, [row(temperature=0.0) for _ in range(4)])
+    assert out.token_ids == logits.argmax(dim=-1).tolist()
+
+
+def test_top_k_one_and_tiny_top_p_and_min_p_one_are_greedy() -> None:
+    logits = logits_for(3, seed=1)
+    best = logits.argmax(dim=-1).tolist()
+    for params in ({"top_k": 1}, {"top_p": 1e-6}, {"min_p": 1.0}):
+        for _ in range(5):
+            assert sample(logits, [row(**params) for _ in range(3)]).token_ids == best, params
+
+
+def test_top_k_keeps_sampling_within_the_k_best() -> None:
+    logits = torch.zeros(1, VOCAB)
+    logits[0, :3] = torch.tensor([5.0, 4.9, 4.8])
+    seen = {sample(logits, [row(top_k=3, temperature=5.0)]).token_ids[0] for _ in range(200)}
+    assert seen == {0, 1, 2}
+
+
+def test_each_row_uses_its_own_parameters() -> None:
+    logits = logits_for(2, seed=2)
+    greedy_token = logits[0].argmax().item()
+    results = {
+        sample(logits, [row(temperature=0.0), row(temperature=50.0)]).token_ids[1]
+        for _ in range(50)
+    }
+    assert all(
+        sample(logits, [row(temperature=0.0), row(temperature=50.0)]).token_ids[0] == greedy_token
+        for _ in range(10)
+    )
+    assert len(results) > 5, "the hot row samples widely while the greedy row does not move"
+
+
+def test_repetition_penalty_and_frequency_penalty_push_seen_tokens_down() -> None:
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 7] = 2.0
+    logits[0, 8] = 1.9
+    assert sample(logits, [row(temperature=0.0)]).token_ids == [7]
+    assert sample(logits, [row(prompt=[7], temperature=0.0, repetition_penalty=1.2)]).token_ids == [
+        8
+    ]
+    assert sample(logits, [row(output=[7], temperature=0.0, frequency_penalty=0.5)]).token_ids == [
+        8
+    ]
+    assert sample(logits, [row(output=[7], temperature=0.0, presence_penalty=0.5)]).token_ids == [8]
+    assert sample(logits, [row(prompt=[7], temperature=0.0, frequency_penalty=0.5)]).token_ids == [
+        7
+    ], "frequency and presence penalties count output tokens only"
+
+
+def test_min_tokens_masks_end_tokens_until_reached() -> None:
+    logits = torch.zeros(2, VOCAB)
+    logits[:, 2] = 10.0
+    early = SamplingRow(
+        SamplingParams(temperature=0.0, min_tokens=2, max_tokens=5), [], [1], frozenset({2})
+    )
+    late = SamplingRow(
+        SamplingParams(temperature=0.0, min_tokens=2, max_tokens=5), [], [1, 1], frozenset({2})
+    )
+    assert sample(logits, [early, late]).token_ids[0] != 2
+    assert sample(logits, [early, late]).token_ids[1] == 2
+
+
+def test_a_seeded_row_is_reproducible_whatever_else_is_in_the_batch() -> None:
+    def run(batch: int, position: int) -> list[int]:
+        generator = make_generator(1234)
+        tokens = []
+        for step in range(10):
+            logits = logits_for(batch, seed=100 + step)
+            logits[position] = logits_for(1, seed=step)[0]
+            rows = [row(temperature=1.0) for _ in range(batch)]
+            rows[position] = SamplingRow(
+                SamplingParams(temperature=1.0, seed=1234), [], tokens, generator=generator
+            )
+            tokens.append(sample(logits, rows).token_ids[position])
+        return tokens
+
+    alone = run(1, 0)
+    assert run(5, 3) == alone and run(8, 7) == alone
+    assert len(set(alone)) > 1
+
+
+def test_logits_must_have_one_row_per_sequence() -> None:
+    with pytest.raises(ValueError, match="2 rows"):
+        sample(torch.zeros(1, VOCAB), [row(), row()])
+
+
+def test_logprobs_are_the_raw_distribution_best_first() -> None:
+    logits = logits_for(1, seed=3)
+    out = sample(logits, [row(temperature=0.0, logprobs=3, repetition_penalty=2.0, prompt=[0])])
+    entry = out.logprobs[0]
+    assert entry is not None and len(entry.top) == 3
+    raw = torch.log_softmax(logits[0], -1)
+    assert [t for t, _ in entry.top] == raw.topk(3).indices.tolist()
+    assert math.isclose(entry.logprob, raw[out.token_ids[0]].item(), rel_tol=1e-6)
+    assert sample(logits, [row()]).logprobs == [None]
+
+
+@pytest.mark.parametrize(
+    ("params", "name"),
+    [
+        ({"temperature": -1.0}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
+        ({"n": 0}, "n"),
+        ({"top_k": -2}, "top_k"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"stop": ("",)}, "stop"),
+        ({"logprobs": 50}, "logprobs"),
+    ],
+)
+def test_invalid_parameters_are_refused_naming_the_parameter(
+    params: dict[str, object], name: str
+) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        SamplingParams(**params)  # type: ignore[arg-type]
+    assert err.value.param == name and name in err.value.message
