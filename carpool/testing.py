@@ -18,8 +18,8 @@ def spawn(
 
     Returns the process, the match and the lines read. Kills the process and raises
     ``RuntimeError`` (with its output) if it exits or stays silent past ``timeout_s``.
-    The caller keeps draining nothing: later output goes to the pipe, so long-running
-    children should log little.
+    Output after the ready line is not read: it stays in the pipe, so a child that
+    logs much after starting could fill the pipe and block.
     """
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env

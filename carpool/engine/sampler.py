@@ -1,5 +1,7 @@
 """Picks each row's next token from a step's logits, every row with its own
-parameters, in one vectorised pass over the batch.
+parameters. Temperature, top-k, top-p, min-p and the draw are one vectorised pass
+over the batch; penalties and ``min_tokens`` masks are applied row by row (each
+touches only that row's seen tokens).
 
 Order (as vLLM): repetition, frequency and presence penalties; ``min_tokens``
 masking of end tokens; then greedy rows take the argmax, the others are scaled by
