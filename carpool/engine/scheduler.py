@@ -100,10 +100,10 @@ class Scheduler:
             if not chunk.samples:
                 continue
             token = sampled[seq.request_id]
-            seq.output_ids.append(token)
+            seq.append(token)
             if token == seq.eos_token_id:
                 self._finish(seq, FinishReason.STOP)
-            elif len(seq.output_ids) >= seq.max_tokens:
+            elif seq.num_output_tokens >= seq.max_tokens:
                 self._finish(seq, FinishReason.LENGTH)
             if seq.status is SequenceStatus.FINISHED:
                 finished.append(seq)

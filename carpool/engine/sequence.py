@@ -25,7 +25,8 @@ class FinishReason(Enum):
 
 @dataclass(eq=False)
 class Sequence:
-    """One sequence being generated.
+    """One sequence being generated: ``token_ids`` holds the prompt, then each
+    generated token, in one list that only grows (no copy per step).
 
     ``num_computed`` counts the tokens whose KV is in the cache. A sequence is in
     prefill while more than one token is uncomputed, and decoding when exactly the
@@ -34,26 +35,44 @@ class Sequence:
     """
 
     request_id: str
-    prompt_ids: list[int]
+    token_ids: list[int]
     max_tokens: int
     arrival: float
     priority: int = 0
     deadline: float | None = None
     eos_token_id: int | None = None
-    output_ids: list[int] = field(default_factory=list)
     num_computed: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     block_table: BlockTable = field(default_factory=BlockTable)
     num_preemptions: int = 0
+    num_prompt_tokens: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.token_ids = list(self.token_ids)
+        self.num_prompt_tokens = len(self.token_ids)
+
+    def append(self, token_id: int) -> None:
+        """Add a generated token."""
+        self.token_ids.append(token_id)
 
     @property
-    def token_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
+    def prompt_ids(self) -> list[int]:
+        """A copy of the prompt's tokens."""
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_ids(self) -> list[int]:
+        """A copy of the generated tokens (add one with ``append``)."""
+        return self.token_ids[self.num_prompt_tokens :]
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
 
     @property
     def num_uncomputed(self) -> int:
