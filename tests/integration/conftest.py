@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from carpool.testing import spawn
 
@@ -34,16 +35,14 @@ class Server:
             return result
 
     def metric(self, name: str, **labels: str) -> float:
-        """One sample of /metrics."""
+        """One sample of /metrics, read with prometheus-client's own parser."""
         with self.client() as c:
             text = c.get("/metrics").text
-        want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-        for line in text.splitlines():
-            if line.startswith(name + "{"):
-                got = ",".join(sorted(line[len(name) + 1 : line.index("}")].split(",")))
-                if got == want:
-                    return float(line.rsplit(" ", 1)[1])
-        raise KeyError(f"{name}{{{want}}} not in /metrics")
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and sample.labels == labels:
+                    return float(sample.value)
+        raise KeyError(f"{name}{labels} not in /metrics")
 
 
 def start_server(*args: str, timeout_s: float = 120.0) -> Server:
