@@ -131,6 +131,76 @@ class RuntimeConfig:
         _require(self.threads >= 0, "threads must be >= 0")
 
 
+_SIZE_UNITS = {"": 1, "B": 1, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``512MiB``, ``2GiB`` or a plain number of bytes."""
+    stripped = text.strip().upper()
+    number = stripped.rstrip("KMGIB")
+    unit = stripped[len(number) :]
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit not in _SIZE_UNITS or value <= 0:
+        raise ConfigError(f"not a size: {text!r} (use e.g. 512MiB or 2GiB)")
+    return int(value * _SIZE_UNITS[unit])
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The generation engine: KV cache, scheduling and admission (vLLM's names)."""
+
+    kv_cache_memory: str = _help(
+        "Memory for the paged KV cache of each generation model, e.g. 512MiB or 2GiB; "
+        "the number of blocks is derived from it.",
+        default="1GiB",
+    )
+    block_size: int = _help("Tokens per KV-cache block.", default=16)
+    max_num_batched_tokens: int = _help(
+        "Token budget of one engine step (decodes plus prompt chunks); a longer prompt is "
+        "prefilled in chunks of at most this size.",
+        default=256,
+    )
+    max_num_seqs: int = _help("Most sequences running in one engine step.", default=128)
+    max_model_len: int = _help(
+        "Longest prompt plus generation, in tokens; 0 uses the model's context length.",
+        default=0,
+    )
+    enable_prefix_caching: bool = _help(
+        "Share full KV blocks between requests with the same prefix.", default=True
+    )
+    max_waiting_requests: int = _help(
+        "Most requests waiting to start; beyond it a request is refused at once with 503 "
+        "and Retry-After.",
+        default=256,
+    )
+    request_timeout_s: float = _help(
+        "Seconds a request may wait to start; one that has not started by then is "
+        "answered 503 with Retry-After. A request may ask for a shorter timeout.",
+        default=60.0,
+    )
+    dtype: str = _help("Weights and KV cache dtype: float32, bfloat16 or float16.", default="float32")
+
+    def __post_init__(self) -> None:
+        parse_size(self.kv_cache_memory)
+        _require(self.block_size in (8, 16, 32, 64, 128), "block_size must be 8, 16, 32, 64 or 128")
+        _require(self.max_num_batched_tokens >= 1, "max_num_batched_tokens must be >= 1")
+        _require(self.max_num_seqs >= 1, "max_num_seqs must be >= 1")
+        _require(self.max_model_len >= 0, "max_model_len must be >= 0")
+        _require(self.max_waiting_requests >= 1, "max_waiting_requests must be >= 1")
+        _require(self.request_timeout_s > 0, "request_timeout_s must be > 0")
+        _require(
+            self.dtype in ("float32", "bfloat16", "float16"),
+            f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}",
+        )
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return parse_size(self.kv_cache_memory)
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """The HTTP server."""
@@ -164,6 +234,7 @@ class CarpoolConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     model_batching: Mapping[str, BatchingConfig] = field(default_factory=dict)
 
     def batching_for(self, model: str) -> BatchingConfig:

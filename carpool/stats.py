@@ -10,6 +10,8 @@ from __future__ import annotations
 import bisect
 import copy
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -152,3 +154,46 @@ class BatcherStats:
     def set_pending(self, pending: int) -> None:
         with self._lock:
             self._data.pending = pending
+
+
+TOKEN_BOUNDS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+@dataclass
+class EngineStatsData:
+    """What a generation engine has done, with vLLM's metric meanings."""
+
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    steps: int = 0
+    preemptions: int = 0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    finished: dict[str, int] = field(default_factory=dict)
+    rejected: int = 0
+    time_to_first_token: Histogram = field(default_factory=lambda: Histogram(LATENCY_BOUNDS_S))
+    inter_token_latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BOUNDS_S))
+    e2e_latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BOUNDS_S))
+    queue_time: Histogram = field(default_factory=lambda: Histogram(LATENCY_BOUNDS_S))
+    tokens_per_step: Histogram = field(default_factory=lambda: Histogram(TOKEN_BOUNDS))
+
+
+class EngineStats:
+    """Thread-safe holder of ``EngineStatsData``: the engine's thread writes through
+    ``update``, anyone snapshots."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._data = EngineStatsData()
+
+    def snapshot(self) -> EngineStatsData:
+        with self._lock:
+            return copy.deepcopy(self._data)
+
+    @contextmanager
+    def update(self) -> Iterator[EngineStatsData]:
+        with self._lock:
+            yield self._data

@@ -13,7 +13,8 @@ class SamplingParams:
 
     ``temperature`` 0 is greedy. ``top_k`` 0 (or -1, vLLM's spelling) keeps every
     token. ``logprobs`` is how many top alternatives to report per token (None:
-    none). Invalid values raise ``InvalidRequest`` naming the parameter.
+    none). ``truncate_prompt_tokens`` keeps only the prompt's last
+    that many tokens. Invalid values raise ``InvalidRequest`` naming the parameter.
     """
 
     n: int = 1
@@ -32,6 +33,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.top_k == -1:
@@ -58,6 +60,11 @@ class SamplingParams:
             self.logprobs is None or 0 <= self.logprobs <= 20,
             "logprobs",
             "must be between 0 and 20",
+        )
+        _check(
+            self.truncate_prompt_tokens is None or self.truncate_prompt_tokens >= 1,
+            "truncate_prompt_tokens",
+            "must be at least 1",
         )
         _check(all(s for s in self.stop), "stop", "must not contain empty strings")
         _check(

@@ -101,7 +101,7 @@ class Scheduler:
                 continue
             token = sampled[seq.request_id]
             seq.append(token)
-            if token == seq.eos_token_id:
+            if token in seq.stop_token_ids:
                 self._finish(seq, FinishReason.STOP)
             elif seq.num_output_tokens >= seq.max_tokens:
                 self._finish(seq, FinishReason.LENGTH)

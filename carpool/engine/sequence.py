@@ -40,7 +40,7 @@ class Sequence:
     arrival: float
     priority: int = 0
     deadline: float | None = None
-    eos_token_id: int | None = None
+    stop_token_ids: frozenset[int] = frozenset()  # EOS unless ignored, and stop_token_ids
     num_computed: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None

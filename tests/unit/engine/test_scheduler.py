@@ -74,7 +74,7 @@ def test_max_num_seqs_caps_the_running_set() -> None:
 def test_length_and_eos_finish_and_free_blocks() -> None:
     h = Harness()
     by_length = h.add("len", 3, max_tokens=2)
-    by_eos = h.add("eos", 3, max_tokens=10, eos_token_id=9)
+    by_eos = h.add("eos", 3, max_tokens=10, stop_token_ids=frozenset({9}))
     h.step(token=7)
     h.step(token=9)
     assert by_length.finish_reason is FinishReason.LENGTH and by_length.output_ids == [7, 9]

@@ -1,0 +1,331 @@
+"""The generation engine: requests in, one step at a time, outputs out.
+
+``step`` reads as three verbs over plain data: the scheduler plans the step, the
+model runner runs it and samples, and ``_postprocess`` feeds the tokens back,
+detokenizes and reports. Single-threaded: the device runtime's thread calls
+``add_request``, ``abort`` and ``step`` (``AsyncEngine`` posts them there).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+from carpool.clock import Clock, MonotonicClock
+from carpool.config import EngineConfig
+from carpool.engine.block_manager import BlockManager
+from carpool.engine.detokenizer import IncrementalDetokenizer
+from carpool.engine.model_runner import ModelRunner, Sampled
+from carpool.engine.outputs import SchedulerOutput
+from carpool.engine.request_output import CompletionOutput, RequestOutput
+from carpool.engine.sampler import SamplingRow, make_generator
+from carpool.engine.sampling_params import SamplingParams
+from carpool.engine.scheduler import Scheduler, SchedulerConfig
+from carpool.engine.sequence import FinishReason, Sequence, SequenceStatus
+from carpool.errors import InvalidRequest
+from carpool.models.causal_lm import LoadedLM
+from carpool.stats import EngineStats
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Request:
+    """A request's sequences and what the engine tracks for them."""
+
+    request_id: str
+    params: SamplingParams
+    prompt_ids: list[int]
+    arrival: float
+    seqs: list[Sequence]
+    rows: list[SamplingRow]
+    detoks: list[IncrementalDetokenizer]
+    outputs: list[CompletionOutput]
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    started_at: float | None = None
+    error: str | None = None
+    touched: bool = False
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return all(s.status is SequenceStatus.FINISHED for s in self.seqs)
+
+
+class Engine:
+    def __init__(
+        self,
+        lm: LoadedLM,
+        config: EngineConfig | None = None,
+        clock: Clock | None = None,
+        num_blocks: int | None = None,
+    ) -> None:
+        self.lm = lm
+        self.config = config or EngineConfig()
+        self.clock = clock or MonotonicClock()
+        self.max_model_len = self.config.max_model_len or lm.config.max_position_embeddings
+        bs = self.config.block_size
+        blocks = num_blocks or ModelRunner.blocks_for_memory(lm, self.config.kv_cache_bytes, bs)
+        if blocks < 1:
+            raise ValueError(f"kv_cache_memory {self.config.kv_cache_memory} holds no block")
+        self.blocks = BlockManager(blocks, bs, prefix_caching=self.config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            SchedulerConfig(self.config.max_num_batched_tokens, self.config.max_num_seqs),
+            self.blocks,
+        )
+        self.runner = ModelRunner(lm, blocks, bs)
+        self.stats = EngineStats()
+        self._requests: dict[str, _Request] = {}
+        self._by_seq: dict[str, tuple[_Request, int]] = {}
+
+    # -- requests -----------------------------------------------------------------
+
+    def check_request(self, prompt_ids: Seq[int], params: SamplingParams) -> list[int]:
+        """Validate a request before anything runs; return its (maybe truncated)
+        prompt. Raises ``InvalidRequest`` naming what is wrong."""
+        prompt = list(prompt_ids)
+        if not prompt:
+            raise InvalidRequest("the prompt must not be empty", param="prompt")
+        if params.truncate_prompt_tokens is not None:
+            prompt = prompt[-params.truncate_prompt_tokens :]
+        vocab = self.lm.config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt):
+            raise InvalidRequest(f"prompt token ids must be in [0, {vocab})", param="prompt")
+        if len(prompt) >= self.max_model_len:
+            raise InvalidRequest(
+                f"this model's maximum context length is {self.max_model_len} tokens; "
+                f"the prompt has {len(prompt)}",
+                param="prompt",
+            )
+        total = len(prompt) + params.max_tokens
+        if total > self.max_model_len:
+            raise InvalidRequest(
+                f"this model's maximum context length is {self.max_model_len} tokens; "
+                f"you asked for {total} ({len(prompt)} in the prompt, {params.max_tokens} "
+                "in the completion)",
+                param="max_tokens",
+            )
+        capacity = self.blocks.num_blocks * self.blocks.block_size
+        if total > capacity:
+            raise InvalidRequest(
+                f"the request needs {total} tokens of KV cache; the cache holds {capacity}",
+                param="max_tokens",
+            )
+        return prompt
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_ids: Seq[int],
+        params: SamplingParams,
+        priority: int = 0,
+        deadline: float | None = None,
+        arrival: float | None = None,
+    ) -> None:
+        """Queue a request (``check_request`` first). ``deadline``: the time by which
+        it must have started, else it ends with ``FinishReason.TIMEOUT``."""
+        if request_id in self._requests:
+            raise InvalidRequest(f"request id {request_id!r} is already in use")
+        prompt = self.check_request(prompt_ids, params)
+        arrival = self.clock.now() if arrival is None else arrival
+        ends = frozenset(params.stop_token_ids) | (
+            frozenset() if params.ignore_eos else self.lm.eos_token_ids
+        )
+        req = _Request(request_id, params, prompt, arrival, [], [], [], [])
+        for i in range(params.n):
+            seq = Sequence(
+                f"{request_id}#{i}",
+                prompt,
+                params.max_tokens,
+                arrival,
+                priority=priority,
+                deadline=deadline,
+                stop_token_ids=ends,
+            )
+            seed = None if params.seed is None else params.seed + i
+            generator = None if seed is None else make_generator(seed, self.lm.device)
+            req.seqs.append(seq)
+            req.rows.append(SamplingRow(params, seq.prompt_ids, [], ends, generator))
+            req.detoks.append(
+                IncrementalDetokenizer(
+                    self.lm.tokenizer, prompt, params.stop, params.skip_special_tokens
+                )
+            )
+            req.outputs.append(CompletionOutput(i))
+            self._by_seq[seq.request_id] = (req, i)
+            self.scheduler.add(seq)
+        self._requests[request_id] = req
+
+    def abort(self, request_id: str) -> None:
+        """End ``request_id`` at the next step, freeing its blocks."""
+        req = self._requests.get(request_id)
+        if req is not None:
+            for seq in req.seqs:
+                self.scheduler.abort(seq.request_id)
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._requests)
+
+    # -- the step -------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run, postprocess; the outputs of every request that changed."""
+        now = self.clock.now()
+        plan = self.scheduler.schedule(now)
+        sampled = self._run(plan)
+        return self._postprocess(plan, sampled, now)
+
+    def _run(self, plan: SchedulerOutput) -> dict[str, Sampled]:
+        if not plan.chunks:
+            return {}
+        rows = {
+            c.seq.request_id: self._row(c.seq) for c in plan.chunks if c.samples
+        }
+        try:
+            return self.runner.execute(plan, rows)
+        except Exception:
+            log.exception("engine step failed; retrying its sequences one by one")
+        # One chunk at a time: the failing ones fail alone, the others go on.
+        sampled: dict[str, Sampled] = {}
+        for chunk in list(plan.chunks):
+            try:
+                sampled.update(self.runner.execute(SchedulerOutput([chunk]), rows))
+            except Exception:
+                log.exception("sequence %s failed in the model", chunk.seq.request_id)
+                plan.chunks.remove(chunk)
+                self._fail(chunk.seq, "the model failed on this request")
+        return sampled
+
+    def _row(self, seq: Sequence) -> SamplingRow:
+        req, i = self._by_seq[seq.request_id]
+        row = req.rows[i]
+        row.output_ids = seq.output_ids
+        return row
+
+    def _fail(self, seq: Sequence, message: str) -> None:
+        req, _ = self._by_seq[seq.request_id]
+        req.error = message
+        req.touched = True
+        for other in req.seqs:
+            if other.status is not SequenceStatus.FINISHED:
+                self.scheduler.finish(other, FinishReason.ABORT)
+
+    def _postprocess(
+        self, plan: SchedulerOutput, sampled: dict[str, Sampled], now: float
+    ) -> list[RequestOutput]:
+        for seq in plan.finished:  # aborted or timed out while planning
+            self._by_seq[seq.request_id][0].touched = True
+        self.scheduler.update(plan, {rid: s.token_id for rid, s in sampled.items()})
+        for chunk in plan.chunks:
+            req, i = self._by_seq[chunk.seq.request_id]
+            req.touched = True
+            if req.started_at is None:
+                req.started_at = now
+                req.num_cached_tokens = chunk.seq.num_computed - chunk.num_tokens
+                with self.stats.update() as s:
+                    s.prompt_tokens += len(req.prompt_ids)
+            if chunk.samples and chunk.seq.request_id in sampled:
+                self._emit(req, i, sampled[chunk.seq.request_id])
+        self._record_step(plan, now)
+        return self._collect()
+
+    def _emit(self, req: _Request, i: int, sampled: Sampled) -> None:
+        seq, out, detok = req.seqs[i], req.outputs[i], req.detoks[i]
+        token = sampled.token_id
+        out.new_token_ids.append(token)
+        out.token_ids.append(token)
+        if sampled.logprobs is not None:
+            out.new_logprobs.append(sampled.logprobs)
+            out.logprobs.append(sampled.logprobs)
+        if token in seq.stop_token_ids and seq.finish_reason is FinishReason.STOP:
+            out.stop_reason = None if token in self.lm.eos_token_ids else token
+        else:
+            out.new_text += detok.push(token)
+            if detok.stopped_on is not None:
+                out.stop_reason = detok.stopped_on
+                self.scheduler.finish(seq, FinishReason.STOP)
+        now = self.clock.now()
+        if req.first_token_at is None:
+            req.first_token_at = now
+        req.last_token_at = now
+
+    def _collect(self) -> list[RequestOutput]:
+        results: list[RequestOutput] = []
+        for req in list(self._requests.values()):
+            if not req.touched:
+                continue
+            req.touched = False
+            finished = req.finished
+            for seq, out, detok in zip(req.seqs, req.outputs, req.detoks, strict=True):
+                if seq.finish_reason is not None and out.finish_reason is None:
+                    out.new_text += detok.flush()
+                    out.finish_reason = seq.finish_reason
+                out.text += out.new_text
+            results.append(
+                RequestOutput(
+                    req.request_id,
+                    req.prompt_ids,
+                    [_snapshot(o) for o in req.outputs],
+                    finished=finished,
+                    error=req.error,
+                    num_cached_tokens=req.num_cached_tokens,
+                )
+            )
+            for out in req.outputs:
+                out.new_text, out.new_token_ids, out.new_logprobs = "", [], []
+            if finished:
+                self._retire(req)
+        return results
+
+    def _retire(self, req: _Request) -> None:
+        del self._requests[req.request_id]
+        for seq in req.seqs:
+            del self._by_seq[seq.request_id]
+        now = self.clock.now()
+        with self.stats.update() as s:
+            for seq in req.seqs:
+                reason = "error" if req.error else seq.finish_reason.value  # type: ignore[union-attr]
+                s.finished[reason] = s.finished.get(reason, 0) + 1
+            s.e2e_latency.observe(now - req.arrival)
+            if req.started_at is not None:
+                s.queue_time.observe(req.started_at - req.arrival)
+            if req.first_token_at is not None:
+                s.time_to_first_token.observe(req.first_token_at - req.arrival)
+                tokens = max(len(o.token_ids) for o in req.outputs)
+                if tokens > 1 and req.last_token_at is not None:
+                    itl = (req.last_token_at - req.first_token_at) / (tokens - 1)
+                    s.inter_token_latency.observe(itl)
+
+    def _record_step(self, plan: SchedulerOutput, now: float) -> None:
+        with self.stats.update() as s:
+            if plan.chunks:
+                s.steps += 1
+                s.tokens_per_step.observe(plan.num_tokens)
+            s.generation_tokens += sum(1 for c in plan.chunks if c.samples)
+            s.preemptions = self.scheduler.num_preemptions
+            s.prefix_queries = self.blocks.stats.queries
+            s.prefix_hits = self.blocks.stats.hits
+            s.running = len(self.scheduler.running)
+            s.waiting = len(self.scheduler.waiting)
+            s.kv_usage = self.blocks.usage
+
+
+def _snapshot(out: CompletionOutput) -> CompletionOutput:
+    return CompletionOutput(
+        out.index,
+        out.text,
+        list(out.token_ids),
+        list(out.logprobs),
+        out.new_text,
+        list(out.new_token_ids),
+        list(out.new_logprobs),
+        out.finish_reason,
+        out.stop_reason,
+    )

@@ -1,0 +1,135 @@
+"""Runs one scheduled step as one forward pass over all its tokens, then samples.
+
+Owns the KV cache tensors; the block manager owns which blocks are whose. The
+step's tokens are laid out single-token rows first (batched attention), then the
+multi-token prompt chunks (see ``carpool.models.attention``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from carpool.engine.outputs import ScheduledChunk, SchedulerOutput
+from carpool.engine.sampler import SamplingRow, TokenLogprobs, sample
+from carpool.models.attention import (
+    AttentionMetadata,
+    PrefillSegment,
+    allocate_kv_cache,
+    kv_bytes_per_block,
+)
+from carpool.models.causal_lm import LoadedLM
+
+
+@dataclass(frozen=True)
+class Sampled:
+    token_id: int
+    logprobs: TokenLogprobs | None
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    sample_index: torch.Tensor  # rows of the hidden states that produce logits
+    sampling_chunks: list[ScheduledChunk]
+
+
+class ModelRunner:
+    def __init__(self, lm: LoadedLM, num_blocks: int, block_size: int) -> None:
+        cfg = lm.config
+        self.lm = lm
+        self.block_size = block_size
+        self.device = lm.device
+        self.caches = allocate_kv_cache(
+            cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, lm.dtype,
+            lm.device,
+        )
+
+    @staticmethod
+    def blocks_for_memory(lm: LoadedLM, memory_bytes: int, block_size: int) -> int:
+        cfg = lm.config
+        per_block = kv_bytes_per_block(
+            cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim, lm.dtype
+        )
+        return memory_bytes // per_block
+
+    @torch.inference_mode()
+    def execute(
+        self, step: SchedulerOutput, rows: Mapping[str, SamplingRow]
+    ) -> dict[str, Sampled]:
+        """Run ``step``; sample one token for each chunk that reaches its sequence's
+        end. ``rows`` maps a sampling chunk's sequence id to its sampling row.
+
+        Re-running a chunk writes the same K/V to the same slots, so a failed step
+        may be retried chunk by chunk."""
+        inputs = self.prepare(step)
+        hidden = self.lm.model(inputs.input_ids, inputs.positions, self.caches, inputs.meta)
+        if not inputs.sampling_chunks:
+            return {}
+        logits = self.lm.model.compute_logits(hidden[inputs.sample_index])
+        chunks = inputs.sampling_chunks
+        out = sample(logits, [rows[c.seq.request_id] for c in chunks])
+        return {
+            c.seq.request_id: Sampled(token, logprobs)
+            for c, token, logprobs in zip(chunks, out.token_ids, out.logprobs, strict=True)
+        }
+
+    def prepare(self, step: SchedulerOutput) -> StepInputs:
+        singles = [c for c in step.chunks if c.num_tokens == 1]
+        multis = [c for c in step.chunks if c.num_tokens > 1]
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        sample_index: list[int] = []
+        sampling: list[ScheduledChunk] = []
+        segments: list[PrefillSegment] = []
+        bs = self.block_size
+        for chunk in singles + multis:
+            seq, start, n = chunk.seq, chunk.seq.num_computed, chunk.num_tokens
+            if n > 1:
+                segments.append(self._segment(chunk, len(ids)))
+            blocks = seq.block_table.blocks
+            for pos in range(start, start + n):
+                slots.append(blocks[pos // bs] * bs + pos % bs)
+            ids.extend(seq.token_ids[start : start + n])
+            positions.extend(range(start, start + n))
+            if chunk.samples:
+                sample_index.append(len(ids) - 1)
+                sampling.append(chunk)
+        table_width = max((self._blocks_covering(c) for c in singles), default=0)
+        tables = [
+            c.seq.block_table.blocks[: self._blocks_covering(c)] for c in singles
+        ]
+        padded = [t + [0] * (table_width - len(t)) for t in tables]
+        contexts = torch.tensor([c.seq.num_computed + 1 for c in singles], device=self.device)
+        key_positions = torch.arange(table_width * bs, device=self.device)
+        meta = AttentionMetadata(
+            slot_mapping=self._tensor(slots),
+            num_singles=len(singles),
+            single_block_tables=self._tensor(padded).view(len(singles), table_width),
+            single_mask=(key_positions[None, :] < contexts[:, None])[:, None, None, :],
+            prefills=tuple(segments),
+        )
+        return StepInputs(
+            self._tensor(ids), self._tensor(positions), meta, self._tensor(sample_index), sampling
+        )
+
+    def _blocks_covering(self, chunk: ScheduledChunk) -> int:
+        return -(-(chunk.seq.num_computed + chunk.num_tokens) // self.block_size)
+
+    def _segment(self, chunk: ScheduledChunk, start: int) -> PrefillSegment:
+        cached, n = chunk.seq.num_computed, chunk.num_tokens
+        block_ids = self._tensor(chunk.seq.block_table.blocks[: self._blocks_covering(chunk)])
+        mask = None
+        if cached:
+            keys = torch.arange(cached + n, device=self.device)
+            queries = torch.arange(cached, cached + n, device=self.device)
+            mask = keys[None, :] <= queries[:, None]
+        return PrefillSegment(start, n, cached, block_ids, mask)
+
+    def _tensor(self, values: list[int] | list[list[int]]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)

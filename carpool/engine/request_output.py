@@ -1,0 +1,40 @@
+"""What the engine reports about a request after a step (plain data, no torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from carpool.engine.sampler import TokenLogprobs
+from carpool.engine.sequence import FinishReason
+
+
+@dataclass
+class CompletionOutput:
+    """One of a request's ``n`` sequences: everything so far, and what this step added."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    new_text: str = ""
+    new_token_ids: list[int] = field(default_factory=list)
+    new_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None  # the stop string or stop token that ended it
+
+
+@dataclass
+class RequestOutput:
+    """A request's state after a step. ``finished`` is true exactly once, on the last
+    output; ``error`` is set when the model failed on this request."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = False
+    error: str | None = None
+    num_cached_tokens: int = 0
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return sum(len(o.token_ids) for o in self.outputs)

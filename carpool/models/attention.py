@@ -1,0 +1,106 @@
+"""Attention over a paged KV cache for a flat batch of tokens (no padding across
+requests in the linear layers).
+
+A step's tokens are laid out with the single-token rows first (decodes, and any
+one-token prompt chunk), attended in one batched call over their gathered
+blocks, then each multi-token chunk (a prompt being prefilled) attended on its
+own with a causal mask offset by what its sequence already has in the cache.
+
+The cache of one layer is a tensor [2, num_blocks, block_size, kv_heads, head_dim]
+(keys, then values); a token's slot is ``block * block_size + offset``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class PrefillSegment:
+    """One multi-token chunk: tokens [start, start + num_tokens) of the step, at
+    positions num_cached... of its sequence."""
+
+    start: int
+    num_tokens: int
+    num_cached: int
+    block_ids: torch.Tensor
+    mask: torch.Tensor | None  # [num_tokens, num_cached + num_tokens]; None: plain causal
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Where each token's K/V goes and what each token attends to, for every layer."""
+
+    slot_mapping: torch.Tensor  # [T]
+    num_singles: int
+    single_block_tables: torch.Tensor  # [B, max_blocks], padded with block 0
+    single_mask: torch.Tensor  # [B, 1, 1, max_blocks * block_size]
+    prefills: tuple[PrefillSegment, ...]
+
+
+def allocate_kv_cache(
+    num_layers: int,
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> list[torch.Tensor]:
+    shape = (2, num_blocks, block_size, num_kv_heads, head_dim)
+    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+
+def kv_bytes_per_block(
+    num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> int:
+    element = torch.empty((), dtype=dtype).element_size()
+    return 2 * num_layers * block_size * num_kv_heads * head_dim * element
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """``q``: [T, H, D]; ``k``, ``v``: [T, Hkv, D]. Stores k and v in ``cache``, then
+    returns the attention output [T, H, D]."""
+    _, _, block_size, kv_heads, head_dim = cache.shape
+    keys, values = cache[0], cache[1]
+    keys.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
+    values.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
+    out = torch.empty_like(q)
+    b = meta.num_singles
+    if b:
+        tables = meta.single_block_tables
+        kc = keys[tables].view(b, -1, kv_heads, head_dim).transpose(1, 2)
+        vc = values[tables].view(b, -1, kv_heads, head_dim).transpose(1, 2)
+        attended = F.scaled_dot_product_attention(
+            q[:b].unsqueeze(2), kc, vc, attn_mask=meta.single_mask, scale=scale, enable_gqa=True
+        )
+        out[:b] = attended.squeeze(2)
+    for seg in meta.prefills:
+        rows = slice(seg.start, seg.start + seg.num_tokens)
+        if seg.mask is None:
+            kc, vc = k[rows], v[rows]
+        else:
+            context = seg.num_cached + seg.num_tokens
+            kc = keys[seg.block_ids].view(-1, kv_heads, head_dim)[:context]
+            vc = values[seg.block_ids].view(-1, kv_heads, head_dim)[:context]
+        attended = F.scaled_dot_product_attention(
+            q[rows].transpose(0, 1).unsqueeze(0),
+            kc.transpose(0, 1).unsqueeze(0),
+            vc.transpose(0, 1).unsqueeze(0),
+            attn_mask=seg.mask,
+            is_causal=seg.mask is None,
+            scale=scale,
+            enable_gqa=True,
+        )
+        out[rows] = attended.squeeze(0).transpose(0, 1)
+    return out

@@ -1,0 +1,165 @@
+"""Loading a text-generation model: our model code, its weights and its tokenizer.
+
+From a Hugging Face folder (config.json, safetensors, tokenizer files) or a GGUF
+file. A GGUF file is converted once into a Hugging Face folder under the cache
+directory (float weights in safetensors, the tokenizer and chat template saved
+by ``transformers``), so the second load reads that folder and is fast.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from carpool.models.attention import AttentionMetadata
+from carpool.models.decoder_config import DecoderConfig
+from carpool.models.gguf_file import GGUFCheckpoint
+from carpool.models.gpt2 import GPT2LMHeadModel
+from carpool.models.llama import LlamaForCausalLM
+from carpool.models.weights import load_safetensors, read_json
+
+log = logging.getLogger(__name__)
+
+# Bump when the converted folder's layout or contents change.
+_CONVERSION_VERSION = "1"
+
+
+class CausalLM(Protocol):
+    config: DecoderConfig
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        caches: list[torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor: ...
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+
+MODEL_CLASSES: dict[str, type[nn.Module]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": LlamaForCausalLM,
+    "GPT2LMHeadModel": GPT2LMHeadModel,
+}
+
+
+@dataclass
+class LoadedLM:
+    """A ready model with what serving it needs."""
+
+    name: str
+    model: CausalLM
+    config: DecoderConfig
+    tokenizer: Any  # a transformers PreTrainedTokenizerFast
+    folder: Path
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        ids = set(self.config.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return frozenset(ids)
+
+
+def load_causal_lm(
+    path: Path,
+    name: str | None = None,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    cache_dir: Path | None = None,
+    progress: bool = True,
+) -> LoadedLM:
+    """Load ``path`` (a folder or a .gguf file) onto ``device``."""
+    folder = path
+    if path.suffix == ".gguf":
+        folder = convert_gguf(path, cache_dir or default_cache_dir(), progress)
+    config = DecoderConfig.from_hf(read_json(folder / "config.json"))
+    with torch.device("meta"):
+        model = MODEL_CLASSES[config.architecture](config)
+    model = model.to_empty(device=device)
+    _reset_buffers(model, config, device)
+    model.load_weights(load_safetensors(folder).items())  # type: ignore[operator]
+    model = model.to(dtype).eval().requires_grad_(False)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    return LoadedLM(
+        name=name or path.stem,
+        model=model,  # type: ignore[arg-type]
+        config=config,
+        tokenizer=tokenizer,
+        folder=folder,
+        dtype=dtype,
+        device=torch.device(device),
+    )
+
+
+def _reset_buffers(model: nn.Module, config: DecoderConfig, device: str) -> None:
+    """Non-persistent buffers (rotary tables) are not in checkpoints: rebuild them."""
+    from carpool.models.rope import RotaryEmbedding
+
+    for module in model.modules():
+        if isinstance(module, RotaryEmbedding):
+            fresh = RotaryEmbedding(
+                config.head_dim,
+                config.max_position_embeddings,
+                config.rope_theta,
+                config.rope_scaling,
+            )
+            module.cos = fresh.cos.to(device)
+            module.sin = fresh.sin.to(device)
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/carpool`` or ``~/.cache/carpool`` (read at the edge: the CLI
+    passes it down)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "carpool"
+
+
+def convert_gguf(path: Path, cache_dir: Path, progress: bool = True) -> Path:
+    """The Hugging Face folder converted from ``path``, made on first use."""
+    stat = path.stat()
+    key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{_CONVERSION_VERSION}"
+    target = cache_dir / "converted" / f"{path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    if (target / "model.safetensors").exists():
+        return target
+    log.info("converting %s into %s (once)", path, target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
+    try:
+        checkpoint = GGUFCheckpoint(path)
+        config = checkpoint.hf_config()
+        tensors = dict(checkpoint.tensors(progress))
+        if config["tie_word_embeddings"]:
+            tensors.pop("lm_head.weight", None)
+        save_file(tensors, str(staging / "model.safetensors"))
+        (staging / "config.json").write_text(json.dumps(config, indent=2))
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        tokenizer.save_pretrained(str(staging))
+        try:
+            staging.rename(target)
+        except OSError:
+            if not (target / "model.safetensors").exists():
+                raise  # not another process winning the race: a real failure
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target

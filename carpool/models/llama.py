@@ -1,0 +1,170 @@
+"""The Llama family (Llama, Mistral, Qwen2, SmolLM) over a flat batch of tokens.
+
+RMSNorm, rotary embeddings, grouped-query attention over the paged KV cache,
+SwiGLU, tied or untied embeddings. Q/K/V and gate/up projections are fused into
+one matrix each (fewer, larger matmuls); ``load_weights`` takes Hugging Face's
+tensor names and stacks them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from carpool.models.attention import AttentionMetadata, paged_attention
+from carpool.models.decoder_config import DecoderConfig
+from carpool.models.rope import RotaryEmbedding
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: DecoderConfig, rope: RotaryEmbedding) -> None:
+        super().__init__()
+        self.h, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.qkv_proj = nn.Linear(
+            cfg.hidden_size, (self.h + 2 * self.hkv) * self.d, bias=cfg.attention_bias
+        )
+        self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
+        self.rope = rope
+        self.scale = self.d**-0.5
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(
+            [self.h * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1
+        )
+        q, k = self.rope(q.view(t, self.h, self.d), k.view(t, self.hkv, self.d), positions)
+        out = paged_attention(q, k, v.view(t, self.hkv, self.d), cache, meta, self.scale)
+        return self.o_proj(out.view(t, self.h * self.d))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaLayer(nn.Module):
+    def __init__(self, cfg: DecoderConfig, rope: RotaryEmbedding) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.self_attn = LlamaAttention(cfg, rope)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.mlp = LlamaMLP(cfg)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    """Hidden states for a step's tokens, and logits for the rows that sample."""
+
+    # Hugging Face name fragment -> (our fused parameter, which slice).
+    _stacked = {
+        "q_proj": ("qkv_proj", 0),
+        "k_proj": ("qkv_proj", 1),
+        "v_proj": ("qkv_proj", 2),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        rope = RotaryEmbedding(
+            cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
+        )
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList([LlamaLayer(cfg, rope) for _ in range(cfg.num_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        caches: list[torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        for layer, cache in zip(self.layers, caches, strict=True):
+            x = layer(x, positions, cache, meta)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up. Every
+        parameter must be covered (tied heads excepted)."""
+        cfg = self.config
+        if cfg.tie_word_embeddings:  # re-tie: moving off the meta device unties
+            self.lm_head.weight = self.embed_tokens.weight
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        qkv_sizes = [cfg.num_heads * cfg.head_dim] + [cfg.num_kv_heads * cfg.head_dim] * 2
+        for hf_name, tensor in weights:
+            name = hf_name.removeprefix("model.")
+            if "rotary_emb" in name:
+                continue
+            if name == "lm_head.weight" and cfg.tie_word_embeddings:
+                continue
+            for part, (fused, index) in self._stacked.items():
+                if f".{part}." in name:
+                    name = name.replace(part, fused)
+                    sizes = qkv_sizes if fused == "qkv_proj" else [cfg.intermediate_size] * 2
+                    start = sum(sizes[:index])
+                    params[name].data[start : start + sizes[index]].copy_(tensor)
+                    loaded.add(f"{name}:{index}")
+                    break
+            else:
+                if name not in params:
+                    raise ValueError(f"unexpected weight {hf_name!r}")
+                params[name].data.copy_(tensor)
+                loaded.add(name)
+        _check_complete(self, loaded)
+
+
+def _check_complete(model: nn.Module, loaded: set[str]) -> None:
+    missing = []
+    for name, _ in model.named_parameters():
+        if name in loaded:
+            continue
+        fused = [key for key in loaded if key.startswith(f"{name}:")]
+        expected = 3 if name.endswith("qkv_proj.weight") or name.endswith("qkv_proj.bias") else 2
+        if not fused or len(fused) != expected:
+            missing.append(name)
+    if missing:
+        raise ValueError(f"weights missing for {missing[:5]}{'...' if len(missing) > 5 else ''}")
