@@ -60,31 +60,48 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleOutput:
         if any(r.params.logprobs is not None for r in rows)
         else None
     )
-    logits = _penalise(logits.clone(), rows)
-    _mask_early_ends(logits, rows)
+    if any(_penalised(r) for r in rows):
+        logits = _penalise(logits.clone(), rows)
+        _mask_early_ends(logits, rows)
+    chosen = logits.argmax(dim=-1)
+    drawn = [i for i, r in enumerate(rows) if not r.params.greedy]
+    if drawn:
+        chosen[drawn] = _draw(logits[drawn], [rows[i] for i in drawn])
+    tokens: list[int] = chosen.tolist()
+    return SampleOutput(tokens, _logprobs(raw, tokens, rows))
+
+
+def _draw(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """One token per (non-greedy) row: temperature, the filters the rows ask for,
+    then the exponential race."""
     device = logits.device
 
     def column(values: list[float]) -> torch.Tensor:
         return torch.tensor(values, device=device, dtype=torch.float32)[:, None]
 
-    greedy = torch.tensor([r.params.greedy for r in rows], device=device)
-    temperature = column([r.params.temperature or 1.0 for r in rows])
-    scaled = _filter(
-        logits / temperature,
-        top_k=[r.params.top_k for r in rows],
-        top_p=column([r.params.top_p for r in rows]),
-        min_p=column([r.params.min_p for r in rows]),
-    )
+    scaled = logits / column([r.params.temperature for r in rows])
+    if any(r.params.top_k or r.params.top_p < 1.0 or r.params.min_p > 0.0 for r in rows):
+        scaled = _filter(
+            scaled,
+            top_k=[r.params.top_k for r in rows],
+            top_p=column([r.params.top_p for r in rows]),
+            min_p=column([r.params.min_p for r in rows]),
+        )
     probs = torch.softmax(scaled, dim=-1)
-    noise = torch.empty_like(probs).exponential_()
+    noise = torch.empty_like(probs)
     for i, row in enumerate(rows):
-        if row.generator is not None:
-            noise[i] = torch.empty(probs.shape[1], device=device).exponential_(
-                generator=row.generator
-            )
-    chosen = torch.where(greedy, logits.argmax(dim=-1), (probs / noise).argmax(dim=-1))
-    tokens: list[int] = chosen.tolist()
-    return SampleOutput(tokens, _logprobs(raw, tokens, rows))
+        noise[i].exponential_(generator=row.generator)
+    return (probs / noise).argmax(dim=-1)
+
+
+def _penalised(row: SamplingRow) -> bool:
+    p = row.params
+    return bool(
+        p.repetition_penalty != 1.0
+        or p.frequency_penalty
+        or p.presence_penalty
+        or (row.end_ids and len(row.output_ids) < p.min_tokens)
+    )
 
 
 def _penalise(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:

@@ -1,0 +1,75 @@
+"""Tiny random-weight models of each supported architecture, built with
+``transformers`` and saved as Hugging Face folders, for architecture coverage."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ARCHITECTURES = ("llama", "mistral", "qwen2", "gpt2")
+VOCAB = 512  # token ids below this decode with the built-in model's tokenizer
+
+
+def hf_config(arch: str) -> Any:
+    import transformers as tf
+
+    common: dict[str, Any] = {"vocab_size": VOCAB, "initializer_range": 0.2, "eos_token_id": 2}
+    if arch == "gpt2":
+        return tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=2048, **common)
+    llama_like: dict[str, Any] = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        **common,
+    )
+    if arch == "llama":
+        return tf.LlamaConfig(
+            tie_word_embeddings=False,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 256,
+            },
+            **llama_like,
+        )
+    if arch == "mistral":
+        return tf.MistralConfig(sliding_window=None, tie_word_embeddings=True, **llama_like)
+    if arch == "qwen2":
+        return tf.Qwen2Config(tie_word_embeddings=True, **llama_like)
+    raise ValueError(arch)
+
+
+def build(arch: str, folder: Path, tokenizer_dir: Path, seed: int = 0) -> Any:
+    """Save a random ``arch`` model with the given tokenizer into ``folder``; return
+    the transformers model (eval, float32)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(hf_config(arch)).eval()
+    model.save_pretrained(str(folder), safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tokenizer_dir / name).exists():
+            shutil.copy(tokenizer_dir / name, folder / name)
+    return model
+
+
+def hf_greedy(model: Any, prompt: list[int], max_tokens: int) -> list[int]:
+    """transformers' greedy continuation, EOS ignored (no masking: EOS may be chosen)."""
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return [int(t) for t in out[0, len(prompt) :]]

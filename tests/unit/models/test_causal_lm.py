@@ -1,0 +1,198 @@
+"""Our decoder model code reproduces transformers' greedy output token for token:
+tiny random models of every supported architecture, and the built-in model, alone
+and batched. GGUF tensors are read back into the right places."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf.quants import quantize
+
+from carpool.config import EngineConfig
+from carpool.engine.engine import Engine
+from carpool.engine.sampling_params import SamplingParams
+from carpool.models import causal_lm
+from carpool.models.causal_lm import LoadedLM, convert_gguf, load_causal_lm
+from carpool.models.gguf_file import GGUFCheckpoint
+from carpool.models.registry import BUILTIN_MODELS
+from tests import tiny_models
+
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+
+
+def generate(lm: LoadedLM, prompts: list[list[int]], max_tokens: int, **engine: Any) -> list[list[int]]:
+    """Every prompt in one engine run; the generated token ids of each."""
+    eng = Engine(lm, EngineConfig(**engine))
+    for i, prompt in enumerate(prompts):
+        eng.add_request(str(i), prompt, SamplingParams(max_tokens=max_tokens, **GREEDY))  # type: ignore[arg-type]
+    done: dict[str, list[int]] = {}
+    while eng.has_work:
+        for out in eng.step():
+            if out.finished:
+                done[out.request_id] = out.outputs[0].token_ids
+    return [done[str(i)] for i in range(len(prompts))]
+
+
+@pytest.mark.parametrize("arch", tiny_models.ARCHITECTURES)
+def test_tiny_model_matches_transformers_alone_and_batched(
+    arch: str, tmp_path: Path, smollm_folder: Path
+) -> None:
+    reference = tiny_models.build(arch, tmp_path, smollm_folder)
+    lm = load_causal_lm(tmp_path, progress=False)
+    rng = random.Random(arch)
+    prompts = [[rng.randrange(3, tiny_models.VOCAB) for _ in range(n)] for n in (1, 7, 40, 300)]
+    expected = [tiny_models.hf_greedy(reference, p, 20) for p in prompts]
+    for prompt, want in zip(prompts, expected, strict=True):
+        assert generate(lm, [prompt], 20) == [want]
+    # Batched, with a small step budget: the long prompt is prefilled in chunks
+    # while the others decode.
+    assert generate(lm, prompts, 20, max_num_batched_tokens=64) == expected
+
+
+def test_gguf_tensors_land_in_place_for_each_type(tmp_path: Path, smollm_folder: Path) -> None:
+    reference = tiny_models.build("llama", tmp_path / "hf", smollm_folder)
+    cfg = reference.config
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_vocab_size(cfg.vocab_size)
+    kinds = [
+        gguf.GGMLQuantizationType.F32,
+        gguf.GGMLQuantizationType.F16,
+        gguf.GGMLQuantizationType.BF16,
+        gguf.GGMLQuantizationType.Q8_0,
+        gguf.GGMLQuantizationType.Q4_0,
+        gguf.GGMLQuantizationType.Q4_1,
+    ]
+    names = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    parts = {v: k for k, v in __import__("carpool.models.gguf_file").models.gguf_file._LAYER_NAMES.items()}
+    originals: dict[str, torch.Tensor] = {}
+    written: dict[str, gguf.GGMLQuantizationType] = {}
+    for i, (name, tensor) in enumerate(reference.state_dict().items()):
+        if name.endswith("rotary_emb.inv_freq"):
+            continue
+        data = tensor.numpy().astype(np.float32)
+        if name.endswith("q_proj.weight"):
+            data = _llama_cpp_permute(data, cfg.num_attention_heads)
+        elif name.endswith("k_proj.weight"):
+            data = _llama_cpp_permute(data, cfg.num_key_value_heads)
+        if name in names:
+            gguf_name = names[name]
+        else:
+            _, _, layer, *middle, kind = name.split(".")
+            gguf_name = f"blk.{layer}.{parts['.'.join(middle)]}.{kind}"
+        kind_ = kinds[i % len(kinds)] if data.ndim == 2 else gguf.GGMLQuantizationType.F32
+        writer.add_tensor(gguf_name, quantize(data, kind_), raw_dtype=kind_)
+        originals[name] = tensor
+        written[name] = kind_
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    checkpoint = GGUFCheckpoint(path)
+    assert checkpoint.hf_config()["num_key_value_heads"] == cfg.num_key_value_heads
+    loaded = dict(checkpoint.tensors(progress=False))
+    assert set(loaded) == set(originals)
+    tolerance = {"F32": 0.0, "F16": 1e-3, "BF16": 1e-2, "Q8_0": 2e-2, "Q4_0": 0.2, "Q4_1": 0.2}
+    seen = set()
+    for name, original in originals.items():
+        kind = written[name].name
+        seen.add(kind)
+        error = (loaded[name] - original).abs().max() / original.abs().max()
+        assert error <= tolerance[kind], f"{name} ({kind}) off by {error}"
+    assert seen == set(tolerance)
+
+
+def _llama_cpp_permute(weights: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's convert script's permutation of Q/K rows."""
+    return (
+        weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
+
+
+def test_a_converted_gguf_is_reused_not_converted_again(
+    carpool_cache: Path, smollm_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*_: object) -> None:
+        raise AssertionError("converted a second time")
+
+    monkeypatch.setattr(causal_lm, "GGUFCheckpoint", refuse)
+    path = BUILTIN_MODELS["smollm2-135m-instruct"].locate()
+    assert convert_gguf(path, carpool_cache, progress=False) == smollm_folder
+
+
+BUILTIN_PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about autumn.",
+    "Explain photosynthesis to a child.",
+    "List three prime numbers.",
+    "Translate 'good morning' into Spanish.",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "What is 12 times 7?",
+    "Give me a recipe for pancakes.",
+    "Why is the sky blue?",
+    "Summarise the plot of Romeo and Juliet.",
+    "Héllo 🚗! Répondez en français, s'il vous plaît.",
+    "Name a famous painter.",
+    "How do I reverse a list in Python?",
+    "The quick brown fox",
+    "Tell me a joke about computers.",
+    "What are the colours of the rainbow?",
+]
+
+
+@pytest.fixture(scope="module")
+def hf_builtin() -> Any:
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    transformers.logging.set_verbosity_error()
+    path = BUILTIN_MODELS["smollm2-135m-instruct"].locate()
+    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
+
+
+@pytest.mark.slow
+def test_builtin_model_matches_transformers_on_20_prompts(smollm: LoadedLM, hf_builtin: Any) -> None:
+    tok = smollm.tokenizer
+    chats = [
+        tok.encode(
+            tok.apply_chat_template(
+                [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False
+            ),
+            add_special_tokens=False,
+        )
+        for p in BUILTIN_PROMPTS
+    ]
+    story = "The history of the city goes back many centuries. " * 40
+    long_prompts = [
+        tok.encode(story[:600]),
+        tok.encode(story * 2)[:1000],
+        tok.encode(story * 10)[:3000],
+    ]
+    prompts = [list(p) for p in chats] + long_prompts
+    assert len(prompts) == 20 and max(len(p) for p in prompts) == 3000
+    expected = [tiny_models.hf_greedy(hf_builtin, p, 24) for p in prompts]
+    got = generate(smollm, prompts, 24, max_num_batched_tokens=512)
+    mismatches = [i for i, (a, b) in enumerate(zip(got, expected, strict=True)) if a != b]
+    assert not mismatches, f"prompts {mismatches} differ from transformers"
