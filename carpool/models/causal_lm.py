@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from carpool.config import default_cache_dir
 from carpool.models.attention import AttentionMetadata
 from carpool.models.decoder_config import DecoderConfig
 from carpool.models.gguf_file import GGUFCheckpoint
@@ -122,22 +122,17 @@ def _reset_buffers(model: nn.Module, config: DecoderConfig, device: str) -> None
                 config.rope_theta,
                 config.rope_scaling,
             )
-            module.cos = fresh.cos.to(device)
-            module.sin = fresh.sin.to(device)
-
-
-def default_cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/carpool`` or ``~/.cache/carpool`` (read at the edge: the CLI
-    passes it down)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "carpool"
+            module.cos_table = fresh.cos_table.to(device)
+            module.sin_table = fresh.sin_table.to(device)
 
 
 def convert_gguf(path: Path, cache_dir: Path, progress: bool = True) -> Path:
     """The Hugging Face folder converted from ``path``, made on first use."""
     stat = path.stat()
     key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{_CONVERSION_VERSION}"
-    target = cache_dir / "converted" / f"{path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    target = (
+        cache_dir / "converted" / f"{path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    )
     if (target / "model.safetensors").exists():
         return target
     log.info("converting %s into %s (once)", path, target)

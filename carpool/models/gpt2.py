@@ -24,7 +24,9 @@ class GPT2Attention(nn.Module):
         self.c_proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.scale = self.d**-0.5
 
-    def forward(self, x: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
         t = x.shape[0]
         q, k, v = (part.view(t, self.h, self.d) for part in self.c_attn(x).chunk(3, dim=-1))
         out = paged_attention(q, k, v, cache, meta, self.scale)
@@ -49,7 +51,9 @@ class GPT2Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
         self.mlp = GPT2MLP(cfg)
 
-    def forward(self, x: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x), cache, meta)
         return x + self.mlp(self.ln_2(x))
 

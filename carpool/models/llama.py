@@ -9,6 +9,7 @@ tensor names and stacks them.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -90,7 +91,7 @@ class LlamaForCausalLM(nn.Module):
     """Hidden states for a step's tokens, and logits for the rows that sample."""
 
     # Hugging Face name fragment -> (our fused parameter, which slice).
-    _stacked = {
+    _stacked: ClassVar[dict[str, tuple[str, int]]] = {
         "q_proj": ("qkv_proj", 0),
         "k_proj": ("qkv_proj", 1),
         "v_proj": ("qkv_proj", 2),

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from carpool.errors import ModelNotFound
+from carpool.models.decoder_config import GPT2_FAMILY, LLAMA_FAMILY
 from carpool.models.weights import read_json
 
 
@@ -72,15 +73,35 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
 }
 
 
-def _embedding(path: Path, device: str) -> Any:
+@dataclass(frozen=True)
+class LoadOptions:
+    """How to load any model: where, in what dtype, and where converted files go."""
+
+    device: str = "cpu"
+    dtype: str = "float32"
+    cache_dir: Path | None = None
+    progress: bool = True
+
+
+def _embedding(source: ModelSource, options: LoadOptions) -> Any:
     from carpool.models.embedding import EmbeddingModel
 
-    return EmbeddingModel(path, device)
+    return EmbeddingModel(source.path, options.device)
 
 
-ARCHITECTURES: dict[str, tuple[Task, Callable[[Path, str], Any]]] = {
-    "BertModel": (Task.EMBED, _embedding),
-}
+def _causal_lm(source: ModelSource, options: LoadOptions) -> Any:
+    import torch
+
+    from carpool.models.causal_lm import load_causal_lm
+
+    return load_causal_lm(
+        source.path,
+        name=source.name,
+        device=options.device,
+        dtype=getattr(torch, options.dtype),
+        cache_dir=options.cache_dir,
+        progress=options.progress,
+    )
 
 
 @dataclass(frozen=True)
@@ -93,36 +114,41 @@ class ModelSource:
     architecture: str
 
 
+ARCHITECTURES: dict[str, tuple[Task, Callable[[ModelSource, LoadOptions], Any]]] = {
+    "BertModel": (Task.EMBED, _embedding),
+    "gguf": (Task.GENERATE, _causal_lm),
+    **{arch: (Task.GENERATE, _causal_lm) for arch in LLAMA_FAMILY + GPT2_FAMILY},
+}
+
+
 def resolve(spec: str) -> ModelSource:
-    """Find the files of the model named ``spec`` (a built-in name or a folder)."""
+    """Find the files of the model named ``spec``: a built-in name, a Hugging Face
+    folder or a ``.gguf`` file."""
     builtin = BUILTIN_MODELS.get(spec)
     if builtin is not None:
         path = builtin.locate()
-        if builtin.task is Task.GENERATE:
-            return ModelSource(builtin.name, path, builtin.task, "gguf")
+        name = builtin.name
     else:
         path = Path(spec).expanduser()
+        name = path.stem if path.suffix == ".gguf" else path.name
         if not path.exists():
             raise ModelNotFound(
                 f"model {spec!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)}) "
                 "nor a local path"
             )
+    if path.suffix == ".gguf":
+        return ModelSource(name, path, Task.GENERATE, "gguf")
     config = read_json(path / "config.json")
     architectures = config.get("architectures") or []
     assert isinstance(architectures, list)
     for arch in architectures:
         if arch in ARCHITECTURES:
             task, _ = ARCHITECTURES[arch]
-            name = builtin.name if builtin is not None else path.name
             return ModelSource(name, path, task, arch)
     raise ModelNotFound(f"{path}: no supported architecture in {architectures!r}")
 
 
-def load(source: ModelSource, device: str) -> Any:
-    """Build the model object for ``source`` on ``device``."""
-    if source.architecture not in ARCHITECTURES:
-        raise ModelNotFound(
-            f"model {source.name!r} ({source.task.value}) cannot be served by this version yet"
-        )
+def load(source: ModelSource, options: LoadOptions | None = None) -> Any:
+    """Build the model object for ``source``: an ``EmbeddingModel`` or a ``LoadedLM``."""
     _, factory = ARCHITECTURES[source.architecture]
-    return factory(source.path, device)
+    return factory(source, options or LoadOptions())

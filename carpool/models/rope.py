@@ -44,15 +44,17 @@ class RotaryEmbedding(torch.nn.Module):
         inv_freq = inverse_frequencies(head_dim, theta, scaling)
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
         angles = torch.cat([freqs, freqs], dim=-1)
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        self.cos_table: torch.Tensor
+        self.sin_table: torch.Tensor
+        self.register_buffer("cos_table", angles.cos(), persistent=False)
+        self.register_buffer("sin_table", angles.sin(), persistent=False)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``q``: [T, H, D], ``k``: [T, Hkv, D], ``positions``: [T]."""
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
+        cos = self.cos_table[positions].unsqueeze(1)
+        sin = self.sin_table[positions].unsqueeze(1)
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 

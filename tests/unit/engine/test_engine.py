@@ -132,7 +132,9 @@ def test_stop_string_ends_generation_and_never_shows(smollm: LoadedLM) -> None:
 
 def test_streamed_pieces_join_to_the_final_text(smollm: LoadedLM) -> None:
     engine = Engine(smollm, EngineConfig(kv_cache_memory="64MiB"))
-    engine.add_request("r", smollm.tokenizer.encode("Tell me a story:"), SamplingParams(max_tokens=20))
+    engine.add_request(
+        "r", smollm.tokenizer.encode("Tell me a story:"), SamplingParams(max_tokens=20)
+    )
     pieces, final = [], None
     while engine.has_work:
         for out in engine.step():

@@ -17,7 +17,7 @@ from gguf.quants import quantize
 from carpool.config import EngineConfig
 from carpool.engine.engine import Engine
 from carpool.engine.sampling_params import SamplingParams
-from carpool.models import causal_lm
+from carpool.models import causal_lm, gguf_file
 from carpool.models.causal_lm import LoadedLM, convert_gguf, load_causal_lm
 from carpool.models.gguf_file import GGUFCheckpoint
 from carpool.models.registry import BUILTIN_MODELS
@@ -26,7 +26,9 @@ from tests import tiny_models
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
 
-def generate(lm: LoadedLM, prompts: list[list[int]], max_tokens: int, **engine: Any) -> list[list[int]]:
+def generate(
+    lm: LoadedLM, prompts: list[list[int]], max_tokens: int, **engine: Any
+) -> list[list[int]]:
     """Every prompt in one engine run; the generated token ids of each."""
     eng = Engine(lm, EngineConfig(**engine))
     for i, prompt in enumerate(prompts):
@@ -82,7 +84,7 @@ def test_gguf_tensors_land_in_place_for_each_type(tmp_path: Path, smollm_folder:
         "model.norm.weight": "output_norm.weight",
         "lm_head.weight": "output.weight",
     }
-    parts = {v: k for k, v in __import__("carpool.models.gguf_file").models.gguf_file._LAYER_NAMES.items()}
+    parts = {v: k for k, v in gguf_file._LAYER_NAMES.items()}
     originals: dict[str, torch.Tensor] = {}
     written: dict[str, gguf.GGMLQuantizationType] = {}
     for i, (name, tensor) in enumerate(reference.state_dict().items()):
@@ -173,7 +175,9 @@ def hf_builtin() -> Any:
 
 
 @pytest.mark.slow
-def test_builtin_model_matches_transformers_on_20_prompts(smollm: LoadedLM, hf_builtin: Any) -> None:
+def test_builtin_model_matches_transformers_on_20_prompts(
+    smollm: LoadedLM, hf_builtin: Any
+) -> None:
     tok = smollm.tokenizer
     chats = [
         tok.encode(

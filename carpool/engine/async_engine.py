@@ -1,0 +1,287 @@
+"""The engine on the device runtime, and an asyncio front that streams outputs.
+
+``EngineWorker`` is the runtime's ``Worker`` for a generation engine: any thread
+may ``submit`` or ``abort`` (they post to an inbox and wake the runtime); the
+runtime thread alone touches the engine: it drains the inbox in ``poll`` and runs
+one engine step per ``run_once``, handing each output to its request's sink.
+
+``AsyncEngine.generate`` is the event loop's view: an async iterator of a
+request's outputs. Leaving it early (client gone, task cancelled) aborts the
+request, whose blocks are free after the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from carpool.clock import Clock, MonotonicClock
+from carpool.engine.engine import Engine
+from carpool.engine.request_output import RequestOutput
+from carpool.engine.sampling_params import SamplingParams
+from carpool.engine.sequence import FinishReason
+from carpool.errors import CarpoolError, ModelExecutionError, Overloaded, ServerShuttingDown
+from carpool.runtime import IDLE, WorkState
+
+log = logging.getLogger(__name__)
+
+Sink = Callable[[RequestOutput | CarpoolError], None]
+
+
+@dataclass(frozen=True)
+class _Add:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    priority: int
+    deadline: float | None
+    arrival: float
+    sink: Sink
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str
+
+
+class EngineWorker:
+    """A generation engine as a device-runtime worker."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        name: str,
+        priority: int = 0,
+        clock: Clock | None = None,
+    ) -> None:
+        self.engine = engine
+        self.name = name
+        self.priority = priority
+        self.clock = clock or MonotonicClock()
+        self._inbox: queue.SimpleQueue[_Add | _Abort] = queue.SimpleQueue()
+        self._notify: Callable[[], None] = lambda: None
+        self._sinks: dict[str, Sink] = {}  # runtime thread only
+        self._ready_since: float | None = None
+        self._waiting = 0  # accepted and not yet started or finished
+        self._waiting_lock = threading.Lock()
+        self._started: set[str] = set()  # runtime thread only
+        self._ids = itertools.count()
+        self.closed = False
+
+    # -- any thread -------------------------------------------------------------------
+
+    @property
+    def num_waiting(self) -> int:
+        return self._waiting
+
+    def new_request_id(self) -> str:
+        return f"{self.name}-{next(self._ids)}"
+
+    def submit(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        sink: Sink,
+        *,
+        priority: int = 0,
+        timeout_s: float | None = None,
+        max_waiting: int | None = None,
+    ) -> list[int]:
+        """Accept a request or raise: ``InvalidRequest`` (checked now, before anything
+        runs), ``Overloaded`` when ``max_waiting`` requests already wait. Returns the
+        prompt as it will run (after truncation)."""
+        if self.closed:
+            raise ServerShuttingDown("the server is shutting down")
+        prompt = self.engine.check_request(prompt_ids, params)
+        with self._waiting_lock:
+            if max_waiting is not None and self._waiting >= max_waiting:
+                raise Overloaded(
+                    f"{self._waiting} requests are already waiting for {self.name}",
+                    retry_after_s=1.0,
+                )
+            self._waiting += 1
+        now = self.clock.now()
+        deadline = None if timeout_s is None else now + timeout_s
+        self._inbox.put(_Add(request_id, prompt, params, priority, deadline, now, sink))
+        self._notify()
+        return prompt
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(_Abort(request_id))
+        self._notify()
+
+    # -- the runtime thread -------------------------------------------------------------
+
+    def attach(self, notify: Callable[[], None]) -> None:
+        self._notify = notify
+
+    def poll(self, now: float) -> WorkState:
+        while True:
+            try:
+                message = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            self._take(message)
+        if not self.engine.has_work:
+            self._ready_since = None
+            return IDLE
+        if self._ready_since is None:
+            self._ready_since = now
+        return WorkState(ready_since=self._ready_since)
+
+    def _take(self, message: _Add | _Abort) -> None:
+        if isinstance(message, _Abort):
+            self.engine.abort(message.request_id)
+            return
+        try:
+            self.engine.add_request(
+                message.request_id,
+                message.prompt_ids,
+                message.params,
+                priority=message.priority,
+                deadline=message.deadline,
+                arrival=message.arrival,
+            )
+        except CarpoolError as exc:
+            self._count_waiting(-1)
+            message.sink(exc)
+            return
+        self._sinks[message.request_id] = message.sink
+
+    def run_once(self, now: float) -> None:
+        outputs = self.engine.step()
+        # The next turn is ready from now on, so another worker with older work runs
+        # first: the runtime alternates fairly between a busy engine and a busy batcher.
+        self._ready_since = self.clock.now()
+        for out in outputs:
+            if out.request_id not in self._started:
+                self._started.add(out.request_id)
+                self._count_waiting(-1)
+            if out.finished:
+                self._started.discard(out.request_id)
+                sink = self._sinks.pop(out.request_id, None)
+            else:
+                sink = self._sinks.get(out.request_id)
+            if sink is not None:
+                sink(out)
+
+    def _count_waiting(self, delta: int) -> None:
+        with self._waiting_lock:
+            self._waiting += delta
+
+    def fail_all(self, error: Exception) -> None:
+        carpool_error = (
+            error if isinstance(error, CarpoolError) else ModelExecutionError(str(error))
+        )
+        while True:
+            try:
+                message = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(message, _Add):
+                message.sink(carpool_error)
+        for sink in self._sinks.values():
+            sink(carpool_error)
+        self._sinks.clear()
+
+
+class AsyncEngine:
+    """The event loop's handle on an ``EngineWorker``."""
+
+    def __init__(self, worker: EngineWorker, max_waiting: int | None = None) -> None:
+        self.worker = worker
+        self.max_waiting = max_waiting
+
+    @property
+    def engine(self) -> Engine:
+        return self.worker.engine
+
+    def start(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        priority: int = 0,
+        timeout_s: float | None = None,
+    ) -> GenerationStream:
+        """Admit a request now (raising if refused) and return its output stream."""
+        loop = asyncio.get_running_loop()
+        outputs: asyncio.Queue[RequestOutput | CarpoolError] = asyncio.Queue()
+        request_id = self.worker.new_request_id()
+
+        def sink(item: RequestOutput | CarpoolError) -> None:
+            loop.call_soon_threadsafe(outputs.put_nowait, item)
+
+        prompt = self.worker.submit(
+            request_id,
+            prompt_ids,
+            params,
+            sink,
+            priority=priority,
+            timeout_s=timeout_s,
+            max_waiting=self.max_waiting,
+        )
+        return GenerationStream(self.worker, request_id, prompt, outputs)
+
+
+class GenerationStream:
+    """One request's outputs as they come. Iterate it to the end, or ``close()`` it:
+    closing an unfinished stream aborts the request."""
+
+    def __init__(
+        self,
+        worker: EngineWorker,
+        request_id: str,
+        prompt_ids: list[int],
+        outputs: asyncio.Queue[RequestOutput | CarpoolError],
+    ) -> None:
+        self.worker = worker
+        self.request_id = request_id
+        self.prompt_ids = prompt_ids
+        self._outputs = outputs
+        self.finished = False
+
+    def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[RequestOutput]:
+        try:
+            while not self.finished:
+                item = await self._outputs.get()
+                if isinstance(item, CarpoolError):
+                    self.finished = True
+                    raise item
+                if item.finished:
+                    self.finished = True
+                    if item.error is not None:
+                        raise ModelExecutionError(item.error)
+                    if _timed_out(item):
+                        raise Overloaded(
+                            "the request could not start before its deadline", retry_after_s=1.0
+                        )
+                yield item
+        finally:
+            self.close()
+
+    async def final(self) -> RequestOutput:
+        """Wait for the end; the last output (which holds everything)."""
+        last: RequestOutput | None = None
+        async for out in self:
+            last = out
+        assert last is not None
+        return last
+
+    def close(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self.worker.abort(self.request_id)
+
+
+def _timed_out(out: RequestOutput) -> bool:
+    return any(o.finish_reason is FinishReason.TIMEOUT for o in out.outputs)
