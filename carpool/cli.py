@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import dataclasses
 import logging
+import os
 import signal
 import socket
 import sys
@@ -91,6 +92,8 @@ def build_config(args: argparse.Namespace) -> CarpoolConfig:
     model_batching = {}
     if args.model_config is not None:
         model_batching = load_model_batching(Path(args.model_config))
+    if "api_key" not in given["server"] and os.environ.get("CARPOOL_API_KEY"):
+        given["server"]["api_key"] = os.environ["CARPOOL_API_KEY"]
     return CarpoolConfig(
         server=from_dict(ServerConfig, given["server"]),
         runtime=from_dict(RuntimeConfig, given["runtime"]),
@@ -254,7 +257,7 @@ def serve(config: CarpoolConfig) -> int:
         return 1
     host, port = sock.getsockname()[:2]
     ready_line = (
-        f"carpool ready on http://{host}:{port} serving {', '.join(m.name for m in bundle.models)} "
+        f"carpool ready on http://{host}:{port} serving {', '.join(m.name for m in bundle.models.all())} "
         f"(started in {time.monotonic() - started:.1f}s)"
     )
     # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal to the handler that

@@ -217,7 +217,7 @@ class ServerConfig:
     port: int = _help("Port to bind; 0 picks a free one.", default=8000)
     models: tuple[str, ...] = _help(
         "Models to serve: built-in names (see `carpool models`), local folders or files.",
-        default=("all-minilm-l6-v2",),
+        default=("smollm2-135m-instruct", "all-minilm-l6-v2"),
     )
     log_level: str = _help("Log level: debug, info, warning or error.", default="info")
     max_body_bytes: int = _help(
@@ -225,7 +225,18 @@ class ServerConfig:
         default=8 * 1024 * 1024,
     )
 
+    api_key: str = _help(
+        "Require 'Authorization: Bearer <key>' on every model endpoint (health and "
+        "metrics stay open); empty: no key. The CLI also reads CARPOOL_API_KEY.",
+        default="",
+    )
+    shutdown_timeout_s: float = _help(
+        "On SIGTERM, seconds to let requests in flight finish before exiting.",
+        default=30.0,
+    )
+
     def __post_init__(self) -> None:
+        _require(self.shutdown_timeout_s >= 0, "shutdown_timeout_s must be >= 0")
         _require(0 <= self.port <= 65535, "port must be between 0 and 65535")
         _require(len(self.models) >= 1, "at least one model must be served")
         _require(

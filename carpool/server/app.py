@@ -7,21 +7,32 @@ from collections.abc import Callable
 from fastapi import FastAPI, Response
 
 from carpool import __version__
-from carpool.server import errors, metrics, openai_routes, v2_routes
+from carpool.server import errors, generation_routes, metrics, openai_routes, v2_routes
+from carpool.server.auth import APIKeyAuth
 from carpool.server.limits import BodySizeLimit
 from carpool.server.served import ClientDisconnected, ServedModels
 
 
 def create_app(
-    models: ServedModels, *, is_ready: Callable[[], bool], max_body_bytes: int
+    models: ServedModels,
+    *,
+    is_ready: Callable[[], bool],
+    max_body_bytes: int,
+    api_key: str = "",
 ) -> FastAPI:
     """The ASGI app serving ``models``; ``is_ready`` says whether the runtime is alive."""
     app = FastAPI(title="carpool", version=__version__)
     errors.install(app)
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
+    if api_key:
+        # Added last, so it runs first: an unauthorised body is never read.
+        app.add_middleware(APIKeyAuth, api_key=api_key)
     app.include_router(openai_routes.router(models))
+    app.include_router(generation_routes.router(models))
     app.include_router(v2_routes.router(models, is_ready))
-    registry = metrics.make_registry([metrics.BatcherCollector(models)])
+    registry = metrics.make_registry(
+        [metrics.BatcherCollector(models), metrics.EngineCollector(models)]
+    )
 
     @app.exception_handler(ClientDisconnected)
     async def _gone(_request: object, _exc: ClientDisconnected) -> Response:

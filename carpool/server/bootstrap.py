@@ -6,15 +6,20 @@ import asyncio
 import logging
 import socket
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import uvicorn
 
 from carpool.batching import DynamicBatcher
 from carpool.config import CarpoolConfig
+from carpool.engine.async_engine import AsyncEngine, EngineWorker
+from carpool.engine.engine import Engine
 from carpool.models import registry
+from carpool.models.causal_lm import LoadedLM
+from carpool.models.registry import LoadOptions, Task
 from carpool.runtime import DeviceRuntime
 from carpool.server.app import create_app
-from carpool.server.served import ServedEmbedding, ServedModels
+from carpool.server.served import ServedEmbedding, ServedGenerator, ServedModels
 
 log = logging.getLogger("carpool")
 
@@ -44,12 +49,13 @@ class ServerBundle:
             self.models,
             is_ready=lambda: self.runtime.alive,
             max_body_bytes=self.config.server.max_body_bytes,
+            api_key=self.config.server.api_key,
         )
         uv_config = uvicorn.Config(
             app,
             log_level=self.config.server.log_level,
             access_log=self.config.server.log_level == "debug",
-            timeout_graceful_shutdown=30,
+            timeout_graceful_shutdown=int(self.config.server.shutdown_timeout_s),
         )
         self._server = uvicorn.Server(uv_config)
         serving = asyncio.create_task(self._server.serve(sockets=[sock]))
@@ -66,15 +72,45 @@ def build_server(config: CarpoolConfig) -> ServerBundle:
         import torch
 
         torch.set_num_threads(config.runtime.threads)
-    served = []
+    options = LoadOptions(
+        device=config.runtime.device,
+        dtype=config.engine.dtype,
+        cache_dir=Path(config.runtime.cache_dir) if config.runtime.cache_dir else None,
+    )
+    served: list[ServedEmbedding] = []
+    generators: list[ServedGenerator] = []
     for spec in config.server.models:
         source = registry.resolve(spec)
         log.info("loading %s (%s) from %s", source.name, source.task.value, source.path)
-        model = registry.load(source, config.runtime.device)
-        batcher = DynamicBatcher(source.name, model, config.batching_for(source.name))
-        served.append(ServedEmbedding(source.name, model, batcher))
-    bundle = ServerBundle(config, ServedModels(served))
+        model = registry.load(source, options)
+        if source.task is Task.GENERATE:
+            generators.append(_generator(source.name, model, config))
+        else:
+            batcher = DynamicBatcher(source.name, model, config.batching_for(source.name))
+            served.append(ServedEmbedding(source.name, model, batcher))
+    bundle = ServerBundle(config, ServedModels(served, generators))
     for s in served:
         bundle.runtime.register(s.batcher)
+    for g in generators:
+        bundle.runtime.register(g.engine.worker)
     bundle.runtime.start()
     return bundle
+
+
+def _generator(name: str, lm: LoadedLM, config: CarpoolConfig) -> ServedGenerator:
+    engine = Engine(lm, config.engine)
+    log.info(
+        "%s: %d KV blocks of %d tokens (%s), max_model_len %d",
+        name,
+        engine.blocks.num_blocks,
+        engine.blocks.block_size,
+        config.engine.kv_cache_memory,
+        engine.max_model_len,
+    )
+    worker = EngineWorker(engine, name)
+    return ServedGenerator(
+        name,
+        lm,
+        AsyncEngine(worker, max_waiting=config.engine.max_waiting_requests),
+        default_timeout_s=config.engine.request_timeout_s,
+    )

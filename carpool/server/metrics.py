@@ -73,6 +73,101 @@ class BatcherCollector(Collector):
         yield from (requests, batches, pending, queue, compute, sizes)
 
 
+class EngineCollector(Collector):
+    """Metrics of every generation engine, with vLLM's meanings and a carpool_ prefix."""
+
+    def __init__(self, models: ServedModels) -> None:
+        self._models = models
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["model"]
+        histograms = {
+            "time_to_first_token": HistogramMetricFamily(
+                "carpool_time_to_first_token_seconds", "Time to first token.", labels=labels
+            ),
+            "inter_token_latency": HistogramMetricFamily(
+                "carpool_inter_token_latency_seconds",
+                "Mean time between a request's output tokens.",
+                labels=labels,
+            ),
+            "e2e_latency": HistogramMetricFamily(
+                "carpool_e2e_request_latency_seconds",
+                "Arrival to last output, per finished request.",
+                labels=labels,
+            ),
+            "queue_time": HistogramMetricFamily(
+                "carpool_request_queue_time_seconds",
+                "Time a request waited before its first step.",
+                labels=labels,
+            ),
+            "tokens_per_step": HistogramMetricFamily(
+                "carpool_iteration_tokens", "Tokens run in each engine step.", labels=labels
+            ),
+        }
+        counters = {
+            "prompt_tokens": CounterMetricFamily(
+                "carpool_prompt_tokens", "Prompt tokens of started requests.", labels=labels
+            ),
+            "generation_tokens": CounterMetricFamily(
+                "carpool_generation_tokens", "Generated tokens.", labels=labels
+            ),
+            "steps": CounterMetricFamily(
+                "carpool_engine_steps", "Engine steps that ran the model.", labels=labels
+            ),
+            "preemptions": CounterMetricFamily(
+                "carpool_num_preemptions",
+                "Sequences preempted for lack of KV blocks.",
+                labels=labels,
+            ),
+            "prefix_queries": CounterMetricFamily(
+                "carpool_prefix_cache_queries",
+                "Prompt tokens looked up in the prefix cache.",
+                labels=labels,
+            ),
+            "prefix_hits": CounterMetricFamily(
+                "carpool_prefix_cache_hits",
+                "Prompt tokens found in the prefix cache.",
+                labels=labels,
+            ),
+        }
+        gauges = {
+            "running": GaugeMetricFamily(
+                "carpool_num_requests_running", "Sequences in the running batch.", labels=labels
+            ),
+            "waiting": GaugeMetricFamily(
+                "carpool_num_requests_waiting", "Sequences waiting to start.", labels=labels
+            ),
+            "kv_usage": GaugeMetricFamily(
+                "carpool_kv_cache_usage_perc",
+                "Fraction of KV-cache blocks in use (0 to 1).",
+                labels=labels,
+            ),
+        }
+        finished = CounterMetricFamily(
+            "carpool_request_success",
+            "Finished sequences by reason (stop, length, abort, timeout, error).",
+            labels=["model", "finished_reason"],
+        )
+        for served in self._models.generators:
+            s = served.engine.engine.stats.snapshot()
+            block = served.engine.engine.blocks.block_size
+            name = [served.name]
+            for key, family in histograms.items():
+                hist: Histogram = getattr(s, key)
+                family.add_metric(name, _buckets(hist), hist.total)
+            for key, counter in counters.items():
+                value = getattr(s, key)
+                counter.add_metric(name, value * block if key.startswith("prefix") else value)
+            for key, gauge in gauges.items():
+                gauge.add_metric(name, getattr(s, key))
+            for reason, count in s.finished.items():
+                finished.add_metric([served.name, reason], count)
+        yield from histograms.values()
+        yield from counters.values()
+        yield from gauges.values()
+        yield finished
+
+
 def make_registry(collectors: Iterable[Collector]) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     for collector in collectors:

@@ -25,7 +25,7 @@ def router(models: ServedModels) -> APIRouter:
             "object": "list",
             "data": [
                 {"id": m.name, "object": "model", "created": m.created, "owned_by": "carpool"}
-                for m in models
+                for m in models.all()
             ],
         }
 

@@ -63,3 +63,85 @@ class V2InferRequest(BaseModel):
     parameters: dict[str, Any] | None = None
     inputs: list[V2Tensor] = Field(min_length=1)
     outputs: list[V2RequestedOutput] | None = None
+
+
+Stop = StrictStr | list[StrictStr] | None
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _SamplingFields(_Strict):
+    """The sampling fields shared by chat and completions: OpenAI's, vLLM's extras,
+    and carpool's ``priority`` and ``timeout``."""
+
+    model: StrictStr
+    max_tokens: StrictInt | None = Field(default=None, description="Most tokens to generate.")
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    n: StrictInt = Field(default=1, ge=1, le=16)
+    stop: Stop = None
+    seed: StrictInt | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    user: StrictStr | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    top_k: StrictInt | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    repetition_penalty: float | None = Field(default=None, gt=0, le=10)
+    min_tokens: StrictInt = Field(default=0, ge=0)
+    ignore_eos: bool = False
+    stop_token_ids: list[Annotated[StrictInt, Field(ge=0)]] | None = None
+    skip_special_tokens: bool = True
+    truncate_prompt_tokens: StrictInt | None = Field(default=None, ge=1)
+    priority: StrictInt = Field(default=0, description="Lower runs first (vLLM's meaning).")
+    timeout: float | None = Field(
+        default=None,
+        gt=0,
+        description="Seconds the request may wait to start (shortens the server's default).",
+    )
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: StrictStr | list[dict[str, Any]] | None = None
+    name: StrictStr | None = None
+    tool_call_id: StrictStr | None = None
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """OpenAI's chat completion request."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: StrictInt | None = None
+    logprobs: bool = False
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
+    add_generation_prompt: bool = True
+
+
+class CompletionRequest(_SamplingFields):
+    """OpenAI's (legacy) completion request."""
+
+    prompt: StrictStr | list[StrictStr] | TokenIds | list[TokenIds]
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
+    best_of: StrictInt | None = Field(default=None, ge=1, le=1)
+    suffix: None = None
+
+
+class TokenizeRequest(_Strict):
+    """vLLM's /tokenize: a prompt, or chat messages rendered with the template."""
+
+    model: StrictStr
+    prompt: StrictStr | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(_Strict):
+    model: StrictStr
+    tokens: TokenIds

@@ -12,7 +12,9 @@ import numpy as np
 from starlette.requests import Request
 
 from carpool.batching import DynamicBatcher
-from carpool.errors import ModelNotFound
+from carpool.engine.async_engine import AsyncEngine
+from carpool.errors import InvalidRequest, ModelNotFound
+from carpool.models.causal_lm import LoadedLM
 from carpool.models.embedding import EmbeddingModel
 
 T = TypeVar("T")
@@ -94,20 +96,74 @@ async def _wait_for_disconnect(request: Request) -> None:
             return
 
 
-class ServedModels:
-    """Name -> served model."""
+@dataclass
+class ServedGenerator:
+    """A text-generation model behind its engine on the device runtime."""
 
-    def __init__(self, models: list[ServedEmbedding]) -> None:
+    name: str
+    lm: LoadedLM
+    engine: AsyncEngine
+    default_timeout_s: float
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.lm.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.engine.max_model_len
+
+    def timeout(self, requested: float | None) -> float:
+        """The request's start deadline: the default, or a shorter one it asked for."""
+        return (
+            self.default_timeout_s if requested is None else min(requested, self.default_timeout_s)
+        )
+
+
+class ServedModels:
+    """Name -> served model, of either kind. Iterating yields the embedding models
+    (the dynamic-batched ones); ``all`` yields every model."""
+
+    def __init__(
+        self, models: list[ServedEmbedding], generators: list[ServedGenerator] | None = None
+    ) -> None:
         self._models = {m.name: m for m in models}
+        self._generators = {g.name: g for g in generators or []}
 
     def __iter__(self) -> Iterator[ServedEmbedding]:
         return iter(self._models.values())
 
+    def all(self) -> list[ServedEmbedding | ServedGenerator]:
+        return [*self._generators.values(), *self._models.values()]
+
+    @property
+    def generators(self) -> list[ServedGenerator]:
+        return list(self._generators.values())
+
+    def _unknown(self, name: str) -> ModelNotFound:
+        served = ", ".join(m.name for m in self.all())
+        return ModelNotFound(f"model {name!r} is not served here; served: {served}", param="model")
+
     def get(self, name: str) -> ServedEmbedding:
+        """The embedding model ``name``."""
         model = self._models.get(name)
-        if model is None:
-            raise ModelNotFound(
-                f"model {name!r} is not served here; served: {', '.join(self._models)}",
+        if model is not None:
+            return model
+        if name in self._generators:
+            raise InvalidRequest(
+                f"model {name!r} generates text; it does not compute embeddings or tensors",
                 param="model",
             )
-        return model
+        raise self._unknown(name)
+
+    def generator(self, name: str) -> ServedGenerator:
+        """The generation model ``name``."""
+        model = self._generators.get(name)
+        if model is not None:
+            return model
+        if name in self._models:
+            raise InvalidRequest(
+                f"model {name!r} computes embeddings; it does not generate text", param="model"
+            )
+        raise self._unknown(name)

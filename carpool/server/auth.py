@@ -1,0 +1,51 @@
+"""Optional API key: ASGI middleware that refuses model endpoints without
+``Authorization: Bearer <key>`` (401 in the endpoint's protocol shape). Health,
+readiness, server metadata and metrics stay open. The comparison takes the same
+time however much of the key matches."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+OPEN_PATHS = ("/health", "/metrics", "/v2/health/live", "/v2/health/ready", "/v2")
+
+
+def needs_key(path: str) -> bool:
+    return path not in OPEN_PATHS
+
+
+class APIKeyAuth:
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        # Compare digests: equal length whatever the client sends, so neither length
+        # nor matching prefix shows in the timing.
+        self._digest = hashlib.sha256(api_key.encode()).digest()
+
+    def _authorized(self, scope: Scope) -> bool:
+        header = dict(scope.get("headers") or []).get(b"authorization", b"")
+        scheme, _, token = header.partition(b" ")
+        given = hashlib.sha256(token.strip()).digest()
+        return hmac.compare_digest(given, self._digest) and scheme.lower() == b"bearer"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not needs_key(scope["path"]) or self._authorized(scope):
+            await self.app(scope, receive, send)
+            return
+        message = "missing or wrong API key (send Authorization: Bearer <key>)"
+        if scope["path"].startswith("/v2"):
+            body: dict[str, object] = {"error": message}
+        else:
+            body = {
+                "error": {
+                    "message": message,
+                    "type": "authentication_error",
+                    "param": None,
+                    "code": 401,
+                }
+            }
+        response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        await response(scope, receive, send)

@@ -1,0 +1,425 @@
+"""OpenAI-compatible text generation: /v1/chat/completions, /v1/completions, and
+vLLM's /tokenize and /detokenize.
+
+Thin: validate (pydantic), render and tokenize, build ``SamplingParams``, start
+one engine stream per prompt, then shape the outputs as OpenAI's JSON or as
+Server-Sent Events (sse-starlette). A stream that is left (client gone) aborts
+its request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request, Response
+from sse_starlette.sse import EventSourceResponse
+
+from carpool.engine.async_engine import GenerationStream
+from carpool.engine.request_output import CompletionOutput, RequestOutput
+from carpool.engine.sampler import TokenLogprobs
+from carpool.engine.sampling_params import SamplingParams
+from carpool.engine.sequence import FinishReason
+from carpool.errors import CarpoolError, InvalidRequest
+from carpool.server.errors import status_of
+from carpool.server.schemas import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    _SamplingFields,
+)
+from carpool.server.served import (
+    ServedGenerator,
+    ServedModels,
+    gather_or_cancel,
+    unless_disconnected,
+)
+
+_FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
+
+
+def router(models: ServedModels) -> APIRouter:
+    api = APIRouter()
+
+    @api.post("/v1/chat/completions", response_model=None)
+    async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+        served = models.generator(body.model)
+        prompt = render_chat(served, body.messages, body.add_generation_prompt)
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        params = sampling_params(
+            served, body, len(prompt), body.max_completion_tokens or body.max_tokens, logprobs
+        )
+        call = _Call(served, body, "chatcmpl", chat=True)
+        return await call.respond([prompt], params, request)
+
+    @api.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        served = models.generator(body.model)
+        prompts = tokenize_prompts(served, body.prompt)
+        params = [
+            sampling_params(served, body, len(p), body.max_tokens or 16, body.logprobs)
+            for p in prompts
+        ]
+        call = _Call(served, body, "cmpl", chat=False, echo=body.echo)
+        return await call.respond(prompts, params, request)
+
+    @api.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        served = models.generator(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise InvalidRequest("give exactly one of prompt and messages", param="prompt")
+        if body.messages is not None:
+            tokens = render_chat(served, body.messages, body.add_generation_prompt)
+        else:
+            tokens = served.tokenizer.encode(
+                body.prompt, add_special_tokens=body.add_special_tokens
+            )
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": served.max_model_len}
+
+    @api.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+        served = models.generator(body.model)
+        vocab = served.lm.config.vocab_size
+        if any(t >= vocab for t in body.tokens):
+            raise InvalidRequest(f"token ids must be below {vocab}", param="tokens")
+        return {"prompt": served.tokenizer.decode(body.tokens)}
+
+    return api
+
+
+def render_chat(
+    served: ServedGenerator, messages: Sequence[ChatMessage], add_generation_prompt: bool
+) -> list[int]:
+    """The conversation rendered with the model's own chat template, as token ids."""
+    plain = []
+    for i, m in enumerate(messages):
+        content = m.content
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise InvalidRequest(
+                        "only text content parts are supported", param=f"messages[{i}].content"
+                    )
+                texts.append(part["text"])
+            content = "".join(texts)
+        plain.append({"role": m.role, "content": content or ""})
+    try:
+        text = served.tokenizer.apply_chat_template(
+            plain, add_generation_prompt=add_generation_prompt, tokenize=False
+        )
+    except Exception as exc:  # a template may raise on a conversation it rejects
+        raise InvalidRequest(
+            f"the chat template refused messages: {exc}", param="messages"
+        ) from exc
+    ids: list[int] = served.tokenizer.encode(text, add_special_tokens=False)
+    return ids
+
+
+def tokenize_prompts(
+    served: ServedGenerator, prompt: str | list[str] | list[int] | list[list[int]]
+) -> list[list[int]]:
+    if isinstance(prompt, str):
+        return [served.tokenizer.encode(prompt)]
+    if not prompt:
+        raise InvalidRequest("prompt must not be an empty list", param="prompt")
+    if isinstance(prompt[0], int):
+        return [list(prompt)]
+    if isinstance(prompt[0], str):
+        return [served.tokenizer.encode(p) for p in prompt]
+    return [list(p) for p in prompt]
+
+
+def sampling_params(
+    served: ServedGenerator,
+    body: _SamplingFields,
+    prompt_len: int,
+    max_tokens: int | None,
+    logprobs: int | None,
+) -> SamplingParams:
+    if max_tokens is None:  # vLLM's default: whatever the context has left
+        max_tokens = max(1, served.max_model_len - prompt_len)
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    return SamplingParams(
+        n=body.n,
+        max_tokens=max_tokens,
+        min_tokens=body.min_tokens,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=body.top_k or 0,
+        min_p=body.min_p or 0.0,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        repetition_penalty=body.repetition_penalty or 1.0,
+        seed=body.seed,
+        stop=stop,
+        stop_token_ids=tuple(body.stop_token_ids or ()),
+        ignore_eos=body.ignore_eos,
+        logprobs=logprobs,
+        skip_special_tokens=body.skip_special_tokens,
+        truncate_prompt_tokens=body.truncate_prompt_tokens,
+    )
+
+
+class _Call:
+    """One chat or completion call: its streams and how to shape their outputs."""
+
+    def __init__(
+        self,
+        served: ServedGenerator,
+        body: _SamplingFields,
+        prefix: str,
+        *,
+        chat: bool,
+        echo: bool = False,
+    ) -> None:
+        self.served = served
+        self.body = body
+        self.chat = chat
+        self.echo = echo
+        self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.object = "chat.completion" if chat else "text_completion"
+        self.n = body.n
+
+    async def respond(
+        self,
+        prompts: list[list[int]],
+        params: list[SamplingParams] | SamplingParams,
+        request: Request,
+    ) -> Response:
+        per_prompt = params if isinstance(params, list) else [params] * len(prompts)
+        streams = self._start(prompts, per_prompt)
+        if self.body.stream:
+            return EventSourceResponse(self._events(streams), ping=15, sep="\n")
+        try:
+            finals = await unless_disconnected(
+                request, gather_or_cancel([asyncio.ensure_future(s.final()) for s in streams])
+            )
+        finally:
+            for s in streams:
+                s.close()
+        return Response(orjson.dumps(self._full(finals)), media_type="application/json")
+
+    def _start(
+        self, prompts: list[list[int]], params: list[SamplingParams]
+    ) -> list[GenerationStream]:
+        streams: list[GenerationStream] = []
+        timeout = self.served.timeout(self.body.timeout)
+        try:
+            for prompt, p in zip(prompts, params, strict=True):
+                streams.append(
+                    self.served.engine.start(
+                        prompt, p, priority=self.body.priority, timeout_s=timeout
+                    )
+                )
+        except BaseException:
+            for s in streams:
+                s.close()
+            raise
+        return streams
+
+    # -- whole responses -----------------------------------------------------------
+
+    def _full(self, finals: list[RequestOutput]) -> dict[str, Any]:
+        choices = []
+        for p, final in enumerate(finals):
+            for out in final.outputs:
+                index = p * self.n + out.index
+                if self.chat:
+                    choices.append(
+                        {
+                            "index": index,
+                            "message": {"role": "assistant", "content": out.text},
+                            "logprobs": self._chat_logprobs(out.logprobs, out.token_ids),
+                            "finish_reason": _finish(out.finish_reason),
+                        }
+                    )
+                else:
+                    text = out.text
+                    if self.echo:
+                        text = self.served.tokenizer.decode(final.prompt_token_ids) + text
+                    choices.append(
+                        {
+                            "index": index,
+                            "text": text,
+                            "logprobs": self._completion_logprobs(out.logprobs, out.token_ids),
+                            "finish_reason": _finish(out.finish_reason),
+                        }
+                    )
+        return {
+            "id": self.id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.served.name,
+            "choices": choices,
+            "usage": _usage(finals),
+        }
+
+    # -- streaming -------------------------------------------------------------------
+
+    async def _events(self, streams: list[GenerationStream]) -> AsyncIterator[dict[str, str]]:
+        finals: dict[int, RequestOutput] = {}
+        done: set[int] = set()
+        include_usage = bool(self.body.stream_options and self.body.stream_options.include_usage)
+        try:
+            if self.chat:
+                yield self._chunk(
+                    [_choice_delta(i, {"role": "assistant", "content": ""}) for i in range(self.n)],
+                    include_usage,
+                )
+            async for p, out in _merge(streams):
+                if out.finished:
+                    finals[p] = out
+                choices = [c for c in (self._delta(p, o, done) for o in out.outputs) if c]
+                if choices:
+                    yield self._chunk(choices, include_usage)
+            if include_usage:
+                ordered = [finals[p] for p in sorted(finals)]
+                yield {"data": orjson.dumps(self._envelope([], _usage(ordered))).decode()}
+        except CarpoolError as exc:
+            status, kind = status_of(exc)
+            error = {"message": exc.message, "type": kind, "param": exc.param, "code": status}
+            yield {"data": orjson.dumps({"error": error}).decode()}
+        finally:
+            for s in streams:
+                s.close()
+        yield {"data": "[DONE]"}
+
+    def _delta(self, p: int, out: CompletionOutput, done: set[int]) -> dict[str, Any] | None:
+        """The chunk choice for what ``out`` added, None if nothing; a choice's finish
+        reason is sent once (``done`` holds the choices already finished)."""
+        index = p * self.n + out.index
+        reason = None
+        if out.finish_reason is not None and index not in done:
+            done.add(index)
+            reason = _finish(out.finish_reason)
+        if not out.new_text and not out.new_logprobs and reason is None:
+            return None
+        if self.chat:
+            delta = {"content": out.new_text} if out.new_text else {}
+            choice = _choice_delta(index, delta)
+            choice["logprobs"] = self._chat_logprobs(out.new_logprobs, out.new_token_ids)
+        else:
+            choice = {
+                "index": index,
+                "text": out.new_text,
+                "logprobs": self._completion_logprobs(out.new_logprobs, out.new_token_ids),
+                "finish_reason": None,
+            }
+        choice["finish_reason"] = reason
+        return choice
+
+    def _chunk(self, choices: list[dict[str, Any]], include_usage: bool) -> dict[str, str]:
+        envelope = self._envelope(choices, None)
+        if not include_usage:
+            envelope.pop("usage")
+        return {"data": orjson.dumps(envelope).decode()}
+
+    def _envelope(self, choices: list[dict[str, Any]], usage: Any) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.served.name,
+            "choices": choices,
+            "usage": usage,
+        }
+
+    # -- logprobs ----------------------------------------------------------------------
+
+    def _token(self, token_id: int) -> str:
+        text: str = self.served.tokenizer.decode([token_id])
+        return text
+
+    def _chat_logprobs(
+        self, logprobs: list[TokenLogprobs], token_ids: list[int]
+    ) -> dict[str, Any] | None:
+        if not logprobs:
+            return None
+
+        def entry(token_id: int, logprob: float) -> dict[str, Any]:
+            token = self._token(token_id)
+            return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+        content = []
+        for token_id, lp in zip(token_ids, logprobs, strict=False):
+            item = entry(token_id, lp.logprob)
+            item["top_logprobs"] = [entry(t, v) for t, v in lp.top]
+            content.append(item)
+        return {"content": content}
+
+    def _completion_logprobs(
+        self, logprobs: list[TokenLogprobs], token_ids: list[int]
+    ) -> dict[str, Any] | None:
+        if not logprobs:
+            return None
+        tokens = [self._token(t) for t in token_ids]
+        offsets, at = [], 0
+        for token in tokens:
+            offsets.append(at)
+            at += len(token)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [lp.logprob for lp in logprobs],
+            "top_logprobs": [{self._token(t): v for t, v in lp.top} for lp in logprobs],
+            "text_offset": offsets,
+        }
+
+
+def _finish(reason: FinishReason | None) -> str | None:
+    return None if reason is None else _FINISH.get(reason)
+
+
+def _choice_delta(index: int, delta: dict[str, Any]) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+
+
+def _usage(finals: list[RequestOutput]) -> dict[str, int]:
+    prompt = sum(len(f.prompt_token_ids) for f in finals)
+    completion = sum(f.num_generated_tokens for f in finals)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+async def _merge(streams: list[GenerationStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Every stream's outputs as they come, tagged with the stream's position."""
+    if len(streams) == 1:
+        async for out in streams[0]:
+            yield 0, out
+        return
+    merged: asyncio.Queue[tuple[int, RequestOutput] | BaseException | None] = asyncio.Queue()
+
+    async def pump(p: int, stream: GenerationStream) -> None:
+        try:
+            async for out in stream:
+                merged.put_nowait((p, out))
+        except BaseException as exc:
+            merged.put_nowait(exc)
+            raise
+        finally:
+            merged.put_nowait(None)
+
+    tasks = [asyncio.ensure_future(pump(p, s)) for p, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await merged.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for t in tasks:
+            t.cancel()
