@@ -256,8 +256,9 @@ def serve(config: CarpoolConfig) -> int:
         bundle.runtime.stop()
         return 1
     host, port = sock.getsockname()[:2]
+    names = ", ".join(m.name for m in bundle.models.all())
     ready_line = (
-        f"carpool ready on http://{host}:{port} serving {', '.join(m.name for m in bundle.models.all())} "
+        f"carpool ready on http://{host}:{port} serving {names} "
         f"(started in {time.monotonic() - started:.1f}s)"
     )
     # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal to the handler that

@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from carpool.config import default_cache_dir
 from carpool.models.causal_lm import LoadedLM, convert_gguf, load_causal_lm
 from carpool.models.registry import BUILTIN_MODELS
 
 
-@pytest.fixture(scope="session")
-def carpool_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One cache folder for the session: the built-in GGUF is converted once."""
-    return tmp_path_factory.mktemp("carpool-cache")
+@pytest.fixture(scope="session", autouse=True)
+def carpool_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One cache folder for the session, also given to every server the tests start
+    (through XDG_CACHE_HOME): the built-in GGUF is converted once."""
+    base = tmp_path_factory.mktemp("xdg-cache")
+    before = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(base)
+    yield default_cache_dir()
+    if before is None:
+        del os.environ["XDG_CACHE_HOME"]
+    else:
+        os.environ["XDG_CACHE_HOME"] = before
 
 
 @pytest.fixture(scope="session")

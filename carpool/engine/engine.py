@@ -103,14 +103,14 @@ class Engine:
         if total > self.max_model_len:
             raise InvalidRequest(
                 f"this model's maximum context length is {self.max_model_len} tokens; "
-                f"you asked for {total} ({len(prompt)} in the prompt, {params.max_tokens} "
-                "in the completion)",
+                f"the prompt ({len(prompt)}) plus max_tokens ({params.max_tokens}) is {total}",
                 param="max_tokens",
             )
         capacity = self.blocks.num_blocks * self.blocks.block_size
         if total > capacity:
             raise InvalidRequest(
-                f"the request needs {total} tokens of KV cache; the cache holds {capacity}",
+                f"the prompt ({len(prompt)}) plus max_tokens ({params.max_tokens}) needs "
+                f"{total} tokens of KV cache; the cache holds {capacity}",
                 param="max_tokens",
             )
         return prompt

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import uvicorn
+from sse_starlette.sse import AppStatus
 
 from carpool.batching import DynamicBatcher
 from carpool.config import CarpoolConfig
@@ -57,6 +58,9 @@ class ServerBundle:
             access_log=self.config.server.log_level == "debug",
             timeout_graceful_shutdown=int(self.config.server.shutdown_timeout_s),
         )
+        # sse-starlette cuts every open stream on SIGTERM by default; we drain them
+        # instead (uvicorn bounds the wait with the shutdown timeout).
+        AppStatus.disable_automatic_graceful_drain()
         self._server = uvicorn.Server(uv_config)
         serving = asyncio.create_task(self._server.serve(sockets=[sock]))
         while not self._server.started and not serving.done():
