@@ -65,7 +65,7 @@ def stop_server(server: Server) -> int:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    """A server with the default configuration."""
-    s = start_server()
+    """A server of the embedding model, otherwise with the default configuration."""
+    s = start_server("--model", MODEL)
     yield s
     assert stop_server(s) == 0

@@ -17,7 +17,14 @@ from tests.integration.conftest import MODEL, Server, start_server, stop_server
 def batching_server() -> Iterator[Server]:
     # A long delay with preferred size 4: a batch goes exactly when 4 requests wait.
     s = start_server(
-        "--max-queue-delay-ms", "20000", "--preferred-batch-sizes", "4", "--max-batch-size", "4"
+        "--model",
+        MODEL,
+        "--max-queue-delay-ms",
+        "20000",
+        "--preferred-batch-sizes",
+        "4",
+        "--max-batch-size",
+        "4",
     )
     yield s
     assert stop_server(s) == 0
@@ -27,7 +34,14 @@ def batching_server() -> Iterator[Server]:
 def holding_server() -> Iterator[Server]:
     # Requests wait (up to a minute) unless their own timeout ends them first; at most 2 queue.
     s = start_server(
-        "--max-queue-delay-ms", "60000", "--max-queue-size", "2", "--max-batch-size", "8"
+        "--model",
+        MODEL,
+        "--max-queue-delay-ms",
+        "60000",
+        "--max-queue-size",
+        "2",
+        "--max-batch-size",
+        "8",
     )
     yield s
     assert stop_server(s) == 0
