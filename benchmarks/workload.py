@@ -23,3 +23,26 @@ def sentences(count: int = 2000, seed: int = 0) -> list[str]:
         words = [rng.choice(WORDS) for _ in range(n)]
         out.append(" ".join(words).capitalize() + ".")
     return out
+
+
+def token_prompts(
+    count: int, min_len: int, max_len: int, vocab: int, seed: int = 0
+) -> list[list[int]]:
+    """``count`` prompts of random token ids (uniform lengths in [min_len, max_len])."""
+    rng = random.Random(seed)
+    low = 100  # skip the special tokens at the start of the vocabulary
+    return [
+        [rng.randrange(low, vocab) for _ in range(rng.randint(min_len, max_len))]
+        for _ in range(count)
+    ]
+
+
+def generation_workload(name: str, vocab: int, seed: int = 0) -> list[tuple[list[int], int]]:
+    """(prompt ids, new tokens) per request: ``uniform`` is 64 requests of 32-256 prompt
+    tokens and exactly 128 new tokens; ``mixed`` is 64 of 16-1024 and 16-256."""
+    rng = random.Random(seed + 1)
+    if name == "uniform":
+        return [(p, 128) for p in token_prompts(64, 32, 256, vocab, seed)]
+    if name == "mixed":
+        return [(p, rng.randint(16, 256)) for p in token_prompts(64, 16, 1024, vocab, seed)]
+    raise ValueError(name)

@@ -1,0 +1,160 @@
+"""Offline generation throughput, in one run, side by side: carpool's ``LLM.generate``
+(all requests at once), transformers one request at a time, and transformers in
+static batches of 16 (left padding); plus a single request alone on each. Greedy,
+EOS ignored, the built-in smollm2-135m-instruct in float32. Each system runs in
+its own subprocess so its peak memory is its own.
+
+    python -m benchmarks.generation [--workload uniform|mixed] [--hf-single-requests 4]
+
+transformers one-at-a-time runs on the first ``--hf-single-requests`` requests only
+(its rate does not depend on how many there are; all 64 would take ~10 minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from typing import Any
+
+import torch
+
+from benchmarks.workload import generation_workload
+
+MODEL = "smollm2-135m-instruct"
+VOCAB = 49152
+
+
+def run_carpool(workload: list[tuple[list[int], int]], engine: dict[str, Any]) -> dict[str, Any]:
+    from carpool import LLM, SamplingParams
+
+    llm = LLM(MODEL, **engine)
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for _, n in workload]
+    llm.generate([p for p, _ in workload[:2]], params[:2], use_tqdm=False)  # warm-up
+    started = time.perf_counter()
+    outputs = llm.generate([p for p, _ in workload], params, use_tqdm=False)
+    elapsed = time.perf_counter() - started
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    return {"tokens": tokens, "seconds": elapsed}
+
+
+def _hf_model() -> Any:
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    from carpool.models.registry import BUILTIN_MODELS
+
+    transformers.logging.set_verbosity_error()
+    path = BUILTIN_MODELS[MODEL].locate()
+    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
+
+
+def run_hf(workload: list[tuple[list[int], int]], batch: int) -> dict[str, Any]:
+    model = _hf_model()
+    tokens = 0
+    with torch.inference_mode():
+        model.generate(torch.tensor([workload[0][0][:8]]), max_new_tokens=2, do_sample=False)
+        started = time.perf_counter()
+        for i in range(0, len(workload), batch):
+            group = workload[i : i + batch]
+            width = max(len(p) for p, _ in group)
+            ids = torch.zeros(len(group), width, dtype=torch.long)
+            mask = torch.zeros(len(group), width, dtype=torch.long)
+            for row, (p, _) in enumerate(group):  # left padding
+                ids[row, width - len(p) :] = torch.tensor(p)
+                mask[row, width - len(p) :] = 1
+            new = max(n for _, n in group)
+            model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=False,
+                pad_token_id=0,
+            )
+            tokens += sum(n for _, n in group)  # each row's own budget counts, not padding
+        elapsed = time.perf_counter() - started
+    return {"tokens": tokens, "seconds": elapsed}
+
+
+def child(args: argparse.Namespace) -> None:
+    workload = generation_workload(args.workload, VOCAB)
+    if args.single:
+        workload = workload[:1]
+    if args.system == "carpool":
+        result = run_carpool(workload, json.loads(args.engine))
+    elif args.system == "hf-one":
+        result = run_hf(workload[: args.hf_single_requests], batch=1)
+    else:
+        result = run_hf(workload, batch=16)
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print("RESULT " + json.dumps(result))
+
+
+def measure(system: str, args: argparse.Namespace, single: bool = False) -> dict[str, Any]:
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.generation",
+        "--child",
+        system,
+        "--workload",
+        args.workload,
+        "--engine",
+        args.engine,
+        "--hf-single-requests",
+        str(args.hf_single_requests),
+    ]
+    if single:
+        command.append("--single")
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
+    result: dict[str, Any] = json.loads(line[len("RESULT ") :])
+    result["tokens_per_s"] = result["tokens"] / result["seconds"]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workload", default="uniform", choices=["uniform", "mixed"])
+    parser.add_argument("--hf-single-requests", type=int, default=4)
+    parser.add_argument("--engine", default="{}", help="EngineConfig fields for carpool, JSON")
+    parser.add_argument("--child", dest="system", default=None)
+    parser.add_argument("--single", action="store_true")
+    args = parser.parse_args()
+    if args.system:
+        child(args)
+        return
+    print(
+        f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"torch {torch.__version__}, workload {args.workload}"
+    )
+    rows = {
+        "carpool LLM.generate (all at once)": measure("carpool", args),
+        f"transformers one at a time ({args.hf_single_requests} requests)": measure("hf-one", args),
+        "transformers static batches of 16": measure("hf-batch16", args),
+        "carpool, one request alone": measure("carpool", args, single=True),
+        "transformers, one request alone": measure("hf-one", args, single=True),
+    }
+    base_one = rows[f"transformers one at a time ({args.hf_single_requests} requests)"]
+    base_16 = rows["transformers static batches of 16"]
+    print(
+        f"{'system':48} {'tokens':>7} {'s':>7} {'tok/s':>7} {'vs 1-at-a-time':>14} "
+        f"{'vs batch16':>10} {'peak RSS MB':>11}"
+    )
+    for name, r in rows.items():
+        print(
+            f"{name:48} {r['tokens']:7d} {r['seconds']:7.1f} {r['tokens_per_s']:7.1f} "
+            f"{r['tokens_per_s'] / base_one['tokens_per_s']:13.2f}x "
+            f"{r['tokens_per_s'] / base_16['tokens_per_s']:9.2f}x {r['peak_rss_mb']:11.0f}"
+        )
+    print("reproduce: python -m benchmarks.generation " + " ".join(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()

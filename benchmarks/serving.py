@@ -1,0 +1,139 @@
+"""Serving generation over HTTP, in one run: carpool vs the naive one-at-a-time
+server (Hugging Face's "pipelines for a webserver" shape), streaming 128 new
+tokens per request at concurrency 1, 16 and 64; plus the offline engine's
+inter-token latency for one stream, the reference for carpool at concurrency 1.
+
+    python -m benchmarks.serving [--requests 64] [--naive-requests 8]
+
+The naive server runs requests one after another, so its throughput does not
+depend on the concurrency; it gets ``--naive-requests`` per level to bound the
+run. carpool at concurrency 1 gets ``--single-requests``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import platform
+import re
+import signal
+import socket
+import statistics
+import sys
+import time
+
+import torch
+
+from benchmarks.stream_loadgen import StreamResult, percentile, run_streams
+from benchmarks.workload import token_prompts
+from carpool.testing import spawn
+
+MODEL = "smollm2-135m-instruct"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def offline_itl() -> float:
+    """Median time between a lone request's tokens in the offline engine."""
+    from carpool import LLM, SamplingParams
+
+    llm = LLM(MODEL)
+    engine = llm.engine
+    prompt = token_prompts(1, 128, 128, 49152, seed=5)[0]
+    engine.add_request(
+        "itl", prompt, SamplingParams(max_tokens=128, temperature=0, ignore_eos=True)
+    )
+    times = []
+    while engine.has_work:
+        for out in engine.step():
+            if out.outputs[0].new_token_ids:
+                times.append(time.perf_counter())
+    return statistics.median(b - a for a, b in itertools.pairwise(times))
+
+
+def serve(command: list[str], ready: str) -> tuple[object, str]:
+    process, match, _ = spawn(command, re.compile(ready), 300.0, {**os.environ})
+    return process, match.group(1) if match.groups() else ""
+
+
+def row(name: str, r: StreamResult) -> str:
+    return (
+        f"{name:10} c={r.concurrency:<3} {r.completed:3d}/{r.requests:<3} ok "
+        f"{r.tokens_per_s:7.1f} tok/s  TTFT p50 {percentile(r.ttft_s, 50):6.2f}s "
+        f"p99 {percentile(r.ttft_s, 99):6.2f}s  ITL p50 {percentile(r.itl_s, 50) * 1000:6.0f}ms "
+        f"p99 {percentile(r.itl_s, 99) * 1000:6.0f}ms"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--single-requests", type=int, default=8)
+    parser.add_argument("--naive-requests", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--carpool-args", default="", help="extra `carpool serve` flags")
+    args = parser.parse_args()
+    workload = [(p, 128) for p in token_prompts(args.requests, 32, 256, 49152, seed=3)]
+    print(f"# {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}")
+    itl = offline_itl()
+    print(f"offline engine, one stream: ITL p50 {itl * 1000:.0f} ms")
+    results: dict[tuple[str, int], StreamResult] = {}
+
+    port = free_port()
+    carpool = [
+        sys.executable,
+        "-m",
+        "carpool.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--model",
+        MODEL,
+        *args.carpool_args.split(),
+    ]
+    process, _ = serve(carpool, r"carpool ready on (http://\S+)")
+    try:
+        for c in args.concurrency:
+            load = workload[: args.single_requests] if c == 1 else workload
+            results[("carpool", c)] = asyncio.run(
+                run_streams(f"http://127.0.0.1:{port}", MODEL, load, c)
+            )
+            print(row("carpool", results[("carpool", c)]), flush=True)
+    finally:
+        process.send_signal(signal.SIGTERM)  # type: ignore[attr-defined]
+        process.wait(60)  # type: ignore[attr-defined]
+
+    port = free_port()
+    naive = [sys.executable, "-m", "benchmarks.naive_generation_server", "--port", str(port)]
+    process, _ = serve(naive, r"(Uvicorn running|Application startup complete)")
+    try:
+        for c in args.concurrency:
+            load = workload[: args.naive_requests]
+            results[("naive", c)] = asyncio.run(
+                run_streams(f"http://127.0.0.1:{port}", MODEL, load, min(c, len(load)))
+            )
+            results[("naive", c)].concurrency = c
+            print(row("naive", results[("naive", c)]), flush=True)
+    finally:
+        process.send_signal(signal.SIGTERM)  # type: ignore[attr-defined]
+        process.wait(60)  # type: ignore[attr-defined]
+
+    print("\nside by side")
+    for c in args.concurrency:
+        ours, theirs = results[("carpool", c)], results[("naive", c)]
+        print(f"c={c:<3} carpool/naive throughput {ours.tokens_per_s / theirs.tokens_per_s:6.2f}x")
+    one = results.get(("carpool", 1))
+    if one is not None:
+        print(f"c=1 carpool ITL p50 / offline ITL p50 = {percentile(one.itl_s, 50) / itl:.2f}")
+    print("reproduce: python -m benchmarks.serving " + " ".join(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()
