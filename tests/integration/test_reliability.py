@@ -1,0 +1,254 @@
+"""Nothing is lost: faults, disconnect storms, overload, shutdown under load and a
+soak, each against a real server, bounded in count and time. Every accepted
+request ends with exactly one terminal outcome; nothing leaks; a failure stays
+with the requests it belongs to."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import signal
+import time
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+
+from tests.integration.conftest import Server, start_server, stop_server
+
+CHAT = "smollm2-135m-instruct"
+EMBED = "all-minilm-l6-v2"
+POISON = 29999  # fails the model when a prompt holds it
+KILLER = 29998  # kills the device runtime when a prompt holds it
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Poll the server's observable state until ``condition`` holds."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+def rss_bytes(server: Server) -> int:
+    with open(f"/proc/{server.process.pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def idle(server: Server) -> bool:
+    return (
+        server.metric("carpool_num_requests_running", model=CHAT) == 0
+        and server.metric("carpool_num_requests_waiting", model=CHAT) == 0
+        and server.metric("carpool_kv_cache_usage_perc", model=CHAT) == 0
+    )
+
+
+def completion(prompt: list[int], max_tokens: int, **extra: object) -> dict[str, object]:
+    return {
+        "model": CHAT,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def faulty() -> Iterator[Server]:
+    plan = json.dumps({"fail_on_token": POISON, "kill_runtime_on_token": KILLER})
+    s = start_server("--fault-injection", plan, "--kv-cache-memory", "128MiB")
+    yield s
+    s.process.kill()  # the last test kills its runtime
+
+
+def test_a_failing_generation_request_fails_alone(faulty: Server) -> None:
+    good = [[100 + i, 200 + i, 300 + i] for i in range(4)]
+
+    async def run() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=faulty.url, timeout=120) as c:
+            alone = [await c.post("/v1/completions", json=completion(p, 8)) for p in good[:1]]
+            mixed = await asyncio.gather(
+                c.post("/v1/completions", json=completion([5, POISON, 6], 8)),
+                *(c.post("/v1/completions", json=completion(p, 8)) for p in good),
+            )
+            return alone + list(mixed)
+
+    alone, bad, *neighbours = asyncio.run(run())
+    assert bad.status_code == 500 and "Traceback" not in bad.text
+    assert bad.json()["error"]["type"] == "model_error"
+    assert [r.status_code for r in neighbours] == [200] * 4
+    assert neighbours[0].json()["choices"][0]["text"] == alone.json()["choices"][0]["text"]
+    wait_for(lambda: idle(faulty))
+
+
+def test_a_failing_embedding_input_fails_alone(faulty: Server) -> None:
+    texts = ["first sentence", "second sentence", "third one"]
+
+    async def run() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=faulty.url, timeout=60) as c:
+            return list(
+                await asyncio.gather(
+                    c.post("/v1/embeddings", json={"model": EMBED, "input": [101, POISON, 102]}),
+                    *(c.post("/v1/embeddings", json={"model": EMBED, "input": t}) for t in texts),
+                )
+            )
+
+    bad, *good = asyncio.run(run())
+    assert bad.status_code == 500 and "Traceback" not in bad.text
+    assert [r.status_code for r in good] == [200] * 3
+
+
+def test_when_the_runtime_dies_health_fails_and_the_process_exits_nonzero(faulty: Server) -> None:
+    with httpx.Client(base_url=faulty.url, timeout=60) as c:
+        assert c.get("/health").status_code == 200
+        r = c.post("/v1/completions", json=completion([7, KILLER], 4))
+        assert r.status_code == 503 and "Traceback" not in r.text
+        answered = time.monotonic()
+        try:
+            health = c.get("/health").status_code
+        except httpx.TransportError:
+            health = None  # already gone: also not healthy
+        assert health in (503, None)
+        assert time.monotonic() - answered < 1.0
+    assert faulty.process.wait(timeout=60) != 0
+
+
+@pytest.fixture(scope="module")
+def busy() -> Iterator[Server]:
+    s = start_server(
+        "--model",
+        CHAT,
+        "--kv-cache-memory",
+        "256MiB",
+        "--max-num-seqs",
+        "64",
+        "--max-waiting-requests",
+        "512",
+    )
+    yield s
+    assert stop_server(s) == 0
+
+
+def test_disconnect_storm_leaves_nothing_behind(busy: Server) -> None:
+    rng = random.Random(11)
+    prompts = [[rng.randrange(100, 30000) for _ in range(rng.randint(4, 40))] for _ in range(8)]
+    with httpx.Client(base_url=busy.url, timeout=120) as c:
+        solo = [
+            c.post("/v1/completions", json=completion(p, 8)).json()["choices"][0]["text"]
+            for p in prompts
+        ]
+    idle_kv = busy.metric("carpool_kv_cache_usage_perc", model=CHAT)
+    outcomes: dict[str, int] = {"complete": 0, "cut": 0, "mismatch": 0}
+
+    async def one(c: httpx.AsyncClient, i: int) -> None:
+        p = i % len(prompts)
+        cut_after = rng.choice([0, 1, 2, 4]) if i % 2 else None  # half are cut
+        text, events = "", 0
+        async with c.stream(
+            "POST", "/v1/completions", json=completion(prompts[p], 8, stream=True)
+        ) as r:
+            assert r.status_code == 200
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                if cut_after is not None and events >= cut_after:
+                    outcomes["cut"] += 1
+                    return  # leaving the block closes the connection mid-stream
+                events += 1
+                text += json.loads(line[6:])["choices"][0]["text"]
+        outcomes["complete" if text == solo[p] else "mismatch"] += 1
+
+    async def storm() -> None:
+        async with httpx.AsyncClient(
+            base_url=busy.url, timeout=300, limits=httpx.Limits(max_connections=200)
+        ) as c:
+            await asyncio.gather(*(one(c, i) for i in range(200)))
+
+    asyncio.run(storm())
+    assert outcomes == {"complete": 100, "cut": 100, "mismatch": 0}
+    wait_for(lambda: idle(busy))
+    assert busy.metric("carpool_kv_cache_usage_perc", model=CHAT) == idle_kv == 0
+
+
+def test_a_burst_of_ten_times_capacity_gets_answers_or_503s(tmp_path: object) -> None:
+    s = start_server(
+        "--model",
+        CHAT,
+        "--max-num-seqs",
+        "4",
+        "--max-waiting-requests",
+        "8",
+        "--kv-cache-memory",
+        "64MiB",
+    )
+    try:
+        before = rss_bytes(s)
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            expected = c.post("/v1/completions", json=completion([10, 11, 12], 4)).json()
+
+        async def burst() -> list[httpx.Response]:
+            limits = httpx.Limits(max_connections=120)
+            async with httpx.AsyncClient(base_url=s.url, timeout=120, limits=limits) as c:
+                return list(
+                    await asyncio.gather(
+                        *(
+                            c.post("/v1/completions", json=completion([10, 11, 12], 4))
+                            for _ in range(120)
+                        )
+                    )
+                )
+
+        started = time.monotonic()
+        responses = asyncio.run(burst())
+        assert time.monotonic() - started < 120  # bounded: none hung
+        codes = [r.status_code for r in responses]
+        assert set(codes) <= {200, 503} and codes.count(200) >= 8 and codes.count(503) >= 1
+        for r in responses:
+            if r.status_code == 503:
+                assert int(r.headers["Retry-After"]) >= 1
+            else:
+                assert r.json()["choices"] == expected["choices"]
+        wait_for(lambda: idle(s))
+        assert rss_bytes(s) < before * 1.5
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            after = c.post("/v1/completions", json=completion([10, 11, 12], 4))
+        assert after.status_code == 200 and after.json()["choices"] == expected["choices"]
+    finally:
+        assert stop_server(s) == 0
+
+
+def test_sigterm_under_load_finishes_in_flight_refuses_new_and_exits_0() -> None:
+    s = start_server("--model", CHAT, "--kv-cache-memory", "64MiB", "--shutdown-timeout-s", "60")
+    results: list[httpx.Response] = []
+
+    async def run() -> tuple[list[httpx.Response], httpx.Response]:
+        async with httpx.AsyncClient(base_url=s.url, timeout=120) as c:
+            in_flight = [
+                asyncio.ensure_future(
+                    c.post("/v1/completions", json=completion([20 + i, 21, 22], 16))
+                )
+                for i in range(6)
+            ]
+            await asyncio.to_thread(
+                wait_for, lambda: s.metric("carpool_num_requests_running", model=CHAT) >= 1
+            )
+            s.process.send_signal(signal.SIGTERM)
+            await asyncio.to_thread(wait_for, lambda: _refuses(s))
+            late = await c.post("/v1/completions", json=completion([1, 2, 3], 4))
+            return list(await asyncio.gather(*in_flight)), late
+
+    results, late = asyncio.run(run())
+    assert [r.status_code for r in results] == [200] * 6
+    assert all(r.json()["usage"]["completion_tokens"] == 16 for r in results)
+    assert late.status_code == 503 and late.headers["Retry-After"] == "1"
+    assert s.process.wait(timeout=60) == 0
+
+
+def _refuses(s: Server) -> bool:
+    with httpx.Client(base_url=s.url, timeout=10) as c:
+        return c.get("/v2/health/ready").status_code == 503
