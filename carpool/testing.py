@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 import selectors
 import subprocess
+import threading
 import time
+from typing import IO
 
 
 def spawn(
@@ -16,10 +18,10 @@ def spawn(
 ) -> tuple[subprocess.Popen[str], re.Match[str], list[str]]:
     """Start ``command`` and read its merged output until a line matches ``ready``.
 
-    Returns the process, the match and the lines read. Kills the process and raises
+    Returns the process, the match and its output lines; after the ready line a
+    daemon thread goes on appending to that list (so the pipe never fills and a
+    test can read what the child logged). Kills the process and raises
     ``RuntimeError`` (with its output) if it exits or stays silent past ``timeout_s``.
-    Output after the ready line is not read: it stays in the pipe, so a child that
-    logs much after starting could fill the pipe and block.
     """
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
@@ -38,6 +40,12 @@ def spawn(
         lines.append(line)
         match = ready.search(line)
         if match:
+            threading.Thread(target=_drain, args=(process.stdout, lines), daemon=True).start()
             return process, match, lines
     process.kill()
     raise RuntimeError(f"{command[0]} did not become ready:\n" + "".join(lines))
+
+
+def _drain(stream: IO[str], lines: list[str]) -> None:
+    for line in stream:
+        lines.append(line)

@@ -97,7 +97,7 @@ class EngineWorker:
         runs), ``Overloaded`` when ``max_waiting`` requests already wait. Returns the
         prompt as it will run (after truncation)."""
         if self.closed:
-            raise ServerShuttingDown("the server is shutting down")
+            raise ServerShuttingDown(f"{self.name} is not running")
         prompt = self.engine.check_request(prompt_ids, params)
         with self._waiting_lock:
             if max_waiting is not None and self._waiting >= max_waiting:
@@ -176,6 +176,7 @@ class EngineWorker:
             self._waiting += delta
 
     def fail_all(self, error: Exception) -> None:
+        self.closed = True  # the runtime is stopping: later submits are refused
         carpool_error = (
             error if isinstance(error, CarpoolError) else ModelExecutionError(str(error))
         )

@@ -17,10 +17,15 @@ from carpool.engine.sampler import SamplingRow, TokenLogprobs, sample
 from carpool.models.attention import (
     AttentionMetadata,
     PrefillSegment,
+    SingleGroup,
     allocate_kv_cache,
     kv_bytes_per_block,
 )
 from carpool.models.causal_lm import LoadedLM
+
+# Single-token rows attended per call, after sorting by context length: small groups
+# pad less, large ones make fewer calls (16 measured better than 8, 32 or 64 here).
+SINGLE_GROUP = 16
 
 
 @dataclass(frozen=True)
@@ -82,7 +87,9 @@ class ModelRunner:
         }
 
     def prepare(self, step: SchedulerOutput) -> StepInputs:
-        singles = [c for c in step.chunks if c.num_tokens == 1]
+        singles = sorted(
+            (c for c in step.chunks if c.num_tokens == 1), key=lambda c: c.seq.num_computed
+        )
         multis = [c for c in step.chunks if c.num_tokens > 1]
         ids: list[int] = []
         positions: list[int] = []
@@ -103,21 +110,23 @@ class ModelRunner:
             if chunk.samples:
                 sample_index.append(len(ids) - 1)
                 sampling.append(chunk)
-        table_width = max((self._blocks_covering(c) for c in singles), default=0)
-        tables = [c.seq.block_table.blocks[: self._blocks_covering(c)] for c in singles]
-        padded = [t + [0] * (table_width - len(t)) for t in tables]
-        contexts = torch.tensor([c.seq.num_computed + 1 for c in singles], device=self.device)
-        key_positions = torch.arange(table_width * bs, device=self.device)
-        meta = AttentionMetadata(
-            slot_mapping=self._tensor(slots),
-            num_singles=len(singles),
-            single_block_tables=self._tensor(padded).view(len(singles), table_width),
-            single_mask=(key_positions[None, :] < contexts[:, None])[:, None, None, :],
-            prefills=tuple(segments),
+        groups = tuple(
+            self._group(singles[i : i + SINGLE_GROUP], i)
+            for i in range(0, len(singles), SINGLE_GROUP)
         )
+        meta = AttentionMetadata(self._tensor(slots), groups, tuple(segments))
         return StepInputs(
             self._tensor(ids), self._tensor(positions), meta, self._tensor(sample_index), sampling
         )
+
+    def _group(self, chunks: list[ScheduledChunk], start: int) -> SingleGroup:
+        width = max(self._blocks_covering(c) for c in chunks)
+        tables = [c.seq.block_table.blocks[: self._blocks_covering(c)] for c in chunks]
+        padded = self._tensor([t + [0] * (width - len(t)) for t in tables])
+        contexts = torch.tensor([c.seq.num_computed + 1 for c in chunks], device=self.device)
+        keys = torch.arange(width * self.block_size, device=self.device)
+        mask = (keys[None, :] < contexts[:, None])[:, None, None, :]
+        return SingleGroup(start, len(chunks), padded, mask)
 
     def _blocks_covering(self, chunk: ScheduledChunk) -> int:
         return -(-(chunk.seq.num_computed + chunk.num_tokens) // self.block_size)

@@ -2,9 +2,11 @@
 requests in the linear layers).
 
 A step's tokens are laid out with the single-token rows first (decodes, and any
-one-token prompt chunk), attended in one batched call over their gathered
-blocks, then each multi-token chunk (a prompt being prefilled) attended on its
-own with a causal mask offset by what its sequence already has in the cache.
+one-token prompt chunk), sorted by context length and attended in groups, one
+batched call per group over the group's gathered blocks (grouping similar lengths
+keeps the padding, and so the copying, small), then each multi-token chunk (a
+prompt being prefilled) attended on its own with a causal mask offset by what its
+sequence already has in the cache.
 
 The cache of one layer is a tensor [2, num_blocks, block_size, kv_heads, head_dim]
 (keys, then values); a token's slot is ``block * block_size + offset``.
@@ -31,13 +33,21 @@ class PrefillSegment:
 
 
 @dataclass(frozen=True)
+class SingleGroup:
+    """Single-token rows [start, start + count) of the step, attended together."""
+
+    start: int
+    count: int
+    block_tables: torch.Tensor  # [count, max_blocks], padded with block 0
+    mask: torch.Tensor  # [count, 1, 1, max_blocks * block_size]
+
+
+@dataclass(frozen=True)
 class AttentionMetadata:
     """Where each token's K/V goes and what each token attends to, for every layer."""
 
     slot_mapping: torch.Tensor  # [T]
-    num_singles: int
-    single_block_tables: torch.Tensor  # [B, max_blocks], padded with block 0
-    single_mask: torch.Tensor  # [B, 1, 1, max_blocks * block_size]
+    singles: tuple[SingleGroup, ...]
     prefills: tuple[PrefillSegment, ...]
 
 
@@ -76,15 +86,14 @@ def paged_attention(
     keys.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
     values.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
     out = torch.empty_like(q)
-    b = meta.num_singles
-    if b:
-        tables = meta.single_block_tables
-        kc = keys[tables].view(b, -1, kv_heads, head_dim).transpose(1, 2)
-        vc = values[tables].view(b, -1, kv_heads, head_dim).transpose(1, 2)
+    for group in meta.singles:
+        b, rows = group.count, slice(group.start, group.start + group.count)
+        kc = keys[group.block_tables].view(b, -1, kv_heads, head_dim).transpose(1, 2)
+        vc = values[group.block_tables].view(b, -1, kv_heads, head_dim).transpose(1, 2)
         attended = F.scaled_dot_product_attention(
-            q[:b].unsqueeze(2), kc, vc, attn_mask=meta.single_mask, scale=scale, enable_gqa=True
+            q[rows].unsqueeze(2), kc, vc, attn_mask=group.mask, scale=scale, enable_gqa=True
         )
-        out[:b] = attended.squeeze(2)
+        out[rows] = attended.squeeze(2)
     for seg in meta.prefills:
         rows = slice(seg.start, seg.start + seg.num_tokens)
         if seg.mask is None:

@@ -31,7 +31,11 @@ def create_app(
     app.include_router(generation_routes.router(models))
     app.include_router(v2_routes.router(models, is_ready))
     registry = metrics.make_registry(
-        [metrics.BatcherCollector(models), metrics.EngineCollector(models)]
+        [
+            metrics.BatcherCollector(models),
+            metrics.EngineCollector(models),
+            metrics.ProcessCollector(),
+        ]
     )
 
     @app.exception_handler(ClientDisconnected)

@@ -6,6 +6,8 @@ core never touches prometheus and no metric is updated on the hot path.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -166,6 +168,18 @@ class EngineCollector(Collector):
         yield from counters.values()
         yield from gauges.values()
         yield finished
+
+
+class ProcessCollector(Collector):
+    """Event-loop tasks and threads, read at scrape time on the event loop (a leak
+    shows as a count that only grows)."""
+
+    def collect(self) -> Iterator[Metric]:
+        tasks = GaugeMetricFamily("carpool_event_loop_tasks", "asyncio tasks alive.")
+        tasks.add_metric([], len(asyncio.all_tasks()))
+        threads = GaugeMetricFamily("carpool_threads", "Python threads alive.")
+        threads.add_metric([], threading.active_count())
+        yield from (tasks, threads)
 
 
 def make_registry(collectors: Iterable[Collector]) -> CollectorRegistry:

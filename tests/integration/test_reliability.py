@@ -252,3 +252,72 @@ def test_sigterm_under_load_finishes_in_flight_refuses_new_and_exits_0() -> None
 def _refuses(s: Server) -> bool:
     with httpx.Client(base_url=s.url, timeout=10) as c:
         return c.get("/v2/health/ready").status_code == 503
+
+
+@pytest.mark.slow
+def test_soak_of_mixed_requests_leaks_no_memory_tasks_or_threads() -> None:
+    s = start_server("--kv-cache-memory", "128MiB", "--max-waiting-requests", "4096")
+    rng = random.Random(3)
+    outcomes: dict[str, int] = {}
+
+    async def one(c: httpx.AsyncClient, kind: str) -> None:
+        prompt = [rng.randrange(100, 20000) for _ in range(rng.randint(3, 30))]
+        if kind == "embed":
+            r = await c.post(
+                "/v1/embeddings", json={"model": EMBED, "input": f"text {rng.random()}"}
+            )
+            status = r.status_code
+        elif kind == "chat":
+            r = await c.post(
+                "/v1/chat/completions",
+                json={
+                    "model": CHAT,
+                    "max_tokens": 2,
+                    "messages": [{"role": "user", "content": f"hello {rng.random()}"}],
+                },
+            )
+            status = r.status_code
+        elif kind == "complete":
+            status = (await c.post("/v1/completions", json=completion(prompt, 2))).status_code
+        else:
+            status = 200
+            async with c.stream(
+                "POST", "/v1/completions", json=completion(prompt, 4, stream=True)
+            ) as r:
+                async for line in r.aiter_lines():
+                    if kind == "cancel" and line.startswith("data: "):
+                        status = 499
+                        break
+        key = f"{kind}:{status}"
+        outcomes[key] = outcomes.get(key, 0) + 1
+
+    async def wave(count: int) -> None:
+        kinds = rng.choices(
+            ["embed", "chat", "complete", "stream", "cancel"], weights=[60, 10, 15, 10, 5], k=count
+        )
+        limits = httpx.Limits(max_connections=32)
+        async with httpx.AsyncClient(base_url=s.url, timeout=300, limits=limits) as c:
+            queue = list(kinds)
+
+            async def worker() -> None:
+                while queue:
+                    await one(c, queue.pop())
+
+            await asyncio.gather(*(worker() for _ in range(32)))
+
+    try:
+        asyncio.run(wave(300))  # warm-up: caches, pools and buffers reach their size
+        wait_for(lambda: idle(s))
+        rss_warm = rss_bytes(s)
+        tasks_warm = s.metric("carpool_event_loop_tasks")
+        threads_warm = s.metric("carpool_threads")
+        outcomes.clear()
+        asyncio.run(wave(2500))
+        wait_for(lambda: idle(s))
+        assert sum(outcomes.values()) == 2500
+        assert all(k.endswith((":200", ":499")) for k in outcomes), outcomes
+        assert rss_bytes(s) <= rss_warm * 1.10
+        assert s.metric("carpool_event_loop_tasks") == tasks_warm
+        assert s.metric("carpool_threads") == threads_warm
+    finally:
+        assert stop_server(s) == 0
