@@ -52,8 +52,13 @@ def router(models: ServedModels) -> APIRouter:
         served = models.generator(body.model)
         prompt = render_chat(served, body.messages, body.add_generation_prompt)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        max_tokens = body.max_completion_tokens
         params = sampling_params(
-            served, body, len(prompt), body.max_completion_tokens or body.max_tokens, logprobs
+            served,
+            body,
+            len(prompt),
+            body.max_tokens if max_tokens is None else max_tokens,
+            logprobs,
         )
         call = _Call(served, body, "chatcmpl", chat=True)
         return await call.respond([prompt], params, request)
@@ -63,7 +68,13 @@ def router(models: ServedModels) -> APIRouter:
         served = models.generator(body.model)
         prompts = tokenize_prompts(served, body.prompt)
         params = [
-            sampling_params(served, body, len(p), body.max_tokens or 16, body.logprobs)
+            sampling_params(
+                served,
+                body,
+                len(p),
+                16 if body.max_tokens is None else body.max_tokens,
+                body.logprobs,
+            )
             for p in prompts
         ]
         call = _Call(served, body, "cmpl", chat=False, echo=body.echo)

@@ -9,10 +9,6 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
 class BodySizeLimit:
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -28,28 +24,33 @@ class BodySizeLimit:
             await self._refuse(scope, send)
             return
         seen = 0
-        started = False
+        too_large = False
 
         async def counted_receive() -> Message:
-            nonlocal seen
+            # Past the limit the app is told the client left, so it stops reading (an
+            # exception here would be turned into a 400 by the body parser).
+            nonlocal seen, too_large
+            if too_large:
+                return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    raise BodyTooLarge
+                    too_large = True
+                    return {"type": "http.disconnect"}
             return message
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
+        async def guarded_send(message: Message) -> None:
+            if not too_large:  # the 413 below is the only answer to an over-large body
+                await send(message)
 
         try:
-            await self.app(scope, counted_receive, tracking_send)
-        except BodyTooLarge:
-            if not started:
-                await self._refuse(scope, send)
+            await self.app(scope, counted_receive, guarded_send)
+        except Exception:
+            if not too_large:
+                raise
+        if too_large:
+            await self._refuse(scope, send)
 
     async def _refuse(self, scope: Scope, send: Send) -> None:
         message = f"request body is larger than the limit of {self.max_bytes} bytes"
