@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import torch
@@ -77,11 +79,14 @@ def build_app() -> Starlette:
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
-    async def start() -> None:
-        asyncio.get_running_loop().create_task(server_loop())
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        loop_task = asyncio.get_running_loop().create_task(server_loop())
+        yield
+        loop_task.cancel()
 
     return Starlette(
-        routes=[Route("/v1/completions", completions, methods=["POST"])], on_startup=[start]
+        routes=[Route("/v1/completions", completions, methods=["POST"])], lifespan=lifespan
     )
 
 
@@ -89,7 +94,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=8001)
     args = parser.parse_args()
-    uvicorn.run(build_app(), host="127.0.0.1", port=args.port, log_level="warning")
+    uvicorn.run(build_app(), host="127.0.0.1", port=args.port, log_level="info", access_log=False)
 
 
 if __name__ == "__main__":

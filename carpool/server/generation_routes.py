@@ -32,7 +32,7 @@ from carpool.server.schemas import (
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
-    _SamplingFields,
+    SamplingFields,
 )
 from carpool.server.served import (
     ServedGenerator,
@@ -149,7 +149,7 @@ def tokenize_prompts(
 
 def sampling_params(
     served: ServedGenerator,
-    body: _SamplingFields,
+    body: SamplingFields,
     prompt_len: int,
     max_tokens: int | None,
     logprobs: int | None,
@@ -184,7 +184,7 @@ class _Call:
     def __init__(
         self,
         served: ServedGenerator,
-        body: _SamplingFields,
+        body: SamplingFields,
         prefix: str,
         *,
         chat: bool,

@@ -73,7 +73,7 @@ class StreamOptions(_Strict):
     continuous_usage_stats: bool = False
 
 
-class _SamplingFields(_Strict):
+class SamplingFields(_Strict):
     """The sampling fields shared by chat and completions: OpenAI's, vLLM's extras,
     and carpool's ``priority`` and ``timeout``."""
 
@@ -112,7 +112,7 @@ class ChatMessage(_Strict):
     tool_call_id: StrictStr | None = None
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(SamplingFields):
     """OpenAI's chat completion request."""
 
     messages: list[ChatMessage] = Field(min_length=1)
@@ -122,7 +122,7 @@ class ChatCompletionRequest(_SamplingFields):
     add_generation_prompt: bool = True
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(SamplingFields):
     """OpenAI's (legacy) completion request."""
 
     prompt: StrictStr | list[StrictStr] | TokenIds | list[TokenIds]

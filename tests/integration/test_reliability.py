@@ -207,6 +207,7 @@ def test_a_burst_of_ten_times_capacity_gets_answers_or_503s(tmp_path: object) ->
         responses = asyncio.run(burst())
         assert time.monotonic() - started < 120  # bounded: none hung
         codes = [r.status_code for r in responses]
+        print(f"burst: 120 sent, {codes.count(200)} answered 200, {codes.count(503)} got 503")
         assert set(codes) <= {200, 503} and codes.count(200) >= 8 and codes.count(503) >= 1
         for r in responses:
             if r.status_code == 503:
@@ -314,6 +315,11 @@ def test_soak_of_mixed_requests_leaks_no_memory_tasks_or_threads() -> None:
         outcomes.clear()
         asyncio.run(wave(2500))
         wait_for(lambda: idle(s))
+        print(
+            f"soak: {sorted(outcomes.items())}; RSS after warm-up {rss_warm >> 20} MiB, "
+            f"after 2500 {rss_bytes(s) >> 20} MiB; tasks {tasks_warm:.0f}, threads "
+            f"{threads_warm:.0f}"
+        )
         assert sum(outcomes.values()) == 2500
         assert all(k.endswith((":200", ":499")) for k in outcomes), outcomes
         assert rss_bytes(s) <= rss_warm * 1.10
