@@ -71,6 +71,8 @@ class Engine:
         if blocks < 1:
             raise ValueError(f"kv_cache_memory {self.config.kv_cache_memory} holds no block")
         self.blocks = BlockManager(blocks, bs, prefix_caching=self.config.enable_prefix_caching)
+        # As vLLM: a sequence longer than the whole KV pool could never run.
+        self.max_model_len = min(self.max_model_len, blocks * bs)
         self.scheduler = Scheduler(
             SchedulerConfig(self.config.max_num_batched_tokens, self.config.max_num_seqs),
             self.blocks,
@@ -104,13 +106,6 @@ class Engine:
             raise InvalidRequest(
                 f"this model's maximum context length is {self.max_model_len} tokens; "
                 f"the prompt ({len(prompt)}) plus max_tokens ({params.max_tokens}) is {total}",
-                param="max_tokens",
-            )
-        capacity = self.blocks.num_blocks * self.blocks.block_size
-        if total > capacity:
-            raise InvalidRequest(
-                f"the prompt ({len(prompt)}) plus max_tokens ({params.max_tokens}) needs "
-                f"{total} tokens of KV cache; the cache holds {capacity}",
                 param="max_tokens",
             )
         return prompt

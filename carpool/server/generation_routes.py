@@ -31,8 +31,8 @@ from carpool.server.schemas import (
     ChatMessage,
     CompletionRequest,
     DetokenizeRequest,
-    TokenizeRequest,
     SamplingFields,
+    TokenizeRequest,
 )
 from carpool.server.served import (
     ServedGenerator,

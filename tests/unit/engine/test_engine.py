@@ -166,10 +166,12 @@ def test_bad_requests_are_refused_before_anything_runs(
     assert not engine.has_work
 
 
-def test_a_request_larger_than_the_kv_pool_is_refused(tiny: LoadedLM) -> None:
+def test_the_context_never_exceeds_the_kv_pool(tiny: LoadedLM) -> None:
     engine = Engine(tiny, EngineConfig(block_size=16), num_blocks=4)
-    with pytest.raises(InvalidRequest, match="KV cache"):
+    assert engine.max_model_len == 64  # the model allows 2048; the pool holds 64
+    with pytest.raises(InvalidRequest, match="64 tokens") as info:
         engine.add_request("r", [5] * 60, SamplingParams(max_tokens=10))
+    assert info.value.param == "max_tokens"
 
 
 def test_truncation_keeps_the_prompts_end(tiny: LoadedLM) -> None:
