@@ -196,9 +196,19 @@ class EngineConfig:
     dtype: str = _help(
         "Weights and KV cache dtype: float32, bfloat16 or float16.", default="float32"
     )
+    attention_kernel: str = _help(
+        "Decode attention: native (a C kernel compiled at start-up with the machine's "
+        "compiler; reads the paged cache in place; CPU and float32 only), torch, or auto "
+        "(native where it can run, else torch).",
+        default="auto",
+    )
 
     def __post_init__(self) -> None:
         parse_size(self.kv_cache_memory)
+        _require(
+            self.attention_kernel in ("auto", "native", "torch"),
+            f"attention_kernel must be auto, native or torch, got {self.attention_kernel!r}",
+        )
         _require(self.block_size in (8, 16, 32, 64, 128), "block_size must be 8, 16, 32, 64 or 128")
         _require(self.max_num_batched_tokens >= 1, "max_num_batched_tokens must be >= 1")
         _require(self.max_num_seqs >= 1, "max_num_seqs must be >= 1")

@@ -25,6 +25,7 @@ from carpool.engine.scheduler import Scheduler, SchedulerConfig
 from carpool.engine.sequence import FinishReason, Sequence, SequenceStatus
 from carpool.errors import InvalidRequest
 from carpool.models.causal_lm import LoadedLM
+from carpool.models.decode_kernel import select_decode_kernel
 from carpool.stats import EngineStats
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,8 @@ class Engine:
             SchedulerConfig(self.config.max_num_batched_tokens, self.config.max_num_seqs),
             self.blocks,
         )
-        self.runner = ModelRunner(lm, blocks, bs)
+        kernel = select_decode_kernel(self.config.attention_kernel, lm.device, lm.dtype)
+        self.runner = ModelRunner(lm, blocks, bs, kernel)
         self.stats = EngineStats()
         self._requests: dict[str, _Request] = {}
         self._by_seq: dict[str, tuple[_Request, int]] = {}

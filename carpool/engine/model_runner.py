@@ -16,12 +16,14 @@ from carpool.engine.outputs import ScheduledChunk, SchedulerOutput
 from carpool.engine.sampler import SamplingRow, TokenLogprobs, sample
 from carpool.models.attention import (
     AttentionMetadata,
+    NativeDecode,
     PrefillSegment,
     SingleGroup,
     allocate_kv_cache,
     kv_bytes_per_block,
 )
 from carpool.models.causal_lm import LoadedLM
+from carpool.models.decode_kernel import DecodeKernel
 
 # Single-token rows attended per call, after sorting by context length: small groups
 # pad less, large ones make fewer calls (16 measured better than 8, 32 or 64 here).
@@ -44,10 +46,18 @@ class StepInputs:
 
 
 class ModelRunner:
-    def __init__(self, lm: LoadedLM, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self,
+        lm: LoadedLM,
+        num_blocks: int,
+        block_size: int,
+        decode_kernel: DecodeKernel | None = None,
+    ) -> None:
+        """``decode_kernel``: attends the single-token rows; None: torch, in groups."""
         cfg = lm.config
         self.lm = lm
         self.block_size = block_size
+        self.decode_kernel = decode_kernel
         self.device = lm.device
         self.caches = allocate_kv_cache(
             cfg.num_layers,
@@ -110,11 +120,16 @@ class ModelRunner:
             if chunk.samples:
                 sample_index.append(len(ids) - 1)
                 sampling.append(chunk)
-        groups = tuple(
-            self._group(singles[i : i + SINGLE_GROUP], i)
-            for i in range(0, len(singles), SINGLE_GROUP)
-        )
-        meta = AttentionMetadata(self._tensor(slots), groups, tuple(segments))
+        native = None
+        groups: tuple[SingleGroup, ...] = ()
+        if singles and self.decode_kernel is not None:
+            native = self._native(singles, self.decode_kernel)
+        else:
+            groups = tuple(
+                self._group(singles[i : i + SINGLE_GROUP], i)
+                for i in range(0, len(singles), SINGLE_GROUP)
+            )
+        meta = AttentionMetadata(self._tensor(slots), groups, tuple(segments), native)
         return StepInputs(
             self._tensor(ids), self._tensor(positions), meta, self._tensor(sample_index), sampling
         )
@@ -127,6 +142,13 @@ class ModelRunner:
         keys = torch.arange(width * self.block_size, device=self.device)
         mask = (keys[None, :] < contexts[:, None])[:, None, None, :]
         return SingleGroup(start, len(chunks), padded, mask)
+
+    def _native(self, chunks: list[ScheduledChunk], kernel: DecodeKernel) -> NativeDecode:
+        width = max(self._blocks_covering(c) for c in chunks)
+        tables = [c.seq.block_table.blocks[: self._blocks_covering(c)] for c in chunks]
+        padded = self._tensor([t + [0] * (width - len(t)) for t in tables])
+        contexts = self._tensor([c.seq.num_computed + 1 for c in chunks])
+        return NativeDecode(len(chunks), padded, contexts, kernel)
 
     def _blocks_covering(self, chunk: ScheduledChunk) -> int:
         return -(-(chunk.seq.num_computed + chunk.num_tokens) // self.block_size)

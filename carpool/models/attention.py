@@ -2,11 +2,13 @@
 requests in the linear layers).
 
 A step's tokens are laid out with the single-token rows first (decodes, and any
-one-token prompt chunk), sorted by context length and attended in groups, one
-batched call per group over the group's gathered blocks (grouping similar lengths
-keeps the padding, and so the copying, small), then each multi-token chunk (a
-prompt being prefilled) attended on its own with a causal mask offset by what its
-sequence already has in the cache.
+one-token prompt chunk), then each multi-token chunk (a prompt being prefilled),
+attended on its own with a causal mask offset by what its sequence already has in
+the cache. The single-token rows are attended either by the native kernel
+(``carpool.models.decode_kernel``: one call, keys and values read in place) or, on
+torch, sorted by context length and attended in groups, one batched call per group
+over the group's gathered blocks (grouping similar lengths keeps the padding, and
+so the copying, small).
 
 The cache of one layer is a tensor [2, num_blocks, block_size, kv_heads, head_dim]
 (keys, then values); a token's slot is ``block * block_size + offset``.
@@ -18,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from carpool.models.decode_kernel import DecodeKernel
 
 
 @dataclass(frozen=True)
@@ -43,12 +47,24 @@ class SingleGroup:
 
 
 @dataclass(frozen=True)
+class NativeDecode:
+    """Single-token rows [0, count) of the step, attended in one native-kernel call."""
+
+    count: int
+    block_tables: torch.Tensor  # [count, max_blocks], padded with block 0
+    context_lens: torch.Tensor  # [count]
+    kernel: DecodeKernel
+
+
+@dataclass(frozen=True)
 class AttentionMetadata:
-    """Where each token's K/V goes and what each token attends to, for every layer."""
+    """Where each token's K/V goes and what each token attends to, for every layer.
+    The single-token rows are in ``native`` or in ``singles``, never both."""
 
     slot_mapping: torch.Tensor  # [T]
     singles: tuple[SingleGroup, ...]
     prefills: tuple[PrefillSegment, ...]
+    native: NativeDecode | None = None
 
 
 def allocate_kv_cache(
@@ -85,7 +101,11 @@ def paged_attention(
     keys, values = cache[0], cache[1]
     keys.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
     values.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
-    out = torch.empty_like(q)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if meta.native is not None:
+        n = meta.native
+        queries = q[: n.count].contiguous()
+        n.kernel(queries, keys, values, n.block_tables, n.context_lens, out[: n.count], scale)
     for group in meta.singles:
         b, rows = group.count, slice(group.start, group.start + group.count)
         kc = keys[group.block_tables].view(b, -1, kv_heads, head_dim).transpose(1, 2)

@@ -91,6 +91,19 @@ def test_100_random_requests_with_aborts_and_preemption(tiny: LoadedLM) -> None:
         assert out.outputs[0].token_ids == alone(tiny, prompt, params), f"request {rid}"
 
 
+def test_the_attention_kernel_setting_takes_effect_and_keeps_the_outputs(tiny: LoadedLM) -> None:
+    prompts = [list(range(3 + i, 40 + 7 * i)) for i in range(5)]
+    greedy = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    outputs = {}
+    for kernel in ("torch", "native"):
+        engine = Engine(tiny, EngineConfig(attention_kernel=kernel))
+        assert (engine.runner.decode_kernel is None) == (kernel == "torch")
+        for i, prompt in enumerate(prompts):
+            engine.add_request(str(i), prompt, greedy)
+        outputs[kernel] = {rid: out.outputs[0].token_ids for rid, out in run(engine).items()}
+    assert outputs["native"] == outputs["torch"]
+
+
 def test_a_seeded_request_gives_the_same_tokens_alone_and_in_a_crowd(tiny: LoadedLM) -> None:
     seeded = SamplingParams(max_tokens=24, temperature=1.0, top_p=0.9, seed=1234, ignore_eos=True)
     prompt = list(range(10, 30))

@@ -1,0 +1,106 @@
+"""The native decode-attention kernel computes what the torch path computes, for
+each sequence whatever else is in the batch; it is used only where it can run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from carpool.config import ConfigError, EngineConfig
+from carpool.models.attention import AttentionMetadata, NativeDecode, SingleGroup, paged_attention
+from carpool.models.decode_kernel import compile_decode_kernel, select_decode_kernel
+
+
+def paged_inputs(
+    contexts: list[int], heads: int, kv_heads: int, block_size: int, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
+    """A random cache with each sequence's blocks scattered over it, and the queries."""
+    gen = torch.Generator().manual_seed(seed)
+    need = [-(-c // block_size) for c in contexts]
+    num_blocks = sum(need) + 3
+    cache = torch.randn(2, num_blocks, block_size, kv_heads, 16, generator=gen)
+    order = torch.randperm(num_blocks, generator=gen).tolist()
+    tables, used = [], 0
+    for n in need:
+        tables.append(order[used : used + n])
+        used += n
+    q = torch.randn(len(contexts), heads, 16, generator=gen)
+    return cache, q, tables
+
+
+def attend(
+    cache: torch.Tensor, q: torch.Tensor, tables: list[list[int]], contexts: list[int], native: bool
+) -> torch.Tensor:
+    width = max(len(t) for t in tables)
+    padded = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    lens = torch.tensor(contexts)
+    block_size = cache.shape[2]
+    if native:
+        meta = AttentionMetadata(
+            torch.empty(0, dtype=torch.long),
+            (),
+            (),
+            NativeDecode(len(contexts), padded, lens, compile_decode_kernel()),
+        )
+    else:
+        keys = torch.arange(width * block_size)
+        mask = (keys[None, :] < lens[:, None])[:, None, None, :]
+        group = SingleGroup(0, len(contexts), padded, mask)
+        meta = AttentionMetadata(torch.empty(0, dtype=torch.long), (group,), ())
+    empty = torch.empty(0, cache.shape[3], cache.shape[4])
+    return paged_attention(q, empty, empty, cache, meta, scale=0.25)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "block_size"), [(4, 4, 16), (6, 2, 8), (9, 3, 16)])
+def test_native_matches_torch(heads: int, kv_heads: int, block_size: int) -> None:
+    contexts = [1, 7, 16, 17, 40, 131]
+    cache, q, tables = paged_inputs(contexts, heads, kv_heads, block_size)
+    torch_out = attend(cache, q, tables, contexts, native=False)
+    native_out = attend(cache, q, tables, contexts, native=True)
+    torch.testing.assert_close(native_out, torch_out, rtol=1e-5, atol=1e-5)
+
+
+def test_a_sequence_gets_the_same_bits_alone_and_in_a_batch() -> None:
+    contexts = [5, 64, 300, 33]
+    cache, q, tables = paged_inputs(contexts, 6, 2, 16, seed=3)
+    batched = attend(cache, q, tables, contexts, native=True)
+    for i in range(len(contexts)):
+        alone = attend(cache, q[i : i + 1], tables[i : i + 1], contexts[i : i + 1], native=True)
+        assert torch.equal(alone[0], batched[i])
+
+
+def test_the_kernel_refuses_tensors_it_cannot_read() -> None:
+    kernel = compile_decode_kernel()
+    cache = torch.zeros(2, 4, 16, 2, 16)
+    tables, lens = torch.zeros(1, 1, dtype=torch.long), torch.ones(1, dtype=torch.long)
+    with pytest.raises(ValueError, match="q must be a contiguous"):
+        kernel(
+            torch.zeros(1, 2, 16).half(),
+            cache[0],
+            cache[1],
+            tables,
+            lens,
+            torch.zeros(1, 2, 16),
+            1.0,
+        )
+    with pytest.raises(ValueError, match="block_tables"):
+        kernel(
+            torch.zeros(1, 2, 16),
+            cache[0],
+            cache[1],
+            tables.int(),
+            lens,
+            torch.zeros(1, 2, 16),
+            1.0,
+        )
+
+
+def test_selection_follows_the_config() -> None:
+    cpu = torch.device("cpu")
+    assert select_decode_kernel("torch", cpu, torch.float32) is None
+    assert select_decode_kernel("native", cpu, torch.float32) is compile_decode_kernel()
+    assert select_decode_kernel("auto", cpu, torch.bfloat16) is None
+    with pytest.raises(ValueError, match="native cannot be used: it takes float32"):
+        select_decode_kernel("native", cpu, torch.float16)
+    with pytest.raises(ConfigError, match="attention_kernel must be auto, native or torch"):
+        EngineConfig(attention_kernel="flash")
