@@ -202,9 +202,19 @@ class EngineConfig:
         "(native where it can run, else torch).",
         default="auto",
     )
+    weight_kernel: str = _help(
+        "Linear layers of a GGUF model with Q4_1 or Q8_0 matrices: native (steps of up to "
+        "12 rows run a C kernel over the file's blocks, a quarter or less of the bytes to "
+        "read; the same weights), torch (float32 only), or auto (native where it can run).",
+        default="auto",
+    )
 
     def __post_init__(self) -> None:
         parse_size(self.kv_cache_memory)
+        _require(
+            self.weight_kernel in ("auto", "native", "torch"),
+            f"weight_kernel must be auto, native or torch, got {self.weight_kernel!r}",
+        )
         _require(
             self.attention_kernel in ("auto", "native", "torch"),
             f"attention_kernel must be auto, native or torch, got {self.attention_kernel!r}",

@@ -41,6 +41,7 @@ class LLM:
             device=device,
             dtype=config.dtype,
             cache_dir=None if cache_dir is None else Path(cache_dir),
+            weight_kernel=config.weight_kernel,
         )
         self.lm = registry.load(source, options)
         self.engine = Engine(self.lm, config)

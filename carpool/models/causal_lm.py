@@ -27,12 +27,16 @@ from carpool.models.decoder_config import DecoderConfig
 from carpool.models.gguf_file import GGUFCheckpoint
 from carpool.models.gpt2 import GPT2LMHeadModel
 from carpool.models.llama import LlamaForCausalLM
+from carpool.models.native import KernelUnavailable
+from carpool.models.packed_linear import load_packed, quantized_linear_kernel, save_packed
 from carpool.models.weights import load_safetensors, read_json
 
 log = logging.getLogger(__name__)
 
 # Bump when the converted folder's layout or contents change.
-_CONVERSION_VERSION = "1"
+_CONVERSION_VERSION = "2"  # 2: the Q4_1 and Q8_0 blocks are kept too (PACKED)
+# In a subfolder: every *.safetensors of the folder itself is a model weight file.
+PACKED = Path("blocks") / "gguf-blocks.safetensors"
 
 
 class CausalLM(Protocol):
@@ -68,6 +72,7 @@ class LoadedLM:
     folder: Path
     dtype: torch.dtype
     device: torch.device
+    packed_layers: int = 0  # linear layers that run few rows on the file's blocks
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -84,8 +89,11 @@ def load_causal_lm(
     dtype: torch.dtype = torch.float32,
     cache_dir: Path | None = None,
     progress: bool = True,
+    weight_kernel: str = "auto",
 ) -> LoadedLM:
-    """Load ``path`` (a folder or a .gguf file) onto ``device``."""
+    """Load ``path`` (a folder or a .gguf file) onto ``device``. ``weight_kernel``
+    (auto, native or torch): whether linear layers also keep a GGUF file's blocks for
+    steps of few rows (``carpool.models.packed_linear``)."""
     folder = path
     if path.suffix == ".gguf":
         folder = convert_gguf(path, cache_dir or default_cache_dir(), progress)
@@ -96,6 +104,7 @@ def load_causal_lm(
     _reset_buffers(model, config, device)
     model.load_weights(load_safetensors(folder).items())  # type: ignore[operator]
     model = model.to(dtype).eval().requires_grad_(False)
+    packed_layers = _attach_packed(model, folder, weight_kernel, device, dtype)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
@@ -107,7 +116,42 @@ def load_causal_lm(
         folder=folder,
         dtype=dtype,
         device=torch.device(device),
+        packed_layers=packed_layers,
     )
+
+
+def _attach_packed(
+    model: nn.Module, folder: Path, choice: str, device: str, dtype: torch.dtype
+) -> int:
+    """Attach the blocks a GGUF file's conversion kept (``PACKED``) as ``choice``
+    asks; the number of layers that got them. ``native`` raises ValueError where they
+    cannot be used; ``auto`` logs why not."""
+    if choice == "torch":
+        return 0
+    if not (folder / PACKED).exists():
+        why = "the model has no Q4_1 or Q8_0 blocks (it is not a GGUF file holding them)"
+    elif torch.device(device).type != "cpu":
+        why = f"the kernel runs on the CPU and the model is on {device}"
+    elif dtype != torch.float32:
+        why = f"the kernel takes float32 and the model is {dtype}"
+    elif not hasattr(model, "attach_packed"):
+        why = f"{type(model).__name__} has no packed layers"
+    else:
+        try:
+            kernel = quantized_linear_kernel()
+        except KernelUnavailable as exc:
+            why = str(exc)
+        else:
+            packed = load_packed(folder / PACKED)
+            count: int = model.attach_packed(packed, kernel)  # type: ignore[operator]
+            if count:
+                log.info("%d linear layers run steps of few rows on the file's blocks", count)
+                return count
+            why = "no linear layer has all its weights in Q4_1 or Q8_0 blocks"
+    if choice == "native":
+        raise ValueError(f"weight_kernel native cannot be used: {why}")
+    log.info("linear layers run on torch only: %s", why)
+    return 0
 
 
 def _reset_buffers(model: nn.Module, config: DecoderConfig, device: str) -> None:
@@ -145,6 +189,9 @@ def convert_gguf(path: Path, cache_dir: Path, progress: bool = True) -> Path:
         if config["tie_word_embeddings"]:
             tensors.pop("lm_head.weight", None)
         save_file(tensors, str(staging / "model.safetensors"))
+        packed = checkpoint.packed_weights()
+        if packed:
+            save_packed(packed, staging / PACKED)
         (staging / "config.json").write_text(json.dumps(config, indent=2))
         from transformers import AutoTokenizer
 

@@ -1,11 +1,6 @@
-"""The native decode-attention kernel (``kernels/paged_decode_attention.c``).
-
-It is compiled with the machine's C compiler the first time an engine asks for it
-in a process (well under a second here), into a temporary file that is loaded with
-ctypes and then removed. A call passes tensors by their data pointers; ctypes
-releases the GIL for the call, so the event loop runs meanwhile. The torch path in
-``carpool.models.attention`` stays for other devices and dtypes, and where no
-compiler is found.
+"""The native decode-attention kernel (``kernels/paged_decode_attention.c``), built
+by ``carpool.models.native``. The torch path in ``carpool.models.attention`` stays
+for other devices and dtypes, and where no compiler is found.
 """
 
 from __future__ import annotations
@@ -13,22 +8,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
+from carpool.models.native import KernelUnavailable, check_tensors, load_library
+
 log = logging.getLogger(__name__)
-
-SOURCE = Path(__file__).parent / "kernels" / "paged_decode_attention.c"
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
-
-
-class KernelUnavailable(Exception):
-    """The native kernel cannot be used here; the message says why."""
 
 
 class DecodeKernel:
@@ -49,16 +35,14 @@ class DecodeKernel:
     ) -> None:
         """``q``, ``out``: [S, H, D]; ``keys``, ``values``: [blocks, block_size, Hkv, D];
         ``block_tables``: [S, max_blocks]; ``context_lens``: [S]. Writes ``out``."""
-        for name, t, dtype in (
-            ("q", q, torch.float32),
-            ("keys", keys, torch.float32),
-            ("values", values, torch.float32),
-            ("out", out, torch.float32),
-            ("block_tables", block_tables, torch.int64),
-            ("context_lens", context_lens, torch.int64),
-        ):
-            if t.dtype != dtype or not t.is_contiguous() or t.device.type != "cpu":
-                raise ValueError(f"{name} must be a contiguous {dtype} CPU tensor")
+        check_tensors(
+            q=(q, torch.float32),
+            keys=(keys, torch.float32),
+            values=(values, torch.float32),
+            out=(out, torch.float32),
+            block_tables=(block_tables, torch.int64),
+            context_lens=(context_lens, torch.int64),
+        )
         num_seqs, num_heads, head_dim = q.shape
         _, block_size, num_kv_heads, _ = keys.shape
         failed = self._function(
@@ -83,25 +67,11 @@ class DecodeKernel:
 
 @functools.cache
 def compile_decode_kernel() -> DecodeKernel:
-    """Compile and load the kernel once per process; raise KernelUnavailable."""
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise KernelUnavailable("no C compiler (cc or gcc) on PATH")
-    with tempfile.TemporaryDirectory(prefix="carpool-kernel-") as tmp:
-        library = Path(tmp) / "paged_decode_attention.so"
-        command = [compiler, *FLAGS, str(SOURCE), "-o", str(library), "-lm"]
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise KernelUnavailable(f"{compiler} did not run: {exc}") from exc
-        if done.returncode != 0:
-            raise KernelUnavailable(f"{compiler} failed: {done.stderr.strip()[:400]}")
-        handle = ctypes.CDLL(str(library))  # stays mapped after the file is removed
-    function = handle.paged_decode_attention
+    """The kernel, built once per process; raises KernelUnavailable."""
+    function = load_library("paged_decode_attention").paged_decode_attention
     function.restype = ctypes.c_int
-    function.argtypes = (
-        [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int]
-    )
+    pointers, sizes = [ctypes.c_void_p] * 6, [ctypes.c_int64] * 6
+    function.argtypes = [*pointers, *sizes, ctypes.c_float, ctypes.c_int]
     return DecodeKernel(function)
 
 

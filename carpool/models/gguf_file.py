@@ -15,9 +15,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGUFReader, GGUFValueType
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 from tqdm import tqdm
+
+from carpool.models.packed_linear import BlockType, PackedWeight
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
@@ -110,6 +112,29 @@ class GGUFCheckpoint:
             elif self.arch == "llama" and name.endswith("k_proj.weight"):
                 weight = unpermute(weight, kv_heads)
             yield name, weight
+
+    def packed_weights(self) -> dict[str, PackedWeight]:
+        """Hugging Face name -> the file's blocks, for every Q4_1 and Q8_0 matrix
+        (rows permuted back as ``tensors`` does); read without dequantizing."""
+        config = self.hf_config()
+        heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+        kinds = {
+            GGMLQuantizationType.Q4_1: BlockType.Q4_1,
+            GGMLQuantizationType.Q8_0: BlockType.Q8_0,
+        }
+        packed = {}
+        for tensor in self.reader.tensors:
+            kind = kinds.get(tensor.tensor_type)
+            if kind is None or len(tensor.shape) != 2:
+                continue
+            name = hf_name(tensor.name)
+            weight = PackedWeight.from_gguf_blocks(kind, np.asarray(tensor.data))
+            if self.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+                n = heads if name.endswith("q_proj.weight") else kv_heads
+                order = unpermute(torch.arange(weight.shape[0])[:, None], n)[:, 0]
+                weight = weight.permute_rows(order)
+            packed[name] = weight
+        return packed
 
 
 def hf_name(gguf_name: str) -> str:

@@ -17,6 +17,7 @@ from torch import nn
 
 from carpool.models.attention import AttentionMetadata, paged_attention
 from carpool.models.decoder_config import DecoderConfig
+from carpool.models.packed_linear import Linear, PackedWeight, QuantizedLinearKernel
 from carpool.models.rope import RotaryEmbedding
 
 
@@ -34,10 +35,10 @@ class LlamaAttention(nn.Module):
     def __init__(self, cfg: DecoderConfig, rope: RotaryEmbedding) -> None:
         super().__init__()
         self.h, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.qkv_proj = nn.Linear(
+        self.qkv_proj = Linear(
             cfg.hidden_size, (self.h + 2 * self.hkv) * self.d, bias=cfg.attention_bias
         )
-        self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
+        self.o_proj = Linear(self.h * self.d, cfg.hidden_size, bias=False)
         self.rope = rope
         self.scale = self.d**-0.5
 
@@ -60,8 +61,8 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, cfg: DecoderConfig) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -108,7 +109,7 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList([LlamaLayer(cfg, rope) for _ in range(cfg.num_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
@@ -156,6 +157,34 @@ class LlamaForCausalLM(nn.Module):
                 params[name].data.copy_(tensor)
                 loaded.add(name)
         _check_complete(self, loaded)
+
+    def attach_packed(
+        self, packed: dict[str, PackedWeight], kernel: QuantizedLinearKernel | None
+    ) -> int:
+        """Give each linear layer whose Hugging Face weights are all in ``packed``
+        (with one block type) its blocks; None detaches. Returns how many got them."""
+        sources = {
+            "qkv_proj": ["q_proj", "k_proj", "v_proj"],
+            "gate_up_proj": ["gate_proj", "up_proj"],
+        }
+        attached = 0
+        for name, module in self.named_modules():
+            if not isinstance(module, Linear):
+                continue
+            if name == "lm_head":
+                tied = self.config.tie_word_embeddings
+                hf = ["model.embed_tokens.weight" if tied else "lm_head.weight"]
+            else:
+                prefix, part = f"model.{name}".rsplit(".", 1)
+                hf = [f"{prefix}.{p}.weight" for p in sources.get(part, [part])]
+            parts = [packed[h] for h in hf if h in packed]
+            usable = kernel is not None and len(parts) == len(hf)
+            if usable and len({p.kind for p in parts}) == 1:
+                module.attach(PackedWeight.stack(parts), kernel)
+                attached += 1
+            else:
+                module.attach(None, None)
+        return attached
 
 
 def _check_complete(model: nn.Module, loaded: set[str]) -> None:

@@ -81,6 +81,7 @@ class LoadOptions:
     dtype: str = "float32"
     cache_dir: Path | None = None
     progress: bool = True
+    weight_kernel: str = "auto"
 
 
 def _embedding(source: ModelSource, options: LoadOptions) -> Any:
@@ -101,6 +102,7 @@ def _causal_lm(source: ModelSource, options: LoadOptions) -> Any:
         dtype=getattr(torch, options.dtype),
         cache_dir=options.cache_dir,
         progress=options.progress,
+        weight_kernel=options.weight_kernel,
     )
 
 

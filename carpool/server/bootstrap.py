@@ -121,6 +121,7 @@ def build_server(config: CarpoolConfig) -> ServerBundle:
         device=config.runtime.device,
         dtype=config.engine.dtype,
         cache_dir=Path(config.runtime.cache_dir) if config.runtime.cache_dir else None,
+        weight_kernel=config.engine.weight_kernel,
     )
     faults = (
         FaultPlan.parse(config.runtime.fault_injection) if config.runtime.fault_injection else None

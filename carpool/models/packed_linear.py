@@ -1,0 +1,206 @@
+"""Linear layers that also keep their weight in a GGUF file's blocks (Q4_1, Q8_0)
+and run steps of few rows with the C kernel ``kernels/quantized_linear.c``.
+
+A decode step of one or a few streams is bound by reading the weights; the blocks
+are 5 (Q4_1) or 8.5 (Q8_0) bits a weight instead of float32's 32. Each weight the
+kernel uses is the float32 the file defines, the same value the float32 matrix
+holds (checked when the blocks are attached), so only the summation order differs
+from the float32 GEMM, which still runs steps of more rows (it is faster there).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from carpool.models.native import check_tensors, load_library
+
+BLOCK = 32
+# Rows up to which the kernel beats the float32 GEMM here (measured: 4.5x at 1 row,
+# about even at 16, with the weights of SmolLM2-135M on this 2-core machine).
+MAX_KERNEL_ROWS = 12
+
+
+class BlockType(Enum):
+    Q4_1 = "Q4_1"
+    Q8_0 = "Q8_0"
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A weight [n, k] in blocks of 32 along k: w = scale * q (+ min for Q4_1)."""
+
+    kind: BlockType
+    quants: torch.Tensor  # Q4_1: [n, k/32, 16] uint8 (two per byte); Q8_0: [n, k/32, 32] int8
+    scales: torch.Tensor  # [n, k/32] float32
+    mins: torch.Tensor | None  # [n, k/32] float32, Q4_1 only
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.scales.shape[0], self.scales.shape[1] * BLOCK
+
+    @staticmethod
+    def from_gguf_blocks(kind: BlockType, raw: np.ndarray) -> PackedWeight:
+        """``raw``: [n, k/32 * block bytes] uint8, the file's rows."""
+        if kind is BlockType.Q4_1:
+            blocks = raw.reshape(raw.shape[0], -1, 20)
+            scales = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+            mins = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+            quants = np.ascontiguousarray(blocks[..., 4:])
+            return PackedWeight(
+                kind, torch.from_numpy(quants), torch.from_numpy(scales), torch.from_numpy(mins)
+            )
+        blocks = raw.reshape(raw.shape[0], -1, 34)
+        scales = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+        quants = np.ascontiguousarray(blocks[..., 2:]).view(np.int8)
+        return PackedWeight(kind, torch.from_numpy(quants), torch.from_numpy(scales), None)
+
+    @staticmethod
+    def stack(parts: list[PackedWeight]) -> PackedWeight:
+        """The rows of ``parts`` one after another (a fused projection)."""
+        kind = parts[0].kind
+        if any(p.kind is not kind for p in parts):
+            raise ValueError("fused parts have different block types")
+        mins = [p.mins for p in parts if p.mins is not None]
+        return PackedWeight(
+            kind,
+            torch.cat([p.quants for p in parts]),
+            torch.cat([p.scales for p in parts]),
+            torch.cat(mins) if mins else None,
+        )
+
+    def permute_rows(self, order: torch.Tensor) -> PackedWeight:
+        mins = None if self.mins is None else self.mins[order].contiguous()
+        return PackedWeight(
+            self.kind, self.quants[order].contiguous(), self.scales[order].contiguous(), mins
+        )
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weight [n, k], computed as the gguf package does."""
+        n, k = self.shape
+        if self.kind is BlockType.Q4_1:
+            assert self.mins is not None
+            q = torch.cat([self.quants & 15, self.quants >> 4], dim=-1).float()
+            return (self.scales[..., None] * q + self.mins[..., None]).view(n, k)
+        return (self.scales[..., None] * self.quants.float()).view(n, k)
+
+
+def save_packed(weights: dict[str, PackedWeight], path: Path) -> None:
+    """One safetensors file: ``<name>:quants``, ``:scales`` (and ``:mins``) per weight,
+    its block type in the metadata."""
+    tensors: dict[str, torch.Tensor] = {}
+    for name, w in weights.items():
+        tensors[f"{name}:quants"], tensors[f"{name}:scales"] = w.quants, w.scales
+        if w.mins is not None:
+            tensors[f"{name}:mins"] = w.mins
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path), metadata={n: w.kind.value for n, w in weights.items()})
+
+
+def load_packed(path: Path) -> dict[str, PackedWeight]:
+    """What ``save_packed`` wrote."""
+    with safe_open(str(path), framework="pt") as f:
+        kinds = f.metadata() or {}
+        names = set(f.keys())
+        return {
+            name: PackedWeight(
+                BlockType(kind),
+                f.get_tensor(f"{name}:quants"),
+                f.get_tensor(f"{name}:scales"),
+                f.get_tensor(f"{name}:mins") if f"{name}:mins" in names else None,
+            )
+            for name, kind in kinds.items()
+        }
+
+
+class QuantizedLinearKernel:
+    """y = x @ W^T with W in blocks, for float32 rows x [m, k]."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._q4_1 = library.q4_1_linear
+        self._q4_1.restype = ctypes.c_int
+        self._q4_1.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+        self._q8_0 = library.q8_0_linear
+        self._q8_0.restype = ctypes.c_int
+        self._q8_0.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+
+    def __call__(self, x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
+        n, k = weight.shape
+        x = x.contiguous()
+        if x.dim() != 2 or x.shape[1] != k:
+            raise ValueError(f"x must be [rows, {k}], got {list(x.shape)}")
+        check_tensors(x=(x, torch.float32), scales=(weight.scales, torch.float32))
+        y = torch.empty(x.shape[0], n, dtype=torch.float32)
+        threads = torch.get_num_threads()
+        if weight.kind is BlockType.Q4_1:
+            assert weight.mins is not None
+            failed = self._q4_1(
+                x.data_ptr(),
+                weight.quants.data_ptr(),
+                weight.scales.data_ptr(),
+                weight.mins.data_ptr(),
+                y.data_ptr(),
+                x.shape[0],
+                n,
+                k,
+                threads,
+            )
+        else:
+            failed = self._q8_0(
+                x.data_ptr(),
+                weight.quants.data_ptr(),
+                weight.scales.data_ptr(),
+                y.data_ptr(),
+                x.shape[0],
+                n,
+                k,
+                threads,
+            )
+        if failed:
+            raise MemoryError("quantized linear could not allocate its block sums")
+        return y
+
+
+@functools.cache
+def quantized_linear_kernel() -> QuantizedLinearKernel:
+    """The kernel, built once per process; raises KernelUnavailable."""
+    return QuantizedLinearKernel(load_library("quantized_linear"))
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` that runs inputs of at most ``MAX_KERNEL_ROWS`` rows on its
+    packed blocks when it has them (``attach``)."""
+
+    packed: PackedWeight | None = None
+    kernel: QuantizedLinearKernel | None = None
+
+    def attach(self, packed: PackedWeight | None, kernel: QuantizedLinearKernel | None) -> None:
+        """Use ``packed`` for few rows; it must hold exactly this layer's weight."""
+        if packed is not None:
+            if packed.shape != tuple(self.weight.shape):
+                raise ValueError(f"packed {packed.shape} for weight {tuple(self.weight.shape)}")
+            if not torch.equal(packed.dequantize(), self.weight.detach()):
+                raise ValueError("packed blocks do not hold this layer's float32 weight")
+        self.packed, self.kernel = packed, kernel
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (
+            self.packed is not None
+            and self.kernel is not None
+            and x.dim() == 2
+            and x.shape[0] <= MAX_KERNEL_ROWS
+            and x.dtype == torch.float32
+        ):
+            y = self.kernel(x, self.packed)
+            return y if self.bias is None else y + self.bias
+        return F.linear(x, self.weight, self.bias)

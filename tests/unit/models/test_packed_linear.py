@@ -1,0 +1,142 @@
+"""Linear layers on a GGUF file's blocks: the blocks hold exactly the float32
+weights the file defines, the kernel computes the float32 product from them, a
+layer uses them only for few rows, and the setting takes effect."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+from carpool.config import EngineConfig
+from carpool.engine.engine import Engine
+from carpool.engine.sampling_params import SamplingParams
+from carpool.models.causal_lm import LoadedLM, load_causal_lm
+from carpool.models.packed_linear import (
+    MAX_KERNEL_ROWS,
+    BlockType,
+    Linear,
+    PackedWeight,
+    load_packed,
+    quantized_linear_kernel,
+    save_packed,
+)
+from tests import tiny_models
+
+KINDS = {BlockType.Q4_1: GGMLQuantizationType.Q4_1, BlockType.Q8_0: GGMLQuantizationType.Q8_0}
+
+
+def gguf_weight(
+    kind: BlockType, n: int, k: int, seed: int = 0
+) -> tuple[PackedWeight, torch.Tensor]:
+    """Blocks made by the gguf package, and the float32 weight it reads them as."""
+    data = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32) * 0.05
+    raw = quantize(data, KINDS[kind])
+    weight = torch.from_numpy(np.array(dequantize(raw, KINDS[kind]), dtype=np.float32))
+    return PackedWeight.from_gguf_blocks(kind, raw), weight.reshape(n, k)
+
+
+@pytest.mark.parametrize("kind", list(BlockType))
+def test_blocks_hold_the_weights_the_file_defines(kind: BlockType) -> None:
+    packed, weight = gguf_weight(kind, 40, 96)
+    assert packed.shape == (40, 96)
+    assert torch.equal(packed.dequantize(), weight)
+
+
+@pytest.mark.parametrize("kind", list(BlockType))
+@pytest.mark.parametrize("rows", [1, 3, 4, 7, MAX_KERNEL_ROWS])
+def test_the_kernel_computes_the_float32_product(kind: BlockType, rows: int) -> None:
+    packed, weight = gguf_weight(kind, 72, 160, seed=rows)
+    x = torch.randn(rows, 160, generator=torch.Generator().manual_seed(rows))
+    out = quantized_linear_kernel()(x, packed)
+    torch.testing.assert_close(out, x @ weight.T, rtol=1e-5, atol=1e-5)
+
+
+def test_a_layer_uses_its_blocks_for_few_rows_only() -> None:
+    packed, weight = gguf_weight(BlockType.Q4_1, 64, 128)
+    layer = Linear(128, 64, bias=True)
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+    layer.attach(packed, quantized_linear_kernel())
+    kernel = quantized_linear_kernel()
+    few = torch.randn(MAX_KERNEL_ROWS, 128)
+    many = torch.randn(MAX_KERNEL_ROWS + 1, 128)
+    with torch.no_grad():
+        assert torch.equal(layer(few), kernel(few, packed) + layer.bias)
+        assert torch.equal(layer(many), F.linear(many, layer.weight, layer.bias))
+
+
+def test_a_layer_refuses_blocks_of_another_weight() -> None:
+    packed, weight = gguf_weight(BlockType.Q8_0, 32, 64)
+    layer = Linear(64, 32, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(weight * 1.001)
+    with pytest.raises(ValueError, match="do not hold this layer's float32 weight"):
+        layer.attach(packed, quantized_linear_kernel())
+    with pytest.raises(ValueError, match="packed"):
+        Linear(32, 32).attach(packed, quantized_linear_kernel())
+
+
+def test_blocks_round_trip_through_their_file(tmp_path: Path) -> None:
+    weights = {
+        "a": gguf_weight(BlockType.Q4_1, 8, 64)[0],
+        "b": gguf_weight(BlockType.Q8_0, 4, 32)[0],
+    }
+    save_packed(weights, tmp_path / "blocks" / "w.safetensors")
+    loaded = load_packed(tmp_path / "blocks" / "w.safetensors")
+    assert loaded.keys() == weights.keys()
+    for name, w in weights.items():
+        assert loaded[name].kind is w.kind
+        assert torch.equal(loaded[name].dequantize(), w.dequantize())
+
+
+def test_the_builtin_model_runs_its_blocks_and_keeps_its_outputs(
+    smollm: LoadedLM, smollm_folder: Path
+) -> None:
+    """The built-in model is Q4_1 with a Q8_0 embedding: every linear layer gets its
+    blocks (4 per layer and the tied head), and one stream, which decodes on them,
+    gets the greedy tokens the float32 GEMM gives."""
+    assert smollm.packed_layers == 4 * smollm.config.num_layers + 1
+    plain = load_causal_lm(smollm_folder, progress=False, weight_kernel="torch")
+    assert plain.packed_layers == 0
+    head = smollm.model.lm_head
+    assert isinstance(head, Linear) and head.kernel is not None
+    real, rows = head.kernel, []
+
+    def counting(x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
+        rows.append(x.shape[0])
+        return real(x, weight)
+
+    head.kernel = counting  # type: ignore[assignment]
+    try:
+        prompt = smollm.tokenizer.encode("The three primary colours are")
+        tokens = [alone(lm, prompt) for lm in (smollm, plain)]
+    finally:
+        head.kernel = real
+    assert rows and max(rows) <= MAX_KERNEL_ROWS
+    assert tokens[0] == tokens[1]
+
+
+def alone(lm: LoadedLM, prompt: list[int]) -> list[int]:
+    engine = Engine(lm, EngineConfig(kv_cache_memory="64MiB"))
+    engine.add_request("x", prompt, SamplingParams(max_tokens=24, temperature=0.0))
+    while engine.has_work:
+        for out in engine.step():
+            if out.finished:
+                return out.outputs[0].token_ids
+    raise AssertionError("no final output")
+
+
+def test_native_weights_are_refused_where_there_are_no_blocks(
+    tmp_path: Path, smollm_folder: Path
+) -> None:
+    folder = tmp_path / "tiny"
+    tiny_models.build("llama", folder, smollm_folder)
+    with pytest.raises(ValueError, match="weight_kernel native cannot be used: the model has no"):
+        load_causal_lm(folder, progress=False, weight_kernel="native")
+    assert load_causal_lm(folder, progress=False).packed_layers == 0
