@@ -204,7 +204,7 @@ class EngineConfig:
     )
     weight_kernel: str = _help(
         "Linear layers of a GGUF model with Q4_1 or Q8_0 matrices: native (steps of up to "
-        "12 rows run a C kernel over the file's blocks, a quarter or less of the bytes to "
+        "24 rows run a C kernel over the file's blocks, a quarter or less of the bytes to "
         "read; the same weights), torch (float32 only), or auto (native where it can run).",
         default="auto",
     )
