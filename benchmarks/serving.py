@@ -80,7 +80,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--carpool-args", default="", help="extra `carpool serve` flags")
     args = parser.parse_args()
-    workload = [(p, 128) for p in token_prompts(args.requests, 32, 256, 49152, seed=3)]
+    # Each level gets its own prompts: repeating one level's prompts at the next
+    # would let carpool's prefix cache skip their prefill (the naive server has none).
+    workloads = {
+        c: [(p, 128) for p in token_prompts(args.requests, 32, 256, 49152, seed=3 + i)]
+        for i, c in enumerate(args.concurrency)
+    }
     print(f"# {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}")
     itl = offline_itl()
     print(f"offline engine, one stream: ITL p50 {itl * 1000:.0f} ms")
@@ -101,7 +106,7 @@ def main() -> None:
     process, _ = serve(carpool, r"carpool ready on (http://\S+)")
     try:
         for c in args.concurrency:
-            load = workload[: args.single_requests] if c == 1 else workload
+            load = workloads[c][: args.single_requests] if c == 1 else workloads[c]
             results[("carpool", c)] = asyncio.run(
                 run_streams(f"http://127.0.0.1:{port}", MODEL, load, c)
             )
@@ -115,7 +120,7 @@ def main() -> None:
     process, _ = serve(naive, r"(Uvicorn running|Application startup complete)")
     try:
         for c in args.concurrency:
-            load = workload[: args.naive_requests]
+            load = workloads[c][: args.naive_requests]
             results[("naive", c)] = asyncio.run(
                 run_streams(f"http://127.0.0.1:{port}", MODEL, load, min(c, len(load)))
             )

@@ -9,6 +9,7 @@ import torch
 from carpool.config import ConfigError, EngineConfig
 from carpool.models.attention import AttentionMetadata, NativeDecode, SingleGroup, paged_attention
 from carpool.models.decode_kernel import compile_decode_kernel, select_decode_kernel
+from carpool.models.native import KernelUnavailable, load_library
 
 
 def paged_inputs(
@@ -104,3 +105,20 @@ def test_selection_follows_the_config() -> None:
         select_decode_kernel("native", cpu, torch.float16)
     with pytest.raises(ConfigError, match="attention_kernel must be auto, native or torch"):
         EngineConfig(attention_kernel="flash")
+
+
+def test_without_a_compiler_auto_falls_back_and_native_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("carpool.models.native.shutil.which", lambda _: None)
+    with pytest.raises(KernelUnavailable, match="no C compiler"):
+        load_library.__wrapped__("paged_decode_attention")
+    monkeypatch.setattr("carpool.models.decode_kernel.compile_decode_kernel", _unavailable)
+    cpu = torch.device("cpu")
+    assert select_decode_kernel("auto", cpu, torch.float32) is None
+    with pytest.raises(ValueError, match="native cannot be used: no C compiler"):
+        select_decode_kernel("native", cpu, torch.float32)
+
+
+def _unavailable() -> None:
+    raise KernelUnavailable("no C compiler (cc or gcc) on PATH")
