@@ -18,12 +18,19 @@ from carpool.models.registry import LoadOptions, Task
 
 Prompt = str | list[int]
 
+# Offline, all prompts are known at once and no stream waits on a step, so steps may
+# be larger than the server's (which keeps them short for inter-token latency); as
+# vLLM's LLM does. 2048 measured 1.3x the tokens/s of 256 on the uniform workload
+# here (8192: 1.1x).
+OFFLINE_MAX_NUM_BATCHED_TOKENS = 2048
+
 
 class LLM:
     """``LLM("smollm2-135m-instruct").generate(["Hello"], SamplingParams(max_tokens=32))``.
 
     ``model`` is a built-in name, a Hugging Face folder or a ``.gguf`` file. Engine
-    settings are ``EngineConfig``'s fields, as keyword arguments."""
+    settings are ``EngineConfig``'s fields, as keyword arguments; the step budget
+    ``max_num_batched_tokens`` defaults to ``OFFLINE_MAX_NUM_BATCHED_TOKENS`` here."""
 
     def __init__(
         self,
@@ -36,6 +43,7 @@ class LLM:
         source = registry.resolve(model)
         if source.task is not Task.GENERATE:
             raise InvalidRequest(f"{model!r} is a {source.task.value} model, not a generator")
+        engine.setdefault("max_num_batched_tokens", OFFLINE_MAX_NUM_BATCHED_TOKENS)
         config = EngineConfig(**engine)  # type: ignore[arg-type]
         options = LoadOptions(
             device=device,
@@ -81,6 +89,8 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Each conversation rendered with the model's chat template, then generated."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise InvalidRequest(f"{self.lm.name!r} has no chat template; use generate")
         prompts: list[Prompt] = [
             self.tokenizer.encode(
                 self.tokenizer.apply_chat_template(
