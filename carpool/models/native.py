@@ -41,7 +41,10 @@ def load_library(name: str) -> ctypes.CDLL:
             raise KernelUnavailable(f"{compiler} did not run: {exc}") from exc
         if done.returncode != 0:
             raise KernelUnavailable(f"{compiler} failed: {done.stderr.strip()[:400]}")
-        return ctypes.CDLL(str(library))  # stays mapped after the file is removed
+        try:
+            return ctypes.CDLL(str(library))  # stays mapped after the file is removed
+        except OSError as exc:  # e.g. a temporary folder mounted noexec
+            raise KernelUnavailable(f"cannot load the compiled kernel: {exc}") from exc
 
 
 def check_tensors(**tensors: tuple[torch.Tensor, torch.dtype]) -> None:
