@@ -198,7 +198,9 @@ def generate(args: argparse.Namespace) -> int:
             seed=args.seed,
             stop=tuple(args.stop),
         )
-        llm = LLM(args.model, device=args.device, **from_dict(EngineConfig, engine).__dict__)
+        from_dict(EngineConfig, engine)  # refuses bad values with the config's messages
+        # Only the flags given: the rest keep LLM's offline defaults (its step budget).
+        llm = LLM(args.model, device=args.device, **engine)
         if args.chat:
             outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params)
         else:
