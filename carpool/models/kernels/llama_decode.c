@@ -1,0 +1,133 @@
+/* A whole Llama-family decoder stack for a step of single-token rows, in one call:
+   per layer RMSNorm, the fused QKV projection (+ bias), rotary embedding, the new
+   keys and values written to their cache slots, decode attention, the output
+   projection and residual, RMSNorm, the fused gate/up projection, SiLU(gate) * up,
+   the down projection and residual. The same arithmetic as the per-operation path
+   (carpool/models/llama.py with the quantized-linear and decode-attention kernels),
+   without several hundred torch calls a step; only summation order may differ.
+
+   x: [rows, hidden] float32, the residual stream, updated in place.
+   cos, sin: [rows, head_dim], each row's rotary factors (rotate-half layout).
+   slots: [rows], where each row's key and value go (block * block_size + offset).
+   block_tables: [rows, max_blocks]; context_lens: [rows], counting the new token. */
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "decode_attention.h"
+#include "quantized_dot.h"
+
+enum { KIND_Q4_1 = 0, KIND_Q8_0 = 1 };
+
+typedef struct {
+    int64_t kind; /* KIND_Q4_1 or KIND_Q8_0 */
+    const void *quants;
+    const float *scales;
+    const float *mins; /* Q4_1 only */
+    const float *bias; /* NULL: none */
+    int64_t n, k;
+} Matrix;
+
+typedef struct {
+    const float *input_norm, *post_norm;
+    Matrix qkv, o, gate_up, down;
+    float *k_cache, *v_cache; /* [num_blocks, block_size, num_kv_heads, head_dim] */
+} Layer;
+
+typedef struct {
+    int64_t hidden, num_heads, num_kv_heads, head_dim, intermediate, block_size;
+    float eps, scale;
+} Dims;
+
+static int linear(const Matrix *w, const float *x, float *y, int64_t rows, int threads) {
+    int failed;
+    if (w->kind == KIND_Q4_1)
+        failed = q4_1_linear_impl(x, w->quants, w->scales, w->mins, y, rows, w->n, w->k, threads);
+    else
+        failed = q8_0_linear_impl(x, w->quants, w->scales, y, rows, w->n, w->k, threads);
+    if (!failed && w->bias != NULL)
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t o = 0; o < w->n; o++) y[r * w->n + o] += w->bias[o];
+    return failed;
+}
+
+/* out = x / sqrt(mean(x^2) + eps) * weight, row by row (as torch's rms_norm) */
+static void rms_norm(const float *x, const float *weight, float *out, int64_t rows, int64_t size,
+                     float eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * size;
+        float squares = 0.f;
+#pragma omp simd reduction(+ : squares)
+        for (int64_t i = 0; i < size; i++) squares += xr[i] * xr[i];
+        const float inverse = 1.f / sqrtf(squares / (float)size + eps);
+        for (int64_t i = 0; i < size; i++) out[r * size + i] = xr[i] * inverse * weight[i];
+    }
+}
+
+/* v * cos + rotate_half(v) * sin for each of count heads of one row */
+static void rotate(float *v, int64_t count, int64_t d, const float *cos, const float *sin) {
+    const int64_t half = d / 2;
+    for (int64_t h = 0; h < count; h++, v += d)
+        for (int64_t i = 0; i < half; i++) {
+            const float a = v[i], b = v[i + half];
+            v[i] = a * cos[i] + (-b) * sin[i];
+            v[i + half] = b * cos[i + half] + a * sin[i + half];
+        }
+}
+
+int llama_decode(const Layer *layers, int64_t num_layers, const Dims *dims, float *x,
+                 int64_t rows, const float *cos, const float *sin, const int64_t *slots,
+                 const int64_t *block_tables, int64_t max_blocks, const int64_t *context_lens,
+                 int num_threads) {
+    const int64_t hidden = dims->hidden, d = dims->head_dim;
+    const int64_t q_size = dims->num_heads * d, kv_size = dims->num_kv_heads * d;
+    const int64_t qkv_size = q_size + 2 * kv_size, inter = dims->intermediate;
+    const AttentionShape shape = {dims->num_heads, dims->num_kv_heads, d, dims->block_size,
+                                  dims->scale};
+    float *normed = malloc(sizeof(float) * (size_t)(rows * hidden));
+    float *qkv = malloc(sizeof(float) * (size_t)(rows * qkv_size));
+    float *queries = malloc(sizeof(float) * (size_t)(rows * q_size));
+    float *attended = malloc(sizeof(float) * (size_t)(rows * q_size));
+    float *gate_up = malloc(sizeof(float) * (size_t)(rows * 2 * inter));
+    float *act = malloc(sizeof(float) * (size_t)(rows * inter));
+    float *delta = malloc(sizeof(float) * (size_t)(rows * hidden));
+    int failed = !normed || !qkv || !queries || !attended || !gate_up || !act || !delta;
+    for (int64_t l = 0; l < num_layers && !failed; l++) {
+        const Layer *layer = layers + l;
+        rms_norm(x, layer->input_norm, normed, rows, hidden, dims->eps);
+        failed |= linear(&layer->qkv, normed, qkv, rows, num_threads);
+        for (int64_t r = 0; r < rows && !failed; r++) {
+            float *row = qkv + r * qkv_size;
+            rotate(row, dims->num_heads + dims->num_kv_heads, d, cos + r * d, sin + r * d);
+            for (int64_t i = 0; i < q_size; i++) queries[r * q_size + i] = row[i];
+            float *k_slot = layer->k_cache + slots[r] * kv_size;
+            float *v_slot = layer->v_cache + slots[r] * kv_size;
+            for (int64_t i = 0; i < kv_size; i++) {
+                k_slot[i] = row[q_size + i];
+                v_slot[i] = row[q_size + kv_size + i];
+            }
+        }
+        failed |= attend_all(&shape, queries, layer->k_cache, layer->v_cache, block_tables,
+                             max_blocks, context_lens, rows, attended, num_threads);
+        failed |= linear(&layer->o, attended, delta, rows, num_threads);
+        for (int64_t i = 0; i < rows * hidden; i++) x[i] = x[i] + delta[i];
+        rms_norm(x, layer->post_norm, normed, rows, hidden, dims->eps);
+        failed |= linear(&layer->gate_up, normed, gate_up, rows, num_threads);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t i = 0; i < inter; i++) {
+                const float g = gate_up[r * 2 * inter + i], u = gate_up[r * 2 * inter + inter + i];
+                act[r * inter + i] = g / (1.f + expf(-g)) * u;
+            }
+        failed |= linear(&layer->down, act, delta, rows, num_threads);
+        for (int64_t i = 0; i < rows * hidden; i++) x[i] = x[i] + delta[i];
+    }
+    free(normed);
+    free(qkv);
+    free(queries);
+    free(attended);
+    free(gate_up);
+    free(act);
+    free(delta);
+    return failed;
+}

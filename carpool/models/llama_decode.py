@@ -1,0 +1,213 @@
+"""A Llama-family model's whole decoder stack for a step of single-token rows, in
+one native call (``kernels/llama_decode.c``).
+
+A decode step of one or a few streams on the CPU spends as long in the several
+hundred torch calls of its small operations (norms, rotary, residuals, the cache
+write) as in its matrix products; the fused stack runs the same arithmetic, over the
+same quantized blocks and the same decode attention, without them. It is used when
+every linear layer of every decoder layer has its blocks, the step's rows are all
+single-token rows attended by the native decode kernel, and there are at most
+``MAX_KERNEL_ROWS`` of them (beyond, the float32 GEMM is faster); otherwise the
+model runs layer by layer in torch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+
+from carpool.models.attention import AttentionMetadata
+from carpool.models.native import check_tensors, load_library
+from carpool.models.packed_linear import MAX_KERNEL_ROWS, BlockType, Linear
+
+if TYPE_CHECKING:
+    from carpool.models.llama import LlamaForCausalLM, LlamaLayer
+
+_KIND = {BlockType.Q4_1: 0, BlockType.Q8_0: 1}
+
+
+class _Matrix(ctypes.Structure):
+    _fields_ = [
+        ("kind", ctypes.c_int64),
+        ("quants", ctypes.c_void_p),
+        ("scales", ctypes.c_void_p),
+        ("mins", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("n", ctypes.c_int64),
+        ("k", ctypes.c_int64),
+    ]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [
+        ("input_norm", ctypes.c_void_p),
+        ("post_norm", ctypes.c_void_p),
+        ("qkv", _Matrix),
+        ("o", _Matrix),
+        ("gate_up", _Matrix),
+        ("down", _Matrix),
+        ("k_cache", ctypes.c_void_p),
+        ("v_cache", ctypes.c_void_p),
+    ]
+
+
+class _Dims(ctypes.Structure):
+    _fields_ = [
+        ("hidden", ctypes.c_int64),
+        ("num_heads", ctypes.c_int64),
+        ("num_kv_heads", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64),
+        ("intermediate", ctypes.c_int64),
+        ("block_size", ctypes.c_int64),
+        ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+    ]
+
+
+@functools.cache
+def _function() -> Any:
+    function = load_library("llama_decode").llama_decode
+    function.restype = ctypes.c_int
+    function.argtypes = [
+        ctypes.c_void_p,  # layers
+        ctypes.c_int64,  # num_layers
+        ctypes.c_void_p,  # dims
+        ctypes.c_void_p,  # x
+        ctypes.c_int64,  # rows
+        ctypes.c_void_p,  # cos
+        ctypes.c_void_p,  # sin
+        ctypes.c_void_p,  # slots
+        ctypes.c_void_p,  # block_tables
+        ctypes.c_int64,  # max_blocks
+        ctypes.c_void_p,  # context_lens
+        ctypes.c_int,  # num_threads
+    ]
+    return function
+
+
+def _matrix(linear: Linear) -> _Matrix:
+    packed = linear.packed
+    assert packed is not None
+    n, k = packed.shape
+    return _Matrix(
+        _KIND[packed.kind],
+        packed.quants.data_ptr(),
+        packed.scales.data_ptr(),
+        None if packed.mins is None else packed.mins.data_ptr(),
+        None if linear.bias is None else linear.bias.detach().data_ptr(),
+        n,
+        k,
+    )
+
+
+def _decoder_layers(model: LlamaForCausalLM) -> list[LlamaLayer]:
+    return [cast("LlamaLayer", layer) for layer in model.layers]
+
+
+class LlamaDecodeStack:
+    """Runs ``model``'s decoder layers on a step of single-token rows. Built only
+    when every decoder layer's linear layers have their blocks (``usable``)."""
+
+    def __init__(self, model: LlamaForCausalLM) -> None:
+        cfg = model.config
+        self._function = _function()
+        layers = _decoder_layers(model)
+        self._layers = (_Layer * cfg.num_layers)()
+        for slot, layer in zip(self._layers, layers, strict=True):
+            slot.input_norm = layer.input_layernorm.weight.data_ptr()
+            slot.post_norm = layer.post_attention_layernorm.weight.data_ptr()
+            slot.qkv = _matrix(layer.self_attn.qkv_proj)
+            slot.o = _matrix(layer.self_attn.o_proj)
+            slot.gate_up = _matrix(layer.mlp.gate_up_proj)
+            slot.down = _matrix(layer.mlp.down_proj)
+        attention = layers[0].self_attn
+        self._dims = _Dims(
+            cfg.hidden_size,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.intermediate_size,
+            0,
+            cfg.norm_eps,
+            attention.scale,
+        )
+        self._caches: Sequence[torch.Tensor] | None = None
+        self._rope = attention.rope
+
+    @staticmethod
+    def usable(model: LlamaForCausalLM) -> bool:
+        """Whether every decoder layer's linear layers have their blocks."""
+        return all(
+            linear.packed is not None
+            for layer in _decoder_layers(model)
+            for linear in (
+                layer.self_attn.qkv_proj,
+                layer.self_attn.o_proj,
+                layer.mlp.gate_up_proj,
+                layer.mlp.down_proj,
+            )
+        )
+
+    @staticmethod
+    def applies(x: torch.Tensor, meta: AttentionMetadata) -> bool:
+        """Whether a step with hidden states ``x`` and ``meta`` can run fused: all its
+        rows single-token rows on the native decode kernel, few enough of them."""
+        native = meta.native
+        return (
+            native is not None
+            and not meta.prefills
+            and native.count == x.shape[0] <= MAX_KERNEL_ROWS
+            and x.dtype == torch.float32
+        )
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        caches: Sequence[torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """The residual stream after every decoder layer (``x`` is updated in place
+        and returned)."""
+        native = meta.native
+        assert native is not None
+        if caches is not self._caches:
+            self._bind(caches)
+        cos = self._rope.cos_table[positions].contiguous()
+        sin = self._rope.sin_table[positions].contiguous()
+        check_tensors(
+            x=(x, torch.float32),
+            slots=(meta.slot_mapping, torch.int64),
+            block_tables=(native.block_tables, torch.int64),
+            context_lens=(native.context_lens, torch.int64),
+        )
+        failed = self._function(
+            ctypes.addressof(self._layers),
+            len(self._layers),
+            ctypes.addressof(self._dims),
+            x.data_ptr(),
+            x.shape[0],
+            cos.data_ptr(),
+            sin.data_ptr(),
+            meta.slot_mapping.data_ptr(),
+            native.block_tables.data_ptr(),
+            native.block_tables.shape[1],
+            native.context_lens.data_ptr(),
+            torch.get_num_threads(),
+        )
+        if failed:
+            raise MemoryError("the fused decode step could not allocate its buffers")
+        return x
+
+    def _bind(self, caches: Sequence[torch.Tensor]) -> None:
+        """Point every layer at its cache ([2, blocks, block_size, kv_heads, head_dim])."""
+        for slot, cache in zip(self._layers, caches, strict=True):
+            check_tensors(cache=(cache, torch.float32))
+            slot.k_cache = cache[0].data_ptr()
+            slot.v_cache = cache[1].data_ptr()
+        self._dims.block_size = caches[0].shape[2]
+        self._caches = caches
