@@ -1,11 +1,14 @@
 """Linear layers that also keep their weight in a GGUF file's blocks (Q4_1, Q8_0)
-and run steps of few rows with the C kernel ``kernels/quantized_linear.c``.
+and run steps of up to ``MAX_KERNEL_ROWS`` rows with the C kernel
+``kernels/quantized_linear.c``.
 
 A decode step of one or a few streams is bound by reading the weights; the blocks
-are 5 (Q4_1) or 8.5 (Q8_0) bits a weight instead of float32's 32. Each weight the
-kernel uses is the float32 the file defines, the same value the float32 matrix
-holds (checked when the blocks are attached), so only the summation order differs
-from the float32 GEMM, which still runs steps of more rows (it is faster there).
+are 5 (Q4_1) or 8.5 (Q8_0) bits a weight instead of float32's 32. A step of tens of
+streams is bound by arithmetic; the kernel then dequantizes strips of the weight
+once per step and runs its own register-tiled GEMM. Each weight the kernel uses is
+the float32 the file defines, the same value the float32 matrix holds (checked
+when the blocks are attached), so only the summation order differs from torch's
+float32 GEMM, which still runs larger steps (prompt chunks).
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ from torch import nn
 from carpool.models.native import check_tensors, load_library
 
 BLOCK = 32
-# Rows up to which the kernel beats the float32 GEMM here, with SmolLM2-135M's
-# weights on the 2-core CI machine (matmuls of one step: 17 vs 62 ms at 1 row,
-# 47 vs 120 at 8, 128 vs 171 at 24, 219 vs 226 at 32).
-MAX_KERNEL_ROWS = 24
+# Rows up to which the kernel beats torch's float32 GEMM (MKL) here, with
+# SmolLM2-135M's shapes on the 2-core CI machine: reading the blocks directly wins
+# by 3-4x at 1 row; the kernel's own GEMM over dequantized strips ran at 125-158
+# GFLOP/s against MKL's 70-125 at 64 rows (the LM head: 158 vs 70), about even at
+# 128, and behind on some shapes at 256.
+MAX_KERNEL_ROWS = 128
 
 
 class BlockType(Enum):

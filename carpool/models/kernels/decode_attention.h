@@ -15,6 +15,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "vector_math.h"
+
 typedef struct {
     int64_t num_heads, num_kv_heads, head_dim, block_size;
     float scale;
@@ -28,35 +30,105 @@ static void attend_head(const AttentionShape *a, const float *q_head, const floa
                         float *scores, float *out_head) {
     const int64_t d = a->head_dim, stride = a->num_kv_heads * d;
     const int64_t kv_offset = (h / (a->num_heads / a->num_kv_heads)) * d;
+    /* token t is row t % block_size of block table[t / block_size]: walked block by
+       block, since a division per token cost more than the dot product */
+    const int64_t bs = a->block_size;
     float maximum = -INFINITY;
-    for (int64_t t = 0; t < len; t++) {
-        const float *kt =
-            k_cache + (table[t / a->block_size] * a->block_size + t % a->block_size) * stride;
-        const float *kh = kt + kv_offset;
-        float dot = 0.f;
+    for (int64_t b = 0, t = 0; t < len; b++) {
+        const float *kb = k_cache + table[b] * bs * stride + kv_offset;
+        for (int64_t i = 0; i < bs && t < len; i++, t++) {
+            const float *kh = kb + i * stride;
+            float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-        for (int64_t i = 0; i < d; i++) dot += q_head[i] * kh[i];
-        dot *= a->scale;
-        scores[t] = dot;
-        if (dot > maximum) maximum = dot;
+            for (int64_t j = 0; j < d; j++) dot += q_head[j] * kh[j];
+            dot *= a->scale;
+            scores[t] = dot;
+            if (dot > maximum) maximum = dot;
+        }
     }
-    float sum = 0.f;
-    for (int64_t t = 0; t < len; t++) {
-        const float e = expf(scores[t] - maximum);
-        scores[t] = e;
-        sum += e;
-    }
-    for (int64_t i = 0; i < d; i++) out_head[i] = 0.f;
-    for (int64_t t = 0; t < len; t++) {
-        const float *vt =
-            v_cache + (table[t / a->block_size] * a->block_size + t % a->block_size) * stride;
-        const float *vh = vt + kv_offset;
-        const float p = scores[t];
+    const float sum = exp_shifted(scores, maximum, scores, len);
+    for (int64_t j = 0; j < d; j++) out_head[j] = 0.f;
+    for (int64_t b = 0, t = 0; t < len; b++) {
+        const float *vb = v_cache + table[b] * bs * stride + kv_offset;
+        for (int64_t i = 0; i < bs && t < len; i++, t++) {
+            const float *vh = vb + i * stride;
+            const float p = scores[t];
 #pragma omp simd
-        for (int64_t i = 0; i < d; i++) out_head[i] += p * vh[i];
+            for (int64_t j = 0; j < d; j++) out_head[j] += p * vh[j];
+        }
     }
     const float inverse = 1.f / sum;
-    for (int64_t i = 0; i < d; i++) out_head[i] *= inverse;
+    for (int64_t j = 0; j < d; j++) out_head[j] *= inverse;
+}
+
+#define MAX_HEADS 64
+
+#if defined(__AVX2__) && defined(__FMA__)
+static inline float sum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
+/* attend_head for every head of one sequence, in one pass over its cache: each
+   token's keys (then values), all kv heads side by side, are read once and used by
+   every query head (the cache comes from memory: that is what bounds a step of many
+   sequences). q_seq, out_seq: [num_heads, head_dim]; scores: scratch of
+   num_heads * len floats. Vectorised by hand where head_dim is a multiple of 8;
+   attend_head's order of operations per head otherwise. */
+static void attend_sequence(const AttentionShape *a, const float *q_seq, const float *k_cache,
+                            const float *v_cache, const int64_t *table, int64_t len,
+                            float *scores, float *out_seq) {
+    const int64_t d = a->head_dim, heads = a->num_heads;
+    const int64_t group = heads / a->num_kv_heads;
+#if defined(__AVX2__) && defined(__FMA__)
+    if (d % 8 == 0 && heads <= MAX_HEADS) {
+        const int64_t stride = a->num_kv_heads * d, bs = a->block_size;
+        float maxima[MAX_HEADS], sums[MAX_HEADS];
+        for (int64_t h = 0; h < heads; h++) maxima[h] = -INFINITY;
+        for (int64_t b = 0, t = 0; t < len; b++) {
+            const float *kb = k_cache + table[b] * bs * stride;
+            for (int64_t i = 0; i < bs && t < len; i++, t++) {
+                const float *kt = kb + i * stride;
+                for (int64_t h = 0; h < heads; h++) {
+                    const float *qh = q_seq + h * d, *kh = kt + (h / group) * d;
+                    __m256 acc = _mm256_setzero_ps();
+                    for (int64_t j = 0; j < d; j += 8)
+                        acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + j), _mm256_loadu_ps(kh + j), acc);
+                    const float dot = sum8(acc) * a->scale;
+                    scores[h * len + t] = dot;
+                    if (dot > maxima[h]) maxima[h] = dot;
+                }
+            }
+        }
+        for (int64_t h = 0; h < heads; h++)
+            sums[h] = exp_shifted(scores + h * len, maxima[h], scores + h * len, len);
+        for (int64_t j = 0; j < heads * d; j++) out_seq[j] = 0.f;
+        for (int64_t b = 0, t = 0; t < len; b++) {
+            const float *vb = v_cache + table[b] * bs * stride;
+            for (int64_t i = 0; i < bs && t < len; i++, t++) {
+                const float *vt = vb + i * stride;
+                for (int64_t h = 0; h < heads; h++) {
+                    const __m256 p = _mm256_set1_ps(scores[h * len + t]);
+                    const float *vh = vt + (h / group) * d;
+                    float *oh = out_seq + h * d;
+                    for (int64_t j = 0; j < d; j += 8)
+                        _mm256_storeu_ps(oh + j, _mm256_fmadd_ps(p, _mm256_loadu_ps(vh + j),
+                                                                 _mm256_loadu_ps(oh + j)));
+                }
+            }
+        }
+        for (int64_t h = 0; h < heads; h++) {
+            const float inverse = 1.f / sums[h];
+            for (int64_t j = 0; j < d; j++) out_seq[h * d + j] *= inverse;
+        }
+        return;
+    }
+#endif
+    for (int64_t h = 0; h < heads; h++)
+        attend_head(a, q_seq + h * d, k_cache, v_cache, table, len, h, scores, out_seq + h * d);
 }
 
 /* Every head of every sequence: q, out [num_seqs, num_heads, head_dim];
@@ -69,22 +141,20 @@ static int attend_all(const AttentionShape *a, const float *q, const float *k_ca
     int64_t longest = 1;
     for (int64_t s = 0; s < num_seqs; s++)
         if (context_lens[s] > longest) longest = context_lens[s];
-    const int64_t items = num_seqs * a->num_heads, head_size = a->head_dim;
+    const int64_t seq_size = a->num_heads * a->head_dim;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads)
     {
-        float *scores = malloc(sizeof(float) * (size_t)longest);
+        float *scores = malloc(sizeof(float) * (size_t)(a->num_heads * longest));
         if (scores == NULL) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t item = 0; item < items; item++) {
+        for (int64_t s = 0; s < num_seqs; s++) {
             if (scores == NULL) continue;
-            const int64_t s = item / a->num_heads, h = item % a->num_heads;
-            const int64_t offset = (s * a->num_heads + h) * head_size;
-            attend_head(a, q + offset, k_cache, v_cache, block_tables + s * max_blocks,
-                        context_lens[s], h, scores, out + offset);
+            attend_sequence(a, q + s * seq_size, k_cache, v_cache, block_tables + s * max_blocks,
+                            context_lens[s], scores, out + s * seq_size);
         }
         free(scores);
     }

@@ -16,7 +16,8 @@
 #include <stdlib.h>
 
 #include "decode_attention.h"
-#include "quantized_dot.h"
+#include "quantized_linear.h"
+#include "vector_math.h"
 
 enum { KIND_Q4_1 = 0, KIND_Q8_0 = 1 };
 
@@ -41,11 +42,8 @@ typedef struct {
 } Dims;
 
 static int linear(const Matrix *w, const float *x, float *y, int64_t rows, int threads) {
-    int failed;
-    if (w->kind == KIND_Q4_1)
-        failed = q4_1_linear_impl(x, w->quants, w->scales, w->mins, y, rows, w->n, w->k, threads);
-    else
-        failed = q8_0_linear_impl(x, w->quants, w->scales, y, rows, w->n, w->k, threads);
+    const int failed = quantized_linear(w->kind == KIND_Q8_0, x, w->quants, w->scales, w->mins, y,
+                                        rows, w->n, w->k, threads);
     if (!failed && w->bias != NULL)
         for (int64_t r = 0; r < rows; r++)
             for (int64_t o = 0; o < w->n; o++) y[r * w->n + o] += w->bias[o];
@@ -114,11 +112,10 @@ int llama_decode(const Layer *layers, int64_t num_layers, const Dims *dims, floa
         for (int64_t i = 0; i < rows * hidden; i++) x[i] = x[i] + delta[i];
         rms_norm(x, layer->post_norm, normed, rows, hidden, dims->eps);
         failed |= linear(&layer->gate_up, normed, gate_up, rows, num_threads);
+#pragma omp parallel for schedule(static) num_threads(num_threads)
         for (int64_t r = 0; r < rows; r++)
-            for (int64_t i = 0; i < inter; i++) {
-                const float g = gate_up[r * 2 * inter + i], u = gate_up[r * 2 * inter + inter + i];
-                act[r * inter + i] = g / (1.f + expf(-g)) * u;
-            }
+            silu_times(gate_up + r * 2 * inter, gate_up + r * 2 * inter + inter, act + r * inter,
+                       inter);
         failed |= linear(&layer->down, act, delta, rows, num_threads);
         for (int64_t i = 0; i < rows * hidden; i++) x[i] = x[i] + delta[i];
     }

@@ -112,7 +112,7 @@ static void q8_0_dot(const int8_t *q, const float *scales, const float *x, int64
 }
 #endif
 
-static int q4_1_linear_impl(const float *x, const uint8_t *quants, const float *scales,
+static int q4_1_few_rows(const float *x, const uint8_t *quants, const float *scales,
                             const float *mins, float *y, int64_t rows, int64_t n, int64_t k, int num_threads) {
     const int64_t groups = k / BLOCK;
     /* sums[r * groups + g]: the sum of row r's block g, which each min multiplies */
@@ -143,8 +143,8 @@ static int q4_1_linear_impl(const float *x, const uint8_t *quants, const float *
     return 0;
 }
 
-static int q8_0_linear_impl(const float *x, const int8_t *quants, const float *scales,
-                            float *y, int64_t rows, int64_t n, int64_t k, int num_threads) {
+static int q8_0_few_rows(const float *x, const int8_t *quants, const float *scales, float *y,
+                         int64_t rows, int64_t n, int64_t k, int num_threads) {
     const int64_t groups = k / BLOCK;
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int64_t o = 0; o < n; o++)

@@ -13,19 +13,24 @@ from carpool.models.native import KernelUnavailable, load_library
 
 
 def paged_inputs(
-    contexts: list[int], heads: int, kv_heads: int, block_size: int, seed: int = 0
+    contexts: list[int],
+    heads: int,
+    kv_heads: int,
+    block_size: int,
+    seed: int = 0,
+    head_dim: int = 16,
 ) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
     """A random cache with each sequence's blocks scattered over it, and the queries."""
     gen = torch.Generator().manual_seed(seed)
     need = [-(-c // block_size) for c in contexts]
     num_blocks = sum(need) + 3
-    cache = torch.randn(2, num_blocks, block_size, kv_heads, 16, generator=gen)
+    cache = torch.randn(2, num_blocks, block_size, kv_heads, head_dim, generator=gen)
     order = torch.randperm(num_blocks, generator=gen).tolist()
     tables, used = [], 0
     for n in need:
         tables.append(order[used : used + n])
         used += n
-    q = torch.randn(len(contexts), heads, 16, generator=gen)
+    q = torch.randn(len(contexts), heads, head_dim, generator=gen)
     return cache, q, tables
 
 
@@ -52,10 +57,13 @@ def attend(
     return paged_attention(q, empty, empty, cache, meta, scale=0.25)
 
 
-@pytest.mark.parametrize(("heads", "kv_heads", "block_size"), [(4, 4, 16), (6, 2, 8), (9, 3, 16)])
-def test_native_matches_torch(heads: int, kv_heads: int, block_size: int) -> None:
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "block_size", "head_dim"),
+    [(4, 4, 16, 16), (6, 2, 8, 16), (9, 3, 16, 64), (6, 3, 8, 12)],  # 12: the scalar path
+)
+def test_native_matches_torch(heads: int, kv_heads: int, block_size: int, head_dim: int) -> None:
     contexts = [1, 7, 16, 17, 40, 131]
-    cache, q, tables = paged_inputs(contexts, heads, kv_heads, block_size)
+    cache, q, tables = paged_inputs(contexts, heads, kv_heads, block_size, head_dim=head_dim)
     torch_out = attend(cache, q, tables, contexts, native=False)
     native_out = attend(cache, q, tables, contexts, native=True)
     torch.testing.assert_close(native_out, torch_out, rtol=1e-5, atol=1e-5)

@@ -49,12 +49,24 @@ def test_blocks_hold_the_weights_the_file_defines(kind: BlockType) -> None:
 
 
 @pytest.mark.parametrize("kind", list(BlockType))
-@pytest.mark.parametrize("rows", [1, 3, 4, 7, MAX_KERNEL_ROWS])
+@pytest.mark.parametrize("rows", [1, 3, 4, 7, 8, 9, 17, 40, MAX_KERNEL_ROWS])
 def test_the_kernel_computes_the_float32_product(kind: BlockType, rows: int) -> None:
-    packed, weight = gguf_weight(kind, 72, 160, seed=rows)
+    packed, weight = gguf_weight(kind, 70, 160, seed=rows)  # 70: a partial strip of 6
     x = torch.randn(rows, 160, generator=torch.Generator().manual_seed(rows))
     out = quantized_linear_kernel()(x, packed)
     torch.testing.assert_close(out, x @ weight.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", list(BlockType))
+def test_past_a_few_rows_a_rows_bits_do_not_depend_on_the_batch(kind: BlockType) -> None:
+    """Steps of more than a few rows go through dequantized strips; each output
+    still sums over k in order, so a row gets the same bits in any batch."""
+    packed, _ = gguf_weight(kind, 64, 96, seed=4)
+    x = torch.randn(40, 96, generator=torch.Generator().manual_seed(4))
+    kernel = quantized_linear_kernel()
+    whole = kernel(x, packed)
+    assert torch.equal(kernel(x[5:22], packed), whole[5:22])
+    assert torch.equal(kernel(x[20:40], packed), whole[20:40])
 
 
 def test_a_layer_uses_its_blocks_for_few_rows_only() -> None:

@@ -1,0 +1,145 @@
+/* y = x @ W^T for many rows of x, W in GGUF blocks (see quantized_dot.h for the
+   layouts). With many rows the product is bound by arithmetic, not by reading W, so
+   each strip of STRIP output features is dequantized once into float32 (exactly the
+   weights the file defines: scale * q + min, rounded as torch rounds it) and then
+   multiplied with every row: an outer-product kernel keeps a STRIP x LANES tile of
+   sums in registers (12 AVX2 accumulators), reading x transposed, LANES rows at a
+   time. Each sum runs over k in order, so a row's result does not depend on the
+   other rows of the batch. */
+
+#ifndef CARPOOL_QUANTIZED_GEMM_H
+#define CARPOOL_QUANTIZED_GEMM_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+#define GEMM_BLOCK 32
+#define STRIP 6  /* output features per tile */
+#define LANES 16 /* rows per tile: two AVX2 vectors */
+
+/* w[0..32) = the weights of one block: scale * q (+ min for Q4_1). The product is
+   rounded before the sum, as torch's and the gguf package's dequantization round
+   it (the kernels are built with -ffp-contract=off, so no fused multiply-add). */
+static void dequantize_block(int64_t kind_q8_0, const void *quants, const float *scales,
+                             const float *mins, int64_t index, float *w) {
+    const float scale = scales[index];
+#if defined(__AVX2__) && defined(__FMA__)
+    const __m256 s = _mm256_set1_ps(scale);
+    if (kind_q8_0) {
+        const int8_t *q = (const int8_t *)quants + index * GEMM_BLOCK;
+        for (int j = 0; j < GEMM_BLOCK / 8; j++) {
+            const __m128i bytes = _mm_loadl_epi64((const __m128i *)(q + 8 * j));
+            _mm256_storeu_ps(w + 8 * j, _mm256_mul_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes))));
+        }
+        return;
+    }
+    const uint8_t *q = (const uint8_t *)quants + index * (GEMM_BLOCK / 2);
+    const __m256 m = _mm256_set1_ps(mins[index]);
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)q), low = _mm_set1_epi8(15);
+    const __m128i lo = _mm_and_si128(bytes, low), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);
+    const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int j = 0; j < 4; j++) {
+        const __m256 qf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[j]));
+        _mm256_storeu_ps(w + 8 * j, _mm256_add_ps(_mm256_mul_ps(s, qf), m));
+    }
+#else
+    if (kind_q8_0) {
+        const int8_t *q = (const int8_t *)quants + index * GEMM_BLOCK;
+        for (int j = 0; j < GEMM_BLOCK; j++) w[j] = scale * (float)q[j];
+        return;
+    }
+    const uint8_t *q = (const uint8_t *)quants + index * (GEMM_BLOCK / 2);
+    const float min = mins[index];
+    for (int j = 0; j < GEMM_BLOCK / 2; j++) {
+        w[j] = scale * (float)(q[j] & 15) + min;
+        w[j + GEMM_BLOCK / 2] = scale * (float)(q[j] >> 4) + min;
+    }
+#endif
+}
+
+/* out[i * k + j] = weight (o0 + i, j) for i < count, as float32; zeros past count */
+static void dequantize_strip(int64_t kind_q8_0, const void *quants, const float *scales,
+                             const float *mins, int64_t o0, int64_t count, int64_t k,
+                             float *out) {
+    const int64_t groups = k / GEMM_BLOCK;
+    for (int64_t i = 0; i < count; i++)
+        for (int64_t g = 0; g < groups; g++)
+            dequantize_block(kind_q8_0, quants, scales, mins, (o0 + i) * groups + g,
+                             out + i * k + g * GEMM_BLOCK);
+    memset(out + count * k, 0, sizeof(float) * (size_t)((STRIP - count) * k));
+}
+
+/* tile[i * LANES + r] = sum over j of w[i * k + j] * xt[j * LANES + r] */
+static void strip_times_rows(const float *w, const float *xt, int64_t k, float *tile) {
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 acc[STRIP][2];
+    for (int i = 0; i < STRIP; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < k; j++) {
+        const __m256 x0 = _mm256_loadu_ps(xt + j * LANES);
+        const __m256 x1 = _mm256_loadu_ps(xt + j * LANES + 8);
+        for (int i = 0; i < STRIP; i++) {
+            const __m256 wi = _mm256_broadcast_ss(w + i * k + j);
+            acc[i][0] = _mm256_fmadd_ps(wi, x0, acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(wi, x1, acc[i][1]);
+        }
+    }
+    for (int i = 0; i < STRIP; i++) {
+        _mm256_storeu_ps(tile + i * LANES, acc[i][0]);
+        _mm256_storeu_ps(tile + i * LANES + 8, acc[i][1]);
+    }
+#else
+    for (int i = 0; i < STRIP; i++)
+        for (int r = 0; r < LANES; r++) {
+            float sum = 0.f;
+            for (int64_t j = 0; j < k; j++) sum += w[i * k + j] * xt[j * LANES + r];
+            tile[i * LANES + r] = sum;
+        }
+#endif
+}
+
+static int quantized_gemm(int64_t kind_q8_0, const float *x, const void *quants,
+                          const float *scales, const float *mins, float *y, int64_t rows,
+                          int64_t n, int64_t k, int num_threads) {
+    const int64_t tiles = (rows + LANES - 1) / LANES, strips = (n + STRIP - 1) / STRIP;
+    /* xt[t][j][r]: row t * LANES + r of x at column j, zero past the last row */
+    float *xt = malloc(sizeof(float) * (size_t)(tiles * k * LANES));
+    if (xt == NULL) return 1;
+    int failed = 0;
+#pragma omp parallel num_threads(num_threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tiles; t++)
+            for (int64_t j = 0; j < k; j++)
+                for (int64_t r = 0; r < LANES; r++) {
+                    const int64_t row = t * LANES + r;
+                    xt[(t * k + j) * LANES + r] = row < rows ? x[row * k + j] : 0.f;
+                }
+        float *w = malloc(sizeof(float) * (size_t)(STRIP * k));
+        float tile[STRIP * LANES];
+        if (w == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t s = 0; s < strips; s++) {
+            if (w == NULL) continue;
+            const int64_t o0 = s * STRIP, count = n - o0 < STRIP ? n - o0 : STRIP;
+            dequantize_strip(kind_q8_0, quants, scales, mins, o0, count, k, w);
+            for (int64_t t = 0; t < tiles; t++) {
+                strip_times_rows(w, xt + t * k * LANES, k, tile);
+                const int64_t r0 = t * LANES, valid = rows - r0 < LANES ? rows - r0 : LANES;
+                for (int64_t r = 0; r < valid; r++)
+                    for (int64_t i = 0; i < count; i++) y[(r0 + r) * n + o0 + i] = tile[i * LANES + r];
+            }
+        }
+        free(w);
+    }
+    free(xt);
+    return failed;
+}
+
+#endif
