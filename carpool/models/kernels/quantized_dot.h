@@ -11,8 +11,11 @@
 #ifndef CARPOOL_QUANTIZED_DOT_H
 #define CARPOOL_QUANTIZED_DOT_H
 
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
+
+#include "work_share.h"
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
@@ -112,49 +115,70 @@ static void q8_0_dot(const int8_t *q, const float *scales, const float *x, int64
 }
 #endif
 
+#define CHUNK 16 /* output features a thread claims at a time */
+
 static int q4_1_few_rows(const float *x, const uint8_t *quants, const float *scales,
-                            const float *mins, float *y, int64_t rows, int64_t n, int64_t k, int num_threads) {
-    const int64_t groups = k / BLOCK;
+                         const float *mins, float *y, int64_t rows, int64_t n, int64_t k,
+                         int num_threads) {
+    const int64_t groups = k / BLOCK, chunks = (n + CHUNK - 1) / CHUNK;
     /* sums[r * groups + g]: the sum of row r's block g, which each min multiplies */
     float *sums = malloc(sizeof(float) * (size_t)(rows * groups));
-    if (sums == NULL) return 1;
+    Share *shares = new_shares(chunks, num_threads);
+    if (sums == NULL || shares == NULL) {
+        free(sums);
+        free(shares);
+        return 1;
+    }
     for (int64_t r = 0; r < rows; r++)
         for (int64_t g = 0; g < groups; g++) {
             float s = 0.f;
             for (int j = 0; j < BLOCK; j++) s += x[r * k + g * BLOCK + j];
             sums[r * groups + g] = s;
         }
-#pragma omp parallel for schedule(static) num_threads(num_threads)
-    for (int64_t o = 0; o < n; o++) {
-        const float *mo = mins + o * groups;
-        for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
-            const int64_t count = rows - r0 < ROWS ? rows - r0 : ROWS;
-            float dots[ROWS];
-            q4_1_dot(quants + o * groups * (BLOCK / 2), scales + o * groups, x + r0 * k, k, count,
-                     groups, dots);
-            for (int64_t r = 0; r < count; r++) {
-                float total = dots[r];
-                for (int64_t g = 0; g < groups; g++) total += mo[g] * sums[(r0 + r) * groups + g];
-                y[(r0 + r) * n + o] = total;
+#pragma omp parallel num_threads(num_threads)
+    {
+        int victim = 0;
+        for (int64_t c; (c = next_chunk(shares, num_threads, omp_get_thread_num(), &victim)) >= 0;)
+            for (int64_t o = c * CHUNK; o < n && o < (c + 1) * CHUNK; o++) {
+                const float *mo = mins + o * groups;
+                for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
+                    const int64_t count = rows - r0 < ROWS ? rows - r0 : ROWS;
+                    float dots[ROWS];
+                    q4_1_dot(quants + o * groups * (BLOCK / 2), scales + o * groups, x + r0 * k,
+                             k, count, groups, dots);
+                    for (int64_t r = 0; r < count; r++) {
+                        float total = dots[r];
+                        for (int64_t g = 0; g < groups; g++)
+                            total += mo[g] * sums[(r0 + r) * groups + g];
+                        y[(r0 + r) * n + o] = total;
+                    }
+                }
             }
-        }
     }
     free(sums);
+    free(shares);
     return 0;
 }
 
 static int q8_0_few_rows(const float *x, const int8_t *quants, const float *scales, float *y,
                          int64_t rows, int64_t n, int64_t k, int num_threads) {
-    const int64_t groups = k / BLOCK;
-#pragma omp parallel for schedule(static) num_threads(num_threads)
-    for (int64_t o = 0; o < n; o++)
-        for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
-            const int64_t count = rows - r0 < ROWS ? rows - r0 : ROWS;
-            float dots[ROWS];
-            q8_0_dot(quants + o * groups * BLOCK, scales + o * groups, x + r0 * k, k, count, groups,
-                     dots);
-            for (int64_t r = 0; r < count; r++) y[(r0 + r) * n + o] = dots[r];
-        }
+    const int64_t groups = k / BLOCK, chunks = (n + CHUNK - 1) / CHUNK;
+    Share *shares = new_shares(chunks, num_threads);
+    if (shares == NULL) return 1;
+#pragma omp parallel num_threads(num_threads)
+    {
+        int victim = 0;
+        for (int64_t c; (c = next_chunk(shares, num_threads, omp_get_thread_num(), &victim)) >= 0;)
+            for (int64_t o = c * CHUNK; o < n && o < (c + 1) * CHUNK; o++)
+                for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
+                    const int64_t count = rows - r0 < ROWS ? rows - r0 : ROWS;
+                    float dots[ROWS];
+                    q8_0_dot(quants + o * groups * BLOCK, scales + o * groups, x + r0 * k, k,
+                             count, groups, dots);
+                    for (int64_t r = 0; r < count; r++) y[(r0 + r) * n + o] = dots[r];
+                }
+    }
+    free(shares);
     return 0;
 }
 
