@@ -110,7 +110,11 @@ def _decoder_layers(model: LlamaForCausalLM) -> list[LlamaLayer]:
 
 class LlamaDecodeStack:
     """Runs ``model``'s decoder layers on a step of single-token rows. Built only
-    when every decoder layer's linear layers have their blocks (``usable``)."""
+    when every decoder layer's linear layers have their blocks (``usable``).
+
+    It remembers which KV caches it last wrote (rebinding when another engine's
+    caches come in), so calls must not overlap: model work runs on the device
+    runtime's one thread."""
 
     def __init__(self, model: LlamaForCausalLM) -> None:
         cfg = model.config
