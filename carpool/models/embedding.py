@@ -15,6 +15,7 @@ from tokenizers import Tokenizer
 
 from carpool.errors import InvalidRequest
 from carpool.models.bert import BertConfig, BertEncoder, Ragged, mean_pool
+from carpool.models.ragged_attention import select_ragged_kernel
 from carpool.models.weights import load_safetensors, read_json, read_json_list
 
 
@@ -42,6 +43,7 @@ class EmbeddingModel:
         self.encoder = BertEncoder(config)
         self.encoder.load_hf_state_dict(load_safetensors(folder))
         self.encoder.to(self.device).eval()
+        self.encoder.attention_kernel = select_ragged_kernel(self.device, torch.float32)
 
     # --- request side (event loop thread): validation and tokenization ------------
 

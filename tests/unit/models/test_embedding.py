@@ -9,10 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from carpool.errors import InvalidRequest
 from carpool.models.bert import BertConfig, BertEncoder, Ragged
 from carpool.models.embedding import EmbeddingModel
+from carpool.models.ragged_attention import compile_ragged_kernel
 from carpool.models.registry import BUILTIN_MODELS
 
 TEXTS = [
@@ -42,6 +44,38 @@ def test_matches_sentence_transformers(minilm: EmbeddingModel) -> None:
     )
     assert cosine.min() >= 0.9999
     assert np.allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
+
+
+def test_attention_runs_natively_and_as_torch_does(minilm: EmbeddingModel) -> None:
+    """On the CPU the encoder attends a ragged batch in one native call per layer;
+    its embeddings are those of the per-sequence torch path."""
+    kernel = minilm.encoder.attention_kernel
+    assert kernel is not None
+    native = minilm.embed(TEXTS)
+    minilm.encoder.attention_kernel = None
+    try:
+        torch_path = minilm.embed(TEXTS)
+    finally:
+        minilm.encoder.attention_kernel = kernel
+    assert np.abs(native - torch_path).max() < 1e-5
+
+
+def test_the_ragged_kernel_attends_within_each_sequence() -> None:
+    lengths, heads, dim = [1, 5, 40, 3, 130], 4, 12  # 12: not a multiple of 8
+    qkv = torch.randn(sum(lengths), 3 * heads * dim, generator=torch.Generator().manual_seed(0))
+    offsets = torch.tensor([0, *np.cumsum(lengths).tolist()])
+    out = compile_ragged_kernel()(qkv, offsets, heads, 0.3)
+    q, k, v = qkv.view(-1, 3, heads, dim).permute(1, 2, 0, 3)  # each [heads, tokens, dim]
+    expected = torch.cat(
+        [
+            F.scaled_dot_product_attention(qs, ks, vs, scale=0.3)
+            for qs, ks, vs in zip(
+                q.split(lengths, 1), k.split(lengths, 1), v.split(lengths, 1), strict=True
+            )
+        ],
+        dim=1,
+    )
+    torch.testing.assert_close(out, expected.transpose(0, 1).reshape(-1, heads * dim))
 
 
 def test_batching_never_changes_an_embedding(minilm: EmbeddingModel) -> None:

@@ -1,0 +1,71 @@
+"""The encoder's self-attention over a ragged batch in one native call
+(``kernels/ragged_attention.c``), built by ``carpool.models.native``. Without it
+(another device or dtype, no compiler) the encoder attends one sequence at a time
+in torch."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+from collections.abc import Callable
+
+import torch
+
+from carpool.models.native import KernelUnavailable, check_tensors, load_library
+
+log = logging.getLogger(__name__)
+
+
+class RaggedAttentionKernel:
+    """Each sequence's tokens attend to all tokens of that sequence (no mask)."""
+
+    def __init__(self, function: Callable[..., int]) -> None:
+        self._function = function
+
+    def __call__(
+        self, qkv: torch.Tensor, offsets: torch.Tensor, num_heads: int, scale: float
+    ) -> torch.Tensor:
+        """``qkv``: [tokens, 3 * num_heads * head_dim] (q, k, v per token);
+        ``offsets``: [sequences + 1], where each sequence starts. Returns [tokens,
+        num_heads * head_dim]."""
+        qkv = qkv.contiguous()
+        check_tensors(qkv=(qkv, torch.float32), offsets=(offsets, torch.int64))
+        tokens, width = qkv.shape
+        head_dim = width // (3 * num_heads)
+        out = torch.empty(tokens, num_heads * head_dim, dtype=torch.float32)
+        failed = self._function(
+            qkv.data_ptr(),
+            offsets.data_ptr(),
+            out.data_ptr(),
+            offsets.shape[0] - 1,
+            num_heads,
+            head_dim,
+            scale,
+            torch.get_num_threads(),
+        )
+        if failed:
+            raise MemoryError("ragged attention could not allocate its score buffer")
+        return out
+
+
+@functools.cache
+def compile_ragged_kernel() -> RaggedAttentionKernel:
+    """The kernel, built once per process; raises KernelUnavailable."""
+    function = load_library("ragged_attention").ragged_attention
+    function.restype = ctypes.c_int
+    function.argtypes = (
+        [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_float, ctypes.c_int]
+    )
+    return RaggedAttentionKernel(function)
+
+
+def select_ragged_kernel(device: torch.device, dtype: torch.dtype) -> RaggedAttentionKernel | None:
+    """The kernel where it can run (CPU, float32, a C compiler), else None (torch)."""
+    if device.type != "cpu" or dtype != torch.float32:
+        return None
+    try:
+        return compile_ragged_kernel()
+    except KernelUnavailable as exc:
+        log.info("encoder attention runs on torch: %s", exc)
+        return None
