@@ -200,15 +200,17 @@ class EngineConfig:
         "Weights and KV cache dtype: float32, bfloat16 or float16.", default="float32"
     )
     attention_kernel: str = _help(
-        "Decode attention: native (a C kernel compiled at start-up with the machine's "
-        "compiler; reads the paged cache in place; CPU and float32 only), torch, or auto "
-        "(native where it can run, else torch).",
+        "Attention over the paged cache: native (C, compiled at start-up with the "
+        "machine's compiler; reads the cache in place; CPU and float32 only; decode rows, "
+        "and prompt rows too inside the fused stack), torch, or auto (native where it can "
+        "run, else torch).",
         default="auto",
     )
     weight_kernel: str = _help(
-        "Linear layers of a GGUF model with Q4_1 or Q8_0 matrices: native (steps of up to "
-        "24 rows run a C kernel over the file's blocks, a quarter or less of the bytes to "
-        "read; the same weights), torch (float32 only), or auto (native where it can run).",
+        "Linear layers of a GGUF model with Q4_1 or Q8_0 matrices: native (C kernels over "
+        "the file's blocks, the same float32 weights; with native attention a step's whole "
+        "decoder stack runs in one C call), torch (float32 GEMM only), or auto (native "
+        "where it can run).",
         default="auto",
     )
 

@@ -122,8 +122,8 @@ class ModelRunner:
                 sampling.append(chunk)
         native = None
         groups: tuple[SingleGroup, ...] = ()
-        if singles and self.decode_kernel is not None:
-            native = self._native(singles, self.decode_kernel)
+        if self.decode_kernel is not None:
+            native = self._native(singles, multis, self.decode_kernel)
         else:
             groups = tuple(
                 self._group(singles[i : i + SINGLE_GROUP], i)
@@ -143,12 +143,22 @@ class ModelRunner:
         mask = (keys[None, :] < contexts[:, None])[:, None, None, :]
         return SingleGroup(start, len(chunks), padded, mask)
 
-    def _native(self, chunks: list[ScheduledChunk], kernel: DecodeKernel) -> NativeDecode:
+    def _native(
+        self, singles: list[ScheduledChunk], multis: list[ScheduledChunk], kernel: DecodeKernel
+    ) -> NativeDecode:
+        chunks = singles + multis
         width = max(self._blocks_covering(c) for c in chunks)
         tables = [c.seq.block_table.blocks[: self._blocks_covering(c)] for c in chunks]
         padded = self._tensor([t + [0] * (width - len(t)) for t in tables])
-        contexts = self._tensor([c.seq.num_computed + 1 for c in chunks])
-        return NativeDecode(len(chunks), padded, contexts, kernel)
+        row_seqs: list[int] = []
+        contexts: list[int] = []
+        for index, chunk in enumerate(chunks):
+            start = chunk.seq.num_computed
+            row_seqs.extend([index] * chunk.num_tokens)
+            contexts.extend(range(start + 1, start + chunk.num_tokens + 1))
+        return NativeDecode(
+            len(singles), padded, self._tensor(row_seqs), self._tensor(contexts), kernel
+        )
 
     def _blocks_covering(self, chunk: ScheduledChunk) -> int:
         return -(-(chunk.seq.num_computed + chunk.num_tokens) // self.block_size)

@@ -48,11 +48,16 @@ class SingleGroup:
 
 @dataclass(frozen=True)
 class NativeDecode:
-    """Single-token rows [0, count) of the step, attended in one native-kernel call."""
+    """The step's rows as the native kernels attend them, each row alone off the
+    cache: row r attends the first ``context_lens[r]`` tokens of the sequence whose
+    block table is ``block_tables[row_seqs[r]]``. The single-token rows [0, count)
+    come first, one sequence each, so theirs are ``block_tables[:count]``; the
+    torch path attends only those natively, the fused stack every row."""
 
     count: int
-    block_tables: torch.Tensor  # [count, max_blocks], padded with block 0
-    context_lens: torch.Tensor  # [count]
+    block_tables: torch.Tensor  # [num_seqs, max_blocks], padded with block 0
+    row_seqs: torch.Tensor  # [T]
+    context_lens: torch.Tensor  # [T], each row's position + 1
     kernel: DecodeKernel
 
 
@@ -102,10 +107,11 @@ def paged_attention(
     keys.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
     values.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    if meta.native is not None:
+    if meta.native is not None and meta.native.count:
         n = meta.native
         queries = q[: n.count].contiguous()
-        n.kernel(queries, keys, values, n.block_tables, n.context_lens, out[: n.count], scale)
+        tables, lens = n.block_tables[: n.count], n.context_lens[: n.count]
+        n.kernel(queries, keys, values, tables, lens, out[: n.count], scale)
     for group in meta.singles:
         b, rows = group.count, slice(group.start, group.start + group.count)
         kc = keys[group.block_tables].view(b, -1, kv_heads, head_dim).transpose(1, 2)

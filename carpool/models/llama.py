@@ -18,7 +18,7 @@ from torch import nn
 
 from carpool.models.attention import AttentionMetadata, paged_attention
 from carpool.models.decoder_config import DecoderConfig
-from carpool.models.llama_decode import LlamaDecodeStack
+from carpool.models.llama_stack import LlamaStack
 from carpool.models.native import KernelUnavailable
 from carpool.models.packed_linear import Linear, PackedWeight, QuantizedLinearKernel
 from carpool.models.rope import RotaryEmbedding
@@ -117,7 +117,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.decode_stack: LlamaDecodeStack | None = None
+        self.stack: LlamaStack | None = None
 
     def forward(
         self,
@@ -127,8 +127,8 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
-        if self.decode_stack is not None and LlamaDecodeStack.applies(x, meta):
-            return self.norm(self.decode_stack(x, positions, caches, meta))
+        if self.stack is not None and LlamaStack.applies(x, meta):
+            return self.norm(self.stack(x, positions, caches, meta))
         for layer, cache in zip(self.layers, caches, strict=True):
             x = layer(x, positions, cache, meta)
         return self.norm(x)
@@ -171,8 +171,8 @@ class LlamaForCausalLM(nn.Module):
     ) -> int:
         """Give each linear layer whose Hugging Face weights are all in ``packed``
         (with one block type) its blocks; None detaches. Returns how many got them.
-        When every decoder layer has them, steps of few single-token rows run on the
-        fused stack (``carpool.models.llama_decode``)."""
+        When every decoder layer has them, steps run on the fused stack
+        (``carpool.models.llama_stack``) where attention is native."""
         sources = {
             "qkv_proj": ["q_proj", "k_proj", "v_proj"],
             "gate_up_proj": ["gate_proj", "up_proj"],
@@ -194,12 +194,12 @@ class LlamaForCausalLM(nn.Module):
                 attached += 1
             else:
                 module.attach(None, None)
-        self.decode_stack = None
-        if kernel is not None and LlamaDecodeStack.usable(self):
+        self.stack = None
+        if kernel is not None and LlamaStack.usable(self):
             try:
-                self.decode_stack = LlamaDecodeStack(self)
+                self.stack = LlamaStack(self)
             except KernelUnavailable as exc:
-                log.info("decode steps run layer by layer: no fused stack (%s)", exc)
+                log.info("steps run layer by layer: no fused stack (%s)", exc)
         return attached
 
 

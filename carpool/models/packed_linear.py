@@ -8,7 +8,8 @@ streams is bound by arithmetic; the kernel then dequantizes strips of the weight
 once per step and runs its own register-tiled GEMM. Each weight the kernel uses is
 the float32 the file defines, the same value the float32 matrix holds (checked
 when the blocks are attached), so only the summation order differs from torch's
-float32 GEMM, which still runs larger steps (prompt chunks).
+float32 GEMM, which runs larger steps here (prompt chunks) when the model does not
+run them on its fused stack (``carpool.models.llama_stack``, any number of rows).
 """
 
 from __future__ import annotations

@@ -46,7 +46,9 @@ def attend(
             torch.empty(0, dtype=torch.long),
             (),
             (),
-            NativeDecode(len(contexts), padded, lens, compile_decode_kernel()),
+            NativeDecode(
+                len(contexts), padded, torch.arange(len(contexts)), lens, compile_decode_kernel()
+            ),
         )
     else:
         keys = torch.arange(width * block_size)

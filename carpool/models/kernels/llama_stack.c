@@ -1,6 +1,7 @@
-/* A whole Llama-family decoder stack for a step of single-token rows, in one call:
-   per layer RMSNorm, the fused QKV projection (+ bias), rotary embedding, the new
-   keys and values written to their cache slots, decode attention, the output
+/* A whole Llama-family decoder stack for one engine step, in one call: decodes and
+   prompt chunks alike are rows of a flat batch. Per layer RMSNorm, the fused QKV projection (+ bias), rotary embedding, the new
+   keys and values of every row written to their cache slots, then each row attending
+   its sequence's cache up to its own position (decode attention), the output
    projection and residual, RMSNorm, the fused gate/up projection, SiLU(gate) * up,
    the down projection and residual. The same arithmetic as the per-operation path
    (carpool/models/llama.py with the quantized-linear and decode-attention kernels),
@@ -9,7 +10,8 @@
    x: [rows, hidden] float32, the residual stream, updated in place.
    cos, sin: [rows, head_dim], each row's rotary factors (rotate-half layout).
    slots: [rows], where each row's key and value go (block * block_size + offset).
-   block_tables: [rows, max_blocks]; context_lens: [rows], counting the new token. */
+   block_tables: [num_seqs, max_blocks], one per sequence of the step;
+   row_seqs: [rows], each row's sequence; context_lens: [rows], each row's position + 1. */
 
 #include <math.h>
 #include <stdint.h>
@@ -50,9 +52,14 @@ static int linear(const Matrix *w, const float *x, float *y, int64_t rows, int t
     return failed;
 }
 
+/* Element-wise work is split over the threads only for steps with prompt chunks: for
+   a few decode rows it costs less than waking the threads. */
+#define PARALLEL_ROWS 64
+
 /* out = x / sqrt(mean(x^2) + eps) * weight, row by row (as torch's rms_norm) */
 static void rms_norm(const float *x, const float *weight, float *out, int64_t rows, int64_t size,
-                     float eps) {
+                     float eps, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows >= PARALLEL_ROWS)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * size;
         float squares = 0.f;
@@ -74,10 +81,16 @@ static void rotate(float *v, int64_t count, int64_t d, const float *cos, const f
         }
 }
 
-int llama_decode(const Layer *layers, int64_t num_layers, const Dims *dims, float *x,
-                 int64_t rows, const float *cos, const float *sin, const int64_t *slots,
-                 const int64_t *block_tables, int64_t max_blocks, const int64_t *context_lens,
-                 int num_threads) {
+/* x += delta */
+static void add_in_place(float *x, const float *delta, int64_t count, int threads) {
+#pragma omp parallel for simd schedule(static) num_threads(threads) if (count >= PARALLEL_ROWS * 256)
+    for (int64_t i = 0; i < count; i++) x[i] = x[i] + delta[i];
+}
+
+int llama_stack(const Layer *layers, int64_t num_layers, const Dims *dims, float *x,
+                int64_t rows, const float *cos, const float *sin, const int64_t *slots,
+                const int64_t *block_tables, int64_t max_blocks, const int64_t *row_seqs,
+                const int64_t *context_lens, int num_threads) {
     const int64_t hidden = dims->hidden, d = dims->head_dim;
     const int64_t q_size = dims->num_heads * d, kv_size = dims->num_kv_heads * d;
     const int64_t qkv_size = q_size + 2 * kv_size, inter = dims->intermediate;
@@ -93,9 +106,11 @@ int llama_decode(const Layer *layers, int64_t num_layers, const Dims *dims, floa
     int failed = !normed || !qkv || !queries || !attended || !gate_up || !act || !delta;
     for (int64_t l = 0; l < num_layers && !failed; l++) {
         const Layer *layer = layers + l;
-        rms_norm(x, layer->input_norm, normed, rows, hidden, dims->eps);
+        rms_norm(x, layer->input_norm, normed, rows, hidden, dims->eps, num_threads);
         failed |= linear(&layer->qkv, normed, qkv, rows, num_threads);
-        for (int64_t r = 0; r < rows && !failed; r++) {
+        if (failed) break;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (rows >= PARALLEL_ROWS)
+        for (int64_t r = 0; r < rows; r++) {
             float *row = qkv + r * qkv_size;
             rotate(row, dims->num_heads + dims->num_kv_heads, d, cos + r * d, sin + r * d);
             for (int64_t i = 0; i < q_size; i++) queries[r * q_size + i] = row[i];
@@ -107,17 +122,17 @@ int llama_decode(const Layer *layers, int64_t num_layers, const Dims *dims, floa
             }
         }
         failed |= attend_all(&shape, queries, layer->k_cache, layer->v_cache, block_tables,
-                             max_blocks, context_lens, rows, attended, num_threads);
+                             max_blocks, row_seqs, context_lens, rows, attended, num_threads);
         failed |= linear(&layer->o, attended, delta, rows, num_threads);
-        for (int64_t i = 0; i < rows * hidden; i++) x[i] = x[i] + delta[i];
-        rms_norm(x, layer->post_norm, normed, rows, hidden, dims->eps);
+        add_in_place(x, delta, rows * hidden, num_threads);
+        rms_norm(x, layer->post_norm, normed, rows, hidden, dims->eps, num_threads);
         failed |= linear(&layer->gate_up, normed, gate_up, rows, num_threads);
 #pragma omp parallel for schedule(static) num_threads(num_threads)
         for (int64_t r = 0; r < rows; r++)
             silu_times(gate_up + r * 2 * inter, gate_up + r * 2 * inter + inter, act + r * inter,
                        inter);
         failed |= linear(&layer->down, act, delta, rows, num_threads);
-        for (int64_t i = 0; i < rows * hidden; i++) x[i] = x[i] + delta[i];
+        add_in_place(x, delta, rows * hidden, num_threads);
     }
     free(normed);
     free(qkv);

@@ -1,14 +1,15 @@
-"""A Llama-family model's whole decoder stack for a step of single-token rows, in
-one native call (``kernels/llama_decode.c``).
+"""A Llama-family model's whole decoder stack for one engine step, in one native
+call (``kernels/llama_stack.c``).
 
 A decode step of one or a few streams on the CPU spends as long in the several
 hundred torch calls of its small operations (norms, rotary, residuals, the cache
-write) as in its matrix products; the fused stack runs the same arithmetic, over the
-same quantized blocks and the same decode attention, without them. It is used when
-every linear layer of every decoder layer has its blocks, the step's rows are all
-single-token rows attended by the native decode kernel, and there are at most
-``MAX_KERNEL_ROWS`` of them (beyond, the float32 GEMM is faster); otherwise the
-model runs layer by layer in torch.
+write) as in its matrix products; a step with prompt chunks spends a fifth of its
+time in torch's element-wise passes over large intermediates. The fused stack runs
+the same arithmetic, over the same quantized blocks, without them: every row of the
+step, decode or prompt, attends its own sequence's cache up to its own position with
+the decode-attention code, so a row's result does not depend on how its prompt was
+chunked. It is used when every linear layer of every decoder layer has its blocks
+and attention is native; otherwise the model runs layer by layer in torch.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 
 from carpool.models.attention import AttentionMetadata
 from carpool.models.native import check_tensors, load_library
-from carpool.models.packed_linear import MAX_KERNEL_ROWS, BlockType, Linear
+from carpool.models.packed_linear import BlockType, Linear
 
 if TYPE_CHECKING:
     from carpool.models.llama import LlamaForCausalLM, LlamaLayer
@@ -70,7 +71,7 @@ class _Dims(ctypes.Structure):
 
 @functools.cache
 def _function() -> Any:
-    function = load_library("llama_decode").llama_decode
+    function = load_library("llama_stack").llama_stack
     function.restype = ctypes.c_int
     function.argtypes = [
         ctypes.c_void_p,  # layers
@@ -83,6 +84,7 @@ def _function() -> Any:
         ctypes.c_void_p,  # slots
         ctypes.c_void_p,  # block_tables
         ctypes.c_int64,  # max_blocks
+        ctypes.c_void_p,  # row_seqs
         ctypes.c_void_p,  # context_lens
         ctypes.c_int,  # num_threads
     ]
@@ -108,8 +110,8 @@ def _decoder_layers(model: LlamaForCausalLM) -> list[LlamaLayer]:
     return [cast("LlamaLayer", layer) for layer in model.layers]
 
 
-class LlamaDecodeStack:
-    """Runs ``model``'s decoder layers on a step of single-token rows. Built only
+class LlamaStack:
+    """Runs ``model``'s decoder layers on a step. Built only
     when every decoder layer's linear layers have their blocks (``usable``).
 
     It remembers which KV caches it last wrote (rebinding when another engine's
@@ -158,15 +160,9 @@ class LlamaDecodeStack:
 
     @staticmethod
     def applies(x: torch.Tensor, meta: AttentionMetadata) -> bool:
-        """Whether a step with hidden states ``x`` and ``meta`` can run fused: all its
-        rows single-token rows on the native decode kernel, few enough of them."""
-        native = meta.native
-        return (
-            native is not None
-            and not meta.prefills
-            and native.count == x.shape[0] <= MAX_KERNEL_ROWS
-            and x.dtype == torch.float32
-        )
+        """Whether a step with hidden states ``x`` and ``meta`` can run fused: its
+        attention native, its rows float32."""
+        return meta.native is not None and x.dtype == torch.float32
 
     def __call__(
         self,
@@ -187,6 +183,7 @@ class LlamaDecodeStack:
             x=(x, torch.float32),
             slots=(meta.slot_mapping, torch.int64),
             block_tables=(native.block_tables, torch.int64),
+            row_seqs=(native.row_seqs, torch.int64),
             context_lens=(native.context_lens, torch.int64),
         )
         failed = self._function(
@@ -200,11 +197,12 @@ class LlamaDecodeStack:
             meta.slot_mapping.data_ptr(),
             native.block_tables.data_ptr(),
             native.block_tables.shape[1],
+            native.row_seqs.data_ptr(),
             native.context_lens.data_ptr(),
             torch.get_num_threads(),
         )
         if failed:
-            raise MemoryError("the fused decode step could not allocate its buffers")
+            raise MemoryError("the fused step could not allocate its buffers")
         return x
 
     def _bind(self, caches: Sequence[torch.Tensor]) -> None:

@@ -1,0 +1,210 @@
+"""The fused stack: an engine step (decodes, prompt chunks or both) runs every
+decoder layer in one native call and gives what the layer-by-layer path gives,
+however the prompts are chunked or cached; it runs exactly where it applies, and
+the kernel settings turn it off."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+from safetensors.torch import load_file, save_file
+
+from carpool.config import EngineConfig
+from carpool.engine.engine import Engine
+from carpool.engine.sampling_params import SamplingParams
+from carpool.models.attention import AttentionMetadata, NativeDecode, PrefillSegment
+from carpool.models.causal_lm import LoadedLM, load_causal_lm
+from carpool.models.decode_kernel import compile_decode_kernel
+from carpool.models.llama import LlamaForCausalLM
+from carpool.models.llama_stack import LlamaStack
+from carpool.models.packed_linear import BlockType, PackedWeight, quantized_linear_kernel
+from tests import tiny_models
+
+KINDS = {BlockType.Q4_1: GGMLQuantizationType.Q4_1, BlockType.Q8_0: GGMLQuantizationType.Q8_0}
+PROMPTS = [[5 + i for i in range(n)] for n in (3, 17, 40, 9, 64)]
+
+
+def tiny_with_blocks(arch: str, folder: Path, smollm_folder: Path, kind: BlockType) -> LoadedLM:
+    """A tiny random ``arch`` model whose decoder linear weights are ``kind`` blocks
+    (the float32 weights are what the blocks hold), with the blocks attached."""
+    tiny_models.build(arch, folder, smollm_folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    packed = {}
+    for name, weight in tensors.items():
+        if ".layers." in name and name.endswith("proj.weight"):
+            raw = quantize(weight.numpy(), KINDS[kind])
+            values = np.array(dequantize(raw, KINDS[kind]), dtype=np.float32)
+            tensors[name] = torch.from_numpy(values).reshape(weight.shape)
+            packed[name] = PackedWeight.from_gguf_blocks(kind, raw)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    lm = load_causal_lm(folder, progress=False, weight_kernel="torch")
+    model = lm.model
+    assert isinstance(model, LlamaForCausalLM)
+    assert model.attach_packed(packed, quantized_linear_kernel()) == 4 * lm.config.num_layers
+    return lm
+
+
+class Counting:
+    """Wraps a stack and counts the rows of each step it runs."""
+
+    def __init__(self, stack: LlamaStack) -> None:
+        self.stack, self.rows = stack, list[int]()
+
+    def __call__(self, x: torch.Tensor, *args: Any) -> torch.Tensor:
+        self.rows.append(x.shape[0])
+        return self.stack(x, *args)
+
+
+@contextmanager
+def stack_replaced(lm: LoadedLM, replacement: Any) -> Iterator[None]:
+    model = lm.model
+    assert isinstance(model, LlamaForCausalLM)
+    kept = model.stack
+    model.stack = replacement
+    try:
+        yield
+    finally:
+        model.stack = kept
+
+
+NEW_TOKENS = 12
+
+
+def run(eng: Engine, prompts: list[list[int]], first: int = 0) -> dict[str, Any]:
+    """Each prompt's finished output (greedy, top-3 logprobs), all running together."""
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True, logprobs=3)
+    for i, prompt in enumerate(prompts, start=first):
+        eng.add_request(str(i), prompt, params)
+    results: dict[str, Any] = {}
+    while eng.has_work:
+        for out in eng.step():
+            if out.finished:
+                results[out.request_id] = out
+    return results
+
+
+def generate(lm: LoadedLM, prompts: list[list[int]], **engine: Any) -> dict[str, Any]:
+    return run(Engine(lm, EngineConfig(kv_cache_memory="16MiB", block_size=16, **engine)), prompts)
+
+
+def assert_same(fused: dict[str, Any], plain: dict[str, Any]) -> None:
+    assert fused.keys() == plain.keys()
+    for key, request in plain.items():
+        expected, got = request.outputs[0], fused[key].outputs[0]
+        assert got.token_ids == expected.token_ids
+        for ours, theirs in zip(got.logprobs, expected.logprobs, strict=True):
+            assert [t for t, _ in ours.top] == [t for t, _ in theirs.top]
+            np.testing.assert_allclose(
+                [p for _, p in ours.top], [p for _, p in theirs.top], rtol=1e-4, atol=1e-5
+            )
+
+
+@pytest.mark.parametrize(
+    ("arch", "kind"),
+    [
+        ("llama", BlockType.Q4_1),
+        ("mistral", BlockType.Q8_0),
+        ("qwen2", BlockType.Q4_1),  # QKV bias
+    ],
+)
+def test_the_stack_gives_the_layer_by_layer_results(
+    arch: str, kind: BlockType, tmp_path: Path, smollm_folder: Path
+) -> None:
+    lm = tiny_with_blocks(arch, tmp_path / arch, smollm_folder, kind)
+    model = lm.model
+    assert isinstance(model, LlamaForCausalLM) and model.stack is not None
+    counting = Counting(model.stack)
+    with stack_replaced(lm, counting):
+        fused = generate(lm, PROMPTS)
+    with stack_replaced(lm, None):
+        plain = generate(lm, PROMPTS)
+    # Every token of every step ran fused: the prompts, then the decodes.
+    assert sum(counting.rows) == sum(map(len, PROMPTS)) + len(PROMPTS) * (NEW_TOKENS - 1)
+    assert counting.rows[0] == sum(map(len, PROMPTS)) and counting.rows[-1] == len(PROMPTS)
+    assert_same(fused, plain)
+
+
+def test_chunked_and_cached_prompts_on_the_stack(tmp_path: Path, smollm_folder: Path) -> None:
+    """A budget of 16 tokens chunks the prompts and mixes their chunks with the
+    running decodes; a second wave reuses the first's cached prefixes. Each row
+    attends up to its own position, as the layer-by-layer path attends it."""
+    lm = tiny_with_blocks("llama", tmp_path / "llama", smollm_folder, BlockType.Q8_0)
+    model = lm.model
+    assert isinstance(model, LlamaForCausalLM) and model.stack is not None
+    again = [[*p, 7, 8, 9] for p in PROMPTS if len(p) >= 16]
+
+    def both_waves() -> dict[str, Any]:
+        eng = Engine(
+            lm, EngineConfig(kv_cache_memory="16MiB", block_size=16, max_num_batched_tokens=16)
+        )
+        results = run(eng, PROMPTS)
+        results.update(run(eng, again, first=len(PROMPTS)))
+        return results
+
+    counting = Counting(model.stack)
+    with stack_replaced(lm, counting):
+        fused = both_waves()
+    with stack_replaced(lm, None):
+        plain = both_waves()
+    cached = sum(out.num_cached_tokens for out in fused.values())
+    assert cached >= 16 * len(again)
+    prompts = PROMPTS + again
+    computed = sum(map(len, prompts)) - cached + len(prompts) * (NEW_TOKENS - 1)
+    assert max(counting.rows) == 16 and sum(counting.rows) == computed
+    assert_same(fused, plain)
+
+
+def test_the_builtin_model_decodes_on_the_stack(smollm: LoadedLM) -> None:
+    model = smollm.model
+    assert isinstance(model, LlamaForCausalLM) and model.stack is not None
+    prompts = [smollm.tokenizer.encode(t) for t in ("The three primary colours are", "Hi")]
+    counting = Counting(model.stack)
+    with stack_replaced(smollm, counting):
+        fused = generate(smollm, prompts)
+    with stack_replaced(smollm, None):
+        plain = generate(smollm, prompts)
+    assert counting.rows
+
+    def tokens(results: dict[str, Any]) -> dict[str, list[int]]:
+        return {k: v.outputs[0].token_ids for k, v in results.items()}
+
+    assert tokens(fused) == tokens(plain)
+
+
+def test_torch_attention_turns_the_stack_off(smollm: LoadedLM, smollm_folder: Path) -> None:
+    model = smollm.model
+    assert isinstance(model, LlamaForCausalLM) and model.stack is not None
+    counting = Counting(model.stack)
+    with stack_replaced(smollm, counting):
+        generate(smollm, PROMPTS[:2], attention_kernel="torch")
+    assert counting.rows == []
+    plain = load_causal_lm(smollm_folder, progress=False, weight_kernel="torch").model
+    assert isinstance(plain, LlamaForCausalLM) and plain.stack is None
+
+
+def meta(rows: int, prefill: bool = False, native: bool = True) -> AttentionMetadata:
+    seqs = rows + 1 if prefill else rows
+    tables = torch.zeros(seqs, 1, dtype=torch.long)
+    row_seqs = torch.tensor(list(range(rows)) + [rows] * 4 * prefill)
+    lens = torch.tensor([1] * rows + [1, 2, 3, 4] * prefill)
+    kernel = compile_decode_kernel()
+    decode = NativeDecode(rows, tables, row_seqs, lens, kernel) if native else None
+    segments = (PrefillSegment(rows, 4, 0, torch.zeros(1, dtype=torch.long), None),)
+    return AttentionMetadata(
+        torch.zeros(len(lens), dtype=torch.long), (), segments if prefill else (), decode
+    )
+
+
+def test_the_stack_applies_where_attention_is_native_and_rows_are_float32() -> None:
+    assert LlamaStack.applies(torch.zeros(300, 8), meta(300))
+    assert LlamaStack.applies(torch.zeros(6, 8), meta(2, prefill=True))
+    assert not LlamaStack.applies(torch.zeros(6, 8), meta(2, prefill=True, native=False))
+    assert not LlamaStack.applies(torch.zeros(6, 8).double(), meta(2, prefill=True))
