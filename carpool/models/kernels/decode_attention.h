@@ -131,19 +131,17 @@ static void attend_sequence(const AttentionShape *a, const float *q_seq, const f
         attend_head(a, q_seq + h * d, k_cache, v_cache, table, len, h, scores, out_seq + h * d);
 }
 
-/* Every head of every row: q, out [rows, num_heads, head_dim]; row r attends the
-   first context_lens[r] (>= 1) tokens of the sequence whose block table is
-   block_tables[row_seqs[r]] (of [num_seqs, max_blocks]); row_seqs NULL: row r's own,
-   block_tables[r]. Rows of one prompt being prefilled share a table, each attending
-   up to its own position. Returns nonzero when scratch could not be allocated. */
+/* Every head of every sequence: q, out [num_seqs, num_heads, head_dim];
+   block_tables [num_seqs, max_blocks]; context_lens [num_seqs], each >= 1.
+   Returns nonzero when scratch could not be allocated. */
 static int attend_all(const AttentionShape *a, const float *q, const float *k_cache,
                       const float *v_cache, const int64_t *block_tables, int64_t max_blocks,
-                      const int64_t *row_seqs, const int64_t *context_lens, int64_t rows,
-                      float *out, int num_threads) {
+                      const int64_t *context_lens, int64_t num_seqs, float *out,
+                      int num_threads) {
     int64_t longest = 1;
-    for (int64_t r = 0; r < rows; r++)
-        if (context_lens[r] > longest) longest = context_lens[r];
-    const int64_t row_size = a->num_heads * a->head_dim;
+    for (int64_t s = 0; s < num_seqs; s++)
+        if (context_lens[s] > longest) longest = context_lens[s];
+    const int64_t seq_size = a->num_heads * a->head_dim;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads)
     {
@@ -153,11 +151,10 @@ static int attend_all(const AttentionShape *a, const float *q, const float *k_ca
             failed = 1;
         }
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t r = 0; r < rows; r++) {
+        for (int64_t s = 0; s < num_seqs; s++) {
             if (scores == NULL) continue;
-            const int64_t *table = block_tables + (row_seqs ? row_seqs[r] : r) * max_blocks;
-            attend_sequence(a, q + r * row_size, k_cache, v_cache, table, context_lens[r], scores,
-                            out + r * row_size);
+            attend_sequence(a, q + s * seq_size, k_cache, v_cache, block_tables + s * max_blocks,
+                            context_lens[s], scores, out + s * seq_size);
         }
         free(scores);
     }

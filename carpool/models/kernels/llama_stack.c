@@ -1,7 +1,7 @@
 /* A whole Llama-family decoder stack for one engine step, in one call: decodes and
    prompt chunks alike are rows of a flat batch. Per layer RMSNorm, the fused QKV projection (+ bias), rotary embedding, the new
    keys and values of every row written to their cache slots, then each row attending
-   its sequence's cache up to its own position (decode attention), the output
+   its sequence's cache up to its own position (prefill_attention.h), the output
    projection and residual, RMSNorm, the fused gate/up projection, SiLU(gate) * up,
    the down projection and residual. The same arithmetic as the per-operation path
    (carpool/models/llama.py with the quantized-linear and decode-attention kernels),
@@ -17,7 +17,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "decode_attention.h"
+#include "prefill_attention.h"
 #include "quantized_linear.h"
 #include "vector_math.h"
 
@@ -121,8 +121,8 @@ int llama_stack(const Layer *layers, int64_t num_layers, const Dims *dims, float
                 v_slot[i] = row[q_size + kv_size + i];
             }
         }
-        failed |= attend_all(&shape, queries, layer->k_cache, layer->v_cache, block_tables,
-                             max_blocks, row_seqs, context_lens, rows, attended, num_threads);
+        failed |= attend_rows(&shape, queries, layer->k_cache, layer->v_cache, block_tables,
+                              max_blocks, row_seqs, context_lens, rows, attended, num_threads);
         failed |= linear(&layer->o, attended, delta, rows, num_threads);
         add_in_place(x, delta, rows * hidden, num_threads);
         rms_norm(x, layer->post_norm, normed, rows, hidden, dims->eps, num_threads);

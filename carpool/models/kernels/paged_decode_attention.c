@@ -12,6 +12,6 @@ int paged_decode_attention(const float *q, const float *k_cache, const float *v_
                            int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
                            int64_t max_blocks, float scale, int num_threads) {
     const AttentionShape a = {num_heads, num_kv_heads, head_dim, block_size, scale};
-    return attend_all(&a, q, k_cache, v_cache, block_tables, max_blocks, NULL, context_lens,
-                      num_seqs, out, num_threads);
+    return attend_all(&a, q, k_cache, v_cache, block_tables, max_blocks, context_lens, num_seqs,
+                      out, num_threads);
 }

@@ -1,0 +1,272 @@
+/* Attention for every row of an engine step straight off the paged KV cache, as the
+   fused stack needs it: single-token rows (decodes) with decode_attention.h, and the
+   rows of each prompt chunk together, since they share their sequence's keys.
+
+   A chunk's rows are cut into tiles of ROW_TILE rows; per (tile, kv head) the keys
+   up to the tile's last position are gathered once, transposed, so that the scores
+   of one query against KEY_TILE keys are KEY_TILE / 8 vector sums over the head's
+   dimensions (no horizontal sum per key, which is what bounds the decode code), and
+   the query heads that read the same kv head share each load of the keys.
+
+   A row attends the first context_lens[r] tokens of its sequence. Each score is
+   summed over the head dimension in order, then scaled; the softmax (maximum
+   subtracted, float32) and the weighted sum of the values run over the keys in
+   order. Nothing depends on the tile a row falls in or on the rest of the batch, so
+   a prompt row's result is the same however its prompt is chunked (as long as its
+   chunk has more than one row: a lone row is attended as a decode, whose dot
+   products sum in another order). */
+
+#ifndef CARPOOL_PREFILL_ATTENTION_H
+#define CARPOOL_PREFILL_ATTENTION_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "decode_attention.h"
+#include "vector_math.h"
+
+#define KEY_TILE 32 /* keys scored together: four AVX2 vectors */
+#define ROW_TILE 16 /* rows of one chunk per work item */
+#define HEAD_TILE 3 /* query heads scored together */
+
+typedef struct {
+    int64_t first_row, rows; /* the chunk's rows */
+    int64_t len, width;      /* keys its last row attends; len rounded up to KEY_TILE */
+    float *keys, *values;    /* gathered: per kv head [d][width] keys, [width][d] values */
+} Chunk;
+
+typedef struct {
+    int64_t first_row, rows; /* rows == 1 and chunk < 0: a single-token row (a decode) */
+    int64_t chunk, kv_head;
+} AttentionItem;
+
+/* kt[j * width + t] = key t of kv head g at dimension j for t < len, zero up to width;
+   v[t * d + j] = its value */
+static void gather_head(const AttentionShape *a, const float *k_cache, const float *v_cache,
+                        const int64_t *table, int64_t len, int64_t g, int64_t width, float *kt,
+                        float *v) {
+    const int64_t d = a->head_dim, stride = a->num_kv_heads * d, bs = a->block_size;
+    for (int64_t b = 0, t = 0; t < len; b++) {
+        const float *kb = k_cache + table[b] * bs * stride + g * d;
+        const float *vb = v_cache + table[b] * bs * stride + g * d;
+        for (int64_t i = 0; i < bs && t < len; i++, t++) {
+            for (int64_t j = 0; j < d; j++) {
+                kt[j * width + t] = kb[i * stride + j];
+                v[t * d + j] = vb[i * stride + j];
+            }
+        }
+    }
+    for (int64_t j = 0; j < d; j++)
+        for (int64_t t = len; t < width; t++) kt[j * width + t] = 0.f;
+}
+
+/* scores[c * stride + i] = scale * (q_c . key i) for COUNT heads (q_c = q + c * d) and
+   the KEY_TILE keys of kt (columns of [d][width]); each dot summed over j in order */
+static inline __attribute__((always_inline)) void score_tile(int count, const float *q,
+                                                             int64_t d, const float *kt,
+                                                             int64_t width, float scale,
+                                                             float *scores, int64_t stride) {
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 acc[HEAD_TILE][4];
+    for (int c = 0; c < count; c++)
+        for (int i = 0; i < 4; i++) acc[c][i] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < d; j++) {
+        const float *row = kt + j * width;
+        const __m256 k0 = _mm256_loadu_ps(row), k1 = _mm256_loadu_ps(row + 8);
+        const __m256 k2 = _mm256_loadu_ps(row + 16), k3 = _mm256_loadu_ps(row + 24);
+        for (int c = 0; c < count; c++) {
+            const __m256 qc = _mm256_broadcast_ss(q + c * d + j);
+            acc[c][0] = _mm256_fmadd_ps(qc, k0, acc[c][0]);
+            acc[c][1] = _mm256_fmadd_ps(qc, k1, acc[c][1]);
+            acc[c][2] = _mm256_fmadd_ps(qc, k2, acc[c][2]);
+            acc[c][3] = _mm256_fmadd_ps(qc, k3, acc[c][3]);
+        }
+    }
+    const __m256 s = _mm256_set1_ps(scale);
+    for (int c = 0; c < count; c++)
+        for (int i = 0; i < 4; i++)
+            _mm256_storeu_ps(scores + c * stride + 8 * i, _mm256_mul_ps(acc[c][i], s));
+#else
+    for (int c = 0; c < count; c++)
+        for (int64_t i = 0; i < KEY_TILE; i++) {
+            float dot = 0.f;
+            for (int64_t j = 0; j < d; j++) dot = fmaf(q[c * d + j], kt[j * width + i], dot);
+            scores[c * stride + i] = dot * scale;
+        }
+#endif
+}
+
+/* the largest of v[0..count) (exact in any order) */
+static float maximum_of(const float *v, int64_t count) {
+    float maximum = -INFINITY;
+    int64_t t = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    for (; t + 8 <= count; t += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(v + t));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, m);
+    for (int i = 0; i < 8; i++)
+        if (lanes[i] > maximum) maximum = lanes[i];
+#endif
+    for (; t < count; t++)
+        if (v[t] > maximum) maximum = v[t];
+    return maximum;
+}
+
+/* out[j] += sum over t < count of p[t] * v[t * d + j], t in order */
+static void add_weighted_values(const float *p, const float *v, int64_t count, int64_t d,
+                                float *out) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (d % 64 == 0) {
+        for (int64_t j0 = 0; j0 < d; j0 += 64) {
+            __m256 acc[8];
+            for (int i = 0; i < 8; i++) acc[i] = _mm256_loadu_ps(out + j0 + 8 * i);
+            for (int64_t t = 0; t < count; t++) {
+                const __m256 pt = _mm256_set1_ps(p[t]);
+                const float *vt = v + t * d + j0;
+                for (int i = 0; i < 8; i++)
+                    acc[i] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vt + 8 * i), acc[i]);
+            }
+            for (int i = 0; i < 8; i++) _mm256_storeu_ps(out + j0 + 8 * i, acc[i]);
+        }
+        return;
+    }
+#endif
+    for (int64_t t = 0; t < count; t++)
+        for (int64_t j = 0; j < d; j++) out[j] = fmaf(p[t], v[t * d + j], out[j]);
+}
+
+/* Rows [first, first + count) of chunk c, the query heads of kv head g. Keys are the
+   outer loop (a tile of them stays in cache while every row scores it); scores:
+   scratch of count * group * c->width floats. */
+static void attend_chunk_tile(const AttentionShape *a, const float *q, const Chunk *c,
+                              const int64_t *context_lens, int64_t first, int64_t count,
+                              int64_t g, float *scores, float *out) {
+    const int64_t d = a->head_dim, heads = a->num_heads, width = c->width;
+    const int64_t group = heads / a->num_kv_heads, row_size = heads * d;
+    const float *kt = c->keys + g * d * width, *v = c->values + g * width * d;
+    const int64_t last = context_lens[first + count - 1];
+    for (int64_t t0 = 0; t0 < last; t0 += KEY_TILE)
+        for (int64_t r = 0; r < count; r++) {
+            if (t0 >= context_lens[first + r]) continue;
+            for (int64_t h = 0; h < group; h += HEAD_TILE) {
+                const int64_t n = group - h < HEAD_TILE ? group - h : HEAD_TILE;
+                const float *qh = q + (first + r) * row_size + (g * group + h) * d;
+                float *sh = scores + (r * group + h) * width + t0;
+                if (n == 3)
+                    score_tile(3, qh, d, kt + t0, width, a->scale, sh, width);
+                else if (n == 2)
+                    score_tile(2, qh, d, kt + t0, width, a->scale, sh, width);
+                else
+                    score_tile(1, qh, d, kt + t0, width, a->scale, sh, width);
+            }
+        }
+    float sums[ROW_TILE * MAX_HEADS];
+    for (int64_t r = 0; r < count; r++)
+        for (int64_t h = 0; h < group; h++) {
+            const int64_t len = context_lens[first + r];
+            float *p = scores + (r * group + h) * width;
+            sums[r * group + h] = exp_shifted(p, maximum_of(p, len), p, len);
+            float *o = out + (first + r) * row_size + (g * group + h) * d;
+            for (int64_t j = 0; j < d; j++) o[j] = 0.f;
+        }
+    for (int64_t t0 = 0; t0 < last; t0 += KEY_TILE)
+        for (int64_t r = 0; r < count; r++) {
+            const int64_t len = context_lens[first + r];
+            const int64_t n = len - t0 < KEY_TILE ? len - t0 : KEY_TILE;
+            for (int64_t h = 0; h < group && n > 0; h++)
+                add_weighted_values(scores + (r * group + h) * width + t0, v + t0 * d, n, d,
+                                    out + (first + r) * row_size + (g * group + h) * d);
+        }
+    for (int64_t r = 0; r < count; r++)
+        for (int64_t h = 0; h < group; h++) {
+            const float inverse = 1.f / sums[r * group + h];
+            float *o = out + (first + r) * row_size + (g * group + h) * d;
+            for (int64_t j = 0; j < d; j++) o[j] *= inverse;
+        }
+}
+
+/* Every row of a step: q, out [rows, num_heads, head_dim]; row r belongs to the
+   sequence with block table block_tables[row_seqs[r]] (of [num_seqs, max_blocks]) and
+   attends its first context_lens[r] tokens. A prompt chunk is a run of rows of one
+   sequence at consecutive positions. Returns nonzero when memory ran out. */
+static int attend_rows(const AttentionShape *a, const float *q, const float *k_cache,
+                       const float *v_cache, const int64_t *block_tables, int64_t max_blocks,
+                       const int64_t *row_seqs, const int64_t *context_lens, int64_t rows,
+                       float *out, int num_threads) {
+    const int64_t kv_heads = a->num_kv_heads, d = a->head_dim, row_size = a->num_heads * d;
+    const int64_t group = a->num_heads / kv_heads;
+    Chunk *chunks = malloc(sizeof(Chunk) * (size_t)rows);
+    AttentionItem *items = malloc(sizeof(AttentionItem) * (size_t)(rows * kv_heads));
+    int64_t num_chunks = 0, count = 0, longest = 1, widest = KEY_TILE, gathered = 0;
+    for (int64_t r = 0; r < rows && chunks && items;) {
+        int64_t end = r + 1;
+        while (end < rows && row_seqs[end] == row_seqs[r] &&
+               context_lens[end] == context_lens[end - 1] + 1)
+            end++;
+        const int64_t len = context_lens[end - 1];
+        if (len > longest) longest = len;
+        if (end - r == 1) {
+            items[count++] = (AttentionItem){r, 1, -1, 0};
+        } else {
+            const int64_t width = (len + KEY_TILE - 1) / KEY_TILE * KEY_TILE;
+            if (width > widest) widest = width;
+            chunks[num_chunks] = (Chunk){r, end - r, len, width, NULL, NULL};
+            gathered += kv_heads * d * width;
+            for (int64_t first = r; first < end; first += ROW_TILE)
+                for (int64_t g = 0; g < kv_heads; g++)
+                    items[count++] = (AttentionItem){
+                        first, end - first < ROW_TILE ? end - first : ROW_TILE, num_chunks, g};
+            num_chunks++;
+        }
+        r = end;
+    }
+    float *keys = malloc(sizeof(float) * (size_t)(2 * gathered + 1));
+    int failed = !chunks || !items || !keys || group > MAX_HEADS;
+    for (int64_t i = 0, offset = 0; i < num_chunks && !failed; i++) {
+        chunks[i].keys = keys + offset;
+        chunks[i].values = keys + gathered + offset;
+        offset += kv_heads * d * chunks[i].width;
+    }
+    const int64_t score_size = a->num_heads * longest > ROW_TILE * group * widest
+                                   ? a->num_heads * longest
+                                   : ROW_TILE * group * widest;
+#pragma omp parallel num_threads(num_threads) if (!failed)
+    {
+        float *scores = failed ? NULL : malloc(sizeof(float) * (size_t)score_size);
+        if (scores == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t i = 0; i < num_chunks * kv_heads; i++) {
+            if (scores == NULL) continue;
+            const Chunk *c = chunks + i / kv_heads;
+            const int64_t g = i % kv_heads;
+            gather_head(a, k_cache, v_cache, block_tables + row_seqs[c->first_row] * max_blocks,
+                        c->len, g, c->width, c->keys + g * d * c->width,
+                        c->values + g * c->width * d);
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t i = 0; i < count; i++) {
+            if (scores == NULL) continue;
+            const AttentionItem it = items[i];
+            if (it.chunk < 0) {
+                const int64_t *table = block_tables + row_seqs[it.first_row] * max_blocks;
+                attend_sequence(a, q + it.first_row * row_size, k_cache, v_cache, table,
+                                context_lens[it.first_row], scores, out + it.first_row * row_size);
+            } else {
+                attend_chunk_tile(a, q, chunks + it.chunk, context_lens, it.first_row, it.rows,
+                                  it.kv_head, scores, out);
+            }
+        }
+        free(scores);
+    }
+    free(chunks);
+    free(items);
+    free(keys);
+    return failed;
+}
+
+#endif
