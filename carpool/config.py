@@ -173,9 +173,10 @@ class EngineConfig:
         "Token budget of one engine step (decodes plus prompt chunks); a longer prompt is "
         "prefilled in chunks of at most this size. Smaller: shorter steps for the running "
         "streams while prompts prefill; larger: more throughput.",
-        # 64 streams here: inter-token p99 0.41 s at 192 against 0.49-0.54 s at 256,
-        # for 5% less throughput (BENCHMARKS.md).
-        default=192,
+        # 64 streams here, with prompt chunks on the fused stack: 256 gave 248 tok/s
+        # and inter-token p99 0.40 s, against 221 tok/s and 0.38 s at 192 and 254 tok/s
+        # and 0.55 s at 384, back to back (BENCHMARKS.md).
+        default=256,
     )
     max_num_seqs: int = _help("Most sequences running in one engine step.", default=128)
     max_model_len: int = _help(
