@@ -173,10 +173,11 @@ class EngineConfig:
         "Token budget of one engine step (decodes plus prompt chunks); a longer prompt is "
         "prefilled in chunks of at most this size. Smaller: shorter steps for the running "
         "streams while prompts prefill; larger: more throughput.",
-        # 64 streams here, with prompt chunks on the fused stack: 256 gave 248 tok/s
-        # and inter-token p99 0.40 s, against 221 tok/s and 0.38 s at 192 and 254 tok/s
-        # and 0.55 s at 384, back to back (BENCHMARKS.md).
-        default=256,
+        # 64 streams here, prompt chunks on the fused stack: inter-token p99 0.37-0.38 s
+        # at 192 against 0.40-0.47 s at 256 and 0.55 s at 384, in four runs; the
+        # throughput difference (221-239 vs 227-248 tok/s) was within run-to-run noise
+        # (BENCHMARKS.md).
+        default=192,
     )
     max_num_seqs: int = _help("Most sequences running in one engine step.", default=128)
     max_model_len: int = _help(
