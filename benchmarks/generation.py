@@ -5,6 +5,7 @@ EOS ignored, the built-in smollm2-135m-instruct in float32. Each system runs in
 its own subprocess so its peak memory is its own.
 
     python -m benchmarks.generation [--workload uniform|mixed] [--hf-single-requests 4]
+                                    [--device cpu|cuda]
 
 transformers one-at-a-time runs on the first ``--hf-single-requests`` requests only
 (its rate does not depend on how many there are; all 64 would take ~10 minutes).
@@ -30,10 +31,12 @@ MODEL = "smollm2-135m-instruct"
 VOCAB = 49152
 
 
-def run_carpool(workload: list[tuple[list[int], int]], engine: dict[str, Any]) -> dict[str, Any]:
+def run_carpool(
+    workload: list[tuple[list[int], int]], engine: dict[str, Any], device: str
+) -> dict[str, Any]:
     from carpool import LLM, SamplingParams
 
-    llm = LLM(MODEL, **engine)
+    llm = LLM(MODEL, device=device, **engine)
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for _, n in workload]
     # Warm up on other prompts: the workload's own would be in the prefix cache.
     warm = token_prompts(2, 32, 64, VOCAB, seed=99)
@@ -56,11 +59,12 @@ def _hf_model() -> Any:
     return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
 
 
-def run_hf(workload: list[tuple[list[int], int]], batch: int) -> dict[str, Any]:
-    model = _hf_model()
+def run_hf(workload: list[tuple[list[int], int]], batch: int, device: str) -> dict[str, Any]:
+    model = _hf_model().to(device)
     tokens = 0
     with torch.inference_mode():
-        model.generate(torch.tensor([workload[0][0][:8]]), max_new_tokens=2, do_sample=False)
+        warm = torch.tensor([workload[0][0][:8]], device=device)
+        model.generate(warm, max_new_tokens=2, do_sample=False)
         started = time.perf_counter()
         for i in range(0, len(workload), batch):
             group = workload[i : i + batch]
@@ -72,14 +76,16 @@ def run_hf(workload: list[tuple[list[int], int]], batch: int) -> dict[str, Any]:
                 mask[row, width - len(p) :] = 1
             new = max(n for _, n in group)
             model.generate(
-                ids,
-                attention_mask=mask,
+                ids.to(device),
+                attention_mask=mask.to(device),
                 max_new_tokens=new,
                 min_new_tokens=new,
                 do_sample=False,
                 pad_token_id=0,
             )
             tokens += sum(n for _, n in group)  # each row's own budget counts, not padding
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
         elapsed = time.perf_counter() - started
     return {"tokens": tokens, "seconds": elapsed}
 
@@ -89,12 +95,14 @@ def child(args: argparse.Namespace) -> None:
     if args.single:
         workload = workload[:1]
     if args.system == "carpool":
-        result = run_carpool(workload, json.loads(args.engine))
+        result = run_carpool(workload, json.loads(args.engine), args.device)
     elif args.system == "hf-one":
-        result = run_hf(workload[: args.hf_single_requests], batch=1)
+        result = run_hf(workload[: args.hf_single_requests], batch=1, device=args.device)
     else:
-        result = run_hf(workload, batch=16)
+        result = run_hf(workload, batch=16, device=args.device)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if args.device.startswith("cuda"):
+        result["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
     print("RESULT " + json.dumps(result))
 
 
@@ -111,6 +119,8 @@ def measure(system: str, args: argparse.Namespace, single: bool = False) -> dict
         args.engine,
         "--hf-single-requests",
         str(args.hf_single_requests),
+        "--device",
+        args.device,
     ]
     if single:
         command.append("--single")
@@ -128,13 +138,14 @@ def main() -> None:
     parser.add_argument("--engine", default="{}", help="EngineConfig fields for carpool, JSON")
     parser.add_argument("--child", dest="system", default=None)
     parser.add_argument("--single", action="store_true")
+    parser.add_argument("--device", default="cpu", help="torch device for every system")
     args = parser.parse_args()
     if args.system:
         child(args)
         return
     print(
         f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-        f"torch {torch.__version__}, workload {args.workload}"
+        f"torch {torch.__version__}, workload {args.workload}, device {args.device}"
     )
     rows = {
         "carpool LLM.generate (all at once)": measure("carpool", args),
@@ -150,10 +161,11 @@ def main() -> None:
         f"{'vs batch16':>10} {'peak RSS MB':>11}"
     )
     for name, r in rows.items():
+        gpu = f" {r['peak_gpu_mb']:8.0f} MB on the GPU" if "peak_gpu_mb" in r else ""
         print(
             f"{name:48} {r['tokens']:7d} {r['seconds']:7.1f} {r['tokens_per_s']:7.1f} "
             f"{r['tokens_per_s'] / base_one['tokens_per_s']:13.2f}x "
-            f"{r['tokens_per_s'] / base_16['tokens_per_s']:9.2f}x {r['peak_rss_mb']:11.0f}"
+            f"{r['tokens_per_s'] / base_16['tokens_per_s']:9.2f}x {r['peak_rss_mb']:11.0f}{gpu}"
         )
     print("reproduce: python -m benchmarks.generation " + " ".join(sys.argv[1:]))
 

@@ -65,8 +65,8 @@ def hf_greedy(model: Any, prompt: list[int], max_tokens: int) -> list[int]:
     """transformers' greedy continuation, EOS ignored (no masking: EOS may be chosen)."""
     with torch.inference_mode():
         out = model.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            torch.tensor([prompt], device=model.device),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=model.device),
             max_new_tokens=max_tokens,
             do_sample=False,
             eos_token_id=None,

@@ -164,8 +164,8 @@ BUILTIN_PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def hf_builtin() -> Any:
+def load_hf_builtin() -> Any:
+    """transformers' own load of the built-in GGUF (dequantized to float32)."""
     import transformers
     from transformers import AutoModelForCausalLM
 
@@ -174,11 +174,14 @@ def hf_builtin() -> Any:
     return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
 
 
-@pytest.mark.slow
-def test_builtin_model_matches_transformers_on_20_prompts(
-    smollm: LoadedLM, hf_builtin: Any
-) -> None:
-    tok = smollm.tokenizer
+@pytest.fixture(scope="module")
+def hf_builtin() -> Any:
+    return load_hf_builtin()
+
+
+def builtin_prompts(tok: Any) -> list[list[int]]:
+    """The 17 chat prompts above, templated, and three long ones (600 characters,
+    1,000 and 3,000 tokens)."""
     chats = [
         tok.encode(
             tok.apply_chat_template(
@@ -194,7 +197,14 @@ def test_builtin_model_matches_transformers_on_20_prompts(
         tok.encode(story * 2)[:1000],
         tok.encode(story * 10)[:3000],
     ]
-    prompts = [list(p) for p in chats] + long_prompts
+    return [list(p) for p in chats] + long_prompts
+
+
+@pytest.mark.slow
+def test_builtin_model_matches_transformers_on_20_prompts(
+    smollm: LoadedLM, hf_builtin: Any
+) -> None:
+    prompts = builtin_prompts(smollm.tokenizer)
     assert len(prompts) == 20 and max(len(p) for p in prompts) == 3000
     expected = [tiny_models.hf_greedy(hf_builtin, p, 24) for p in prompts]
     got = generate(smollm, prompts, 24, max_num_batched_tokens=512)
