@@ -5,11 +5,12 @@ A decode step of one or a few streams on the CPU spends as long in the several
 hundred torch calls of its small operations (norms, rotary, residuals, the cache
 write) as in its matrix products; a step with prompt chunks spends a fifth of its
 time in torch's element-wise passes over large intermediates. The fused stack runs
-the same arithmetic, over the same quantized blocks, without them: every row of the
-step, decode or prompt, attends its own sequence's cache up to its own position with
-the decode-attention code, so a row's result does not depend on how its prompt was
-chunked. It is used when every linear layer of every decoder layer has its blocks
-and attention is native; otherwise the model runs layer by layer in torch.
+the same arithmetic, over the same quantized blocks, without them. Every row of the
+step attends its own sequence's cache up to its own position: a decode row with the
+decode-attention code, the rows of a prompt chunk together over their keys gathered
+once (``kernels/prefill_attention.h``). It is used when every linear layer of every
+decoder layer has its blocks and attention is native; otherwise the model runs layer
+by layer in torch.
 """
 
 from __future__ import annotations
@@ -111,8 +112,8 @@ def _decoder_layers(model: LlamaForCausalLM) -> list[LlamaLayer]:
 
 
 class LlamaStack:
-    """Runs ``model``'s decoder layers on a step. Built only
-    when every decoder layer's linear layers have their blocks (``usable``).
+    """Runs ``model``'s decoder layers on a step. Built only when every decoder
+    layer's linear layers have their blocks (``usable``).
 
     It remembers which KV caches it last wrote (rebinding when another engine's
     caches come in), so calls must not overlap: model work runs on the device

@@ -1,11 +1,12 @@
 /* A whole Llama-family decoder stack for one engine step, in one call: decodes and
-   prompt chunks alike are rows of a flat batch. Per layer RMSNorm, the fused QKV projection (+ bias), rotary embedding, the new
-   keys and values of every row written to their cache slots, then each row attending
-   its sequence's cache up to its own position (prefill_attention.h), the output
-   projection and residual, RMSNorm, the fused gate/up projection, SiLU(gate) * up,
-   the down projection and residual. The same arithmetic as the per-operation path
-   (carpool/models/llama.py with the quantized-linear and decode-attention kernels),
-   without several hundred torch calls a step; only summation order may differ.
+   prompt chunks alike are rows of a flat batch. Per layer RMSNorm, the fused QKV
+   projection (+ bias), rotary embedding, the new keys and values of every row
+   written to their cache slots, then each row attending its sequence's cache up to
+   its own position (prefill_attention.h), the output projection and residual,
+   RMSNorm, the fused gate/up projection, SiLU(gate) * up, the down projection and
+   residual. The same arithmetic as the per-operation path (carpool/models/llama.py
+   with the quantized-linear and decode-attention kernels), without several hundred
+   torch calls a step; only summation order may differ.
 
    x: [rows, hidden] float32, the residual stream, updated in place.
    cos, sin: [rows, head_dim], each row's rotary factors (rotate-half layout).
@@ -52,8 +53,9 @@ static int linear(const Matrix *w, const float *x, float *y, int64_t rows, int t
     return failed;
 }
 
-/* Element-wise work is split over the threads only for steps with prompt chunks: for
-   a few decode rows it costs less than waking the threads. */
+/* Element-wise work is split over the threads only for steps of this many rows or
+   more (prompt chunks, many streams): for a few rows, waking the threads costs more
+   than it saves. */
 #define PARALLEL_ROWS 64
 
 /* out = x / sqrt(mean(x^2) + eps) * weight, row by row (as torch's rms_norm) */
