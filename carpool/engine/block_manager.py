@@ -78,22 +78,30 @@ class BlockManager:
         """Cached blocks holding the longest full-block prefix of ``token_ids``.
 
         At least one token is always left to compute, since the model must produce
-        logits for the last prompt token. Takes no references: pass the result to
-        ``allocate``."""
+        logits for the last prompt token. Takes no references and counts nothing:
+        pass the result to ``allocate``, and once that succeeds to ``record_prefix``
+        (a sequence that waits for blocks looks its prefix up again every step)."""
         if not self.prefix_caching:
             return []
-        usable = (len(token_ids) - 1) // self.block_size
         found: list[int] = []
         parent: bytes | None = None
-        for i in range(usable):
+        for i in range(self._full_blocks_before_last(token_ids)):
             parent = chain_hash(parent, token_ids[i * self.block_size : (i + 1) * self.block_size])
             block = self._cached.get(parent)
             if block is None:
                 break
             found.append(block)
-        self.stats.queries += usable
-        self.stats.hits += len(found)
         return found
+
+    def record_prefix(self, token_ids: Sequence[int], prefix: Sequence[int]) -> None:
+        """Count one admitted sequence's lookup in ``stats``: the full blocks before
+        its last token as queries, the ``prefix`` blocks it got as hits."""
+        if self.prefix_caching:
+            self.stats.queries += self._full_blocks_before_last(token_ids)
+            self.stats.hits += len(prefix)
+
+    def _full_blocks_before_last(self, token_ids: Sequence[int]) -> int:
+        return (len(token_ids) - 1) // self.block_size
 
     def allocate(self, table: BlockTable, num_tokens: int, prefix: Sequence[int] = ()) -> bool:
         """Make ``table`` cover ``num_tokens`` tokens, starting from the cached

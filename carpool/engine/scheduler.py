@@ -79,6 +79,7 @@ class Scheduler:
             n = min(seq.num_tokens - cached, budget)
             if not self.blocks.allocate(seq.block_table, cached + n, prefix):
                 break
+            self.blocks.record_prefix(seq.token_ids, prefix)
             seq.num_computed = cached
             self.waiting.pop(0)
             seq.status = SequenceStatus.RUNNING

@@ -38,7 +38,9 @@ def test_full_blocks_of_a_shared_prefix_are_reused() -> None:
     assert second.blocks[:2] == first.blocks[:2] and second.blocks[2] != first.blocks[2]
     assert bm.num_free == 8 - 3 - 1
     bm.check([first, second])
-    assert bm.stats.hits == 2
+    assert bm.stats.hits == 0  # lookups count when recorded, not when made
+    bm.record_prefix(other, hit)
+    assert (bm.stats.queries, bm.stats.hits) == (2, 2)
 
 
 def test_a_prompt_of_whole_blocks_still_leaves_one_token_to_compute() -> None:

@@ -136,6 +136,25 @@ def test_shared_prompts_reuse_cached_blocks() -> None:
     assert chunk.num_tokens == 1 and twin.block_table.blocks[:2] == first.block_table.blocks[:2]
 
 
+def test_a_prompt_waiting_for_blocks_counts_its_prefix_lookup_once() -> None:
+    h = Harness(tokens=64, blocks=6, block_size=4)
+    first = h.add("p", 9, max_tokens=3)  # 3 blocks
+    h.step()
+    stats = h.s.blocks.stats
+    assert (stats.queries, stats.hits) == (2, 0)
+    # 24 tokens: its first 2 blocks are first's, 4 fresh ones wait for first to end.
+    twin = Sequence("twin", [*first.prompt_ids[:8], *range(100, 116)], 4, arrival=h.now)
+    h.s.add(twin)
+    h.all.append(twin)
+    for _ in range(2):
+        h.step()
+        assert twin.status is SequenceStatus.WAITING
+    assert (stats.queries, stats.hits) == (2, 0)
+    h.step()
+    assert twin.status is SequenceStatus.RUNNING and first.status is SequenceStatus.FINISHED
+    assert (stats.queries, stats.hits) == (2 + 5, 2)
+
+
 def test_random_load_with_aborts_and_scarce_blocks_ends_every_sequence_once() -> None:
     rng = random.Random(11)
     h = Harness(tokens=32, seqs=6, blocks=24, block_size=4)
