@@ -174,7 +174,7 @@ class EngineConfig:
         "prefilled in chunks of at most this size. Smaller: shorter steps for the running "
         "streams while prompts prefill; larger: more throughput.",
         # 64 streams here, prompt chunks on the fused stack: inter-token p99 0.37-0.38 s
-        # at 192 against 0.40-0.47 s at 256 and 0.55 s at 384, in four runs; the
+        # at 192 against 0.40-0.47 s at 256 (two runs each) and 0.55 s at 384; the
         # throughput difference (221-239 vs 227-248 tok/s) was within run-to-run noise
         # (BENCHMARKS.md).
         default=192,
