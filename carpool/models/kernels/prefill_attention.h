@@ -2,11 +2,13 @@
    fused stack needs it: single-token rows (decodes) with decode_attention.h, and the
    rows of each prompt chunk together, since they share their sequence's keys.
 
-   A chunk's rows are cut into tiles of ROW_TILE rows; per (tile, kv head) the keys
-   up to the tile's last position are gathered once, transposed, so that the scores
-   of one query against KEY_TILE keys are KEY_TILE / 8 vector sums over the head's
-   dimensions (no horizontal sum per key, which is what bounds the decode code), and
-   the query heads that read the same kv head share each load of the keys.
+   Per (chunk, kv head) the keys up to the chunk's last position are gathered once,
+   transposed, so that the scores of one query against KEY_TILE keys are KEY_TILE / 8
+   vector sums over the head's dimensions (no horizontal sum per key, which is what
+   bounds the decode code), and the query heads that read the same kv head share each
+   load of the keys. The chunk's rows are then attended in tiles of ROW_TILE rows (the
+   work items), keys as the outer loop, so a tile of keys stays in cache while every
+   row of the tile scores it.
 
    A row attends the first context_lens[r] tokens of its sequence. Each score is
    summed over the head dimension in order, then scaled; the softmax (maximum
