@@ -33,9 +33,9 @@
 #define HEAD_TILE 3 /* query heads scored together */
 
 typedef struct {
-    int64_t first_row, rows; /* the chunk's rows */
-    int64_t len, width;      /* keys its last row attends; len rounded up to KEY_TILE */
-    float *keys, *values;    /* gathered: per kv head [d][width] keys, [width][d] values */
+    const int64_t *table; /* its sequence's block table */
+    int64_t len, width;   /* keys its last row attends; len rounded up to KEY_TILE */
+    float *keys, *values; /* gathered: per kv head [d][width] keys, [width][d] values */
 } Chunk;
 
 typedef struct {
@@ -214,7 +214,8 @@ static int attend_rows(const AttentionShape *a, const float *q, const float *k_c
         } else {
             const int64_t width = (len + KEY_TILE - 1) / KEY_TILE * KEY_TILE;
             if (width > widest) widest = width;
-            chunks[num_chunks] = (Chunk){r, end - r, len, width, NULL, NULL};
+            const int64_t *table = block_tables + row_seqs[r] * max_blocks;
+            chunks[num_chunks] = (Chunk){table, len, width, NULL, NULL};
             gathered += kv_heads * d * width;
             for (int64_t first = r; first < end; first += ROW_TILE)
                 for (int64_t g = 0; g < kv_heads; g++)
@@ -246,9 +247,8 @@ static int attend_rows(const AttentionShape *a, const float *q, const float *k_c
             if (scores == NULL) continue;
             const Chunk *c = chunks + i / kv_heads;
             const int64_t g = i % kv_heads;
-            gather_head(a, k_cache, v_cache, block_tables + row_seqs[c->first_row] * max_blocks,
-                        c->len, g, c->width, c->keys + g * d * c->width,
-                        c->values + g * c->width * d);
+            gather_head(a, k_cache, v_cache, c->table, c->len, g, c->width,
+                        c->keys + g * d * c->width, c->values + g * c->width * d);
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < count; i++) {
