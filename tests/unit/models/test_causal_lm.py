@@ -1,6 +1,8 @@
 """Our decoder model code reproduces transformers' greedy output token for token:
 tiny random models of every supported architecture, and the built-in model, alone
-and batched. GGUF tensors are read back into the right places."""
+and batched, on the CPU and on a CUDA device where there is one (there the native
+kernels do not apply: the torch path runs). GGUF tensors are read back into the
+right places."""
 
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ from carpool.models.registry import BUILTIN_MODELS
 from tests import tiny_models
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
 
 
 def generate(
@@ -41,12 +45,14 @@ def generate(
     return [done[str(i)] for i in range(len(prompts))]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("arch", tiny_models.ARCHITECTURES)
 def test_tiny_model_matches_transformers_alone_and_batched(
-    arch: str, tmp_path: Path, smollm_folder: Path
+    arch: str, device: str, tmp_path: Path, smollm_folder: Path
 ) -> None:
-    reference = tiny_models.build(arch, tmp_path, smollm_folder)
-    lm = load_causal_lm(tmp_path, progress=False)
+    reference = tiny_models.build(arch, tmp_path, smollm_folder).to(device)
+    lm = load_causal_lm(tmp_path, progress=False, device=device)
+    assert lm.device.type == device
     rng = random.Random(arch)
     prompts = [[rng.randrange(3, tiny_models.VOCAB) for _ in range(n)] for n in (1, 7, 40, 300)]
     expected = [tiny_models.hf_greedy(reference, p, 20) for p in prompts]
@@ -200,13 +206,24 @@ def builtin_prompts(tok: Any) -> list[list[int]]:
     return [list(p) for p in chats] + long_prompts
 
 
+def assert_matches_on_20_prompts(lm: LoadedLM, reference: Any) -> None:
+    prompts = builtin_prompts(lm.tokenizer)
+    assert len(prompts) == 20 and max(len(p) for p in prompts) == 3000
+    expected = [tiny_models.hf_greedy(reference, p, 24) for p in prompts]
+    got = generate(lm, prompts, 24, max_num_batched_tokens=512)
+    mismatches = [i for i, (a, b) in enumerate(zip(got, expected, strict=True)) if a != b]
+    assert not mismatches, f"prompts {mismatches} differ from transformers on {lm.device}"
+
+
 @pytest.mark.slow
 def test_builtin_model_matches_transformers_on_20_prompts(
     smollm: LoadedLM, hf_builtin: Any
 ) -> None:
-    prompts = builtin_prompts(smollm.tokenizer)
-    assert len(prompts) == 20 and max(len(p) for p in prompts) == 3000
-    expected = [tiny_models.hf_greedy(hf_builtin, p, 24) for p in prompts]
-    got = generate(smollm, prompts, 24, max_num_batched_tokens=512)
-    mismatches = [i for i, (a, b) in enumerate(zip(got, expected, strict=True)) if a != b]
-    assert not mismatches, f"prompts {mismatches} differ from transformers"
+    assert_matches_on_20_prompts(smollm, hf_builtin)
+
+
+@CUDA
+def test_builtin_model_matches_transformers_on_20_prompts_on_cuda(smollm_folder: Path) -> None:
+    lm = load_causal_lm(smollm_folder, progress=False, device="cuda")
+    assert lm.device.type == "cuda"
+    assert_matches_on_20_prompts(lm, load_hf_builtin().to("cuda"))
