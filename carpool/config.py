@@ -32,9 +32,10 @@ class QueuePolicy:
     """How one priority level's queue admits and expires requests (Triton's ModelQueuePolicy)."""
 
     max_queue_size: int = _help(
-        "Most requests that may wait at this priority level; beyond it a request is "
-        "refused at once with 503 and Retry-After.",
-        default=1024,
+        "Most inputs that may wait at this priority level; beyond it a request is "
+        "refused at once with 503 and Retry-After. One request may hold at most half "
+        "of it (a larger one is refused with 413), so no single request fills the queue.",
+        default=4096,
     )
     default_timeout_s: float = _help(
         "Seconds a request may wait in the queue; a request still queued at its deadline "

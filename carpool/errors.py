@@ -21,6 +21,11 @@ class InvalidRequest(CarpoolError):
     """The request itself is wrong (bad value, empty input, too long)."""
 
 
+class RequestTooLarge(InvalidRequest):
+    """The request asks for more than the server ever takes in one request (more
+    inputs or prompts than a per-request limit): retrying cannot help."""
+
+
 class ModelNotFound(CarpoolError):
     """The request names a model that is not served."""
 

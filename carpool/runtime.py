@@ -7,8 +7,11 @@ whose work has been ready longest. With nothing ready it sleeps until the earlie
 time a worker asked to be polled again, or until a worker calls ``notify()``.
 
 The runtime thread never awaits anything; workers hand results back to the event
-loop through futures. If a worker raises out of ``run_once`` the runtime is dead:
-every worker fails its outstanding requests and ``on_death`` is called.
+loop through futures. Nothing a request carries may stop the runtime: an
+``Exception`` escaping a worker's ``poll`` or ``run_once`` is contained, the worker
+fails the requests it holds (``recover``) and the runtime goes on with every worker.
+Only a ``BaseException`` (or a ``recover`` that itself fails) kills the runtime:
+then every worker fails its outstanding requests and ``on_death`` is called.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from carpool.clock import Clock, MonotonicClock
-from carpool.errors import RuntimeDead, ServerShuttingDown
+from carpool.errors import ModelExecutionError, RuntimeDead, ServerShuttingDown
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +59,14 @@ class Worker(Protocol):
     def run_once(self, now: float) -> None:
         """Run one unit of work (a batch, an engine step). Runs on the runtime thread.
 
-        Model failures are the worker's to contain; an exception escaping here kills
-        the runtime.
+        Model failures are the worker's to contain, request by request; an exception
+        escaping here (a bug) makes the runtime call ``recover``.
         """
+
+    def recover(self, error: Exception) -> None:
+        """``poll`` or ``run_once`` raised: end every request this worker holds with
+        ``error`` and return to an empty, usable state. Runs on the runtime thread;
+        an exception escaping here kills the runtime."""
 
     def fail_all(self, error: Exception) -> None:
         """Finish every outstanding request with ``error``; the runtime is stopping."""
@@ -128,7 +136,11 @@ class DeviceRuntime:
         best: tuple[int, float, Worker] | None = None
         wake_at: float | None = None
         for worker in self._workers:
-            state = worker.poll(now)
+            try:
+                state = worker.poll(now)
+            except Exception as exc:
+                self._contain(worker, exc)
+                continue
             if state.ready_since is not None:
                 key = (worker.priority, state.ready_since)
                 if best is None or key < best[:2]:
@@ -136,11 +148,18 @@ class DeviceRuntime:
             if state.wake_at is not None:
                 wake_at = state.wake_at if wake_at is None else min(wake_at, state.wake_at)
         if best is not None:
-            best[2].run_once(now)
+            try:
+                best[2].run_once(now)
+            except Exception as exc:
+                self._contain(best[2], exc)
             self.units_run += 1
             return
         timeout = None if wake_at is None else max(0.0, wake_at - self._clock.now())
         self._wakeup.wait(timeout)
+
+    def _contain(self, worker: Worker, exc: Exception) -> None:
+        log.error("worker %s failed; failing the requests it holds", worker.name, exc_info=exc)
+        worker.recover(ModelExecutionError(f"model {worker.name!r} failed on this request"))
 
     def _fail_all(self, error: Exception) -> None:
         for worker in self._workers:

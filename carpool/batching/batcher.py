@@ -26,6 +26,7 @@ from carpool.errors import (
     ModelExecutionError,
     Overloaded,
     QueueTimeout,
+    RequestTooLarge,
 )
 from carpool.runtime import IDLE, WorkState
 from carpool.stats import BatcherStats, Outcome
@@ -53,7 +54,11 @@ class BatchModel(Protocol):
 
 
 class _Admission:
-    """Counts queued requests per level so ``submit`` can refuse at once when full."""
+    """Counts queued inputs per level so ``submit`` can refuse at once when full.
+
+    A request's inputs are admitted all together or not at all, so a refused request
+    leaves nothing behind that would crowd out its neighbours.
+    """
 
     def __init__(self, config: BatchingConfig) -> None:
         self._lock = threading.Lock()
@@ -63,11 +68,14 @@ class _Admission:
         }
         self._counts = dict.fromkeys(self._limits, 0)
 
-    def try_acquire(self, level: int) -> bool:
+    def limit(self, level: int) -> int:
+        return self._limits[level]
+
+    def try_acquire(self, level: int, count: int = 1) -> bool:
         with self._lock:
-            if self._counts[level] >= self._limits[level]:
+            if self._counts[level] + count > self._limits[level]:
                 return False
-            self._counts[level] += 1
+            self._counts[level] += count
             return True
 
     def release(self, level: int) -> None:
@@ -102,11 +110,17 @@ class DynamicBatcher:
         self._queues = PriorityQueues(config.priority_levels)
         self._notify: Callable[[], None] = lambda: None
         self._decision: SendBatch | None = None
+        self._running: list[BatchRequest] = []  # the batch run_once is running
 
     # --- any thread -------------------------------------------------------------
 
     def attach(self, notify: Callable[[], None]) -> None:
         self._notify = notify
+
+    def max_request_inputs(self, level: int | None = None) -> int:
+        """Most inputs one request may bring: half of its level's queue."""
+        level = self.config.default_priority_level if level is None else level
+        return max(1, self.config.policy_for(level).max_queue_size // 2)
 
     def submit(
         self,
@@ -117,9 +131,21 @@ class DynamicBatcher:
         timeout_s: float | None = None,
     ) -> Future[Any]:
         """Queue one input; its future ends with the output or a ``CarpoolError``.
+        Raises as ``submit_many``."""
+        return self.submit_many([(payload, cost)], level=level, timeout_s=timeout_s)[0]
 
-        Raises ``InvalidRequest`` for a bad level or timeout and ``Overloaded`` when
-        the level's queue is full, before anything is queued.
+    def submit_many(
+        self,
+        inputs: list[tuple[Any, int]],
+        *,
+        level: int | None = None,
+        timeout_s: float | None = None,
+    ) -> list[Future[Any]]:
+        """Queue one request's inputs (payload, cost) all together; one future each.
+
+        Raises before anything is queued: ``InvalidRequest`` for a bad level or
+        timeout, ``RequestTooLarge`` for more inputs than ``max_request_inputs``, and
+        ``Overloaded`` when the level's queue has no room for all of them.
         """
         level = self.config.default_priority_level if level is None else level
         if not 1 <= level <= self.config.priority_levels:
@@ -136,19 +162,31 @@ class DynamicBatcher:
                     "this model does not accept a per-request timeout", param="timeout"
                 )
             timeout = min(timeout, timeout_s)
-        if not self._admission.try_acquire(level):
-            self.stats.record_outcome(Outcome.REJECTED, 0.0)
+        most = self.max_request_inputs(level)
+        if len(inputs) > most:
+            raise RequestTooLarge(
+                f"{len(inputs)} inputs in one request; model {self.name!r} takes at most "
+                f"{most} per request",
+                param="input",
+            )
+        if not self._admission.try_acquire(level, len(inputs)):
+            for _ in inputs:
+                self.stats.record_outcome(Outcome.REJECTED, 0.0)
             raise Overloaded(
                 f"model {self.name!r} has too many requests waiting", retry_after_s=1.0
             )
         now = self._clock.now()
-        request = BatchRequest(payload, cost, level, arrival=now, deadline=now + timeout)
-        # A cancelled future wakes the runtime so the request leaves the queue promptly.
-        request.future.add_done_callback(self._wake_if_cancelled)
-        self._inbox.put(request)
+        requests = [
+            BatchRequest(payload, cost, level, arrival=now, deadline=now + timeout)
+            for payload, cost in inputs
+        ]
+        for request in requests:
+            # A cancelled future wakes the runtime so the request leaves the queue promptly.
+            request.future.add_done_callback(self._wake_if_cancelled)
+            self._inbox.put(request)
         self.stats.set_pending(self._admission.total())
         self._notify()
-        return request.future
+        return [r.future for r in requests]
 
     def _wake_if_cancelled(self, future: Future[Any]) -> None:
         if future.cancelled():
@@ -188,7 +226,20 @@ class DynamicBatcher:
         for request in live:
             self.stats.record_queue(now - request.arrival)
         if live:
+            self._running = live
             self._run_isolating(live)
+            self._running = []
+
+    def recover(self, error: Exception) -> None:
+        """A bug escaped ``poll`` or ``run_once``: end the batch that was running and
+        every queued request with ``error``; the queues start empty."""
+        self._decision = None
+        for request in self._running:
+            if not request.future.done():
+                request.future.set_exception(error)
+                self.stats.record_outcome(Outcome.ERROR, 0.0)
+        self._running = []
+        self.fail_all(error)
 
     def fail_all(self, error: Exception) -> None:
         self._drain_inbox()

@@ -25,12 +25,24 @@ from carpool.engine.engine import Engine
 from carpool.engine.request_output import RequestOutput
 from carpool.engine.sampling_params import SamplingParams
 from carpool.engine.sequence import FinishReason
-from carpool.errors import CarpoolError, ModelExecutionError, Overloaded, ServerShuttingDown
+from carpool.errors import (
+    CarpoolError,
+    ModelExecutionError,
+    Overloaded,
+    RequestTooLarge,
+    ServerShuttingDown,
+)
 from carpool.runtime import IDLE, WorkState
 
 log = logging.getLogger(__name__)
 
 Sink = Callable[[RequestOutput | CarpoolError], None]
+
+
+def max_request_prompts(max_waiting: int) -> int:
+    """Most prompts one request may bring: half the waiting room, so no single request
+    fills it."""
+    return max(1, max_waiting // 2)
 
 
 @dataclass(frozen=True)
@@ -93,24 +105,56 @@ class EngineWorker:
         timeout_s: float | None = None,
         max_waiting: int | None = None,
     ) -> list[int]:
-        """Accept a request or raise: ``InvalidRequest`` (checked now, before anything
-        runs), ``Overloaded`` when ``max_waiting`` requests already wait. Returns the
-        prompt as it will run (after truncation)."""
+        """Accept one request or raise, as ``submit_many``; the prompt as it will run."""
+        return self.submit_many(
+            [(request_id, prompt_ids, params, sink)],
+            priority=priority,
+            timeout_s=timeout_s,
+            max_waiting=max_waiting,
+        )[0]
+
+    def submit_many(
+        self,
+        requests: list[tuple[str, list[int], SamplingParams, Sink]],
+        *,
+        priority: int = 0,
+        timeout_s: float | None = None,
+        max_waiting: int | None = None,
+    ) -> list[list[int]]:
+        """Accept requests (id, prompt, params, sink) all together, or none: raises
+        ``InvalidRequest`` (each checked now, before anything runs), ``RequestTooLarge``
+        for more than half of ``max_waiting`` at once, ``Overloaded`` when the waiting
+        room has no space for all of them. Returns the prompts as they will run (after
+        truncation)."""
         if self.closed:
             raise ServerShuttingDown(f"{self.name} is not running")
-        prompt = self.engine.check_request(prompt_ids, params)
+        prompts = [self.engine.check_request(p, params) for _, p, params, _ in requests]
+        self._admit(len(requests), max_waiting)
+        now = self.clock.now()
+        deadline = None if timeout_s is None else now + timeout_s
+        for (request_id, _, params, sink), prompt in zip(requests, prompts, strict=True):
+            self._inbox.put(_Add(request_id, prompt, params, priority, deadline, now, sink))
+        self._notify()
+        return prompts
+
+    def _admit(self, count: int, max_waiting: int | None) -> None:
+        if max_waiting is None:
+            self._count_waiting(count)
+            return
+        most = max_request_prompts(max_waiting)
+        if count > most:
+            raise RequestTooLarge(
+                f"{count} prompts in one request; {self.name} takes at most {most} per "
+                "request (half of --max-waiting-requests)",
+                param="prompt",
+            )
         with self._waiting_lock:
-            if max_waiting is not None and self._waiting >= max_waiting:
+            if self._waiting + count > max_waiting:
                 raise Overloaded(
                     f"{self._waiting} requests are already waiting for {self.name}",
                     retry_after_s=1.0,
                 )
-            self._waiting += 1
-        now = self.clock.now()
-        deadline = None if timeout_s is None else now + timeout_s
-        self._inbox.put(_Add(request_id, prompt, params, priority, deadline, now, sink))
-        self._notify()
-        return prompt
+            self._waiting += count
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))
@@ -148,9 +192,13 @@ class EngineWorker:
                 deadline=message.deadline,
                 arrival=message.arrival,
             )
-        except CarpoolError as exc:
+        except Exception as exc:
+            # Whatever setting the request up raised fails that request alone.
+            if not isinstance(exc, CarpoolError):
+                log.error("setting up %s failed", message.request_id, exc_info=exc)
+                exc = ModelExecutionError(f"model {self.name!r} could not set up this request")
             self._count_waiting(-1)
-            message.sink(exc)
+            _deliver(message.sink, exc)
             return
         self._sinks[message.request_id] = message.sink
 
@@ -169,7 +217,21 @@ class EngineWorker:
             else:
                 sink = self._sinks.get(out.request_id)
             if sink is not None:
-                sink(out)
+                _deliver(sink, out)
+
+    def recover(self, error: Exception) -> None:
+        """A bug escaped the engine: fail every request it holds and start empty."""
+        if not isinstance(error, CarpoolError):
+            error = ModelExecutionError(str(error))
+        finals = self.engine.reset("the engine failed; this request was ended")
+        for out in finals:
+            if out.request_id not in self._started:
+                self._count_waiting(-1)
+        self._started.clear()
+        self._ready_since = None
+        sinks, self._sinks = self._sinks, {}
+        for sink in sinks.values():
+            _deliver(sink, error)
 
     def _count_waiting(self, delta: int) -> None:
         with self._waiting_lock:
@@ -192,6 +254,15 @@ class EngineWorker:
         self._sinks.clear()
 
 
+def _deliver(sink: Sink, item: RequestOutput | CarpoolError) -> None:
+    """Hand ``item`` to its request's sink; a sink that cannot take it (its event
+    loop closed) loses only that request's output."""
+    try:
+        sink(item)
+    except Exception:
+        log.exception("could not deliver an output")
+
+
 class AsyncEngine:
     """The event loop's handle on an ``EngineWorker``."""
 
@@ -212,23 +283,41 @@ class AsyncEngine:
         timeout_s: float | None = None,
     ) -> GenerationStream:
         """Admit a request now (raising if refused) and return its output stream."""
+        return self.start_many([prompt_ids], [params], priority=priority, timeout_s=timeout_s)[0]
+
+    def start_many(
+        self,
+        prompts: list[list[int]],
+        params: list[SamplingParams],
+        *,
+        priority: int = 0,
+        timeout_s: float | None = None,
+    ) -> list[GenerationStream]:
+        """Admit one call's prompts all together (raising, with none admitted, if
+        refused) and return their output streams in order."""
         loop = asyncio.get_running_loop()
-        outputs: asyncio.Queue[RequestOutput | CarpoolError] = asyncio.Queue()
-        request_id = self.worker.new_request_id()
-
-        def sink(item: RequestOutput | CarpoolError) -> None:
-            loop.call_soon_threadsafe(outputs.put_nowait, item)
-
-        prompt = self.worker.submit(
-            request_id,
-            prompt_ids,
-            params,
-            sink,
-            priority=priority,
-            timeout_s=timeout_s,
-            max_waiting=self.max_waiting,
+        queues: list[asyncio.Queue[RequestOutput | CarpoolError]] = []
+        requests: list[tuple[str, list[int], SamplingParams, Sink]] = []
+        for prompt, p in zip(prompts, params, strict=True):
+            outputs: asyncio.Queue[RequestOutput | CarpoolError] = asyncio.Queue()
+            queues.append(outputs)
+            requests.append((self.worker.new_request_id(), prompt, p, _sink(loop, outputs)))
+        admitted = self.worker.submit_many(
+            requests, priority=priority, timeout_s=timeout_s, max_waiting=self.max_waiting
         )
-        return GenerationStream(self.worker, request_id, prompt, outputs)
+        return [
+            GenerationStream(self.worker, request_id, prompt, outputs)
+            for (request_id, *_), prompt, outputs in zip(requests, admitted, queues, strict=True)
+        ]
+
+
+def _sink(
+    loop: asyncio.AbstractEventLoop, outputs: asyncio.Queue[RequestOutput | CarpoolError]
+) -> Sink:
+    def sink(item: RequestOutput | CarpoolError) -> None:
+        loop.call_soon_threadsafe(outputs.put_nowait, item)
+
+    return sink
 
 
 class GenerationStream:

@@ -97,6 +97,8 @@ class Engine:
         vocab = self.lm.config.vocab_size
         if any(not 0 <= t < vocab for t in prompt):
             raise InvalidRequest(f"prompt token ids must be in [0, {vocab})", param="prompt")
+        if any(not 0 <= t < vocab for t in params.stop_token_ids):
+            raise InvalidRequest(f"stop_token_ids must be in [0, {vocab})", param="stop_token_ids")
         if len(prompt) >= self.max_model_len:
             raise InvalidRequest(
                 f"this model's maximum context length is {self.max_model_len} tokens; "
@@ -122,11 +124,30 @@ class Engine:
         arrival: float | None = None,
     ) -> None:
         """Queue a request (``check_request`` first). ``deadline``: the time by which
-        it must have started, else it ends with ``FinishReason.TIMEOUT``."""
+        it must have started, else it ends with ``FinishReason.TIMEOUT``.
+
+        Raises ``InvalidRequest`` for a bad request, or whatever its setup (seeding a
+        generator, a detokenizer) raised; either way nothing of it is left queued."""
         if request_id in self._requests:
             raise InvalidRequest(f"request id {request_id!r} is already in use")
         prompt = self.check_request(prompt_ids, params)
         arrival = self.clock.now() if arrival is None else arrival
+        req = self._new_request(request_id, prompt, params, priority, deadline, arrival)
+        # Registered only once every part of it is built.
+        for i, seq in enumerate(req.seqs):
+            self._by_seq[seq.request_id] = (req, i)
+            self.scheduler.add(seq)
+        self._requests[request_id] = req
+
+    def _new_request(
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        priority: int,
+        deadline: float | None,
+        arrival: float,
+    ) -> _Request:
         ends = frozenset(params.stop_token_ids) | (
             frozenset() if params.ignore_eos else self.lm.eos_token_ids
         )
@@ -151,9 +172,7 @@ class Engine:
                 )
             )
             req.outputs.append(CompletionOutput(i))
-            self._by_seq[seq.request_id] = (req, i)
-            self.scheduler.add(seq)
-        self._requests[request_id] = req
+        return req
 
     def abort(self, request_id: str) -> None:
         """End ``request_id`` at the next step, freeing its blocks."""
@@ -161,6 +180,22 @@ class Engine:
         if req is not None:
             for seq in req.seqs:
                 self.scheduler.abort(seq.request_id)
+
+    def reset(self, message: str) -> list[RequestOutput]:
+        """End every request with the error ``message`` and free its blocks: the
+        engine's state can no longer be trusted (a step raised out of ``step``).
+        Returns each request's final output."""
+        for req in self._requests.values():
+            req.error = req.error or message
+            for seq in req.seqs:
+                self.scheduler.finish(seq, FinishReason.ABORT)
+        finals = [
+            RequestOutput(r.request_id, r.prompt_ids, [], finished=True, error=r.error)
+            for r in self._requests.values()
+        ]
+        self._requests.clear()
+        self._by_seq.clear()
+        return finals
 
     @property
     def has_work(self) -> bool:
@@ -227,7 +262,11 @@ class Engine:
                 with self.stats.update() as s:
                     s.prompt_tokens += len(req.prompt_ids)
             if chunk.samples and chunk.seq.request_id in sampled:
-                self._emit(req, i, sampled[chunk.seq.request_id])
+                try:
+                    self._emit(req, i, sampled[chunk.seq.request_id])
+                except Exception:
+                    log.exception("detokenizing %s failed", chunk.seq.request_id)
+                    self._fail(chunk.seq, "detokenizing this request's output failed")
         self._record_step(plan, now)
         return self._collect()
 
@@ -257,27 +296,38 @@ class Engine:
             if not req.touched:
                 continue
             req.touched = False
-            finished = req.finished
-            for seq, out, detok in zip(req.seqs, req.outputs, req.detoks, strict=True):
-                if seq.finish_reason is not None and out.finish_reason is None:
-                    out.new_text += detok.flush()
-                    out.finish_reason = seq.finish_reason
-                out.text += out.new_text
-            results.append(
-                RequestOutput(
-                    req.request_id,
-                    req.prompt_ids,
-                    [_snapshot(o) for o in req.outputs],
-                    finished=finished,
-                    error=req.error,
-                    num_cached_tokens=req.num_cached_tokens,
+            try:
+                output = self._report(req)
+            except Exception:
+                log.exception("reporting %s failed", req.request_id)
+                self._fail(req.seqs[0], "detokenizing this request's output failed")
+                output = RequestOutput(
+                    req.request_id, req.prompt_ids, [], finished=True, error=req.error
                 )
-            )
-            for out in req.outputs:
-                out.new_text, out.new_token_ids, out.new_logprobs = "", [], []
-            if finished:
+            results.append(output)
+            if output.finished:
                 self._retire(req)
         return results
+
+    def _report(self, req: _Request) -> RequestOutput:
+        """What ``req`` has to say after this step; its pieces of new text reset."""
+        finished = req.finished
+        for seq, out, detok in zip(req.seqs, req.outputs, req.detoks, strict=True):
+            if seq.finish_reason is not None and out.finish_reason is None:
+                out.new_text += detok.flush()
+                out.finish_reason = seq.finish_reason
+            out.text += out.new_text
+        output = RequestOutput(
+            req.request_id,
+            req.prompt_ids,
+            [_snapshot(o) for o in req.outputs],
+            finished=finished,
+            error=req.error,
+            num_cached_tokens=req.num_cached_tokens,
+        )
+        for out in req.outputs:
+            out.new_text, out.new_token_ids, out.new_logprobs = "", [], []
+        return output
 
     def _retire(self, req: _Request) -> None:
         del self._requests[req.request_id]

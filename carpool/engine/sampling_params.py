@@ -6,12 +6,21 @@ from dataclasses import dataclass, field
 
 from carpool.errors import InvalidRequest
 
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+# Temperatures below this sample greedily: dividing float32 logits by less overflows,
+# and 1e-40 is 0 in float32.
+GREEDY_BELOW = 1e-5
+# Dividing float32 logits by a smaller repetition penalty overflows.
+PENALTY_MIN = 1e-3
+
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick each next token of a request (vLLM's ``SamplingParams``).
 
-    ``temperature`` 0 is greedy. ``top_k`` 0 (or -1, vLLM's spelling) keeps every
+    ``temperature`` below ``GREEDY_BELOW`` (1e-5, vLLM's epsilon) is greedy: smaller
+    values underflow in float32. ``seed`` is a signed 64-bit integer (vLLM's range).
+    ``top_k`` 0 (or -1, vLLM's spelling) keeps every
     token. ``logprobs`` is how many top alternatives to report per token (None:
     none). ``truncate_prompt_tokens`` keeps only the prompt's last
     that many tokens. Invalid values raise ``InvalidRequest`` naming the parameter.
@@ -47,6 +56,11 @@ class SamplingParams:
             "min_tokens",
             "must be between 0 and max_tokens",
         )
+        _check(
+            self.seed is None or SEED_MIN <= self.seed <= SEED_MAX,
+            "seed",
+            "must be a signed 64-bit integer",
+        )
         _check(0.0 <= self.temperature <= 100.0, "temperature", "must be between 0 and 100")
         _check(0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]")
         _check(self.top_k >= 0, "top_k", "must be -1, 0 (all tokens) or positive")
@@ -55,7 +69,11 @@ class SamplingParams:
         _check(
             -2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be between -2 and 2"
         )
-        _check(0.0 < self.repetition_penalty <= 10.0, "repetition_penalty", "must be in (0, 10]")
+        _check(
+            PENALTY_MIN <= self.repetition_penalty <= 10.0,
+            "repetition_penalty",
+            f"must be between {PENALTY_MIN:g} and 10",
+        )
         _check(
             self.logprobs is None or 0 <= self.logprobs <= 20,
             "logprobs",
@@ -73,7 +91,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
 
 def _check(ok: bool, param: str, message: str) -> None:

@@ -55,8 +55,12 @@ class EmbeddingModel:
         closing special token)."""
         if not text:
             raise InvalidRequest("input must not be empty", param=param)
-        ids: list[int] = self.tokenizer.encode(text).ids
-        return self._fit(ids, truncate, param)
+        return self.fit(self.encode_batch([text])[0], truncate, param)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text with the special tokens, uncut (the tokenizer's
+        batch call, which releases the GIL while it works)."""
+        return [e.ids for e in self.tokenizer.encode_batch(texts)]
 
     def check_ids(self, ids: list[int], truncate: bool = False, param: str = "input") -> list[int]:
         """Validate token ids given directly by a client (used as they are)."""
@@ -68,9 +72,11 @@ class EmbeddingModel:
                 f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})",
                 param=param,
             )
-        return self._fit(ids, truncate, param)
+        return self.fit(ids, truncate, param)
 
-    def _fit(self, ids: list[int], truncate: bool, param: str) -> list[int]:
+    def fit(self, ids: list[int], truncate: bool, param: str = "input") -> list[int]:
+        """``ids`` if they fit the model's maximum; else cut to it (``truncate``: the
+        first tokens and the closing special token) or refused with ``InvalidRequest``."""
         if len(ids) <= self.max_length:
             return ids
         if not truncate:

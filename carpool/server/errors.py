@@ -24,6 +24,7 @@ from carpool.errors import (
     ModelNotFound,
     Overloaded,
     QueueTimeout,
+    RequestTooLarge,
     RuntimeDead,
     Unauthorized,
 )
@@ -31,6 +32,7 @@ from carpool.errors import (
 log = logging.getLogger(__name__)
 
 _STATUS: list[tuple[type[CarpoolError], int, str]] = [
+    (RequestTooLarge, 413, "invalid_request_error"),
     (InvalidRequest, 400, "invalid_request_error"),
     (Unauthorized, 401, "authentication_error"),
     (ModelNotFound, 404, "not_found_error"),
@@ -83,6 +85,9 @@ def _describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
     first = errors[0]
     if first.get("type") == "json_invalid":
         return f"request body is not valid JSON: {first.get('msg', '')}", None
+    if first.get("type") == "invalid_unicode":
+        field = str(first.get("ctx", {}).get("field", ""))
+        return str(first.get("msg")), field.split(".")[0] or None
     loc = [p for p in first.get("loc", ()) if p != "body"]
     if not loc:
         return str(first.get("msg", "invalid request body")), None
@@ -95,6 +100,17 @@ def _describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
     return f"'{path}': {first.get('msg', 'invalid value')}", field
 
 
+def _is_json(request: Request) -> bool:
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    return kind == "application/json" or kind.endswith("+json")
+
+
+def _body_not_an_object(exc: RequestValidationError) -> bool:
+    """FastAPI reads a body without a JSON content type as raw bytes, which then fail
+    as 'not an object' at the body itself."""
+    return any(tuple(e.get("loc", ())) == ("body",) for e in exc.errors())
+
+
 def install(app: FastAPI) -> None:
     """Register the exception handlers on ``app``."""
 
@@ -104,8 +120,16 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        if not _is_json(request) and _body_not_an_object(exc):
+            return error_response(
+                request,
+                400,
+                "the request body must be JSON sent with 'Content-Type: application/json' "
+                f"(got {request.headers.get('content-type') or 'no Content-Type'})",
+            )
         message, field = _describe_validation(exc)
-        status = 400 if field is None else 422
+        errors = exc.errors()
+        status = 400 if field is None or errors[0].get("type") == "invalid_unicode" else 422
         return error_response(request, status, message, param=field)
 
     @app.exception_handler(StarletteHTTPException)

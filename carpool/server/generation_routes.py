@@ -19,13 +19,14 @@ import orjson
 from fastapi import APIRouter, Request, Response
 from sse_starlette.sse import EventSourceResponse
 
-from carpool.engine.async_engine import GenerationStream
+from carpool.engine.async_engine import GenerationStream, max_request_prompts
 from carpool.engine.request_output import CompletionOutput, RequestOutput
 from carpool.engine.sampler import TokenLogprobs
 from carpool.engine.sampling_params import SamplingParams
 from carpool.engine.sequence import FinishReason
-from carpool.errors import CarpoolError, InvalidRequest
+from carpool.errors import CarpoolError, InvalidRequest, RequestTooLarge
 from carpool.server.errors import status_of
+from carpool.server.preprocess import Keep, TooManyTokens, encode_within
 from carpool.server.schemas import (
     ChatCompletionRequest,
     ChatMessage,
@@ -50,7 +51,9 @@ def router(models: ServedModels) -> APIRouter:
     @api.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         served = models.generator(body.model)
-        prompt = render_chat(served, body.messages, body.add_generation_prompt)
+        prompt = await models.preprocess.run(
+            chat_prompt, served, body.messages, body.add_generation_prompt, body
+        )
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         max_tokens = body.max_completion_tokens
         params = sampling_params(
@@ -66,7 +69,9 @@ def router(models: ServedModels) -> APIRouter:
     @api.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response:
         served = models.generator(body.model)
-        prompts = tokenize_prompts(served, body.prompt)
+        if isinstance(body.prompt, list) and body.prompt and not isinstance(body.prompt[0], int):
+            check_prompt_count(served, len(body.prompt))
+        prompts = await models.preprocess.run(tokenize_prompts, served, body.prompt, body)
         params = [
             sampling_params(
                 served,
@@ -86,11 +91,15 @@ def router(models: ServedModels) -> APIRouter:
         if (body.prompt is None) == (body.messages is None):
             raise InvalidRequest("give exactly one of prompt and messages", param="prompt")
         if body.messages is not None:
-            tokens = render_chat(served, body.messages, body.add_generation_prompt)
-        else:
-            tokens = served.tokenizer.encode(
-                body.prompt, add_special_tokens=body.add_special_tokens
+            tokens = await models.preprocess.run(
+                chat_prompt, served, body.messages, body.add_generation_prompt, None
             )
+        else:
+            assert body.prompt is not None
+            encoded = await models.preprocess.run(
+                encode_prompts, served, [body.prompt], None, body.add_special_tokens
+            )
+            tokens = encoded[0]
         return {"tokens": tokens, "count": len(tokens), "max_model_len": served.max_model_len}
 
     @api.post("/detokenize")
@@ -104,10 +113,23 @@ def router(models: ServedModels) -> APIRouter:
     return api
 
 
+def chat_prompt(
+    served: ServedGenerator,
+    messages: Sequence[ChatMessage],
+    add_generation_prompt: bool,
+    body: SamplingFields | None,
+) -> list[int]:
+    """The conversation rendered with the model's own chat template, as token ids
+    (``body``: the request whose ``truncate_prompt_tokens`` applies). Runs on the
+    pre-processing pool."""
+    text = render_chat(served, messages, add_generation_prompt)
+    return encode_prompts(served, [text], body, add_special_tokens=False)[0]
+
+
 def render_chat(
     served: ServedGenerator, messages: Sequence[ChatMessage], add_generation_prompt: bool
-) -> list[int]:
-    """The conversation rendered with the model's own chat template, as token ids."""
+) -> str:
+    """The conversation rendered with the model's own chat template."""
     plain = []
     for i, m in enumerate(messages):
         content = m.content
@@ -122,29 +144,67 @@ def render_chat(
             content = "".join(texts)
         plain.append({"role": m.role, "content": content or ""})
     try:
-        text = served.tokenizer.apply_chat_template(
+        text: str = served.tokenizer.apply_chat_template(
             plain, add_generation_prompt=add_generation_prompt, tokenize=False
         )
     except Exception as exc:  # a template may raise on a conversation it rejects
         raise InvalidRequest(
             f"the chat template refused messages: {exc}", param="messages"
         ) from exc
-    ids: list[int] = served.tokenizer.encode(text, add_special_tokens=False)
-    return ids
+    return text
 
 
 def tokenize_prompts(
-    served: ServedGenerator, prompt: str | list[str] | list[int] | list[list[int]]
+    served: ServedGenerator,
+    prompt: str | list[str] | list[int] | list[list[int]],
+    body: SamplingFields,
 ) -> list[list[int]]:
+    """Each prompt's token ids (texts tokenized within the context bound). Runs on the
+    pre-processing pool."""
     if isinstance(prompt, str):
-        return [served.tokenizer.encode(prompt)]
+        return encode_prompts(served, [prompt], body)
     if not prompt:
         raise InvalidRequest("prompt must not be an empty list", param="prompt")
     if isinstance(prompt[0], int):
         return [list(prompt)]
     if isinstance(prompt[0], str):
-        return [served.tokenizer.encode(p) for p in prompt]
+        return encode_prompts(served, prompt, body)
     return [list(p) for p in prompt]
+
+
+def encode_prompts(
+    served: ServedGenerator,
+    texts: list[str],
+    body: SamplingFields | None,
+    add_special_tokens: bool = True,
+) -> list[list[int]]:
+    """Token ids of each text; a text certainly over the context (or, with
+    ``truncate_prompt_tokens``, its kept tail) is judged without tokenizing it all."""
+    truncate = None if body is None else body.truncate_prompt_tokens
+    keep: Keep = "all" if truncate is None else "tail"
+    limit = served.max_model_len if truncate is None else truncate
+    try:
+        return encode_within(
+            lambda ts: served.encode_batch(ts, add_special_tokens), texts, limit, keep
+        )
+    except TooManyTokens as exc:
+        raise InvalidRequest(
+            f"this model's maximum context length is {served.max_model_len} tokens; "
+            f"the prompt has more",
+            param="prompt" if len(texts) == 1 else f"prompt[{exc.index}]",
+        ) from None
+
+
+def check_prompt_count(served: ServedGenerator, count: int) -> None:
+    """Refuse (413), before tokenizing, a call with more prompts than one request
+    may bring."""
+    max_waiting = served.engine.max_waiting
+    if max_waiting is not None and count > max_request_prompts(max_waiting):
+        raise RequestTooLarge(
+            f"{count} prompts in one request; at most "
+            f"{max_request_prompts(max_waiting)} per request (half of --max-waiting-requests)",
+            param="prompt",
+        )
 
 
 def sampling_params(
@@ -221,20 +281,12 @@ class _Call:
     def _start(
         self, prompts: list[list[int]], params: list[SamplingParams]
     ) -> list[GenerationStream]:
-        streams: list[GenerationStream] = []
-        timeout = self.served.timeout(self.body.timeout)
-        try:
-            for prompt, p in zip(prompts, params, strict=True):
-                streams.append(
-                    self.served.engine.start(
-                        prompt, p, priority=self.body.priority, timeout_s=timeout
-                    )
-                )
-        except BaseException:
-            for s in streams:
-                s.close()
-            raise
-        return streams
+        return self.served.engine.start_many(
+            prompts,
+            params,
+            priority=self.body.priority,
+            timeout_s=self.served.timeout(self.body.timeout),
+        )
 
     # -- whole responses -----------------------------------------------------------
 

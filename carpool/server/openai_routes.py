@@ -9,7 +9,9 @@ import numpy as np
 import orjson
 from fastapi import APIRouter, Request, Response
 
-from carpool.errors import InvalidRequest
+from carpool.errors import InvalidRequest, RequestTooLarge
+from carpool.models.embedding import EmbeddingModel
+from carpool.server.preprocess import Keep, Preprocessor, TooManyTokens, encode_within
 from carpool.server.schemas import EmbeddingRequest
 from carpool.server.served import ServedEmbedding, ServedModels
 
@@ -29,6 +31,11 @@ def router(models: ServedModels) -> APIRouter:
             ],
         }
 
+    @api.get("/v1/models/{model_id:path}")
+    async def retrieve_model(model_id: str) -> dict[str, Any]:
+        m = models.any(model_id)
+        return {"id": m.name, "object": "model", "created": m.created, "owned_by": "carpool"}
+
     @api.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
         served = models.get(body.model)
@@ -38,7 +45,7 @@ def router(models: ServedModels) -> APIRouter:
                 f"return {body.dimensions}",
                 param="dimensions",
             )
-        ids = tokenize_inputs(served, body.input, body.truncate)
+        ids = await tokenize_inputs(served, body.input, body.truncate, models.preprocess)
         vectors = await served.embed(
             ids, priority=body.priority, timeout_s=body.timeout, request=request
         )
@@ -60,28 +67,59 @@ def router(models: ServedModels) -> APIRouter:
     return api
 
 
-def tokenize_inputs(
-    served: ServedEmbedding, inputs: str | list[str] | list[int] | list[list[int]], truncate: bool
+async def tokenize_inputs(
+    served: ServedEmbedding,
+    inputs: str | list[str] | list[int] | list[list[int]],
+    truncate: bool,
+    preprocess: Preprocessor,
 ) -> list[list[int]]:
-    """Token ids of each input; a flat list of ints is one input of token ids."""
+    """Token ids of each input; a flat list of ints is one input of token ids. Texts
+    are tokenized on the pre-processing pool."""
     if isinstance(inputs, str):
-        return [served.model.tokenize(inputs, truncate)]
+        return await preprocess.run(tokenize_texts, served.model, [inputs], truncate, "input")
     if not inputs:
         raise InvalidRequest("input must not be an empty list", param="input")
-    if len(inputs) > MAX_INPUTS:
-        raise InvalidRequest(f"input has {len(inputs)} items; at most {MAX_INPUTS}", param="input")
+    check_input_count(served, len(inputs))
     first = inputs[0]
     if isinstance(first, int):
         return [served.model.check_ids(inputs, truncate)]  # type: ignore[arg-type]
     if isinstance(first, str):
-        return [
-            served.model.tokenize(text, truncate, param=f"input[{i}]")  # type: ignore[arg-type]
-            for i, text in enumerate(inputs)
-        ]
+        return await preprocess.run(tokenize_texts, served.model, inputs, truncate, "input[{}]")  # type: ignore[arg-type]
     return [
         served.model.check_ids(ids, truncate, param=f"input[{i}]")  # type: ignore[arg-type]
         for i, ids in enumerate(inputs)
     ]
+
+
+def check_input_count(served: ServedEmbedding, count: int) -> None:
+    """Refuse (413) a request with more inputs than one request may bring."""
+    most = min(MAX_INPUTS, served.batcher.max_request_inputs())
+    if count > most:
+        raise RequestTooLarge(
+            f"input has {count} items; model {served.name!r} takes at most {most} per request",
+            param="input",
+        )
+
+
+def tokenize_texts(
+    model: EmbeddingModel, texts: list[str], truncate: bool, param: str
+) -> list[list[int]]:
+    """Token ids of each text, fitted to the model's maximum (``param`` names text
+    ``i`` as ``param.format(i)``). Refuses a text far over the maximum without
+    tokenizing all of it."""
+    for i, text in enumerate(texts):
+        if not text:
+            raise InvalidRequest("input must not be empty", param=param.format(i))
+    keep: Keep = "head" if truncate else "all"
+    try:
+        ids = encode_within(model.encode_batch, texts, model.max_length, keep)
+    except TooManyTokens as exc:
+        raise InvalidRequest(
+            f"input has more than {exc.limit} tokens, over this model's maximum of "
+            f"{model.max_length}; shorten it or ask for truncation",
+            param=param.format(exc.index),
+        ) from None
+    return [model.fit(x, truncate, param.format(i)) for i, x in enumerate(ids)]
 
 
 def encode(vector: np.ndarray[Any, Any], encoding_format: str) -> np.ndarray[Any, Any] | str:

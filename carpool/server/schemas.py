@@ -1,25 +1,105 @@
-"""Request bodies, validated at the edge with pydantic."""
+"""Request bodies, validated at the edge with pydantic.
+
+Strict throughout: no unknown fields, no coercion (``"stream": "yes"`` is not a
+boolean), no NaN or Infinity, and every string of a body (keys too) must be valid
+Unicode: JSON's ``\ud800`` escapes can spell lone surrogates that no tokenizer or
+encoder takes; such a body is refused with a 400 naming where the string is.
+"""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    Tag,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+def invalid_unicode_at(value: Any) -> str | None:
+    """The path (``messages.0.content``) of the first string in ``value`` that holds a
+    lone surrogate, or None if every string is valid Unicode."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return path
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                where = f"{path}.{key}" if path else str(key)
+                if isinstance(key, str) and _SURROGATE.search(key):
+                    return where
+                stack.append((where, child))
+        elif isinstance(item, list):
+            stack.extend((f"{path}.{i}" if path else str(i), c) for i, c in enumerate(item))
+    return None
+
+
+class _Body(_Strict):
+    """A whole request body: its strings are checked for valid Unicode first."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        where = invalid_unicode_at(data)
+        if where is not None:
+            raise PydanticCustomError(
+                "invalid_unicode",
+                "'{field}' is not valid Unicode (it holds a lone surrogate)",
+                {"field": where},
+            )
+        return data
 
 
 TokenIds = list[Annotated[StrictInt, Field(ge=0)]]
 
 
-class EmbeddingRequest(_Strict):
+def _prompt_kind(value: Any) -> str:
+    """Which form of a prompt ``value`` is, from its first element: validating a long
+    list against every member of the union (pydantic's default) costs seconds."""
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, list) and value:
+        if isinstance(value[0], str):
+            return "texts"
+        if isinstance(value[0], list):
+            return "id_lists"
+    return "ids"
+
+
+# A string, strings, token ids, or lists of token ids (OpenAI's prompt and input).
+Prompt = Annotated[
+    Annotated[StrictStr, Tag("text")]
+    | Annotated[list[StrictStr], Tag("texts")]
+    | Annotated[TokenIds, Tag("ids")]
+    | Annotated[list[TokenIds], Tag("id_lists")],
+    Discriminator(_prompt_kind),
+]
+
+
+class EmbeddingRequest(_Body):
     """OpenAI's embeddings request, plus carpool's ``priority``, ``timeout`` and
     TEI's ``truncate``."""
 
     model: StrictStr
-    input: StrictStr | list[StrictStr] | TokenIds | list[TokenIds]
+    input: Prompt
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = None
     user: StrictStr | None = None
@@ -29,7 +109,7 @@ class EmbeddingRequest(_Strict):
         gt=0,
         description="Seconds the request may wait in the queue (shortens the default).",
     )
-    truncate: bool = Field(
+    truncate: StrictBool = Field(
         default=False,
         description="Cut inputs longer than the model's maximum instead of refusing them.",
     )
@@ -54,10 +134,8 @@ class V2RequestedOutput(BaseModel):
     parameters: dict[str, Any] | None = None
 
 
-class V2InferRequest(BaseModel):
+class V2InferRequest(_Body):
     """The Open Inference Protocol's inference request (JSON part)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     id: StrictStr | None = None
     parameters: dict[str, Any] | None = None
@@ -69,11 +147,11 @@ Stop = StrictStr | list[StrictStr] | None
 
 
 class StreamOptions(_Strict):
-    include_usage: bool = False
-    continuous_usage_stats: bool = False
+    include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False
 
 
-class SamplingFields(_Strict):
+class SamplingFields(_Body):
     """The sampling fields shared by chat and completions: OpenAI's, vLLM's extras,
     and carpool's ``priority`` and ``timeout``."""
 
@@ -83,21 +161,25 @@ class SamplingFields(_Strict):
     top_p: float | None = Field(default=None, gt=0, le=1)
     n: StrictInt = Field(default=1, ge=1, le=16)
     stop: Stop = None
-    seed: StrictInt | None = None
+    seed: StrictInt | None = Field(
+        default=None, ge=INT64_MIN, le=INT64_MAX, description="A signed 64-bit integer."
+    )
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     user: StrictStr | None = None
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     top_k: StrictInt | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0, le=1)
     repetition_penalty: float | None = Field(default=None, gt=0, le=10)
     min_tokens: StrictInt = Field(default=0, ge=0)
-    ignore_eos: bool = False
+    ignore_eos: StrictBool = False
     stop_token_ids: list[Annotated[StrictInt, Field(ge=0)]] | None = None
-    skip_special_tokens: bool = True
+    skip_special_tokens: StrictBool = True
     truncate_prompt_tokens: StrictInt | None = Field(default=None, ge=1)
-    priority: StrictInt = Field(default=0, description="Lower runs first (vLLM's meaning).")
+    priority: StrictInt = Field(
+        default=0, ge=INT64_MIN, le=INT64_MAX, description="Lower runs first (vLLM's meaning)."
+    )
     timeout: float | None = Field(
         default=None,
         gt=0,
@@ -117,31 +199,31 @@ class ChatCompletionRequest(SamplingFields):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = None
-    logprobs: bool = False
+    logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
-    add_generation_prompt: bool = True
+    add_generation_prompt: StrictBool = True
 
 
 class CompletionRequest(SamplingFields):
     """OpenAI's (legacy) completion request."""
 
-    prompt: StrictStr | list[StrictStr] | TokenIds | list[TokenIds]
+    prompt: Prompt
     logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
-    echo: bool = False
+    echo: StrictBool = False
     best_of: StrictInt | None = Field(default=None, ge=1, le=1)
     suffix: None = None
 
 
-class TokenizeRequest(_Strict):
+class TokenizeRequest(_Body):
     """vLLM's /tokenize: a prompt, or chat messages rendered with the template."""
 
     model: StrictStr
     prompt: StrictStr | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
-    add_generation_prompt: bool = True
+    add_special_tokens: StrictBool = True
+    add_generation_prompt: StrictBool = True
 
 
-class DetokenizeRequest(_Strict):
+class DetokenizeRequest(_Body):
     model: StrictStr
     tokens: TokenIds

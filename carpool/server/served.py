@@ -16,6 +16,7 @@ from carpool.engine.async_engine import AsyncEngine
 from carpool.errors import InvalidRequest, ModelNotFound
 from carpool.models.causal_lm import LoadedLM
 from carpool.models.embedding import EmbeddingModel
+from carpool.server.preprocess import Preprocessor
 
 T = TypeVar("T")
 
@@ -46,15 +47,10 @@ class ServedEmbedding:
         Raises the first ``CarpoolError`` among the inputs; the others are cancelled.
         Raises ``ClientDisconnected`` (and cancels everything) if the client leaves.
         """
-        futures: list[asyncio.Future[Any]] = []
-        try:
-            for ids in inputs:
-                cf = self.batcher.submit(ids, len(ids), level=priority, timeout_s=timeout_s)
-                futures.append(asyncio.wrap_future(cf))
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
+        admitted = self.batcher.submit_many(
+            [(ids, len(ids)) for ids in inputs], level=priority, timeout_s=timeout_s
+        )
+        futures = [asyncio.wrap_future(f) for f in admitted]
         return await unless_disconnected(request, gather_or_cancel(futures))
 
 
@@ -114,6 +110,11 @@ class ServedGenerator:
     def max_model_len(self) -> int:
         return self.engine.engine.max_model_len
 
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        """Token ids of each text (one batch call, which releases the GIL)."""
+        encoded = self.tokenizer(texts, add_special_tokens=add_special_tokens)
+        return [list(ids) for ids in encoded["input_ids"]]
+
     def timeout(self, requested: float | None) -> float:
         """The request's start deadline: the default, or a shorter one it asked for."""
         return (
@@ -130,6 +131,7 @@ class ServedModels:
     ) -> None:
         self._models = {m.name: m for m in models}
         self._generators = {g.name: g for g in generators or []}
+        self.preprocess = Preprocessor()
 
     def __iter__(self) -> Iterator[ServedEmbedding]:
         return iter(self._models.values())
@@ -144,6 +146,13 @@ class ServedModels:
     def _unknown(self, name: str) -> ModelNotFound:
         served = ", ".join(m.name for m in self.all())
         return ModelNotFound(f"model {name!r} is not served here; served: {served}", param="model")
+
+    def any(self, name: str) -> ServedEmbedding | ServedGenerator:
+        """The model ``name``, of either kind."""
+        model = self._models.get(name) or self._generators.get(name)
+        if model is None:
+            raise self._unknown(name)
+        return model
 
     def get(self, name: str) -> ServedEmbedding:
         """The embedding model ``name``."""

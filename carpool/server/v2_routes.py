@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request, Response
 
 from carpool import __version__
 from carpool.errors import InvalidRequest
+from carpool.server.openai_routes import check_input_count, tokenize_texts
 from carpool.server.served import ServedEmbedding, ServedModels
 from carpool.server.v2_tensors import (
     HEADER_LENGTH,
@@ -104,10 +105,10 @@ def router(models: ServedModels, is_ready: Any) -> APIRouter:
         params = body.parameters or {}
         texts = _texts(body.inputs, blobs)
         truncate = _param(params, "truncate", bool, False)
-        ids = [
-            served.model.tokenize(t, truncate, param=f"{INPUT_NAME}[{i}]")
-            for i, t in enumerate(texts)
-        ]
+        check_input_count(served, len(texts))
+        ids = await models.preprocess.run(
+            tokenize_texts, served.model, texts, truncate, INPUT_NAME + "[{}]"
+        )
         timeout_us = _param(params, "timeout", int, None)
         vectors = await served.embed(
             ids,

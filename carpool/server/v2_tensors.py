@@ -3,6 +3,7 @@ binary tensor data extension (a JSON header followed by raw tensor bytes)."""
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import Any
 
@@ -52,7 +53,7 @@ def decode_bytes_tensor(tensor: V2Tensor, blob: bytes | None) -> list[str]:
     """The strings of a BYTES tensor, from JSON data or binary data."""
     if tensor.datatype != "BYTES":
         raise InvalidRequest(f"input '{tensor.name}' must be BYTES, got {tensor.datatype}")
-    count = int(np.prod(tensor.shape)) if tensor.shape else 0
+    count = math.prod(tensor.shape) if tensor.shape else 0
     if blob is not None:
         items = _unpack_bytes(blob, tensor.name)
     elif tensor.data is not None:

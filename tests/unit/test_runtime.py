@@ -1,11 +1,14 @@
-"""The device runtime picks work by priority then age, and fails loudly if it dies."""
+"""The device runtime picks work by priority then age, contains a worker's failure,
+and fails loudly if it dies."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
 
-from carpool.errors import RuntimeDead
+import pytest
+
+from carpool.errors import ModelExecutionError, RuntimeDead
 from carpool.runtime import IDLE, DeviceRuntime, WorkState
 
 
@@ -21,6 +24,7 @@ class ScriptedWorker:
         self.units = units
         self.log = log
         self.failed_with: Exception | None = None
+        self.recovered_with: list[Exception] = []
         self.notify: Callable[[], None] = lambda: None
 
     def attach(self, notify: Callable[[], None]) -> None:
@@ -35,6 +39,9 @@ class ScriptedWorker:
 
     def fail_all(self, error: Exception) -> None:
         self.failed_with = error
+
+    def recover(self, error: Exception) -> None:
+        self.recovered_with.append(error)
 
 
 def test_best_priority_runs_first_then_the_longest_waiting() -> None:
@@ -73,13 +80,48 @@ def test_runtime_thread_runs_notified_work_and_stops_cleanly() -> None:
     assert worker.failed_with is not None  # stopping fails what is left
 
 
-def test_a_worker_crash_kills_the_runtime_and_fails_every_worker() -> None:
+class Fatal(BaseException):
+    """Escapes every ``except Exception``."""
+
+
+@pytest.mark.parametrize("where", ["poll", "run_once"])
+def test_a_worker_exception_is_contained_and_the_others_go_on(where: str) -> None:
+    log: list[str] = []
+
+    class Buggy(ScriptedWorker):
+        def poll(self, now: float) -> WorkState:
+            if where == "poll" and self.units:
+                self.units -= 1
+                raise RuntimeError("bug in poll")
+            return super().poll(now)
+
+        def run_once(self, now: float) -> None:
+            self.units -= 1
+            raise RuntimeError("bug in run_once")
+
+    runtime = DeviceRuntime()
+    buggy = Buggy("bad", 0, ready_since=0.0, units=1, log=log)
+    bystander = ScriptedWorker("ok", 5, ready_since=1.0, units=2, log=log)
+    runtime.register(buggy)
+    runtime.register(bystander)
+    for _ in range(2 if where == "poll" else 3):  # a failed poll still lets the others run
+        runtime._turn()
+    assert [type(e) for e in buggy.recovered_with] == [ModelExecutionError]
+    assert log == ["ok", "ok"] and bystander.recovered_with == []
+    assert runtime.error is None
+
+
+@pytest.mark.parametrize("failure", ["base_exception", "recover_fails"])
+def test_a_fatal_failure_kills_the_runtime_and_fails_every_worker(failure: str) -> None:
     died = threading.Event()
     seen: list[BaseException] = []
 
     class Crashing(ScriptedWorker):
         def run_once(self, now: float) -> None:
-            raise RuntimeError("bug in the engine")
+            raise Fatal("killed") if failure == "base_exception" else RuntimeError("bug")
+
+        def recover(self, error: Exception) -> None:
+            raise RuntimeError("cannot recover")
 
     def on_death(exc: BaseException) -> None:
         seen.append(exc)
@@ -92,6 +134,6 @@ def test_a_worker_crash_kills_the_runtime_and_fails_every_worker() -> None:
     runtime.register(bystander)
     runtime.start()
     assert died.wait(5.0)
-    assert isinstance(seen[0], RuntimeError)
+    assert isinstance(seen[0], Fatal if failure == "base_exception" else RuntimeError)
     assert not runtime.alive
     assert isinstance(bystander.failed_with, RuntimeDead)
