@@ -16,10 +16,10 @@ from carpool.clock import Clock, MonotonicClock
 from carpool.config import EngineConfig
 from carpool.engine.block_manager import BlockManager
 from carpool.engine.detokenizer import IncrementalDetokenizer
-from carpool.engine.model_runner import ModelRunner, Sampled
+from carpool.engine.model_runner import ModelRunner, Sampled, StepResult
 from carpool.engine.outputs import SchedulerOutput
 from carpool.engine.request_output import CompletionOutput, RequestOutput
-from carpool.engine.sampler import SamplingRow, make_generator
+from carpool.engine.sampler import SamplingRow, TokenLogprobs, make_generator
 from carpool.engine.sampling_params import SamplingParams
 from carpool.engine.scheduler import Scheduler, SchedulerConfig
 from carpool.engine.sequence import FinishReason, Sequence, SequenceStatus
@@ -49,6 +49,8 @@ class _Request:
     error: str | None = None
     touched: bool = False
     num_cached_tokens: int = 0
+    # With params.prompt_logprobs: one entry per prompt token, the first None.
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -94,17 +96,17 @@ class Engine:
             raise InvalidRequest("the prompt must not be empty", param="prompt")
         if params.truncate_prompt_tokens is not None:
             prompt = prompt[-params.truncate_prompt_tokens :]
-        vocab = self.lm.config.vocab_size
-        if any(not 0 <= t < vocab for t in prompt):
-            raise InvalidRequest(f"prompt token ids must be in [0, {vocab})", param="prompt")
-        if any(not 0 <= t < vocab for t in params.stop_token_ids):
-            raise InvalidRequest(f"stop_token_ids must be in [0, {vocab})", param="stop_token_ids")
         if len(prompt) >= self.max_model_len:
             raise InvalidRequest(
                 f"this model's maximum context length is {self.max_model_len} tokens; "
                 f"the prompt has {len(prompt)}",
                 param="prompt",
             )
+        vocab = self.lm.config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt):
+            raise InvalidRequest(f"prompt token ids must be in [0, {vocab})", param="prompt")
+        if any(not 0 <= t < vocab for t in params.stop_token_ids):
+            raise InvalidRequest(f"stop_token_ids must be in [0, {vocab})", param="stop_token_ids")
         total = len(prompt) + params.max_tokens
         if total > self.max_model_len:
             raise InvalidRequest(
@@ -152,6 +154,8 @@ class Engine:
             frozenset() if params.ignore_eos else self.lm.eos_token_ids
         )
         req = _Request(request_id, params, prompt, arrival, [], [], [], [])
+        if params.prompt_logprobs is not None:
+            req.prompt_logprobs = [None] * len(prompt)
         for i in range(params.n):
             seq = Sequence(
                 f"{request_id}#{i}",
@@ -161,6 +165,7 @@ class Engine:
                 priority=priority,
                 deadline=deadline,
                 stop_token_ids=ends,
+                use_prefix_cache=params.prompt_logprobs is None,
             )
             seed = None if params.seed is None else params.seed + i
             generator = None if seed is None else make_generator(seed, self.lm.device)
@@ -211,27 +216,39 @@ class Engine:
         """Schedule, run, postprocess; the outputs of every request that changed."""
         now = self.clock.now()
         plan = self.scheduler.schedule(now)
-        sampled = self._run(plan)
-        return self._postprocess(plan, sampled, now)
+        result = self._run(plan)
+        return self._postprocess(plan, result, now)
 
-    def _run(self, plan: SchedulerOutput) -> dict[str, Sampled]:
+    def _run(self, plan: SchedulerOutput) -> StepResult:
         if not plan.chunks:
-            return {}
+            return StepResult()
         rows = {c.seq.request_id: self._row(c.seq) for c in plan.chunks if c.samples}
+        wanted = self._prompt_logprobs_wanted(plan)
         try:
-            return self.runner.execute(plan, rows)
+            return self.runner.execute(plan, rows, wanted)
         except Exception:
             log.exception("engine step failed; retrying its sequences one by one")
         # One chunk at a time: the failing ones fail alone, the others go on.
-        sampled: dict[str, Sampled] = {}
+        result = StepResult()
         for chunk in list(plan.chunks):
             try:
-                sampled.update(self.runner.execute(SchedulerOutput([chunk]), rows))
+                result.update(self.runner.execute(SchedulerOutput([chunk]), rows, wanted))
             except Exception:
                 log.exception("sequence %s failed in the model", chunk.seq.request_id)
                 plan.chunks.remove(chunk)
                 self._fail(chunk.seq, "the model failed on this request")
-        return sampled
+        return result
+
+    def _prompt_logprobs_wanted(self, plan: SchedulerOutput) -> dict[str, int]:
+        """The step's sequences whose prompt log-probabilities are wanted (the first
+        of a request's sequences speaks for its prompt)."""
+        wanted: dict[str, int] = {}
+        for chunk in plan.chunks:
+            req, i = self._by_seq[chunk.seq.request_id]
+            k = req.params.prompt_logprobs
+            if k is not None and i == 0 and chunk.seq.num_computed < len(req.prompt_ids) - 1:
+                wanted[chunk.seq.request_id] = k
+        return wanted
 
     def _row(self, seq: Sequence) -> SamplingRow:
         req, i = self._by_seq[seq.request_id]
@@ -248,8 +265,14 @@ class Engine:
                 self.scheduler.finish(other, FinishReason.ABORT)
 
     def _postprocess(
-        self, plan: SchedulerOutput, sampled: dict[str, Sampled], now: float
+        self, plan: SchedulerOutput, result: StepResult, now: float
     ) -> list[RequestOutput]:
+        sampled = result.sampled
+        for seq_id, found in result.prompt_logprobs.items():
+            req = self._by_seq[seq_id][0]
+            if req.prompt_logprobs is not None:
+                at = found.first + 1
+                req.prompt_logprobs[at : at + len(found.entries)] = found.entries
         for seq in plan.finished:  # aborted or timed out while planning
             self._by_seq[seq.request_id][0].touched = True
         self.scheduler.update(plan, {rid: s.token_id for rid, s in sampled.items()})
@@ -324,6 +347,11 @@ class Engine:
             finished=finished,
             error=req.error,
             num_cached_tokens=req.num_cached_tokens,
+            prompt_logprobs=(
+                list(req.prompt_logprobs)
+                if req.prompt_logprobs is not None and (finished or req.first_token_at)
+                else None
+            ),
         )
         for out in req.outputs:
             out.new_text, out.new_token_ids, out.new_logprobs = "", [], []

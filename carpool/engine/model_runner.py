@@ -8,7 +8,7 @@ multi-token prompt chunks (see ``carpool.models.attention``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -37,12 +37,35 @@ class Sampled:
 
 
 @dataclass(frozen=True)
+class PromptLogprobs:
+    """Log-probabilities of prompt tokens ``first + 1 ...`` (each given the tokens
+    before it), from one chunk of a sequence's prompt."""
+
+    first: int
+    entries: list[TokenLogprobs]
+
+
+@dataclass
+class StepResult:
+    """What a step produced: the sampled token of each sampling chunk's sequence,
+    and prompt log-probabilities for the sequences that asked for them."""
+
+    sampled: dict[str, Sampled] = field(default_factory=dict)
+    prompt_logprobs: dict[str, PromptLogprobs] = field(default_factory=dict)
+
+    def update(self, other: StepResult) -> None:
+        self.sampled.update(other.sampled)
+        self.prompt_logprobs.update(other.prompt_logprobs)
+
+
+@dataclass(frozen=True)
 class StepInputs:
     input_ids: torch.Tensor
     positions: torch.Tensor
     meta: AttentionMetadata
     sample_index: torch.Tensor  # rows of the hidden states that produce logits
     sampling_chunks: list[ScheduledChunk]
+    chunk_starts: list[int]  # each chunk's first row, in step.chunks order
 
 
 class ModelRunner:
@@ -78,23 +101,65 @@ class ModelRunner:
         return memory_bytes // per_block
 
     @torch.inference_mode()
-    def execute(self, step: SchedulerOutput, rows: Mapping[str, SamplingRow]) -> dict[str, Sampled]:
+    def execute(
+        self,
+        step: SchedulerOutput,
+        rows: Mapping[str, SamplingRow],
+        prompt_logprobs: Mapping[str, int] | None = None,
+    ) -> StepResult:
         """Run ``step``; sample one token for each chunk that reaches its sequence's
-        end. ``rows`` maps a sampling chunk's sequence id to its sampling row.
+        end. ``rows`` maps a sampling chunk's sequence id to its sampling row;
+        ``prompt_logprobs`` maps the sequences that want prompt log-probabilities to
+        how many top alternatives each.
 
         Re-running a chunk writes the same K/V to the same slots, so a failed step
         may be retried chunk by chunk."""
         inputs = self.prepare(step)
         hidden = self.lm.model(inputs.input_ids, inputs.positions, self.caches, inputs.meta)
+        result = StepResult()
+        if prompt_logprobs:
+            result.prompt_logprobs = self._prompt_logprobs(
+                step, inputs.chunk_starts, hidden, prompt_logprobs
+            )
         if not inputs.sampling_chunks:
-            return {}
+            return result
         logits = self.lm.model.compute_logits(hidden[inputs.sample_index])
         chunks = inputs.sampling_chunks
         out = sample(logits, [rows[c.seq.request_id] for c in chunks])
-        return {
+        result.sampled = {
             c.seq.request_id: Sampled(token, logprobs)
             for c, token, logprobs in zip(chunks, out.token_ids, out.logprobs, strict=True)
         }
+        return result
+
+    def _prompt_logprobs(
+        self,
+        step: SchedulerOutput,
+        starts: list[int],
+        hidden: torch.Tensor,
+        wanted: Mapping[str, int],
+    ) -> dict[str, PromptLogprobs]:
+        """For each wanted chunk, the log-probability of every prompt token its rows
+        predict (row at position p predicts prompt token p + 1)."""
+        found: dict[str, PromptLogprobs] = {}
+        for chunk, row in zip(step.chunks, starts, strict=True):
+            seq = chunk.seq
+            k = wanted.get(seq.request_id)
+            first = seq.num_computed
+            last = min(first + chunk.num_tokens, seq.num_prompt_tokens - 1)
+            if k is None or last <= first:
+                continue
+            logits = self.lm.model.compute_logits(hidden[row : row + last - first]).float()
+            logprobs = torch.log_softmax(logits, dim=-1)
+            targets = torch.tensor(seq.token_ids[first + 1 : last + 1], device=logits.device)
+            chosen = logprobs.gather(1, targets[:, None])[:, 0].tolist()
+            values, ids = logprobs.topk(k, dim=-1)
+            entries = [
+                TokenLogprobs(lp, list(zip(i, v, strict=True)))
+                for lp, i, v in zip(chosen, ids.tolist(), values.tolist(), strict=True)
+            ]
+            found[seq.request_id] = PromptLogprobs(first, entries)
+        return found
 
     def prepare(self, step: SchedulerOutput) -> StepInputs:
         singles = sorted(
@@ -108,8 +173,10 @@ class ModelRunner:
         sampling: list[ScheduledChunk] = []
         segments: list[PrefillSegment] = []
         bs = self.block_size
+        first_row: dict[int, int] = {}
         for chunk in singles + multis:
             seq, start, n = chunk.seq, chunk.seq.num_computed, chunk.num_tokens
+            first_row[id(chunk)] = len(ids)
             if n > 1:
                 segments.append(self._segment(chunk, len(ids)))
             blocks = seq.block_table.blocks
@@ -131,7 +198,12 @@ class ModelRunner:
             )
         meta = AttentionMetadata(self._tensor(slots), groups, tuple(segments), native)
         return StepInputs(
-            self._tensor(ids), self._tensor(positions), meta, self._tensor(sample_index), sampling
+            self._tensor(ids),
+            self._tensor(positions),
+            meta,
+            self._tensor(sample_index),
+            sampling,
+            [first_row[id(c)] for c in step.chunks],
         )
 
     def _group(self, chunks: list[ScheduledChunk], start: int) -> SingleGroup:

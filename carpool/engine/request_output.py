@@ -34,6 +34,9 @@ class RequestOutput:
     finished: bool = False
     error: str | None = None
     num_cached_tokens: int = 0
+    # With SamplingParams.prompt_logprobs, once the prompt is computed: one entry per
+    # prompt token, the first None (nothing predicts it).
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
     @property
     def num_generated_tokens(self) -> int:

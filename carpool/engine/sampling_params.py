@@ -41,6 +41,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     truncate_prompt_tokens: int | None = None
 
@@ -77,6 +78,11 @@ class SamplingParams:
         _check(
             self.logprobs is None or 0 <= self.logprobs <= 20,
             "logprobs",
+            "must be between 0 and 20",
+        )
+        _check(
+            self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
+            "prompt_logprobs",
             "must be between 0 and 20",
         )
         _check(

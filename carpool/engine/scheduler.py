@@ -74,12 +74,13 @@ class Scheduler:
             seq = self.waiting[0]
             # Waiting sequences hold no blocks (preemption frees them): start from
             # whatever full-block prefix is cached.
-            prefix = self.blocks.match_prefix(seq.token_ids)
+            prefix = self.blocks.match_prefix(seq.token_ids) if seq.use_prefix_cache else []
             cached = len(prefix) * self.blocks.block_size
             n = min(seq.num_tokens - cached, budget)
             if not self.blocks.allocate(seq.block_table, cached + n, prefix):
                 break
-            self.blocks.record_prefix(seq.token_ids, prefix)
+            if seq.use_prefix_cache:
+                self.blocks.record_prefix(seq.token_ids, prefix)
             seq.num_computed = cached
             self.waiting.pop(0)
             seq.status = SequenceStatus.RUNNING

@@ -41,6 +41,7 @@ class Sequence:
     priority: int = 0
     deadline: float | None = None
     stop_token_ids: frozenset[int] = frozenset()  # EOS unless ignored, and stop_token_ids
+    use_prefix_cache: bool = True  # False: every prompt token is computed (prompt logprobs)
     num_computed: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None

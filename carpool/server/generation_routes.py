@@ -79,6 +79,7 @@ def router(models: ServedModels) -> APIRouter:
                 len(p),
                 16 if body.max_tokens is None else body.max_tokens,
                 body.logprobs,
+                prompt_logprobs=body.logprobs if body.echo else None,
             )
             for p in prompts
         ]
@@ -213,6 +214,7 @@ def sampling_params(
     prompt_len: int,
     max_tokens: int | None,
     logprobs: int | None,
+    prompt_logprobs: int | None = None,
 ) -> SamplingParams:
     if max_tokens is None:  # vLLM's default: whatever the context has left
         max_tokens = max(1, served.max_model_len - prompt_len)
@@ -233,6 +235,7 @@ def sampling_params(
         stop_token_ids=tuple(body.stop_token_ids or ()),
         ignore_eos=body.ignore_eos,
         logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
         skip_special_tokens=body.skip_special_tokens,
         truncate_prompt_tokens=body.truncate_prompt_tokens,
     )
@@ -258,6 +261,7 @@ class _Call:
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
         self.n = body.n
+        self._sent: dict[int, int] = {}  # characters of text streamed per choice
 
     async def respond(
         self,
@@ -305,14 +309,17 @@ class _Call:
                         }
                     )
                 else:
-                    text = out.text
-                    if self.echo:
-                        text = self.served.tokenizer.decode(final.prompt_token_ids) + text
+                    echoed = self._echo(final) if self.echo else ("", None)
                     choices.append(
                         {
                             "index": index,
-                            "text": text,
-                            "logprobs": self._completion_logprobs(out.logprobs, out.token_ids),
+                            "text": echoed[0] + out.text,
+                            "logprobs": _joined(
+                                echoed[1],
+                                self._completion_logprobs(
+                                    out.logprobs, out.token_ids, len(echoed[0])
+                                ),
+                            ),
                             "finish_reason": _finish(out.finish_reason),
                         }
                     )
@@ -340,7 +347,7 @@ class _Call:
             async for p, out in _merge(streams):
                 if out.finished:
                     finals[p] = out
-                choices = [c for c in (self._delta(p, o, done) for o in out.outputs) if c]
+                choices = [c for c in (self._delta(p, out, o, done) for o in out.outputs) if c]
                 if choices:
                     yield self._chunk(choices, include_usage)
             if include_usage:
@@ -355,9 +362,12 @@ class _Call:
                 s.close()
         yield {"data": "[DONE]"}
 
-    def _delta(self, p: int, out: CompletionOutput, done: set[int]) -> dict[str, Any] | None:
-        """The chunk choice for what ``out`` added, None if nothing; a choice's finish
-        reason is sent once (``done`` holds the choices already finished)."""
+    def _delta(
+        self, p: int, request: RequestOutput, out: CompletionOutput, done: set[int]
+    ) -> dict[str, Any] | None:
+        """The chunk choice for what ``out`` (of ``request``) added, None if nothing; a
+        choice's finish reason is sent once (``done`` holds the choices already
+        finished). With ``echo``, a choice's first piece starts with the prompt."""
         index = p * self.n + out.index
         reason = None
         if out.finish_reason is not None and index not in done:
@@ -370,14 +380,29 @@ class _Call:
             choice = _choice_delta(index, delta)
             choice["logprobs"] = self._chat_logprobs(out.new_logprobs, out.new_token_ids)
         else:
+            echoed: tuple[str, dict[str, Any] | None] = ("", None)
+            if self.echo and index not in self._sent:
+                echoed = self._echo(request)
+            sent = self._sent.get(index, 0) + len(echoed[0])
             choice = {
                 "index": index,
-                "text": out.new_text,
-                "logprobs": self._completion_logprobs(out.new_logprobs, out.new_token_ids),
+                "text": echoed[0] + out.new_text,
+                "logprobs": _joined(
+                    echoed[1],
+                    self._completion_logprobs(out.new_logprobs, out.new_token_ids, sent),
+                ),
                 "finish_reason": None,
             }
+            self._sent[index] = sent + len(out.new_text)
         choice["finish_reason"] = reason
         return choice
+
+    def _echo(self, request: RequestOutput) -> tuple[str, dict[str, Any] | None]:
+        """The prompt's text, and its tokens' logprobs when they were asked for."""
+        text: str = self.served.tokenizer.decode(request.prompt_token_ids)
+        if request.prompt_logprobs is None:
+            return text, None
+        return text, self._completion_logprobs(request.prompt_logprobs, request.prompt_token_ids, 0)
 
     def _chunk(self, choices: list[dict[str, Any]], include_usage: bool) -> dict[str, str]:
         envelope = self._envelope(choices, None)
@@ -419,21 +444,33 @@ class _Call:
         return {"content": content}
 
     def _completion_logprobs(
-        self, logprobs: list[TokenLogprobs], token_ids: list[int]
+        self, logprobs: Sequence[TokenLogprobs | None], token_ids: list[int], start: int
     ) -> dict[str, Any] | None:
+        """OpenAI's completion logprobs of ``token_ids``, whose text begins at
+        character ``start`` of the choice's text (None entries: a prompt's first
+        token, which nothing predicts)."""
         if not logprobs:
             return None
         tokens = [self._token(t) for t in token_ids]
-        offsets, at = [], 0
+        offsets, at = [], start
         for token in tokens:
             offsets.append(at)
             at += len(token)
         return {
             "tokens": tokens,
-            "token_logprobs": [lp.logprob for lp in logprobs],
-            "top_logprobs": [{self._token(t): v for t, v in lp.top} for lp in logprobs],
+            "token_logprobs": [None if lp is None else lp.logprob for lp in logprobs],
+            "top_logprobs": [
+                None if lp is None else {self._token(t): v for t, v in lp.top} for lp in logprobs
+            ],
             "text_offset": offsets,
         }
+
+
+def _joined(first: dict[str, Any] | None, second: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Two completion-logprobs objects as one (either may be None)."""
+    if first is None or second is None:
+        return first or second
+    return {key: first[key] + second[key] for key in first}
 
 
 def _finish(reason: FinishReason | None) -> str | None:

@@ -34,22 +34,29 @@ class _Strict(BaseModel):
 
 def invalid_unicode_at(value: Any) -> str | None:
     """The path (``messages.0.content``) of the first string in ``value`` that holds a
-    lone surrogate, or None if every string is valid Unicode."""
-    stack: list[tuple[str, Any]] = [("", value)]
+    lone surrogate, or None if every string is valid Unicode. Iterative (any nesting
+    depth); scalars are skipped without building a path (a token-id list of millions)."""
+    stack: list[tuple[tuple[object, ...], Any]] = [((), value)]
     while stack:
         path, item = stack.pop()
         if isinstance(item, str):
             if _SURROGATE.search(item):
-                return path
+                return ".".join(map(str, path))
         elif isinstance(item, dict):
             for key, child in item.items():
-                where = f"{path}.{key}" if path else str(key)
                 if isinstance(key, str) and _SURROGATE.search(key):
-                    return where
-                stack.append((where, child))
-        elif isinstance(item, list):
-            stack.extend((f"{path}.{i}" if path else str(i), c) for i, c in enumerate(item))
+                    return ".".join(map(str, (*path, key)))
+                if isinstance(child, _CONTAINERS):
+                    stack.append(((*path, key), child))
+        elif isinstance(item, list) and not _SCALARS.issuperset(map(type, item)):
+            for i, child in enumerate(item):
+                if isinstance(child, _CONTAINERS):
+                    stack.append(((*path, i), child))
     return None
+
+
+_CONTAINERS = (str, dict, list)
+_SCALARS = frozenset({int, float, bool, type(None)})
 
 
 class _Body(_Strict):
