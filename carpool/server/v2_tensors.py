@@ -3,6 +3,7 @@ binary tensor data extension (a JSON header followed by raw tensor bytes)."""
 
 from __future__ import annotations
 
+import json
 import math
 import struct
 from typing import Any
@@ -29,9 +30,17 @@ def parse_request(
         split = int(header_length)
         json_part, binary = body[:split], body[split:]
     try:
-        request = V2InferRequest.model_validate_json(json_part)
+        # The standard parser, not pydantic's: it reads JSON's \ud800 escapes, so the
+        # model's own check can say which string is not valid Unicode.
+        data = json.loads(json_part)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    try:
+        request = V2InferRequest.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
+        if first["type"] == "invalid_unicode":
+            raise InvalidRequest(first["msg"]) from None
         where = ".".join(str(p) for p in first["loc"])
         raise InvalidRequest(f"invalid inference request at '{where}': {first['msg']}") from None
     blobs: dict[str, bytes] = {}

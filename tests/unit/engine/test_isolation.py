@@ -93,7 +93,10 @@ def submit_together(
 ) -> list[RequestOutput | CarpoolError]:
     sinks = [Collector() for _ in requests]
     worker.submit_many(
-        [(worker.new_request_id(), p, params, s) for (p, params), s in zip(requests, sinks)]
+        [
+            (worker.new_request_id(), p, params, s)
+            for (p, params), s in zip(requests, sinks, strict=True)
+        ]
     )
     return [s.final() for s in sinks]
 
@@ -152,9 +155,7 @@ def test_a_failing_step_fails_only_its_request(
     worker, runtime = served
     bad_params = _inject(fault, monkeypatch, tiny)
     bad_prompt = [3, POISON, 4] if fault == "model" else [3, 4]
-    bad, *good = submit_together(
-        worker, [(bad_prompt, bad_params), *((p, greedy()) for p in GOOD)]
-    )
+    bad, *good = submit_together(worker, [(bad_prompt, bad_params), *((p, greedy()) for p in GOOD)])
     if isinstance(bad, RequestOutput):
         assert bad.finished and bad.error, fault
     else:
@@ -205,9 +206,7 @@ def test_values_that_reach_torch_are_refused_or_made_safe(tiny: LoadedLM) -> Non
     assert alone(tiny, GOOD[0], tiny_temperature) == alone(tiny, GOOD[0], greedy())
 
 
-def test_prompt_logprobs_match_a_full_forward(
-    built: tuple[Any, Path], tiny: LoadedLM
-) -> None:
+def test_prompt_logprobs_match_a_full_forward(built: tuple[Any, Path], tiny: LoadedLM) -> None:
     """Chunked (a 4-token step budget) and after the same prompt was cached: each
     prompt token's logprob is the reference model's, given the tokens before it."""
     hf_model, _ = built
