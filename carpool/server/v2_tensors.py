@@ -35,6 +35,8 @@ def parse_request(
         data = json.loads(json_part)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidRequest("request body is nested too deeply") from None
     try:
         request = V2InferRequest.model_validate(data)
     except ValidationError as exc:
@@ -66,7 +68,7 @@ def decode_bytes_tensor(tensor: V2Tensor, blob: bytes | None) -> list[str]:
     if blob is not None:
         items = _unpack_bytes(blob, tensor.name)
     elif tensor.data is not None:
-        items = list(_flatten(tensor.data))
+        items = _flatten(tensor.data)
     else:
         raise InvalidRequest(f"input '{tensor.name}' has neither data nor binary_data_size")
     if len(items) != count:
@@ -92,12 +94,19 @@ def decode_bytes_tensor(tensor: V2Tensor, blob: bytes | None) -> list[str]:
     return texts
 
 
-def _flatten(data: list[Any]) -> Any:
-    for item in data:
-        if isinstance(item, list):
-            yield from _flatten(item)
+def _flatten(data: list[Any]) -> list[Any]:
+    """The leaves of nested lists, in order (iterative: any nesting depth)."""
+    leaves: list[Any] = []
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
+            leaves.append(item)
         else:
-            yield item
+            stack.pop()
+    return leaves
 
 
 def _unpack_bytes(blob: bytes, name: str) -> list[bytes]:

@@ -170,7 +170,14 @@ def test_any_field_with_any_value_gets_a_clear_answer(server: Server, path: str)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
-@given(body=st.binary(max_size=64) | json_values.map(lambda v: json.dumps(v).encode()))
+@given(
+    body=st.binary(max_size=64)
+    | json_values.map(lambda v: json.dumps(v).encode())
+    | st.sampled_from([b"[" * d + b"]" * d for d in (500, 990, 5000)])
+    | st.sampled_from(
+        [b'{"inputs": [{"data": ' + b"[" * d + b"]" * d + b"}]}" for d in (990, 5000)]
+    )
+)
 def test_any_body_at_all_gets_a_clear_answer(body: bytes) -> None:
     """(the campaign's outcomes are printed at the end of the module, with -s)"""
     url = _SERVER_URL["url"]
