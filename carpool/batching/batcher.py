@@ -68,9 +68,6 @@ class _Admission:
         }
         self._counts = dict.fromkeys(self._limits, 0)
 
-    def limit(self, level: int) -> int:
-        return self._limits[level]
-
     def try_acquire(self, level: int, count: int = 1) -> bool:
         with self._lock:
             if self._counts[level] + count > self._limits[level]:
