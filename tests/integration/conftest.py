@@ -45,6 +45,15 @@ class Server:
         raise KeyError(f"{name}{labels} not in /metrics")
 
 
+def rss_bytes(server: Server) -> int:
+    """The server process's resident memory."""
+    with open(f"/proc/{server.process.pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
 def start_server(*args: str, timeout_s: float = 120.0) -> Server:
     """Start ``carpool serve`` on an ephemeral port and wait for its ready line."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.conftest import Server, start_server, stop_server
+from tests.integration.conftest import Server, rss_bytes, start_server, stop_server
 
 CHAT = "smollm2-135m-instruct"
 EMBED = "all-minilm-l6-v2"
@@ -209,14 +209,6 @@ def test_a_request_bigger_than_a_queue_is_413_and_refuses_nobody_else(
     assert [r.status_code for r in small] == [200, 200, 200]
     assert len(small[0].json()["data"]) == QUEUE // 2
     still_serving(server, solo)
-
-
-def rss_bytes(server: Server) -> int:
-    with open(f"/proc/{server.process.pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 @pytest.mark.parametrize(

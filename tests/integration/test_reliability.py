@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
-from tests.integration.conftest import Server, start_server, stop_server
+from tests.integration.conftest import Server, rss_bytes, start_server, stop_server
 
 CHAT = "smollm2-135m-instruct"
 EMBED = "all-minilm-l6-v2"
@@ -29,14 +29,6 @@ def wait_for(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not reached in time"
         time.sleep(0.05)
-
-
-def rss_bytes(server: Server) -> int:
-    with open(f"/proc/{server.process.pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 def idle(server: Server) -> bool:
