@@ -73,7 +73,8 @@ def main() -> None:
     parser.add_argument("--pid", type=int, default=None, help="the server's pid, for its RSS")
     args = parser.parse_args()
     print("python -m benchmarks.loop_stall --url", args.url)
-    print(f"{'request':<16} {'MB':>5} {'status':>6} {'took s':>7} {'worst /health s':>16} {'RSS +MiB':>9}")
+    header = ("request", "MB", "status", "took s", "worst /health s", "RSS +MiB")
+    print("{:<16} {:>5} {:>6} {:>7} {:>16} {:>9}".format(*header))
     for name, (path, body) in CASES.items():
         before = rss_mib(args.pid)
         status, took, worst = asyncio.run(one(args.url, path, body))
