@@ -63,16 +63,18 @@ class EmbeddingModel:
         return [e.ids for e in self.tokenizer.encode_batch(texts)]
 
     def check_ids(self, ids: list[int], truncate: bool = False, param: str = "input") -> list[int]:
-        """Validate token ids given directly by a client (used as they are)."""
+        """Validate token ids given directly by a client (used as they are); the
+        length first, so an overlong list is refused without a pass over it."""
         if not ids:
             raise InvalidRequest("input must not be empty", param=param)
-        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        fitted = self.fit(ids, truncate, param)
+        bad = [i for i in fitted if not 0 <= i < self.vocab_size]
         if bad:
             raise InvalidRequest(
                 f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})",
                 param=param,
             )
-        return self.fit(ids, truncate, param)
+        return fitted
 
     def fit(self, ids: list[int], truncate: bool, param: str = "input") -> list[int]:
         """``ids`` if they fit the model's maximum; else cut to it (``truncate``: the

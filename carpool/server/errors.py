@@ -85,9 +85,6 @@ def _describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
     first = errors[0]
     if first.get("type") == "json_invalid":
         return f"request body is not valid JSON: {first.get('msg', '')}", None
-    if first.get("type") == "invalid_unicode":
-        field = str(first.get("ctx", {}).get("field", ""))
-        return str(first.get("msg")), field.split(".")[0] or None
     loc = [p for p in first.get("loc", ()) if p != "body"]
     if not loc:
         return str(first.get("msg", "invalid request body")), None
@@ -128,8 +125,7 @@ def install(app: FastAPI) -> None:
                 f"(got {request.headers.get('content-type') or 'no Content-Type'})",
             )
         message, field = _describe_validation(exc)
-        errors = exc.errors()
-        status = 400 if field is None or errors[0].get("type") == "invalid_unicode" else 422
+        status = 400 if field is None else 422
         return error_response(request, status, message, param=field)
 
     @app.exception_handler(StarletteHTTPException)

@@ -41,12 +41,13 @@ from carpool.server.served import (
     gather_or_cancel,
     unless_disconnected,
 )
+from carpool.server.unicode_check import UnicodeCheckedRoute
 
 _FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
 
 
 def router(models: ServedModels) -> APIRouter:
-    api = APIRouter()
+    api = APIRouter(route_class=UnicodeCheckedRoute)
 
     @api.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
@@ -106,12 +107,18 @@ def router(models: ServedModels) -> APIRouter:
     @api.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
         served = models.generator(body.model)
-        vocab = served.lm.config.vocab_size
-        if any(t >= vocab for t in body.tokens):
-            raise InvalidRequest(f"token ids must be below {vocab}", param="tokens")
-        return {"prompt": served.tokenizer.decode(body.tokens)}
+        return {"prompt": await models.preprocess.run(detokenize_ids, served, body.tokens)}
 
     return api
+
+
+def detokenize_ids(served: ServedGenerator, ids: list[int]) -> str:
+    """The text of ``ids``, each checked against the vocabulary. Runs on the
+    pre-processing pool."""
+    vocab = served.lm.config.vocab_size
+    if any(not 0 <= t < vocab for t in ids):
+        raise InvalidRequest(f"token ids must be in [0, {vocab})", param="tokens")
+    return served.tokenizer.decode(ids)
 
 
 def chat_prompt(

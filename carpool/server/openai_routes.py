@@ -14,12 +14,13 @@ from carpool.models.embedding import EmbeddingModel
 from carpool.server.preprocess import Keep, Preprocessor, TooManyTokens, encode_within
 from carpool.server.schemas import EmbeddingRequest
 from carpool.server.served import ServedEmbedding, ServedModels
+from carpool.server.unicode_check import UnicodeCheckedRoute
 
 MAX_INPUTS = 2048
 
 
 def router(models: ServedModels) -> APIRouter:
-    api = APIRouter()
+    api = APIRouter(route_class=UnicodeCheckedRoute)
 
     @api.get("/v1/models")
     async def list_models() -> dict[str, Any]:

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from carpool.errors import InvalidRequest
 from carpool.server.schemas import V2InferRequest, V2Tensor
+from carpool.server.unicode_check import refuse_invalid_unicode
 
 HEADER_LENGTH = "inference-header-content-length"
 
@@ -31,18 +32,17 @@ def parse_request(
         json_part, binary = body[:split], body[split:]
     try:
         # The standard parser, not pydantic's: it reads JSON's \ud800 escapes, so the
-        # model's own check can say which string is not valid Unicode.
+        # check below can say which string is not valid Unicode.
         data = json.loads(json_part)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
     except RecursionError:
         raise InvalidRequest("request body is nested too deeply") from None
+    refuse_invalid_unicode(json_part, data)
     try:
         request = V2InferRequest.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        if first["type"] == "invalid_unicode":
-            raise InvalidRequest(first["msg"]) from None
         where = ".".join(str(p) for p in first["loc"])
         raise InvalidRequest(f"invalid inference request at '{where}': {first['msg']}") from None
     blobs: dict[str, bytes] = {}

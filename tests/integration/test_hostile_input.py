@@ -131,8 +131,13 @@ def test_the_widest_values_in_range_are_served(server: Server, solo: str) -> Non
         assert vocab["count"] == 1
         ids = c.post("/v1/completions", json=greedy("hi", stop_token_ids=[49152]))
         assert ids.status_code == 400 and ids.json()["error"]["param"] == "stop_token_ids"
-        over = c.post("/v1/completions", json={**greedy("x"), "prompt": [1, 49152]})
-        assert over.status_code == 400 and over.json()["error"]["param"] == "prompt"
+        for ids in ([1, 49152], [1, -1]):
+            over = c.post("/v1/completions", json={**greedy("x"), "prompt": ids})
+            assert over.status_code == 400 and over.json()["error"]["param"] == "prompt"
+        negative = c.post("/detokenize", json={"model": CHAT, "tokens": [1, -1]})
+        assert negative.status_code == 400 and negative.json()["error"]["param"] == "tokens"
+        embed = c.post("/v1/embeddings", json={"model": EMBED, "input": [101, -1, 102]})
+        assert embed.status_code == 400 and embed.json()["error"]["param"] == "input"
     still_serving(server, solo)
 
 
@@ -178,6 +183,15 @@ def test_lone_surrogates_get_400_naming_the_field(
     else:
         assert error["param"] == param and "Unicode" in error["message"]
     assert neighbours == [solo] * 3
+    still_serving(server, solo)
+
+
+def test_a_lone_surrogate_as_raw_utf8_bytes_gets_400(server: Server, solo: str) -> None:
+    """Python's JSON parser reads a UTF-8-encoded surrogate too (``surrogatepass``)."""
+    body = json.dumps(greedy(LONE), ensure_ascii=False).encode("utf-8", "surrogatepass")
+    with server.client() as c:
+        r = c.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
     still_serving(server, solo)
 
 
