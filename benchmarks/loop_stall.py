@@ -1,10 +1,14 @@
-"""How long one oversized request holds the event loop: a ~7 MB prompt (text, token
-ids, a chat message, an embedding input) is sent to a running server while
-``/health`` is polled every 10 ms; prints each request's answer, its time, and the
-slowest ``/health`` answer meanwhile, and the server's RSS growth.
+"""How long one large request holds the event loop: a prompt just under the body
+limit (text, single-digit token ids, the densest body there is, a chat message, an
+embedding input, 5-digit token ids, each sent as compact JSON) goes to a running
+server while ``/health`` is polled every 10 ms; prints each request's answer, its
+time, the slowest ``/health`` answer meanwhile, and the server's RSS growth.
 
     carpool serve --port 8123 &
-    python -m benchmarks.loop_stall --url http://127.0.0.1:8123 [--pid PID]
+    python -m benchmarks.loop_stall --url http://127.0.0.1:8123 [--pid PID] [--mb 2]
+
+``--mb``: the body size to aim at, in MB (the server's ``--max-body-bytes``; 2 MiB
+by default).
 """
 
 from __future__ import annotations
@@ -18,20 +22,32 @@ import httpx
 
 CHAT = "smollm2-135m-instruct"
 EMBED = "all-minilm-l6-v2"
-TEXT = "hello world " * 600_000
 
-CASES: dict[str, tuple[str, dict[str, object]]] = {
-    "text prompt": ("/v1/completions", {"model": CHAT, "prompt": TEXT, "max_tokens": 2}),
-    "token-id prompt": (
-        "/v1/completions",
-        {"model": CHAT, "prompt": [5] * 1_500_000, "max_tokens": 2},
-    ),
-    "chat message": (
-        "/v1/chat/completions",
-        {"model": CHAT, "messages": [{"role": "user", "content": TEXT}], "max_tokens": 2},
-    ),
-    "embedding input": ("/v1/embeddings", {"model": EMBED, "input": TEXT}),
-}
+
+def cases(mb: float) -> dict[str, tuple[str, dict[str, object]]]:
+    """Bodies of about ``mb`` MB (a little under)."""
+    size = int(mb * 1e6 * 0.97)
+    text = "hello world " * (size // 12)
+    return {
+        "text prompt": ("/v1/completions", {"model": CHAT, "prompt": text, "max_tokens": 2}),
+        "token-id prompt": (
+            "/v1/completions",
+            {"model": CHAT, "prompt": [5] * (size // 2), "max_tokens": 2},
+        ),
+        "5-digit ids": (
+            "/v1/completions",
+            {"model": CHAT, "prompt": [12345] * (size // 6), "max_tokens": 2},
+        ),
+        "chat message": (
+            "/v1/chat/completions",
+            {"model": CHAT, "messages": [{"role": "user", "content": text}], "max_tokens": 2},
+        ),
+        "embedding input": ("/v1/embeddings", {"model": EMBED, "input": text}),
+    }
+
+
+def compact(body: dict[str, object]) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
 
 
 def rss_mib(pid: int | None) -> float:
@@ -44,8 +60,7 @@ def rss_mib(pid: int | None) -> float:
     return float("nan")
 
 
-async def one(url: str, path: str, body: dict[str, object]) -> tuple[int, float, float]:
-    data = json.dumps(body).encode()
+async def one(url: str, path: str, data: bytes) -> tuple[int, float, float]:
     async with httpx.AsyncClient(base_url=url, timeout=120) as c:
         worst = 0.0
         done = False
@@ -71,14 +86,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="http://127.0.0.1:8123")
     parser.add_argument("--pid", type=int, default=None, help="the server's pid, for its RSS")
+    parser.add_argument("--mb", type=float, default=2.0, help="body size to aim at, MB")
     args = parser.parse_args()
-    print("python -m benchmarks.loop_stall --url", args.url)
+    print(f"python -m benchmarks.loop_stall --url {args.url} --mb {args.mb}")
     header = ("request", "MB", "status", "took s", "worst /health s", "RSS +MiB")
     print("{:<16} {:>5} {:>6} {:>7} {:>16} {:>9}".format(*header))
-    for name, (path, body) in CASES.items():
+    for name, (path, body) in cases(args.mb).items():
+        data = compact(body)
         before = rss_mib(args.pid)
-        status, took, worst = asyncio.run(one(args.url, path, body))
-        size = len(json.dumps(body)) / 1e6
+        status, took, worst = asyncio.run(one(args.url, path, data))
+        size = len(data) / 1e6
         grew = rss_mib(args.pid) - before
         print(f"{name:<16} {size:>5.1f} {status:>6} {took:>7.2f} {worst:>16.3f} {grew:>9.0f}")
 

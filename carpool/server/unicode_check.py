@@ -3,9 +3,9 @@
 JSON's ``\\ud800`` escapes (and raw surrogate bytes, which Python's ``json``
 decodes with ``surrogatepass``) can spell lone surrogates that no tokenizer or
 encoder takes. Every body is checked once, before it is validated: a scan of its
-raw bytes (about a millisecond per 4 MB) decides whether it could hold a surrogate
-at all; only then is the parsed body walked to find the string. Walking every body
-cost 27 ns per element of a token-id list, all of it on the event loop.
+raw bytes decides whether it could hold a surrogate at all; only then is the
+parsed body walked to find the string. Walking every body cost 27 ns per element
+of a token-id list, all of it on the event loop.
 """
 
 from __future__ import annotations
@@ -21,7 +21,10 @@ from fastapi.routing import APIRoute
 from carpool.errors import InvalidRequest
 
 # A surrogate escape (paired or not: the walk decides), or a UTF-8-encoded surrogate.
-_MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+# Each is searched for only if its first byte occurs at all (a memchr, ~0.1 ms/MB;
+# the regex tries every position, ~1 ms/MB).
+_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_RAW = re.compile(rb"\xed[\xa0-\xbf]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _CONTAINERS = (str, dict, list)
 _SCALARS = frozenset({int, float, bool, type(None)})
@@ -30,7 +33,10 @@ _SCALARS = frozenset({int, float, bool, type(None)})
 def may_hold_surrogates(body: bytes) -> bool:
     """False only if ``body``, parsed as JSON, cannot hold a lone surrogate. Bodies
     in UTF-16 or UTF-32 (which ``json.loads`` also takes) are always walked."""
-    return json.detect_encoding(body) != "utf-8" or _MAYBE_SURROGATE.search(body) is not None
+    if json.detect_encoding(body) != "utf-8":
+        return True
+    escaped = b"\\" in body and _ESCAPE.search(body) is not None
+    return escaped or (b"\xed" in body and _RAW.search(body) is not None)
 
 
 def invalid_unicode_at(value: Any) -> str | None:

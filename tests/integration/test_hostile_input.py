@@ -20,6 +20,7 @@ CHAT = "smollm2-135m-instruct"
 EMBED = "all-minilm-l6-v2"
 MAX_WAITING = 8  # so one request may bring at most 4 prompts
 QUEUE = 64  # so one embeddings request may bring at most 32 inputs
+BODY_LIMIT = 16 * 2**20  # room for the 7 MB prompts below (the default is 2 MiB)
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +32,8 @@ def server() -> Iterator[Server]:
         str(QUEUE),
         "--kv-cache-memory",
         "64MiB",
+        "--max-body-bytes",
+        str(BODY_LIMIT),
     )
     yield s
     assert stop_server(s) == 0
