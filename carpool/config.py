@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import types
 import typing
 from collections.abc import Mapping
@@ -302,6 +303,16 @@ def default_cache_dir() -> Path:
     ``~/.cache/carpool``. The one place carpool reads this from the environment."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "carpool"
+
+
+def default_compiler() -> str | None:
+    """The C compiler that builds the kernels: ``$CC`` (a program name or path), else
+    ``cc`` or ``gcc`` on PATH; None if there is none. The one place carpool reads
+    this from the environment."""
+    wanted = os.environ.get("CC", "").strip()
+    if wanted:
+        return shutil.which(wanted)
+    return shutil.which("cc") or shutil.which("gcc")
 
 
 def _require(condition: bool, message: str) -> None:

@@ -26,6 +26,7 @@ from carpool.engine.sequence import FinishReason, Sequence, SequenceStatus
 from carpool.errors import InvalidRequest
 from carpool.models.causal_lm import LoadedLM
 from carpool.models.decode_kernel import select_decode_kernel
+from carpool.models.native import PathTaken
 from carpool.stats import EngineStats
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,9 @@ class Engine:
             SchedulerConfig(self.config.max_num_batched_tokens, self.config.max_num_seqs),
             self.blocks,
         )
-        kernel = select_decode_kernel(self.config.attention_kernel, lm.device, lm.dtype)
+        kernel, attention = select_decode_kernel(self.config.attention_kernel, lm.device, lm.dtype)
+        # Which code runs each part of a step; the fused stack needs native attention.
+        self.paths = (*(_without_stack(p) if kernel is None else p for p in lm.paths), attention)
         self.runner = ModelRunner(lm, blocks, bs, kernel)
         self.stats = EngineStats()
         self._requests: dict[str, _Request] = {}
@@ -402,3 +405,9 @@ def _snapshot(out: CompletionOutput) -> CompletionOutput:
         out.finish_reason,
         out.stop_reason,
     )
+
+
+def _without_stack(path: PathTaken) -> PathTaken:
+    if path.part == "decoder stack" and path.native:
+        return PathTaken(path.part, False, "decode attention is not native")
+    return path

@@ -27,7 +27,7 @@ from carpool.models.decoder_config import DecoderConfig
 from carpool.models.gguf_file import GGUFCheckpoint
 from carpool.models.gpt2 import GPT2LMHeadModel
 from carpool.models.llama import LlamaForCausalLM
-from carpool.models.native import KernelUnavailable
+from carpool.models.native import KernelUnavailable, PathTaken, torch_because
 from carpool.models.packed_linear import load_packed, quantized_linear_kernel, save_packed
 from carpool.models.weights import load_safetensors, read_json
 
@@ -73,6 +73,7 @@ class LoadedLM:
     dtype: torch.dtype
     device: torch.device
     packed_layers: int = 0  # linear layers that run few rows on the file's blocks
+    paths: tuple[PathTaken, ...] = ()  # which code runs each part (native or torch)
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -104,7 +105,7 @@ def load_causal_lm(
     _reset_buffers(model, config, device)
     model.load_weights(load_safetensors(folder).items())  # type: ignore[operator]
     model = model.to(dtype).eval().requires_grad_(False)
-    packed_layers = _attach_packed(model, folder, weight_kernel, device, dtype)
+    packed_layers, linear = _attach_packed(model, folder, weight_kernel, device, dtype)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
@@ -117,17 +118,29 @@ def load_causal_lm(
         dtype=dtype,
         device=torch.device(device),
         packed_layers=packed_layers,
+        paths=(linear, *_stack_path(model, packed_layers)),
     )
+
+
+def _stack_path(model: nn.Module, packed_layers: int) -> tuple[PathTaken, ...]:
+    """The fused decoder stack's path, for a model whose layers have their blocks."""
+    if not packed_layers or not hasattr(model, "stack"):
+        return ()
+    if model.stack is not None:
+        return (PathTaken("decoder stack", True, "llama_stack, one call per step"),)
+    return (PathTaken("decoder stack", False, model.stack_unused_because),)
 
 
 def _attach_packed(
     model: nn.Module, folder: Path, choice: str, device: str, dtype: torch.dtype
-) -> int:
+) -> tuple[int, PathTaken]:
     """Attach the blocks a GGUF file's conversion kept (``PACKED``) as ``choice``
-    asks; the number of layers that got them. ``native`` raises ValueError where they
-    cannot be used; ``auto`` logs why not."""
+    asks; the number of layers that got them and the path taken. ``native`` raises
+    ValueError where they cannot be used; ``auto`` logs why not."""
+    part = "linear layers"
     if choice == "torch":
-        return 0
+        return 0, PathTaken(part, False, "weight_kernel is torch")
+    unavailable = False
     if not (folder / PACKED).exists():
         why = "the model has no Q4_1 or Q8_0 blocks (it is not a GGUF file holding them)"
     elif torch.device(device).type != "cpu":
@@ -140,18 +153,18 @@ def _attach_packed(
         try:
             kernel = quantized_linear_kernel()
         except KernelUnavailable as exc:
-            why = str(exc)
+            why, unavailable = str(exc), True
         else:
             packed = load_packed(folder / PACKED)
             count: int = model.attach_packed(packed, kernel)  # type: ignore[operator]
             if count:
+                detail = f"quantized_linear on the file's blocks, {count} layers, steps of few rows"
                 log.info("%d linear layers run steps of few rows on the file's blocks", count)
-                return count
+                return count, PathTaken(part, True, detail)
             why = "no linear layer has all its weights in Q4_1 or Q8_0 blocks"
     if choice == "native":
         raise ValueError(f"weight_kernel native cannot be used: {why}")
-    log.info("linear layers run on torch only: %s", why)
-    return 0
+    return 0, torch_because(part, why, unavailable)
 
 
 def _reset_buffers(model: nn.Module, config: DecoderConfig, device: str) -> None:

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 from collections.abc import Callable
 
 import torch
 
-from carpool.models.native import KernelUnavailable, check_tensors, load_library
-
-log = logging.getLogger(__name__)
+from carpool.models.native import (
+    KernelUnavailable,
+    PathTaken,
+    check_tensors,
+    load_library,
+    torch_because,
+)
 
 
 class DecodeKernel:
@@ -68,7 +71,12 @@ class DecodeKernel:
 @functools.cache
 def compile_decode_kernel() -> DecodeKernel:
     """The kernel, built once per process; raises KernelUnavailable."""
-    function = load_library("paged_decode_attention").paged_decode_attention
+    return decode_kernel_in(load_library("paged_decode_attention"))
+
+
+def decode_kernel_in(library: ctypes.CDLL) -> DecodeKernel:
+    """The kernel of a loaded ``paged_decode_attention`` library."""
+    function = library.paged_decode_attention
     function.restype = ctypes.c_int
     pointers, sizes = [ctypes.c_void_p] * 6, [ctypes.c_int64] * 6
     function.argtypes = [*pointers, *sizes, ctypes.c_float, ctypes.c_int]
@@ -77,22 +85,23 @@ def compile_decode_kernel() -> DecodeKernel:
 
 def select_decode_kernel(
     choice: str, device: torch.device, dtype: torch.dtype
-) -> DecodeKernel | None:
-    """The kernel ``choice`` (auto, native or torch) asks for: None means the torch
-    path. ``native`` raises ValueError where the kernel cannot run; ``auto`` falls
-    back to torch and logs why."""
+) -> tuple[DecodeKernel | None, PathTaken]:
+    """The kernel ``choice`` (auto, native or torch) asks for (None: the torch path)
+    and the path taken. ``native`` raises ValueError where the kernel cannot run;
+    ``auto`` falls back to torch and logs why."""
+    part = "decode attention"
     if choice == "torch":
-        return None
+        return None, PathTaken(part, False, "attention_kernel is torch")
+    unavailable = False
     if device.type != "cpu":
         why = f"it runs on the CPU and the model is on {device}"
     elif dtype != torch.float32:
         why = f"it takes float32 and the model is {dtype}"
     else:
         try:
-            return compile_decode_kernel()
+            return compile_decode_kernel(), PathTaken(part, True, "paged_decode_attention")
         except KernelUnavailable as exc:
-            why = str(exc)
+            why, unavailable = str(exc), True
     if choice == "native":
         raise ValueError(f"attention_kernel native cannot be used: {why}")
-    log.info("decode attention runs on torch: the native kernel cannot be used (%s)", why)
-    return None
+    return None, torch_because(part, f"the native kernel cannot be used: {why}", unavailable)

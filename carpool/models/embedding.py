@@ -15,6 +15,7 @@ from tokenizers import Tokenizer
 
 from carpool.errors import InvalidRequest
 from carpool.models.bert import BertConfig, BertEncoder, Ragged, mean_pool
+from carpool.models.native import PathTaken
 from carpool.models.ragged_attention import select_ragged_kernel
 from carpool.models.weights import load_safetensors, read_json, read_json_list
 
@@ -43,7 +44,8 @@ class EmbeddingModel:
         self.encoder = BertEncoder(config)
         self.encoder.load_hf_state_dict(load_safetensors(folder))
         self.encoder.to(self.device).eval()
-        self.encoder.attention_kernel = select_ragged_kernel(self.device, torch.float32)
+        self.encoder.attention_kernel, path = select_ragged_kernel(self.device, torch.float32)
+        self.paths: tuple[PathTaken, ...] = (path,)
 
     # --- request side (event loop thread): validation and tokenization ------------
 

@@ -118,6 +118,7 @@ class LlamaForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.stack: LlamaStack | None = None
+        self.stack_unused_because = "the model keeps no quantized blocks"
 
     def forward(
         self,
@@ -195,11 +196,13 @@ class LlamaForCausalLM(nn.Module):
             else:
                 module.attach(None, None)
         self.stack = None
+        self.stack_unused_because = "not every linear layer has its blocks"
         if kernel is not None and LlamaStack.usable(self):
             try:
                 self.stack = LlamaStack(self)
             except KernelUnavailable as exc:
-                log.info("steps run layer by layer: no fused stack (%s)", exc)
+                self.stack_unused_because = str(exc)
+                log.warning("steps run layer by layer: no fused stack (%s)", exc)
         return attached
 
 

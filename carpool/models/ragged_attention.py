@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 from collections.abc import Callable
 
 import torch
 
-from carpool.models.native import KernelUnavailable, check_tensors, load_library
-
-log = logging.getLogger(__name__)
+from carpool.models.native import (
+    KernelUnavailable,
+    PathTaken,
+    check_tensors,
+    load_library,
+    torch_because,
+)
 
 
 class RaggedAttentionKernel:
@@ -60,12 +63,17 @@ def compile_ragged_kernel() -> RaggedAttentionKernel:
     return RaggedAttentionKernel(function)
 
 
-def select_ragged_kernel(device: torch.device, dtype: torch.dtype) -> RaggedAttentionKernel | None:
-    """The kernel where it can run (CPU, float32, a C compiler), else None (torch)."""
+def select_ragged_kernel(
+    device: torch.device, dtype: torch.dtype
+) -> tuple[RaggedAttentionKernel | None, PathTaken]:
+    """The kernel where it can run (CPU, float32, a C compiler), else None (torch);
+    and the path taken."""
+    part = "encoder attention"
     if device.type != "cpu" or dtype != torch.float32:
-        return None
+        return None, torch_because(
+            part, f"the kernel takes float32 on the CPU, not {dtype} on {device}", False
+        )
     try:
-        return compile_ragged_kernel()
+        return compile_ragged_kernel(), PathTaken(part, True, "ragged_attention")
     except KernelUnavailable as exc:
-        log.info("encoder attention runs on torch: %s", exc)
-        return None
+        return None, torch_because(part, str(exc), True)

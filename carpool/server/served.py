@@ -16,6 +16,7 @@ from carpool.engine.async_engine import AsyncEngine
 from carpool.errors import InvalidRequest, ModelNotFound
 from carpool.models.causal_lm import LoadedLM
 from carpool.models.embedding import EmbeddingModel
+from carpool.models.native import PathTaken
 from carpool.server.preprocess import Preprocessor
 
 T = TypeVar("T")
@@ -33,6 +34,11 @@ class ServedEmbedding:
     model: EmbeddingModel
     batcher: DynamicBatcher
     created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def paths(self) -> tuple[PathTaken, ...]:
+        """Which code runs each part of the model (native kernels or torch)."""
+        return self.model.paths
 
     async def embed(
         self,
@@ -105,6 +111,11 @@ class ServedGenerator:
     @property
     def tokenizer(self) -> Any:
         return self.lm.tokenizer
+
+    @property
+    def paths(self) -> tuple[PathTaken, ...]:
+        """Which code runs each part of a step (native kernels or torch)."""
+        return self.engine.engine.paths
 
     @property
     def max_model_len(self) -> int:

@@ -59,6 +59,8 @@ def router(models: ServedModels, is_ready: Any) -> APIRouter:
             "outputs": [
                 {"name": OUTPUT_NAME, "datatype": "FP32", "shape": [-1, served.model.dimensions]}
             ],
+            # Not in the v2 protocol (clients ignore it): which code runs the model.
+            "parameters": {"execution": [str(p) for p in served.paths]},
         }
 
     @api.get("/v2/models/{name}/config")

@@ -35,6 +35,22 @@ def test_models_lists_both_built_in_models(client: openai.OpenAI) -> None:
     assert {m.id for m in client.models.list()} == {CHAT, EMBED}
 
 
+def test_the_log_says_which_code_runs_each_model_before_the_ready_line(server: Server) -> None:
+    ready = next(i for i, line in enumerate(server.log) if "carpool ready on" in line)
+    said = {
+        line.split(" runs: ")[0].rsplit(" ", 1)[-1]: line.split(" runs: ")[1].strip()
+        for line in server.log[:ready]
+        if " runs: " in line
+    }
+    assert said == {
+        CHAT: "linear layers: native (quantized_linear on the file's blocks, 121 layers, steps "
+        "of few rows); decoder stack: native (llama_stack, one call per step); "
+        "decode attention: native (paged_decode_attention)",
+        EMBED: "encoder attention: native (ragged_attention)",
+    }
+    assert not [line for line in server.log[:ready] if " WARNING " in line]
+
+
 def test_chat_completion_answers_and_counts_tokens(client: openai.OpenAI, server: Server) -> None:
     reply = client.chat.completions.create(
         model=CHAT,

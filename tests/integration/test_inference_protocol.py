@@ -29,6 +29,7 @@ def test_health_and_metadata(client: triton.InferenceServerClient) -> None:
     assert client.is_model_ready(MODEL)
     meta = client.get_model_metadata(MODEL)
     assert meta["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": [-1, 384]}]
+    assert meta["parameters"]["execution"] == ["encoder attention: native (ragged_attention)"]
     assert client.get_server_metadata()["name"] == "carpool"
     assert client.get_model_config(MODEL)["max_batch_size"] == 128
 

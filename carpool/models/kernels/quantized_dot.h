@@ -11,11 +11,15 @@
 #ifndef CARPOOL_QUANTIZED_DOT_H
 #define CARPOOL_QUANTIZED_DOT_H
 
-#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 
 #include "work_share.h"
+#ifdef _OPENMP
+#include <omp.h>
+#else
+static inline int omp_get_thread_num(void) { return 0; } /* built without OpenMP: one thread */
+#endif
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif

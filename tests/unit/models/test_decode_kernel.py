@@ -8,7 +8,11 @@ import torch
 
 from carpool.config import ConfigError, EngineConfig
 from carpool.models.attention import AttentionMetadata, NativeDecode, SingleGroup, paged_attention
-from carpool.models.decode_kernel import compile_decode_kernel, select_decode_kernel
+from carpool.models.decode_kernel import (
+    DecodeKernel,
+    compile_decode_kernel,
+    select_decode_kernel,
+)
 from carpool.models.native import KernelUnavailable, load_library
 
 
@@ -35,7 +39,12 @@ def paged_inputs(
 
 
 def attend(
-    cache: torch.Tensor, q: torch.Tensor, tables: list[list[int]], contexts: list[int], native: bool
+    cache: torch.Tensor,
+    q: torch.Tensor,
+    tables: list[list[int]],
+    contexts: list[int],
+    native: bool,
+    kernel: DecodeKernel | None = None,
 ) -> torch.Tensor:
     width = max(len(t) for t in tables)
     padded = torch.tensor([t + [0] * (width - len(t)) for t in tables])
@@ -47,7 +56,11 @@ def attend(
             (),
             (),
             NativeDecode(
-                len(contexts), padded, torch.arange(len(contexts)), lens, compile_decode_kernel()
+                len(contexts),
+                padded,
+                torch.arange(len(contexts)),
+                lens,
+                kernel or compile_decode_kernel(),
             ),
         )
     else:
@@ -106,26 +119,33 @@ def test_the_kernel_refuses_tensors_it_cannot_read() -> None:
         )
 
 
-def test_selection_follows_the_config() -> None:
+def test_selection_follows_the_config_and_says_which_path() -> None:
     cpu = torch.device("cpu")
-    assert select_decode_kernel("torch", cpu, torch.float32) is None
-    assert select_decode_kernel("native", cpu, torch.float32) is compile_decode_kernel()
-    assert select_decode_kernel("auto", cpu, torch.bfloat16) is None
+    kernel, path = select_decode_kernel("torch", cpu, torch.float32)
+    assert kernel is None and not path.native and "torch" in str(path)
+    kernel, path = select_decode_kernel("native", cpu, torch.float32)
+    assert kernel is compile_decode_kernel() and path.native
+    assert str(path) == "decode attention: native (paged_decode_attention)"
+    kernel, path = select_decode_kernel("auto", cpu, torch.bfloat16)
+    assert kernel is None and "float32" in path.detail
     with pytest.raises(ValueError, match="native cannot be used: it takes float32"):
         select_decode_kernel("native", cpu, torch.float16)
     with pytest.raises(ConfigError, match="attention_kernel must be auto, native or torch"):
         EngineConfig(attention_kernel="flash")
 
 
-def test_without_a_compiler_auto_falls_back_and_native_says_why(
-    monkeypatch: pytest.MonkeyPatch,
+def test_without_a_compiler_auto_falls_back_with_a_warning_and_native_says_why(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr("carpool.models.native.shutil.which", lambda _: None)
+    monkeypatch.setattr("carpool.models.native.default_compiler", lambda: None)
     with pytest.raises(KernelUnavailable, match="no C compiler"):
         load_library.__wrapped__("paged_decode_attention")
     monkeypatch.setattr("carpool.models.decode_kernel.compile_decode_kernel", _unavailable)
     cpu = torch.device("cpu")
-    assert select_decode_kernel("auto", cpu, torch.float32) is None
+    with caplog.at_level("INFO"):
+        kernel, path = select_decode_kernel("auto", cpu, torch.float32)
+    assert kernel is None and not path.native and "no C compiler" in path.detail
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
     with pytest.raises(ValueError, match="native cannot be used: no C compiler"):
         select_decode_kernel("native", cpu, torch.float32)
 

@@ -1,0 +1,107 @@
+"""Kernel builds: cached under a key of everything they depend on, written
+atomically, compiled at most once, and the plainest flags (no OpenMP, no
+``-march=native``) still build kernels that compute what torch computes."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from carpool.config import default_compiler
+from carpool.models import native
+from carpool.models.decode_kernel import decode_kernel_in
+from carpool.models.native import BASE_FLAGS, FLAG_LADDER, build_key, build_library
+from tests.unit.models.test_decode_kernel import attend, paged_inputs
+
+KERNEL = "paged_decode_attention"
+
+
+@pytest.fixture
+def compiler() -> str:
+    found = default_compiler()
+    if found is None:
+        pytest.skip("no C compiler")
+    return found
+
+
+def test_a_second_build_compiles_nothing(
+    compiler: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flags = (*BASE_FLAGS, *FLAG_LADDER[0])
+    first = build_library(KERNEL, compiler, flags, tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no partial file left
+
+    def no_compiling(*args: object, **kwargs: object) -> None:
+        raise AssertionError("compiled again")
+
+    monkeypatch.setattr(native.subprocess, "run", no_compiling)
+    assert build_library(KERNEL, compiler, flags, tmp_path) == first
+
+
+def test_the_key_follows_the_sources_the_flags_and_the_compiler(
+    compiler: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = build_key(KERNEL, compiler, BASE_FLAGS)
+    assert build_key(KERNEL, compiler, (*BASE_FLAGS, "-fopenmp")) != key
+    monkeypatch.setattr(native, "compiler_version", lambda _: "another compiler 1.0")
+    assert build_key(KERNEL, compiler, BASE_FLAGS) != key
+    monkeypatch.undo()
+    copy = tmp_path / "kernels"
+    shutil.copytree(native.KERNELS, copy)
+    monkeypatch.setattr(native, "KERNELS", copy)
+    assert build_key(KERNEL, compiler, BASE_FLAGS) == key
+    header = copy / "decode_attention.h"
+    header.write_text(header.read_text() + "\n/* edited */\n")
+    assert build_key(KERNEL, compiler, BASE_FLAGS) != key
+
+
+def test_concurrent_builds_leave_one_whole_library(compiler: str, tmp_path: Path) -> None:
+    flags = (*BASE_FLAGS, *FLAG_LADDER[0])
+    paths: list[Path] = []
+    threads = [
+        threading.Thread(
+            target=lambda: paths.append(build_library(KERNEL, compiler, flags, tmp_path))
+        )
+        for _ in range(3)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(paths)) == 1 and len(paths) == 3
+    assert [p.name for p in tmp_path.iterdir()] == [paths[0].name]
+    ctypes.CDLL(str(paths[0])).paged_decode_attention  # noqa: B018 - loads whole
+
+
+@pytest.mark.parametrize("extra", FLAG_LADDER, ids=lambda e: " ".join(e) or "plain")
+def test_every_rung_of_the_flag_ladder_matches_torch(
+    compiler: str, tmp_path: Path, extra: tuple[str, ...]
+) -> None:
+    library = ctypes.CDLL(str(build_library(KERNEL, compiler, (*BASE_FLAGS, *extra), tmp_path)))
+    kernel = decode_kernel_in(library)
+    contexts = [1, 17, 131]
+    cache, q, tables = paged_inputs(contexts, 6, 2, 16, head_dim=64)
+    expected = attend(cache, q, tables, contexts, native=False)
+    torch.testing.assert_close(
+        attend(cache, q, tables, contexts, native=True, kernel=kernel),
+        expected,
+        rtol=1e-5,
+        atol=1e-5,
+    )
+
+
+def test_a_failing_rung_falls_to_the_next_with_a_warning(
+    compiler: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As on a compiler without OpenMP: the full flags fail, a plainer set builds."""
+    monkeypatch.setattr(native, "default_cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(native, "FLAG_LADDER", (("-fno-such-flag",), *FLAG_LADDER[1:]))
+    with caplog.at_level("WARNING", logger="carpool.models.native"):
+        library = native.load_library.__wrapped__(KERNEL)
+    assert library.paged_decode_attention is not None
+    assert "built without -fno-such-flag" in caplog.text
