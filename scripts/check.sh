@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Lint, type-check and run the whole test suite (pass pytest arguments through).
+# Lint, type-check, run the whole test suite (pass pytest arguments through), then
+# check the built wheel as a user installs it (scripts/check_wheel.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ruff check .
 ruff format --check .
 mypy
 python -m pytest "$@"
+bash scripts/check_wheel.sh

