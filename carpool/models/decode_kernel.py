@@ -14,6 +14,8 @@ import torch
 from carpool.models.native import (
     KernelUnavailable,
     PathTaken,
+    check_range,
+    check_shape,
     check_tensors,
     load_library,
     torch_because,
@@ -46,8 +48,20 @@ class DecodeKernel:
             block_tables=(block_tables, torch.int64),
             context_lens=(context_lens, torch.int64),
         )
+        if q.dim() != 3 or keys.dim() != 4:
+            raise ValueError("q must be [S, H, D] and keys [blocks, block_size, Hkv, D]")
         num_seqs, num_heads, head_dim = q.shape
-        _, block_size, num_kv_heads, _ = keys.shape
+        num_blocks, block_size, num_kv_heads, _ = keys.shape
+        max_blocks = block_tables.shape[1] if block_tables.dim() == 2 else 0
+        check_shape("out", out, num_seqs, num_heads, head_dim)
+        check_shape("keys", keys, num_blocks, block_size, num_kv_heads, head_dim)
+        check_shape("values", values, num_blocks, block_size, num_kv_heads, head_dim)
+        check_shape("block_tables", block_tables, num_seqs, max_blocks)
+        check_shape("context_lens", context_lens, num_seqs)
+        if num_kv_heads == 0 or num_heads % num_kv_heads:
+            raise ValueError(f"{num_heads} query heads do not share {num_kv_heads} KV heads")
+        check_range("block_tables", block_tables, 0, num_blocks - 1)
+        check_range("context_lens", context_lens, 1, max_blocks * block_size)
         failed = self._function(
             q.data_ptr(),
             keys.data_ptr(),
@@ -60,7 +74,7 @@ class DecodeKernel:
             num_kv_heads,
             head_dim,
             block_size,
-            block_tables.shape[1],
+            max_blocks,
             scale,
             torch.get_num_threads(),
         )

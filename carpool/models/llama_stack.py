@@ -23,7 +23,13 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from carpool.models.attention import AttentionMetadata
-from carpool.models.native import check_tensors, load_library
+from carpool.models.native import (
+    KernelUnavailable,
+    check_range,
+    check_shape,
+    check_tensors,
+    load_library,
+)
 from carpool.models.packed_linear import BlockType, Linear
 
 if TYPE_CHECKING:
@@ -72,7 +78,8 @@ class _Dims(ctypes.Structure):
 
 @functools.cache
 def _function() -> Any:
-    function = load_library("llama_stack").llama_stack
+    library = load_library("llama_stack")
+    function = library.llama_stack
     function.restype = ctypes.c_int
     function.argtypes = [
         ctypes.c_void_p,  # layers
@@ -89,6 +96,14 @@ def _function() -> Any:
         ctypes.c_void_p,  # context_lens
         ctypes.c_int,  # num_threads
     ]
+    sizes = library.llama_stack_struct_size
+    sizes.restype, sizes.argtypes = ctypes.c_int64, [ctypes.c_int64]
+    for which, struct in enumerate((_Matrix, _Layer, _Dims)):
+        if sizes(which) != ctypes.sizeof(struct):
+            raise KernelUnavailable(
+                f"llama_stack's {struct.__name__[1:]} is {sizes(which)} bytes in C and "
+                f"{ctypes.sizeof(struct)} as declared here"
+            )
     return function
 
 
@@ -143,6 +158,7 @@ class LlamaStack:
             attention.scale,
         )
         self._caches: Sequence[torch.Tensor] | None = None
+        self._num_blocks = 0
         self._rope = attention.rope
 
     @staticmethod
@@ -180,12 +196,8 @@ class LlamaStack:
             self._bind(caches)
         cos = self._rope.cos_table[positions].contiguous()
         sin = self._rope.sin_table[positions].contiguous()
-        check_tensors(
-            x=(x, torch.float32),
-            slots=(meta.slot_mapping, torch.int64),
-            block_tables=(native.block_tables, torch.int64),
-            row_seqs=(native.row_seqs, torch.int64),
-            context_lens=(native.context_lens, torch.int64),
+        self._check(
+            x, cos, meta.slot_mapping, native.block_tables, native.row_seqs, native.context_lens
         )
         failed = self._function(
             ctypes.addressof(self._layers),
@@ -206,11 +218,51 @@ class LlamaStack:
             raise MemoryError("the fused step could not allocate its buffers")
         return x
 
+    def _check(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        slots: torch.Tensor,
+        block_tables: torch.Tensor,
+        row_seqs: torch.Tensor,
+        context_lens: torch.Tensor,
+    ) -> None:
+        """Raise ValueError unless every tensor is what the C side reads and every
+        index it follows points inside the caches (a corrupted block table fails
+        the step's requests, not the process)."""
+        check_tensors(
+            x=(x, torch.float32),
+            cos=(cos, torch.float32),
+            slots=(slots, torch.int64),
+            block_tables=(block_tables, torch.int64),
+            row_seqs=(row_seqs, torch.int64),
+            context_lens=(context_lens, torch.int64),
+        )
+        rows, dims = x.shape[0], self._dims
+        check_shape("x", x, rows, dims.hidden)
+        check_shape("cos", cos, rows, dims.head_dim)
+        check_shape("slots", slots, rows)
+        check_shape("row_seqs", row_seqs, rows)
+        check_shape("context_lens", context_lens, rows)
+        if block_tables.dim() != 2:
+            raise ValueError(f"block_tables has shape {tuple(block_tables.shape)}, expected 2-D")
+        num_seqs, max_blocks = block_tables.shape
+        check_range("slots", slots, 0, self._num_blocks * dims.block_size - 1)
+        check_range("block_tables", block_tables, 0, self._num_blocks - 1)
+        check_range("row_seqs", row_seqs, 0, num_seqs - 1)
+        check_range("context_lens", context_lens, 1, max_blocks * dims.block_size)
+
     def _bind(self, caches: Sequence[torch.Tensor]) -> None:
         """Point every layer at its cache ([2, blocks, block_size, kv_heads, head_dim])."""
+        cfg = self._dims
+        shape = tuple(caches[0].shape)
+        if len(shape) != 5 or shape[0] != 2 or shape[3:] != (cfg.num_kv_heads, cfg.head_dim):
+            raise ValueError(f"a KV cache of shape {shape} does not fit this model")
         for slot, cache in zip(self._layers, caches, strict=True):
             check_tensors(cache=(cache, torch.float32))
+            check_shape("cache", cache, *shape)
             slot.k_cache = cache[0].data_ptr()
             slot.v_cache = cache[1].data_ptr()
-        self._dims.block_size = caches[0].shape[2]
+        self._dims.block_size = shape[2]
+        self._num_blocks = shape[1]
         self._caches = caches

@@ -32,6 +32,8 @@ from carpool.config import default_cache_dir, default_compiler
 log = logging.getLogger(__name__)
 
 KERNELS = Path(__file__).parent / "kernels"
+# kernels/abi.h's CARPOOL_ABI_VERSION: the version of the ctypes declarations here.
+ABI_VERSION = 1
 # -ffp-contract=off: a product and a sum written apart stay apart (as torch rounds
 # them); the kernels' fused multiply-adds are explicit.
 BASE_FLAGS = ("-O3", "-ffp-contract=off", "-shared", "-fPIC")
@@ -77,11 +79,18 @@ def torch_because(part: str, why: str, unavailable: bool) -> PathTaken:
 def load_library(name: str) -> ctypes.CDLL:
     """``kernels/<name>.c`` built (or found in the cache) and loaded, once per
     process; raises KernelUnavailable."""
-    library, _ = build_best(name)
+    path, _ = build_best(name)
     try:
-        return ctypes.CDLL(str(library))
+        library = ctypes.CDLL(str(path))
     except OSError as exc:  # e.g. a cache folder mounted noexec
         raise KernelUnavailable(f"cannot load the compiled kernel: {exc}") from exc
+    version = library.carpool_abi_version
+    version.restype, version.argtypes = ctypes.c_int64, []
+    if version() != ABI_VERSION:
+        raise KernelUnavailable(
+            f"kernel {name} speaks ABI version {version()}, these declarations {ABI_VERSION}"
+        )
+    return library
 
 
 def build_best(name: str) -> tuple[Path, tuple[str, ...]]:
@@ -194,3 +203,16 @@ def check_tensors(**tensors: tuple[torch.Tensor, torch.dtype]) -> None:
     for name, (t, dtype) in tensors.items():
         if t.dtype != dtype or not t.is_contiguous() or t.device.type != "cpu":
             raise ValueError(f"{name} must be a contiguous {dtype} CPU tensor")
+
+
+def check_shape(name: str, t: torch.Tensor, *shape: int) -> None:
+    """Raise ValueError unless ``t`` has exactly ``shape``."""
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {shape}")
+
+
+def check_range(name: str, t: torch.Tensor, low: int, high: int) -> None:
+    """Raise ValueError unless every entry of ``t`` is in [low, high]: an index a
+    kernel follows must point inside what it indexes."""
+    if t.numel() and (int(t.min()) < low or int(t.max()) > high):
+        raise ValueError(f"{name} holds {int(t.min())}..{int(t.max())}, outside [{low}, {high}]")

@@ -27,7 +27,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from carpool.models.native import check_tensors, load_library
+from carpool.models.native import check_shape, check_tensors, load_library
 
 BLOCK = 32
 # Rows up to which the kernel beats torch's float32 GEMM (MKL) here, with
@@ -147,6 +147,7 @@ class QuantizedLinearKernel:
         if x.dim() != 2 or x.shape[1] != k:
             raise ValueError(f"x must be [rows, {k}], got {list(x.shape)}")
         check_tensors(x=(x, torch.float32), scales=(weight.scales, torch.float32))
+        self._check_blocks(weight)
         y = torch.empty(x.shape[0], n, dtype=torch.float32)
         threads = torch.get_num_threads()
         if weight.kind is BlockType.Q4_1:
@@ -176,6 +177,22 @@ class QuantizedLinearKernel:
         if failed:
             raise MemoryError("quantized linear could not allocate its block sums")
         return y
+
+    @staticmethod
+    def _check_blocks(weight: PackedWeight) -> None:
+        """Raise ValueError unless the blocks are laid out as the C side reads them."""
+        n, k = weight.shape
+        if k % 32:
+            raise ValueError(f"k = {k} is not a whole number of 32-weight blocks")
+        q4 = weight.kind is BlockType.Q4_1
+        check_tensors(quants=(weight.quants, torch.uint8 if q4 else torch.int8))
+        check_shape("quants", weight.quants, n, k // 32, 16 if q4 else 32)
+        check_shape("scales", weight.scales, n, k // 32)
+        if q4:
+            if weight.mins is None:
+                raise ValueError("Q4_1 blocks need their mins")
+            check_tensors(mins=(weight.mins, torch.float32))
+            check_shape("mins", weight.mins, n, k // 32)
 
 
 @functools.cache

@@ -35,7 +35,13 @@ class RaggedAttentionKernel:
         qkv = qkv.contiguous()
         check_tensors(qkv=(qkv, torch.float32), offsets=(offsets, torch.int64))
         tokens, width = qkv.shape
+        if num_heads < 1 or width % (3 * num_heads):
+            raise ValueError(f"a row of {width} is not q, k and v of {num_heads} heads")
         head_dim = width // (3 * num_heads)
+        if offsets.dim() != 1 or len(offsets) < 2 or int(offsets[0]) != 0:
+            raise ValueError("offsets must be [sequences + 1], starting at 0")
+        if int(offsets[-1]) != tokens or bool((offsets.diff() < 0).any()):
+            raise ValueError(f"offsets must rise from 0 to the {tokens} tokens")
         out = torch.empty(tokens, num_heads * head_dim, dtype=torch.float32)
         failed = self._function(
             qkv.data_ptr(),

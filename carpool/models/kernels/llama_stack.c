@@ -14,6 +14,8 @@
    block_tables: [num_seqs, max_blocks], one per sequence of the step;
    row_seqs: [rows], each row's sequence; context_lens: [rows], each row's position + 1. */
 
+#include "abi.h"
+
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -43,6 +45,17 @@ typedef struct {
     int64_t hidden, num_heads, num_kv_heads, head_dim, intermediate, block_size;
     float eps, scale;
 } Dims;
+
+/* The sizes of the structs passed by pointer (0: Matrix, 1: Layer, 2: Dims; else -1),
+   checked against their ctypes declarations in carpool/models/llama_stack.py. */
+int64_t llama_stack_struct_size(int64_t which) {
+    switch (which) {
+        case 0: return (int64_t)sizeof(Matrix);
+        case 1: return (int64_t)sizeof(Layer);
+        case 2: return (int64_t)sizeof(Dims);
+        default: return -1;
+    }
+}
 
 static int linear(const Matrix *w, const float *x, float *y, int64_t rows, int threads) {
     const int failed = quantized_linear(w->kind == KIND_Q8_0, x, w->quants, w->scales, w->mins, y,

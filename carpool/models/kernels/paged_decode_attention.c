@@ -4,6 +4,8 @@
    q, out:       [num_seqs, num_heads, head_dim], float32, contiguous
    block_tables: [num_seqs, max_blocks], int64; context_lens: [num_seqs], int64, >= 1 */
 
+#include "abi.h"
+
 #include "decode_attention.h"
 
 int paged_decode_attention(const float *q, const float *k_cache, const float *v_cache,

@@ -1,6 +1,8 @@
 /* The quantized linear layer on its own (see quantized_linear.h), for
    carpool.models.packed_linear. */
 
+#include "abi.h"
+
 #include "quantized_linear.h"
 
 int q4_1_linear(const float *x, const uint8_t *quants, const float *scales, const float *mins,

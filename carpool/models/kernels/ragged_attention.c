@@ -10,6 +10,8 @@
    Per (sequence, head, query): scores in float32, the row maximum subtracted, then
    the softmax-weighted sum of the values; nothing depends on other sequences. */
 
+#include "abi.h"
+
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>

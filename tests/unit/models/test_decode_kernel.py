@@ -119,6 +119,33 @@ def test_the_kernel_refuses_tensors_it_cannot_read() -> None:
         )
 
 
+@pytest.mark.parametrize(
+    ("tables", "lens", "out", "match"),
+    [
+        ([[4]], [1], (1, 2, 16), "block_tables holds 4..4"),  # past the 4 blocks
+        ([[-1]], [1], (1, 2, 16), "block_tables holds -1"),
+        ([[0]], [17], (1, 2, 16), "context_lens"),  # more than one block of 16 holds
+        ([[0]], [0], (1, 2, 16), "context_lens"),
+        ([[0], [1]], [1, 1], (1, 2, 16), "block_tables has shape"),  # a table too many
+        ([[0]], [1], (1, 4, 16), "out has shape"),
+    ],
+)
+def test_the_kernel_refuses_indices_and_shapes_that_point_outside(
+    tables: list[list[int]], lens: list[int], out: tuple[int, ...], match: str
+) -> None:
+    cache = torch.zeros(2, 4, 16, 2, 16)
+    with pytest.raises(ValueError, match=match):
+        compile_decode_kernel()(
+            torch.zeros(1, 2, 16),
+            cache[0].contiguous(),
+            cache[1].contiguous(),
+            torch.tensor(tables),
+            torch.tensor(lens),
+            torch.zeros(out),
+            1.0,
+        )
+
+
 def test_selection_follows_the_config_and_says_which_path() -> None:
     cpu = torch.device("cpu")
     kernel, path = select_decode_kernel("torch", cpu, torch.float32)

@@ -78,6 +78,22 @@ def test_the_ragged_kernel_attends_within_each_sequence() -> None:
     torch.testing.assert_close(out, expected.transpose(0, 1).reshape(-1, heads * dim))
 
 
+@pytest.mark.parametrize(
+    ("offsets", "width", "match"),
+    [
+        ([0, 3, 9], 24, "rise from 0 to the 6 tokens"),  # past the last token
+        ([0, 4, 2, 6], 24, "rise from 0"),  # falls back
+        ([1, 6], 24, "starting at 0"),
+        ([0, 6], 20, "not q, k and v of 2 heads"),
+    ],
+)
+def test_the_ragged_kernel_refuses_offsets_that_point_outside(
+    offsets: list[int], width: int, match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        compile_ragged_kernel()(torch.zeros(6, width), torch.tensor(offsets), 2, 1.0)
+
+
 def test_batching_never_changes_an_embedding(minilm: EmbeddingModel) -> None:
     together = minilm.embed(TEXTS)
     alone = np.stack([minilm.embed([t])[0] for t in TEXTS])

@@ -208,3 +208,63 @@ def test_the_stack_applies_where_attention_is_native_and_rows_are_float32() -> N
     assert LlamaStack.applies(torch.zeros(6, 8), meta(2, prefill=True))
     assert not LlamaStack.applies(torch.zeros(6, 8), meta(2, prefill=True, native=False))
     assert not LlamaStack.applies(torch.zeros(6, 8).double(), meta(2, prefill=True))
+
+
+@pytest.mark.parametrize("bad_block", [10**6, -1])
+def test_a_corrupted_block_table_fails_its_request_not_the_process(
+    tmp_path: Path, smollm_folder: Path, bad_block: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The C side would follow the entry wherever it points; the wrapper refuses it,
+    so the step raises, the engine retries its sequences one by one, and only the
+    request whose table is corrupted fails."""
+    lm = tiny_with_blocks("llama", tmp_path / "llama", smollm_folder, BlockType.Q4_1)
+    bad, good = PROMPTS[2], PROMPTS[3]
+    solo = generate(lm, [good])["0"].outputs[0].token_ids
+    model = lm.model
+    assert isinstance(model, LlamaForCausalLM) and model.stack is not None
+    real = model.stack
+
+    def corrupting(x: torch.Tensor, positions: Any, caches: Any, meta: Any) -> torch.Tensor:
+        if x.shape[0] in (len(bad) + len(good), len(bad)):  # a step holding the bad prompt
+            meta.native.block_tables[0, 0] = bad_block
+        return real(x, positions, caches, meta)
+
+    with stack_replaced(lm, corrupting), caplog.at_level("ERROR"):
+        results = generate(lm, [bad, good])
+    assert results["0"].error is not None
+    assert results["1"].error is None and results["1"].outputs[0].token_ids == solo
+    assert "block_tables holds" in caplog.text
+
+
+def test_the_stack_refuses_metadata_that_does_not_fit(smollm: LoadedLM) -> None:
+    model = smollm.model
+    assert isinstance(model, LlamaForCausalLM) and model.stack is not None
+    stack = model.stack
+    caches = [torch.zeros(2, 4, 16, smollm.config.num_kv_heads, smollm.config.head_dim)] * len(
+        model.layers
+    )
+    x = torch.zeros(2, smollm.config.hidden_size)
+    positions = torch.tensor([0, 1])
+    good = meta(2)
+    stack(x.clone(), positions, caches, good)  # fits: runs
+    native = good.native
+    assert native is not None
+    cases = {
+        "context_lens": NativeDecode(
+            2, native.block_tables, native.row_seqs, torch.tensor([1, 65]), native.kernel
+        ),
+        "row_seqs": NativeDecode(
+            2, native.block_tables, torch.tensor([0, 2]), native.context_lens, native.kernel
+        ),
+    }
+    for name, decode in cases.items():
+        with pytest.raises(ValueError, match=name):
+            stack(
+                x.clone(), positions, caches, AttentionMetadata(good.slot_mapping, (), (), decode)
+            )
+    with pytest.raises(ValueError, match="slots"):
+        stack(
+            x.clone(), positions, caches, AttentionMetadata(torch.tensor([0, 64]), (), (), native)
+        )
+    with pytest.raises(ValueError, match="x has shape"):
+        stack(torch.zeros(2, 7), positions, caches, good)

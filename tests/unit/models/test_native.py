@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from carpool.config import default_compiler
-from carpool.models import native
+from carpool.models import llama_stack, native
 from carpool.models.decode_kernel import decode_kernel_in
 from carpool.models.native import BASE_FLAGS, FLAG_LADDER, build_key, build_library
 from tests.unit.models.test_decode_kernel import attend, paged_inputs
@@ -105,3 +105,18 @@ def test_a_failing_rung_falls_to_the_next_with_a_warning(
         library = native.load_library.__wrapped__(KERNEL)
     assert library.paged_decode_attention is not None
     assert "built without -fno-such-flag" in caplog.text
+
+
+def test_a_library_of_another_abi_version_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(native, "ABI_VERSION", native.ABI_VERSION + 1)
+    with pytest.raises(native.KernelUnavailable, match="ABI version"):
+        native.load_library.__wrapped__(KERNEL)
+
+
+def test_a_struct_declared_unlike_its_c_twin_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    class _Dims(ctypes.Structure):  # two fields short of the C struct
+        _fields_ = llama_stack._Dims._fields_[:-2]
+
+    monkeypatch.setattr(llama_stack, "_Dims", _Dims)
+    with pytest.raises(native.KernelUnavailable, match="Dims is 56 bytes in C and 48"):
+        llama_stack._function.__wrapped__()
