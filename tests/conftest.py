@@ -1,16 +1,20 @@
-"""Session-wide fixtures: the built-in generation model, converted once."""
+"""Session-wide fixtures: the built-in generation model, converted once. Imports
+nothing heavy at module level: the torch-free core tests (scripts/check_core.sh)
+run where torch is not installed."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from carpool.config import default_cache_dir
-from carpool.models.causal_lm import LoadedLM, convert_gguf, load_causal_lm
-from carpool.models.registry import BUILTIN_MODELS
+
+if TYPE_CHECKING:
+    from carpool.models.causal_lm import LoadedLM
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -30,6 +34,9 @@ def carpool_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def smollm_folder(carpool_cache: Path) -> Path:
     """The built-in chat model converted to a Hugging Face folder."""
+    from carpool.models.causal_lm import convert_gguf
+    from carpool.models.registry import BUILTIN_MODELS
+
     return convert_gguf(
         BUILTIN_MODELS["smollm2-135m-instruct"].locate(), carpool_cache, progress=False
     )
@@ -37,4 +44,6 @@ def smollm_folder(carpool_cache: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def smollm(smollm_folder: Path) -> LoadedLM:
+    from carpool.models.causal_lm import load_causal_lm
+
     return load_causal_lm(smollm_folder, name="smollm2-135m-instruct", progress=False)

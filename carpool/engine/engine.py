@@ -11,23 +11,23 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from carpool.clock import Clock, MonotonicClock
 from carpool.config import EngineConfig
 from carpool.engine.block_manager import BlockManager
 from carpool.engine.detokenizer import IncrementalDetokenizer
-from carpool.engine.model_runner import ModelRunner, Sampled, StepResult
 from carpool.engine.outputs import SchedulerOutput
 from carpool.engine.request_output import CompletionOutput, RequestOutput
-from carpool.engine.sampler import SamplingRow, TokenLogprobs, make_generator
+from carpool.engine.runner import Runner, Sampled, SamplingRow, StepResult, TokenLogprobs
 from carpool.engine.sampling_params import SamplingParams
 from carpool.engine.scheduler import Scheduler, SchedulerConfig
 from carpool.engine.sequence import FinishReason, Sequence, SequenceStatus
 from carpool.errors import InvalidRequest
-from carpool.models.causal_lm import LoadedLM
-from carpool.models.decode_kernel import select_decode_kernel
-from carpool.models.native import PathTaken
 from carpool.stats import EngineStats
+
+if TYPE_CHECKING:
+    from carpool.models.native import PathTaken
 
 log = logging.getLogger(__name__)
 
@@ -59,35 +59,37 @@ class _Request:
 
 
 class Engine:
+    """Request bookkeeping over a ``Runner`` it is handed (``model_runner.engine_for``
+    builds one on a torch model): nothing here imports torch."""
+
     def __init__(
         self,
-        lm: LoadedLM,
+        runner: Runner,
         config: EngineConfig | None = None,
         clock: Clock | None = None,
-        num_blocks: int | None = None,
     ) -> None:
-        self.lm = lm
+        self.runner = runner
+        self.spec = runner.spec
         self.config = config or EngineConfig()
         self.clock = clock or MonotonicClock()
-        self.max_model_len = self.config.max_model_len or lm.config.max_position_embeddings
         bs = self.config.block_size
-        blocks = num_blocks or ModelRunner.blocks_for_memory(lm, self.config.kv_cache_bytes, bs)
-        if blocks < 1:
-            raise ValueError(f"kv_cache_memory {self.config.kv_cache_memory} holds no block")
+        blocks = runner.num_blocks
         self.blocks = BlockManager(blocks, bs, prefix_caching=self.config.enable_prefix_caching)
         # As vLLM: a sequence longer than the whole KV pool could never run.
-        self.max_model_len = min(self.max_model_len, blocks * bs)
+        limit = self.config.max_model_len or self.spec.max_position_embeddings
+        self.max_model_len = min(limit, blocks * bs)
         self.scheduler = Scheduler(
             SchedulerConfig(self.config.max_num_batched_tokens, self.config.max_num_seqs),
             self.blocks,
         )
-        kernel, attention = select_decode_kernel(self.config.attention_kernel, lm.device, lm.dtype)
-        # Which code runs each part of a step; the fused stack needs native attention.
-        self.paths = (*(_without_stack(p) if kernel is None else p for p in lm.paths), attention)
-        self.runner = ModelRunner(lm, blocks, bs, kernel)
         self.stats = EngineStats()
         self._requests: dict[str, _Request] = {}
         self._by_seq: dict[str, tuple[_Request, int]] = {}
+
+    @property
+    def paths(self) -> tuple[PathTaken, ...]:
+        """Which code runs each part of a step (native kernels or torch)."""
+        return self.runner.paths
 
     # -- requests -----------------------------------------------------------------
 
@@ -105,7 +107,7 @@ class Engine:
                 f"the prompt has {len(prompt)}",
                 param="prompt",
             )
-        vocab = self.lm.config.vocab_size
+        vocab = self.spec.vocab_size
         if any(not 0 <= t < vocab for t in prompt):
             raise InvalidRequest(f"prompt token ids must be in [0, {vocab})", param="prompt")
         if any(not 0 <= t < vocab for t in params.stop_token_ids):
@@ -154,7 +156,7 @@ class Engine:
         arrival: float,
     ) -> _Request:
         ends = frozenset(params.stop_token_ids) | (
-            frozenset() if params.ignore_eos else self.lm.eos_token_ids
+            frozenset() if params.ignore_eos else self.spec.eos_token_ids
         )
         req = _Request(request_id, params, prompt, arrival, [], [], [], [])
         if params.prompt_logprobs is not None:
@@ -171,12 +173,12 @@ class Engine:
                 use_prefix_cache=params.prompt_logprobs is None,
             )
             seed = None if params.seed is None else params.seed + i
-            generator = None if seed is None else make_generator(seed, self.lm.device)
+            generator = None if seed is None else self.runner.make_generator(seed)
             req.seqs.append(seq)
             req.rows.append(SamplingRow(params, seq.prompt_ids, [], ends, generator))
             req.detoks.append(
                 IncrementalDetokenizer(
-                    self.lm.tokenizer, prompt, params.stop, params.skip_special_tokens
+                    self.spec.tokenizer, prompt, params.stop, params.skip_special_tokens
                 )
             )
             req.outputs.append(CompletionOutput(i))
@@ -305,7 +307,7 @@ class Engine:
             out.new_logprobs.append(sampled.logprobs)
             out.logprobs.append(sampled.logprobs)
         if token in seq.stop_token_ids and seq.finish_reason is FinishReason.STOP:
-            out.stop_reason = None if token in self.lm.eos_token_ids else token
+            out.stop_reason = None if token in self.spec.eos_token_ids else token
         else:
             out.new_text += detok.push(token)
             if detok.stopped_on is not None:
@@ -405,9 +407,3 @@ def _snapshot(out: CompletionOutput) -> CompletionOutput:
         out.finish_reason,
         out.stop_reason,
     )
-
-
-def _without_stack(path: PathTaken) -> PathTaken:
-    if path.part == "decoder stack" and path.native:
-        return PathTaken(path.part, False, "decode attention is not native")
-    return path

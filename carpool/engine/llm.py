@@ -9,7 +9,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from carpool.config import EngineConfig
-from carpool.engine.engine import Engine
+from carpool.engine.model_runner import engine_for
 from carpool.engine.request_output import RequestOutput
 from carpool.engine.sampling_params import SamplingParams
 from carpool.errors import InvalidRequest
@@ -52,7 +52,7 @@ class LLM:
             weight_kernel=config.weight_kernel,
         )
         self.lm = registry.load(source, options)
-        self.engine = Engine(self.lm, config)
+        self.engine = engine_for(self.lm, config)
         self.tokenizer = self.lm.tokenizer
 
     def generate(

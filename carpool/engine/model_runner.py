@@ -8,12 +8,23 @@ multi-token prompt chunks (see ``carpool.models.attention``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
+from carpool.clock import Clock
+from carpool.config import EngineConfig
+from carpool.engine.engine import Engine
 from carpool.engine.outputs import ScheduledChunk, SchedulerOutput
-from carpool.engine.sampler import SamplingRow, TokenLogprobs, sample
+from carpool.engine.runner import (
+    ModelSpec,
+    PromptLogprobs,
+    Sampled,
+    SamplingRow,
+    StepResult,
+    TokenLogprobs,
+)
+from carpool.engine.sampler import make_generator, sample
 from carpool.models.attention import (
     AttentionMetadata,
     NativeDecode,
@@ -23,39 +34,12 @@ from carpool.models.attention import (
     kv_bytes_per_block,
 )
 from carpool.models.causal_lm import LoadedLM
-from carpool.models.decode_kernel import DecodeKernel
+from carpool.models.decode_kernel import DecodeKernel, select_decode_kernel
+from carpool.models.native import PathTaken
 
 # Single-token rows attended per call, after sorting by context length: small groups
 # pad less, large ones make fewer calls (16 measured better than 8, 32 or 64 here).
 SINGLE_GROUP = 16
-
-
-@dataclass(frozen=True)
-class Sampled:
-    token_id: int
-    logprobs: TokenLogprobs | None
-
-
-@dataclass(frozen=True)
-class PromptLogprobs:
-    """Log-probabilities of prompt tokens ``first + 1 ...`` (each given the tokens
-    before it), from one chunk of a sequence's prompt."""
-
-    first: int
-    entries: list[TokenLogprobs]
-
-
-@dataclass
-class StepResult:
-    """What a step produced: the sampled token of each sampling chunk's sequence,
-    and prompt log-probabilities for the sequences that asked for them."""
-
-    sampled: dict[str, Sampled] = field(default_factory=dict)
-    prompt_logprobs: dict[str, PromptLogprobs] = field(default_factory=dict)
-
-    def update(self, other: StepResult) -> None:
-        self.sampled.update(other.sampled)
-        self.prompt_logprobs.update(other.prompt_logprobs)
 
 
 @dataclass(frozen=True)
@@ -68,17 +52,51 @@ class StepInputs:
     chunk_starts: list[int]  # each chunk's first row, in step.chunks order
 
 
+def engine_for(
+    lm: LoadedLM,
+    config: EngineConfig | None = None,
+    clock: Clock | None = None,
+    num_blocks: int | None = None,
+) -> Engine:
+    """An engine driving ``lm``: its KV cache sized by ``config.kv_cache_memory``
+    (or ``num_blocks``), decode attention as ``config.attention_kernel`` asks."""
+    config = config or EngineConfig()
+    bs = config.block_size
+    blocks = num_blocks or ModelRunner.blocks_for_memory(lm, config.kv_cache_bytes, bs)
+    if blocks < 1:
+        raise ValueError(f"kv_cache_memory {config.kv_cache_memory} holds no block")
+    kernel, attention = select_decode_kernel(config.attention_kernel, lm.device, lm.dtype)
+    # The fused stack needs native attention.
+    paths = (*(_without_stack(p) if kernel is None else p for p in lm.paths), attention)
+    return Engine(ModelRunner(lm, blocks, bs, kernel, paths), config, clock)
+
+
+def _without_stack(path: PathTaken) -> PathTaken:
+    if path.part == "decoder stack" and path.native:
+        return PathTaken(path.part, False, "decode attention is not native")
+    return path
+
+
 class ModelRunner:
+    """The engine's ``Runner`` on a torch model."""
+
     def __init__(
         self,
         lm: LoadedLM,
         num_blocks: int,
         block_size: int,
         decode_kernel: DecodeKernel | None = None,
+        paths: tuple[PathTaken, ...] = (),
     ) -> None:
-        """``decode_kernel``: attends the single-token rows; None: torch, in groups."""
+        """``decode_kernel``: attends the single-token rows; None: torch, in groups.
+        ``paths``: which code runs each part of a step, as said to users."""
         cfg = lm.config
         self.lm = lm
+        self.spec = ModelSpec(
+            lm.name, cfg.vocab_size, cfg.max_position_embeddings, lm.eos_token_ids, lm.tokenizer
+        )
+        self.num_blocks = num_blocks
+        self.paths = paths
         self.block_size = block_size
         self.decode_kernel = decode_kernel
         self.device = lm.device
@@ -91,6 +109,9 @@ class ModelRunner:
             lm.dtype,
             lm.device,
         )
+
+    def make_generator(self, seed: int) -> torch.Generator:
+        return make_generator(seed, self.device)
 
     @staticmethod
     def blocks_for_memory(lm: LoadedLM, memory_bytes: int, block_size: int) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from carpool.engine.sampler import TokenLogprobs
+from carpool.engine.runner import TokenLogprobs
 from carpool.engine.sequence import FinishReason
 
 

@@ -13,31 +13,11 @@ Log-probabilities are of the model's raw logits (vLLM's default).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from carpool.engine.sampling_params import SamplingParams
-
-
-@dataclass
-class SamplingRow:
-    """One sequence's row of the logits: its parameters and history."""
-
-    params: SamplingParams
-    prompt_ids: Sequence[int]
-    output_ids: Sequence[int]
-    end_ids: frozenset[int] = frozenset()  # EOS (unless ignore_eos) and stop_token_ids
-    generator: torch.Generator | None = None
-
-
-@dataclass(frozen=True)
-class TokenLogprobs:
-    """The chosen token's log-probability and the top alternatives, best first."""
-
-    logprob: float
-    top: list[tuple[int, float]]
+from carpool.engine.runner import SamplingRow, TokenLogprobs
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from sse_starlette.sse import AppStatus
 from carpool.batching import DynamicBatcher
 from carpool.config import CarpoolConfig
 from carpool.engine.async_engine import AsyncEngine, EngineWorker
-from carpool.engine.engine import Engine
+from carpool.engine.model_runner import engine_for
 from carpool.faults import FaultPlan, FaultyBatchModel, FaultyCausalLM
 from carpool.models import registry
 from carpool.models.causal_lm import LoadedLM
@@ -157,7 +157,7 @@ def _with_faults(model: Any, task: Task, plan: FaultPlan) -> Any:
 
 
 def _generator(name: str, lm: LoadedLM, config: CarpoolConfig) -> ServedGenerator:
-    engine = Engine(lm, config.engine)
+    engine = engine_for(lm, config.engine)
     log.info(
         "%s: %d KV blocks of %d tokens (%s), max_model_len %d",
         name,

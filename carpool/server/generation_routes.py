@@ -21,7 +21,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from carpool.engine.async_engine import GenerationStream, max_request_prompts
 from carpool.engine.request_output import CompletionOutput, RequestOutput
-from carpool.engine.sampler import TokenLogprobs
+from carpool.engine.runner import TokenLogprobs
 from carpool.engine.sampling_params import SamplingParams
 from carpool.engine.sequence import FinishReason
 from carpool.errors import CarpoolError, InvalidRequest, RequestTooLarge

@@ -13,6 +13,7 @@ import torch
 
 from carpool.config import EngineConfig
 from carpool.engine.engine import Engine
+from carpool.engine.model_runner import engine_for
 from carpool.engine.request_output import RequestOutput
 from carpool.engine.sampling_params import SamplingParams
 from carpool.engine.sequence import FinishReason
@@ -42,7 +43,7 @@ def run(engine: Engine, check: bool = True) -> dict[str, RequestOutput]:
 
 
 def alone(lm: LoadedLM, prompt: list[int], params: SamplingParams) -> list[int]:
-    engine = Engine(lm, EngineConfig(kv_cache_memory="64MiB"))
+    engine = engine_for(lm, EngineConfig(kv_cache_memory="64MiB"))
     engine.add_request("x", prompt, params)
     return run(engine)["x"].outputs[0].token_ids
 
@@ -50,7 +51,7 @@ def alone(lm: LoadedLM, prompt: list[int], params: SamplingParams) -> list[int]:
 def test_100_random_requests_with_aborts_and_preemption(tiny: LoadedLM) -> None:
     rng = random.Random(7)
     # 40 blocks of 16 tokens: far less than the requests need together.
-    engine = Engine(
+    engine = engine_for(
         tiny, EngineConfig(block_size=16, max_num_batched_tokens=96, max_num_seqs=16), num_blocks=40
     )
     requests: dict[str, tuple[list[int], SamplingParams]] = {}
@@ -96,7 +97,7 @@ def test_the_attention_kernel_setting_takes_effect_and_keeps_the_outputs(tiny: L
     greedy = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
     outputs = {}
     for kernel in ("torch", "native"):
-        engine = Engine(tiny, EngineConfig(attention_kernel=kernel))
+        engine = engine_for(tiny, EngineConfig(attention_kernel=kernel))
         assert (engine.runner.decode_kernel is None) == (kernel == "torch")
         for i, prompt in enumerate(prompts):
             engine.add_request(str(i), prompt, greedy)
@@ -108,7 +109,7 @@ def test_a_seeded_request_gives_the_same_tokens_alone_and_in_a_crowd(tiny: Loade
     seeded = SamplingParams(max_tokens=24, temperature=1.0, top_p=0.9, seed=1234, ignore_eos=True)
     prompt = list(range(10, 30))
     by_itself = alone(tiny, prompt, seeded)
-    engine = Engine(tiny, EngineConfig())
+    engine = engine_for(tiny, EngineConfig())
     for i in range(6):
         engine.add_request(
             f"noise{i}", list(range(40 + i, 90)), SamplingParams(max_tokens=30, temperature=1.0)
@@ -118,7 +119,7 @@ def test_a_seeded_request_gives_the_same_tokens_alone_and_in_a_crowd(tiny: Loade
 
 
 def test_n_sequences_share_the_prompt_and_differ(tiny: LoadedLM) -> None:
-    engine = Engine(tiny, EngineConfig())
+    engine = engine_for(tiny, EngineConfig())
     params = SamplingParams(n=3, max_tokens=16, temperature=1.0, seed=5, ignore_eos=True)
     engine.add_request("r", list(range(5, 60)), params)
     out = run(engine)["r"]
@@ -130,7 +131,7 @@ def test_n_sequences_share_the_prompt_and_differ(tiny: LoadedLM) -> None:
 def test_stop_string_ends_generation_and_never_shows(smollm: LoadedLM) -> None:
     prompt = smollm.tokenizer.encode("The capital of France is")
     greedy = SamplingParams(max_tokens=12, temperature=0.0)
-    engine = Engine(smollm, EngineConfig(kv_cache_memory="64MiB"))
+    engine = engine_for(smollm, EngineConfig(kv_cache_memory="64MiB"))
     engine.add_request("free", prompt, greedy)
     free_text = run(engine)["free"].outputs[0].text
     assert "Paris" in free_text
@@ -144,7 +145,7 @@ def test_stop_string_ends_generation_and_never_shows(smollm: LoadedLM) -> None:
 
 
 def test_streamed_pieces_join_to_the_final_text(smollm: LoadedLM) -> None:
-    engine = Engine(smollm, EngineConfig(kv_cache_memory="64MiB"))
+    engine = engine_for(smollm, EngineConfig(kv_cache_memory="64MiB"))
     engine.add_request(
         "r", smollm.tokenizer.encode("Tell me a story:"), SamplingParams(max_tokens=20)
     )
@@ -172,7 +173,7 @@ def test_streamed_pieces_join_to_the_final_text(smollm: LoadedLM) -> None:
 def test_bad_requests_are_refused_before_anything_runs(
     tiny: LoadedLM, prompt_len: int, params: SamplingParams, param: str
 ) -> None:
-    engine = Engine(tiny, EngineConfig())
+    engine = engine_for(tiny, EngineConfig())
     with pytest.raises(InvalidRequest) as info:
         engine.add_request("r", [5] * prompt_len, params)
     assert info.value.param == param
@@ -180,7 +181,7 @@ def test_bad_requests_are_refused_before_anything_runs(
 
 
 def test_the_context_never_exceeds_the_kv_pool(tiny: LoadedLM) -> None:
-    engine = Engine(tiny, EngineConfig(block_size=16), num_blocks=4)
+    engine = engine_for(tiny, EngineConfig(block_size=16), num_blocks=4)
     assert engine.max_model_len == 64  # the model allows 2048; the pool holds 64
     with pytest.raises(InvalidRequest, match="64 tokens") as info:
         engine.add_request("r", [5] * 60, SamplingParams(max_tokens=10))
@@ -188,7 +189,7 @@ def test_the_context_never_exceeds_the_kv_pool(tiny: LoadedLM) -> None:
 
 
 def test_truncation_keeps_the_prompts_end(tiny: LoadedLM) -> None:
-    engine = Engine(tiny, EngineConfig())
+    engine = engine_for(tiny, EngineConfig())
     engine.add_request("r", [7] * 5000, SamplingParams(max_tokens=2, truncate_prompt_tokens=100))
     assert run(engine)["r"].prompt_token_ids == [7] * 100
 
@@ -211,7 +212,7 @@ def test_a_model_failure_fails_only_its_request(tiny: LoadedLM) -> None:
             return self.inner.compute_logits(hidden)
 
     faulty = LoadedLM(**{**tiny.__dict__, "model": Faulty(tiny.model)})
-    engine = Engine(faulty, EngineConfig())
+    engine = engine_for(faulty, EngineConfig())
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     engine.add_request("good1", [20, 21, 22], params)
     engine.add_request("bad", [20, poison, 22], params)

@@ -19,7 +19,7 @@ from carpool.engine import engine as engine_module
 from carpool.engine import model_runner
 from carpool.engine.async_engine import EngineWorker
 from carpool.engine.detokenizer import IncrementalDetokenizer
-from carpool.engine.engine import Engine
+from carpool.engine.model_runner import engine_for
 from carpool.engine.request_output import RequestOutput
 from carpool.engine.sampler import sample
 from carpool.engine.sampling_params import SamplingParams
@@ -65,7 +65,7 @@ class Collector:
 
 @pytest.fixture
 def served(tiny: LoadedLM) -> Iterator[tuple[EngineWorker, DeviceRuntime]]:
-    engine = Engine(tiny, EngineConfig(kv_cache_memory="16MiB"))
+    engine = engine_for(tiny, EngineConfig(kv_cache_memory="16MiB"))
     worker = EngineWorker(engine, "tiny")
     runtime = DeviceRuntime()
     runtime.register(worker)
@@ -79,7 +79,7 @@ def greedy(**extra: Any) -> SamplingParams:
 
 
 def alone(lm: LoadedLM, prompt: list[int], params: SamplingParams) -> list[int]:
-    engine = Engine(lm, EngineConfig(kv_cache_memory="16MiB"))
+    engine = engine_for(lm, EngineConfig(kv_cache_memory="16MiB"))
     engine.add_request("x", prompt, params)
     while engine.has_work:
         for out in engine.step():
@@ -104,14 +104,14 @@ def submit_together(
 def _inject(fault: str, monkeypatch: pytest.MonkeyPatch, tiny: LoadedLM) -> SamplingParams:
     """Make ``fault``'s step raise for one request; the parameters that mark it."""
     if fault == "seeding":
-        real_generator = engine_module.make_generator
+        real_generator = model_runner.ModelRunner.make_generator
 
-        def make_generator(seed: int, device: Any = "cpu") -> torch.Generator:
+        def make_generator(self: model_runner.ModelRunner, seed: int) -> torch.Generator:
             if seed == BAD_SEED:
                 raise RuntimeError("injected: seeding failed")
-            return real_generator(seed, device)
+            return real_generator(self, seed)
 
-        monkeypatch.setattr(engine_module, "make_generator", make_generator)
+        monkeypatch.setattr(model_runner.ModelRunner, "make_generator", make_generator)
         return greedy(seed=BAD_SEED)
     if fault in ("detokenizer_setup", "detokenizing"):
 
@@ -196,7 +196,7 @@ def test_values_that_reach_torch_are_refused_or_made_safe(tiny: LoadedLM) -> Non
     assert seed.value.param == "seed"
     SamplingParams(seed=-(2**63))
     SamplingParams(seed=2**63 - 1, n=16)  # seed + i stays within torch's range
-    engine = Engine(tiny, EngineConfig(kv_cache_memory="16MiB"))
+    engine = engine_for(tiny, EngineConfig(kv_cache_memory="16MiB"))
     with pytest.raises(InvalidRequest) as stop:
         engine.check_request([5, 6], greedy(stop_token_ids=(tiny.config.vocab_size,)))
     assert stop.value.param == "stop_token_ids"
@@ -211,7 +211,7 @@ def test_prompt_logprobs_match_a_full_forward(built: tuple[Any, Path], tiny: Loa
     prompt token's logprob is the reference model's, given the tokens before it."""
     hf_model, _ = built
     prompt = [5, 9, 33, 17, 42, 8, 101, 64, 7, 250, 3, 19, 44, 21, 90, 11, 13, 300]
-    engine = Engine(
+    engine = engine_for(
         tiny, EngineConfig(kv_cache_memory="16MiB", max_num_batched_tokens=4, block_size=8)
     )
     engine.add_request("warm", prompt, greedy())  # fills the prefix cache

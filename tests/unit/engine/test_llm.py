@@ -9,8 +9,8 @@ import pytest
 
 from carpool import LLM, SamplingParams
 from carpool.config import EngineConfig
-from carpool.engine.engine import Engine
 from carpool.engine.llm import OFFLINE_MAX_NUM_BATCHED_TOKENS
+from carpool.engine.model_runner import engine_for
 from carpool.errors import InvalidRequest
 from tests import tiny_models
 
@@ -34,7 +34,7 @@ def test_outputs_come_in_order_each_as_if_alone(tiny_folder: Path) -> None:
 
 
 def alone(llm: LLM, ids: list[int], params: SamplingParams) -> list[int]:
-    engine = Engine(llm.lm, EngineConfig())
+    engine = engine_for(llm.lm, EngineConfig())
     engine.add_request("alone", ids, params)
     final = [o for _ in iter(lambda: engine.has_work, False) for o in engine.step() if o.finished]
     assert len(final) == 1

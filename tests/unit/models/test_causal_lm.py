@@ -17,7 +17,7 @@ import torch
 from gguf.quants import quantize
 
 from carpool.config import EngineConfig
-from carpool.engine.engine import Engine
+from carpool.engine.model_runner import engine_for
 from carpool.engine.sampling_params import SamplingParams
 from carpool.models import causal_lm, gguf_file
 from carpool.models.causal_lm import LoadedLM, convert_gguf, load_causal_lm
@@ -34,7 +34,7 @@ def generate(
     lm: LoadedLM, prompts: list[list[int]], max_tokens: int, **engine: Any
 ) -> list[list[int]]:
     """Every prompt in one engine run; the generated token ids of each."""
-    eng = Engine(lm, EngineConfig(**engine))
+    eng = engine_for(lm, EngineConfig(**engine))
     for i, prompt in enumerate(prompts):
         eng.add_request(str(i), prompt, SamplingParams(max_tokens=max_tokens, **GREEDY))  # type: ignore[arg-type]
     done: dict[str, list[int]] = {}

@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from carpool.config import EngineConfig
 from carpool.engine.engine import Engine
+from carpool.engine.model_runner import engine_for
 from carpool.engine.sampling_params import SamplingParams
 from carpool.models.attention import AttentionMetadata, NativeDecode, PrefillSegment
 from carpool.models.causal_lm import LoadedLM, load_causal_lm
@@ -92,7 +93,9 @@ def run(eng: Engine, prompts: list[list[int]], first: int = 0) -> dict[str, Any]
 
 
 def generate(lm: LoadedLM, prompts: list[list[int]], **engine: Any) -> dict[str, Any]:
-    return run(Engine(lm, EngineConfig(kv_cache_memory="16MiB", block_size=16, **engine)), prompts)
+    return run(
+        engine_for(lm, EngineConfig(kv_cache_memory="16MiB", block_size=16, **engine)), prompts
+    )
 
 
 def assert_same(fused: dict[str, Any], plain: dict[str, Any]) -> None:
@@ -142,7 +145,7 @@ def test_chunked_and_cached_prompts_on_the_stack(tmp_path: Path, smollm_folder: 
     again = [[*p, 7, 8, 9] for p in PROMPTS if len(p) >= 16]
 
     def both_waves() -> dict[str, Any]:
-        eng = Engine(
+        eng = engine_for(
             lm, EngineConfig(kv_cache_memory="16MiB", block_size=16, max_num_batched_tokens=16)
         )
         results = run(eng, PROMPTS)

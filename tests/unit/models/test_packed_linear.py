@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from carpool.config import EngineConfig
-from carpool.engine.engine import Engine
+from carpool.engine.model_runner import engine_for
 from carpool.engine.sampling_params import SamplingParams
 from carpool.models.causal_lm import LoadedLM, load_causal_lm
 from carpool.models.packed_linear import (
@@ -135,7 +135,7 @@ def test_the_builtin_model_runs_its_blocks_and_keeps_its_outputs(
 
 
 def alone(lm: LoadedLM, prompt: list[int]) -> list[int]:
-    engine = Engine(lm, EngineConfig(kv_cache_memory="64MiB"))
+    engine = engine_for(lm, EngineConfig(kv_cache_memory="64MiB"))
     engine.add_request("x", prompt, SamplingParams(max_tokens=24, temperature=0.0))
     while engine.has_work:
         for out in engine.step():

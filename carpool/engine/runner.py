@@ -1,0 +1,103 @@
+"""The seam between the engine's bookkeeping and the model.
+
+The engine is handed a ``Runner``: it plans each step (``SchedulerOutput``), gives
+the runner that plan with each sampling sequence's ``SamplingRow``, and gets back
+a ``StepResult`` of plain data. ``ModelRunner`` (``model_runner.py``, torch) is the
+real one; the engine's request bookkeeping, detokenizing, stop strings and stats
+are tested with a fake. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from carpool.engine.outputs import SchedulerOutput
+from carpool.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from carpool.models.native import PathTaken
+
+
+@dataclass
+class SamplingRow:
+    """One sequence's row of the logits: its parameters and history. ``generator``
+    is the runner's own random state for a seeded sequence (``Runner.make_generator``)."""
+
+    params: SamplingParams
+    prompt_ids: Sequence[int]
+    output_ids: Sequence[int]
+    end_ids: frozenset[int] = frozenset()  # EOS (unless ignore_eos) and stop_token_ids
+    generator: Any = None
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """The chosen token's log-probability and the top alternatives, best first."""
+
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass(frozen=True)
+class Sampled:
+    token_id: int
+    logprobs: TokenLogprobs | None
+
+
+@dataclass(frozen=True)
+class PromptLogprobs:
+    """Log-probabilities of prompt tokens ``first + 1 ...`` (each given the tokens
+    before it), from one chunk of a sequence's prompt."""
+
+    first: int
+    entries: list[TokenLogprobs]
+
+
+@dataclass
+class StepResult:
+    """What a step produced: the sampled token of each sampling chunk's sequence,
+    and prompt log-probabilities for the sequences that asked for them."""
+
+    sampled: dict[str, Sampled] = field(default_factory=dict)
+    prompt_logprobs: dict[str, PromptLogprobs] = field(default_factory=dict)
+
+    def update(self, other: StepResult) -> None:
+        self.sampled.update(other.sampled)
+        self.prompt_logprobs.update(other.prompt_logprobs)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the engine knows of the model it drives."""
+
+    name: str
+    vocab_size: int
+    max_position_embeddings: int
+    eos_token_ids: frozenset[int]
+    tokenizer: Any  # decode / convert_ids_to_tokens, as the detokenizer uses them
+
+
+class Runner(Protocol):
+    """Runs the engine's steps on a model whose KV cache holds ``num_blocks``
+    blocks."""
+
+    spec: ModelSpec
+    num_blocks: int
+    paths: tuple[PathTaken, ...]  # which code runs each part of a step
+
+    def make_generator(self, seed: int) -> Any:
+        """The random state of a sequence seeded with ``seed``."""
+        ...
+
+    def execute(
+        self,
+        step: SchedulerOutput,
+        rows: Mapping[str, SamplingRow],
+        prompt_logprobs: Mapping[str, int] | None = None,
+    ) -> StepResult:
+        """Run ``step``; sample one token for each chunk that reaches its sequence's
+        end (``rows`` holds their rows by sequence id), and give the prompt
+        log-probabilities asked for in ``prompt_logprobs`` (sequence id -> top k)."""
+        ...

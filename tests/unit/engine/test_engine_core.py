@@ -1,0 +1,196 @@
+"""The engine's bookkeeping driven by a fake runner, without torch or a model:
+request states, chunked prompts, preemption, aborts, detokenizing, stop strings and
+stop tokens, ``n`` seeded sequences, a request the model fails on, and the stats.
+After every step each sequence is in exactly one state and no block is leaked.
+Torch-free (``scripts/check_core.sh`` runs it where torch is not installed)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from carpool.config import EngineConfig
+from carpool.engine.engine import Engine
+from carpool.engine.outputs import SchedulerOutput
+from carpool.engine.request_output import RequestOutput
+from carpool.engine.runner import ModelSpec, Sampled, SamplingRow, StepResult
+from carpool.engine.sampling_params import SamplingParams
+from carpool.engine.sequence import FinishReason
+
+ALPHABET = "abcdefghijklmnopqrstuvwxyz ,."
+EOS = len(ALPHABET)  # 29
+
+
+class CharTokenizer:
+    """Token i is ALPHABET[i]; EOS decodes to nothing (a special token)."""
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(ALPHABET[t] for t in token_ids if t < len(ALPHABET))
+
+
+def ids(text: str) -> list[int]:
+    return [ALPHABET.index(c) for c in text]
+
+
+class FakeRunner:
+    """Replies with a fixed continuation per prompt (then EOS); a seeded sequence
+    draws from its own ``random.Random`` instead. ``fail_on``: a prompt token that
+    makes any step holding it raise, as a model bug would."""
+
+    def __init__(self, replies: Mapping[str, str], num_blocks: int = 64, fail_on: int = -1):
+        self.spec = ModelSpec("fake", EOS + 1, 256, frozenset({EOS}), CharTokenizer())
+        self.num_blocks = num_blocks
+        self.paths = ()
+        self.replies = {tuple(ids(k)): ids(v) for k, v in replies.items()}
+        self.fail_on = fail_on
+        self.tokens_run = 0
+
+    def make_generator(self, seed: int) -> random.Random:
+        return random.Random(seed)
+
+    def execute(
+        self,
+        step: SchedulerOutput,
+        rows: Mapping[str, SamplingRow],
+        prompt_logprobs: Mapping[str, int] | None = None,
+    ) -> StepResult:
+        if any(self.fail_on in c.seq.prompt_ids for c in step.chunks):
+            raise RuntimeError("the model failed")
+        self.tokens_run += step.num_tokens
+        result = StepResult()
+        for chunk in step.chunks:
+            if chunk.samples:
+                row = rows[chunk.seq.request_id]
+                result.sampled[chunk.seq.request_id] = Sampled(self._next(row), None)
+        return result
+
+    def _next(self, row: SamplingRow) -> int:
+        if row.generator is not None:
+            return int(row.generator.randrange(len(ALPHABET)))
+        reply = self.replies.get(tuple(row.prompt_ids), [])
+        done = len(row.output_ids)
+        return reply[done] if done < len(reply) else EOS
+
+
+def run(engine: Engine, abort_after: Mapping[str, int] | None = None) -> dict[str, RequestOutput]:
+    """Step until idle, checking the invariants after every step; each request's
+    final output (exactly one per request). ``abort_after``: abort a request after
+    that many steps."""
+    finals: dict[str, RequestOutput] = {}
+    every = [s for r in engine._requests.values() for s in r.seqs]
+    steps = 0
+    while engine.has_work:
+        for out in engine.step():
+            if out.finished:
+                assert out.request_id not in finals, "a request finished twice"
+                finals[out.request_id] = out
+        steps += 1
+        for rid, after in (abort_after or {}).items():
+            if steps == after:
+                engine.abort(rid)
+        engine.scheduler.check(every)
+    assert engine.blocks.num_free == engine.blocks.num_blocks, "blocks leaked"
+    return finals
+
+
+def greedy(max_tokens: int = 32, **kw: object) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, **kw)  # type: ignore[arg-type]
+
+
+def test_text_comes_out_whole_and_ends_on_eos() -> None:
+    engine = Engine(FakeRunner({"hi": "hello there"}), EngineConfig(block_size=8))
+    engine.add_request("a", ids("hi"), greedy())
+    out = run(engine)["a"].outputs[0]
+    assert out.text == "hello there" and out.token_ids == [*ids("hello there"), EOS]
+    assert out.finish_reason is FinishReason.STOP and out.stop_reason is None  # EOS, as vLLM
+
+
+def test_stop_strings_never_show_and_span_tokens() -> None:
+    engine = Engine(FakeRunner({"q": "the answer, then more"}), EngineConfig(block_size=8))
+    engine.add_request("a", ids("q"), greedy(stop=("r, t",)))
+    out = run(engine)["a"].outputs[0]
+    assert out.text == "the answe" and out.stop_reason == "r, t"
+    assert out.finish_reason is FinishReason.STOP
+
+
+def test_max_tokens_stop_token_ids_and_ignore_eos() -> None:
+    runner = FakeRunner({"x": "abcdef"})
+    engine = Engine(runner, EngineConfig(block_size=8))
+    engine.add_request("length", ids("x"), greedy(max_tokens=3))
+    engine.add_request("token", ids("x"), greedy(stop_token_ids=(ALPHABET.index("d"),)))
+    engine.add_request("past-eos", ids("x"), greedy(max_tokens=8, ignore_eos=True))
+    finals = run(engine)
+    assert finals["length"].outputs[0].text == "abc"
+    assert finals["length"].outputs[0].finish_reason is FinishReason.LENGTH
+    token = finals["token"].outputs[0]
+    assert token.text == "abc" and token.stop_reason == ALPHABET.index("d")
+    assert len(finals["past-eos"].outputs[0].token_ids) == 8
+
+
+def test_seeded_sequences_are_their_own_whatever_runs_beside_them() -> None:
+    def alone() -> list[list[int]]:
+        engine = Engine(FakeRunner({}), EngineConfig(block_size=8))
+        engine.add_request("s", ids("ab"), SamplingParams(n=2, max_tokens=6, seed=7))
+        return [o.token_ids for o in run(engine)["s"].outputs]
+
+    engine = Engine(FakeRunner({"cd": "crowd"}), EngineConfig(block_size=8))
+    engine.add_request("c", ids("cd"), greedy())
+    engine.add_request("s", ids("ab"), SamplingParams(n=2, max_tokens=6, seed=7))
+    crowd = [o.token_ids for o in run(engine)["s"].outputs]
+    assert crowd == alone() and crowd[0] != crowd[1]  # seed + i per sequence
+
+
+def test_a_request_the_model_fails_on_fails_alone_and_frees_its_blocks() -> None:
+    bad = ALPHABET.index("z")
+    engine = Engine(FakeRunner({"ok": "fine"}, fail_on=bad), EngineConfig(block_size=8))
+    engine.add_request("bad", ids("zz"), greedy())
+    engine.add_request("good", ids("ok"), greedy())
+    finals = run(engine)
+    assert finals["bad"].error is not None and finals["good"].error is None
+    assert finals["good"].outputs[0].text == "fine"
+
+
+def test_stats_count_what_ran() -> None:
+    runner = FakeRunner({"abc": "de"})
+    engine = Engine(runner, EngineConfig(block_size=8))
+    engine.add_request("a", ids("abc"), greedy())
+    run(engine)
+    stats = engine.stats.snapshot()
+    assert stats.prompt_tokens == 3 and stats.generation_tokens == 3  # d, e, EOS
+    assert stats.finished == {"stop": 1} and stats.running == 0 and stats.waiting == 0
+    assert runner.tokens_run == 3 + 2  # the prompt, then one token per later step
+
+
+REPLIES = {
+    "".join(ALPHABET[(i * 7 + j) % 26] for j in range(3 + i % 9)): "reply " * (1 + i % 4)
+    for i in range(12)
+}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    order=st.permutations(sorted(REPLIES)),
+    budget=st.sampled_from([8, 16, 64]),
+    blocks=st.sampled_from([8, 16, 64]),
+    aborts=st.dictionaries(st.sampled_from(sorted(REPLIES)), st.integers(1, 12), max_size=3),
+)
+def test_random_load_with_chunking_preemption_and_aborts_gives_each_its_own_answer(
+    order: list[str], budget: int, blocks: int, aborts: dict[str, int]
+) -> None:
+    """Small token budgets chunk the prompts, few blocks force preemption; every
+    request not aborted gets exactly the text it gets alone, and ends once."""
+    config = EngineConfig(block_size=8, max_num_batched_tokens=budget, max_num_seqs=6)
+    engine = Engine(FakeRunner(REPLIES, num_blocks=blocks), config)
+    for prompt in order:
+        engine.add_request(prompt, ids(prompt), greedy(max_tokens=30))
+    finals = run(engine, abort_after=aborts)
+    assert finals.keys() == set(order)
+    if blocks == 8:  # 64 tokens for 12 requests: some must give their blocks back
+        assert engine.stats.snapshot().preemptions > 0
+    for prompt, out in finals.items():
+        if prompt in aborts and out.outputs[0].finish_reason is FinishReason.ABORT:
+            continue
+        assert out.outputs[0].text == REPLIES[prompt], prompt
