@@ -71,7 +71,7 @@ def torch_because(part: str, why: str, unavailable: bool) -> PathTaken:
     and the model runs slower than it could), INFO when it does not apply (another
     device or dtype, a model without the blocks a kernel reads)."""
     level = logging.WARNING if unavailable else logging.INFO
-    log.log(level, "%s run on torch: %s", part, why)
+    log.log(level, "%s: torch runs instead of a native kernel (%s)", part, why)
     return PathTaken(part, False, why)
 
 

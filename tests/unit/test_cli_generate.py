@@ -4,6 +4,9 @@ unless a flag gives one; bad flags are refused with the config's message."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,3 +39,19 @@ def test_generate_prints_one_json_line_per_prompt(
 def test_a_bad_engine_flag_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["generate", "--prompt", "x", "--block-size", "7"]) == 2
     assert "block_size must be" in capsys.readouterr().err
+
+
+def test_without_a_compiler_generate_warns_that_torch_runs(
+    smollm_folder: Path, tmp_path: Path
+) -> None:
+    """The fallback under ``auto`` is a WARNING that a plain ``carpool generate``
+    prints (no logging set up), and the answer is still right."""
+    env = {**os.environ, "CC": str(tmp_path / "no-such-cc")}
+    carpool = Path(sys.executable).parent / "carpool"
+    argv = [str(carpool), "generate", "--max-tokens", "4", "--prompt", "The capital of France is"]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "Paris" in done.stdout
+    for part in ("linear layers", "decode attention"):
+        assert f"{part}: torch runs instead of a native kernel (" in done.stderr
+    assert "no C compiler" in done.stderr

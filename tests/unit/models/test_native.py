@@ -120,3 +120,16 @@ def test_a_struct_declared_unlike_its_c_twin_is_refused(monkeypatch: pytest.Monk
     monkeypatch.setattr(llama_stack, "_Dims", _Dims)
     with pytest.raises(native.KernelUnavailable, match="Dims is 56 bytes in C and 48"):
         llama_stack._function.__wrapped__()
+
+
+def test_cc_names_the_compiler(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("no gcc")
+    monkeypatch.setenv("CC", "gcc")
+    assert default_compiler() == gcc
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    assert default_compiler() is None
+    monkeypatch.setattr(native, "default_cache_dir", lambda: tmp_path)
+    with pytest.raises(native.KernelUnavailable, match="no C compiler"):
+        native.load_library.__wrapped__(KERNEL)
