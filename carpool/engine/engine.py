@@ -112,6 +112,10 @@ class Engine:
             raise InvalidRequest(f"prompt token ids must be in [0, {vocab})", param="prompt")
         if any(not 0 <= t < vocab for t in params.stop_token_ids):
             raise InvalidRequest(f"stop_token_ids must be in [0, {vocab})", param="stop_token_ids")
+        if any(not 0 <= t < vocab for t, _ in params.logit_bias):
+            raise InvalidRequest(
+                f"logit_bias token ids must be in [0, {vocab})", param="logit_bias"
+            )
         total = len(prompt) + params.max_tokens
         if total > self.max_model_len:
             raise InvalidRequest(
@@ -175,7 +179,10 @@ class Engine:
             seed = None if params.seed is None else params.seed + i
             generator = None if seed is None else self.runner.make_generator(seed)
             req.seqs.append(seq)
-            req.rows.append(SamplingRow(params, seq.prompt_ids, [], ends, generator))
+            constraint = (
+                None if params.grammar is None else self.runner.make_constraint(params.grammar)
+            )
+            req.rows.append(SamplingRow(params, seq.prompt_ids, [], ends, generator, constraint))
             req.detoks.append(
                 IncrementalDetokenizer(
                     self.spec.tokenizer, prompt, params.stop, params.skip_special_tokens
@@ -293,8 +300,8 @@ class Engine:
                 try:
                     self._emit(req, i, sampled[chunk.seq.request_id])
                 except Exception:
-                    log.exception("detokenizing %s failed", chunk.seq.request_id)
-                    self._fail(chunk.seq, "detokenizing this request's output failed")
+                    log.exception("processing %s's output failed", chunk.seq.request_id)
+                    self._fail(chunk.seq, "processing this request's output failed")
         self._record_step(plan, now)
         return self._collect()
 
@@ -303,6 +310,12 @@ class Engine:
         token = sampled.token_id
         out.new_token_ids.append(token)
         out.token_ids.append(token)
+        constraint = req.rows[i].constraint
+        if constraint is not None:
+            if not constraint.accept(token):
+                raise RuntimeError(f"the grammar refused the sampled token {token}")
+            if constraint.finished and seq.finish_reason is None:
+                self.scheduler.finish(seq, FinishReason.STOP)  # complete: nothing may follow
         if sampled.logprobs is not None:
             out.new_logprobs.append(sampled.logprobs)
             out.logprobs.append(sampled.logprobs)

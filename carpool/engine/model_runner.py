@@ -25,6 +25,8 @@ from carpool.engine.runner import (
     TokenLogprobs,
 )
 from carpool.engine.sampler import make_generator, sample
+from carpool.engine.sampling_params import Grammar
+from carpool.engine.structured import GrammarConstraint, Grammars
 from carpool.models.attention import (
     AttentionMetadata,
     NativeDecode,
@@ -97,6 +99,7 @@ class ModelRunner:
         )
         self.num_blocks = num_blocks
         self.paths = paths
+        self.grammars = Grammars(lm.tokenizer, cfg.vocab_size, sorted(lm.eos_token_ids))
         self.block_size = block_size
         self.decode_kernel = decode_kernel
         self.device = lm.device
@@ -112,6 +115,12 @@ class ModelRunner:
 
     def make_generator(self, seed: int) -> torch.Generator:
         return make_generator(seed, self.device)
+
+    def compile_grammar(self, grammar: Grammar, param: str) -> None:
+        self.grammars.compile(grammar, param)
+
+    def make_constraint(self, grammar: Grammar) -> GrammarConstraint:
+        return self.grammars.constraint(grammar)
 
     @staticmethod
     def blocks_for_memory(lm: LoadedLM, memory_bytes: int, block_size: int) -> int:

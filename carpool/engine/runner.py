@@ -14,22 +14,38 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from carpool.engine.outputs import SchedulerOutput
-from carpool.engine.sampling_params import SamplingParams
+from carpool.engine.sampling_params import Grammar, SamplingParams
 
 if TYPE_CHECKING:
     from carpool.models.native import PathTaken
 
 
+class Constraint(Protocol):
+    """One sequence's place in its grammar: the runner masks the tokens it forbids;
+    the engine advances it with each sampled token."""
+
+    def accept(self, token_id: int) -> bool:
+        """Advance past ``token_id``; False if the grammar forbids it."""
+        ...
+
+    @property
+    def finished(self) -> bool:
+        """Whether the grammar is complete and allows nothing more."""
+        ...
+
+
 @dataclass
 class SamplingRow:
     """One sequence's row of the logits: its parameters and history. ``generator``
-    is the runner's own random state for a seeded sequence (``Runner.make_generator``)."""
+    is the runner's own random state for a seeded sequence (``Runner.make_generator``);
+    ``constraint`` its grammar state (``Runner.make_constraint``)."""
 
     params: SamplingParams
     prompt_ids: Sequence[int]
     output_ids: Sequence[int]
     end_ids: frozenset[int] = frozenset()  # EOS (unless ignore_eos) and stop_token_ids
     generator: Any = None
+    constraint: Constraint | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +105,16 @@ class Runner(Protocol):
 
     def make_generator(self, seed: int) -> Any:
         """The random state of a sequence seeded with ``seed``."""
+        ...
+
+    def compile_grammar(self, grammar: Grammar, param: str) -> None:
+        """Compile ``grammar`` into the runner's cache; any thread (the server calls it
+        off the event loop before queueing a request). Raises ``InvalidRequest``
+        naming ``param`` if the grammar is invalid or uses what cannot be enforced."""
+        ...
+
+    def make_constraint(self, grammar: Grammar) -> Constraint:
+        """A fresh grammar state for one sequence (compiling first if not cached)."""
         ...
 
     def execute(

@@ -14,10 +14,12 @@ Log-probabilities are of the model's raw logits (vLLM's default).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
 from carpool.engine.runner import SamplingRow, TokenLogprobs
+from carpool.engine.structured import GrammarConstraint, fill_bitmasks
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,11 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleOutput:
     if any(_penalised(r) for r in rows):
         logits = _penalise(logits.clone(), rows)
         _mask_early_ends(logits, rows)
+    if any(r.params.logit_bias for r in rows):
+        logits = _bias(logits.clone(), rows)
+    constrained = [i for i, r in enumerate(rows) if r.constraint is not None]
+    if constrained:
+        logits = _mask_grammar(logits.clone(), rows, constrained)
     chosen = logits.argmax(dim=-1)
     drawn = [i for i, r in enumerate(rows) if not r.params.greedy]
     if drawn:
@@ -101,6 +108,30 @@ def _penalise(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
                 0, out, torch.ones(len(out), device=logits.device)
             )
             logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).float()
+    return logits
+
+
+def _bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """Add each row's ``logit_bias`` to its tokens' logits."""
+    for i, row in enumerate(rows):
+        if row.params.logit_bias:
+            tokens, biases = zip(*row.params.logit_bias, strict=True)
+            logits[i, list(tokens)] += torch.tensor(biases, device=logits.device)
+    return logits
+
+
+def _mask_grammar(logits: torch.Tensor, rows: list[SamplingRow], index: list[int]) -> torch.Tensor:
+    """Forbid (-inf) in rows ``index`` every token their grammar forbids: one bitmask
+    for all of them, filled in one batched call, applied in one pass."""
+    vocab = logits.shape[1]
+    words = (vocab + 31) // 32
+    bitmask = torch.empty(len(index), words, dtype=torch.int32)  # contiguous, on the CPU
+    constraints = [cast(GrammarConstraint, rows[i].constraint) for i in index]
+    fill_bitmasks(constraints, bitmask.data_ptr(), words, vocab)
+    shifts = torch.arange(32, dtype=torch.int32)
+    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).view(len(index), -1)[:, :vocab].bool()
+    picked = torch.tensor(index, device=logits.device)
+    logits[picked] = logits[picked].masked_fill(~allowed.to(logits.device), float("-inf"))
     return logits
 
 

@@ -14,6 +14,24 @@ GREEDY_BELOW = 1e-5
 PENALTY_MIN = 1e-3
 
 
+LOGIT_BIAS_MAX = 100.0  # OpenAI's range: -100 bans a token, 100 all but forces it
+GRAMMAR_KINDS = ("json_schema", "regex", "choice", "lark")
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """What a request's output must match (constrained decoding): ``kind`` is
+    ``json_schema`` (``source``: the schema as JSON text), ``regex``, ``choice``
+    (``source``: a JSON list of the allowed strings) or ``lark``. Plain and hashable:
+    compiled grammars are cached by it."""
+
+    kind: str
+    source: str
+
+    def __post_init__(self) -> None:
+        _check(self.kind in GRAMMAR_KINDS, "grammar", f"kind must be one of {GRAMMAR_KINDS}")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick each next token of a request (vLLM's ``SamplingParams``).
@@ -23,7 +41,9 @@ class SamplingParams:
     ``top_k`` 0 (or -1, vLLM's spelling) keeps every
     token. ``logprobs`` is how many top alternatives to report per token (None:
     none). ``truncate_prompt_tokens`` keeps only the prompt's last
-    that many tokens. Invalid values raise ``InvalidRequest`` naming the parameter.
+    that many tokens. ``logit_bias`` adds each bias to its token's logit (OpenAI's
+    meaning); ``grammar`` constrains the output. Invalid values raise
+    ``InvalidRequest`` naming the parameter.
     """
 
     n: int = 1
@@ -44,12 +64,15 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     truncate_prompt_tokens: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+    grammar: Grammar | None = None
 
     def __post_init__(self) -> None:
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        object.__setattr__(self, "logit_bias", tuple(self.logit_bias))
         _check(1 <= self.n <= 16, "n", "must be between 1 and 16")
         _check(self.max_tokens >= 1, "max_tokens", "must be at least 1")
         _check(
@@ -93,6 +116,12 @@ class SamplingParams:
         _check(all(s for s in self.stop), "stop", "must not contain empty strings")
         _check(
             all(t >= 0 for t in self.stop_token_ids), "stop_token_ids", "must be token ids (>= 0)"
+        )
+        _check(
+            all(t >= 0 and -LOGIT_BIAS_MAX <= b <= LOGIT_BIAS_MAX for t, b in self.logit_bias),
+            "logit_bias",
+            f"must map token ids (>= 0) to biases between -{LOGIT_BIAS_MAX:g} and "
+            f"{LOGIT_BIAS_MAX:g}",
         )
 
     @property

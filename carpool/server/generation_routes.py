@@ -10,6 +10,7 @@ its request.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -22,7 +23,7 @@ from sse_starlette.sse import EventSourceResponse
 from carpool.engine.async_engine import GenerationStream, max_request_prompts
 from carpool.engine.request_output import CompletionOutput, RequestOutput
 from carpool.engine.runner import TokenLogprobs
-from carpool.engine.sampling_params import SamplingParams
+from carpool.engine.sampling_params import Grammar, SamplingParams
 from carpool.engine.sequence import FinishReason
 from carpool.errors import CarpoolError, InvalidRequest, RequestTooLarge
 from carpool.server.errors import status_of
@@ -57,12 +58,14 @@ def router(models: ServedModels) -> APIRouter:
         )
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         max_tokens = body.max_completion_tokens
+        grammar = await compile_grammar(models, served, body)
         params = sampling_params(
             served,
             body,
             len(prompt),
             body.max_tokens if max_tokens is None else max_tokens,
             logprobs,
+            grammar=grammar,
         )
         call = _Call(served, body, "chatcmpl", chat=True)
         return await call.respond([prompt], params, request)
@@ -73,6 +76,7 @@ def router(models: ServedModels) -> APIRouter:
         if isinstance(body.prompt, list) and body.prompt and not isinstance(body.prompt[0], int):
             check_prompt_count(served, len(body.prompt))
         prompts = await models.preprocess.run(tokenize_prompts, served, body.prompt, body)
+        grammar = await compile_grammar(models, served, body)
         params = [
             sampling_params(
                 served,
@@ -81,6 +85,7 @@ def router(models: ServedModels) -> APIRouter:
                 16 if body.max_tokens is None else body.max_tokens,
                 body.logprobs,
                 prompt_logprobs=body.logprobs if body.echo else None,
+                grammar=grammar,
             )
             for p in prompts
         ]
@@ -215,6 +220,70 @@ def check_prompt_count(served: ServedGenerator, count: int) -> None:
         )
 
 
+def requested_grammar(body: SamplingFields) -> tuple[Grammar, str] | None:
+    """The grammar ``body`` asks its output to match, and the field that asked:
+    OpenAI's ``response_format`` (``text`` asks nothing) or vLLM's
+    ``structured_outputs``."""
+    if body.response_format is not None and body.structured_outputs is not None:
+        raise InvalidRequest(
+            "give response_format or structured_outputs, not both", param="structured_outputs"
+        )
+    so = body.structured_outputs
+    if so is not None:
+        given = {
+            "json": so.json_,
+            "regex": so.regex,
+            "choice": so.choice,
+            "grammar": so.grammar,
+        }
+        named = [k for k, v in given.items() if v is not None]
+        if len(named) != 1:
+            raise InvalidRequest(
+                "structured_outputs needs exactly one of json, regex, choice and grammar",
+                param="structured_outputs",
+            )
+        if so.json_ is not None:
+            schema = so.json_ if isinstance(so.json_, str) else json.dumps(so.json_)
+            return Grammar("json_schema", schema), "structured_outputs"
+        if so.regex is not None:
+            return Grammar("regex", so.regex), "structured_outputs"
+        if so.choice is not None:
+            return Grammar("choice", json.dumps(so.choice)), "structured_outputs"
+        return Grammar("lark", str(so.grammar)), "structured_outputs"
+    rf = body.response_format
+    if rf is None or rf.type == "text":
+        return None
+    if rf.type == "json_object":
+        return Grammar("json_schema", '{"type": "object"}'), "response_format"
+    schema_ = rf.json_schema.schema_ if rf.type == "json_schema" else None
+    return Grammar("json_schema", json.dumps(schema_ or {"type": "object"})), "response_format"
+
+
+async def compile_grammar(
+    models: ServedModels, served: ServedGenerator, body: SamplingFields
+) -> Grammar | None:
+    """The request's grammar, compiled (or found cached) on the pre-processing pool
+    before the request is queued; a grammar that does not compile is a 400."""
+    asked = requested_grammar(body)
+    if asked is None:
+        return None
+    grammar, param = asked
+    await models.preprocess.run(served.compile_grammar, grammar, param)
+    return grammar
+
+
+def logit_bias(body: SamplingFields) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias`` (token ids as strings) as (id, bias) pairs."""
+    pairs = []
+    for key, bias in (body.logit_bias or {}).items():
+        if not key.isdigit():
+            raise InvalidRequest(
+                f"logit_bias keys must be token ids, got {key!r}", param="logit_bias"
+            )
+        pairs.append((int(key), bias))
+    return tuple(pairs)
+
+
 def sampling_params(
     served: ServedGenerator,
     body: SamplingFields,
@@ -222,6 +291,7 @@ def sampling_params(
     max_tokens: int | None,
     logprobs: int | None,
     prompt_logprobs: int | None = None,
+    grammar: Grammar | None = None,
 ) -> SamplingParams:
     if max_tokens is None:  # vLLM's default: whatever the context has left
         max_tokens = max(1, served.max_model_len - prompt_len)
@@ -245,6 +315,8 @@ def sampling_params(
         prompt_logprobs=prompt_logprobs,
         skip_special_tokens=body.skip_special_tokens,
         truncate_prompt_tokens=body.truncate_prompt_tokens,
+        logit_bias=logit_bias(body),
+        grammar=grammar,
     )
 
 

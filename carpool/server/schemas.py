@@ -112,6 +112,47 @@ class StreamOptions(_Strict):
     continuous_usage_stats: StrictBool = False
 
 
+class JsonSchemaFormat(_Strict):
+    """OpenAI's ``response_format.json_schema``."""
+
+    name: StrictStr = Field(min_length=1, max_length=64)
+    description: StrictStr | None = None
+    # "schema" would shadow pydantic's own attribute; the wire name is kept.
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: StrictBool | None = None
+
+
+class TextFormat(_Strict):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(_Strict):
+    type: Literal["json_object"]
+
+
+class JsonSchemaResponseFormat(_Strict):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = Annotated[
+    TextFormat | JsonObjectFormat | JsonSchemaResponseFormat, Field(discriminator="type")
+]
+
+
+class StructuredOutputs(_Strict):
+    """vLLM's ``structured_outputs``: exactly one of a JSON schema, a regex, a list of
+    choices, or a Lark grammar."""
+
+    json_: dict[str, Any] | StrictStr | None = Field(default=None, alias="json")
+    regex: StrictStr | None = None
+    choice: list[StrictStr] | None = Field(default=None, min_length=1)
+    grammar: StrictStr | None = None
+
+
+LogitBias = dict[StrictStr, Annotated[float, Field(ge=-100, le=100)]]
+
+
 class SamplingFields(_Strict):
     """The sampling fields shared by chat and completions: OpenAI's, vLLM's extras,
     and carpool's ``priority`` and ``timeout``."""
@@ -146,6 +187,12 @@ class SamplingFields(_Strict):
         gt=0,
         description="Seconds the request may wait to start (shortens the server's default).",
     )
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    logit_bias: LogitBias | None = Field(
+        default=None, description="Token id (as a string) to a bias in [-100, 100]."
+    )
+    store: StrictBool | None = Field(default=None, description="Accepted; nothing is stored.")
 
 
 class ChatMessage(_Strict):

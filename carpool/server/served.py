@@ -13,6 +13,7 @@ from starlette.requests import Request
 
 from carpool.batching import DynamicBatcher
 from carpool.engine.async_engine import AsyncEngine
+from carpool.engine.sampling_params import Grammar
 from carpool.errors import InvalidRequest, ModelNotFound
 from carpool.models.causal_lm import LoadedLM
 from carpool.models.embedding import EmbeddingModel
@@ -116,6 +117,11 @@ class ServedGenerator:
     def paths(self) -> tuple[PathTaken, ...]:
         """Which code runs each part of a step (native kernels or torch)."""
         return self.engine.engine.paths
+
+    def compile_grammar(self, grammar: Grammar, param: str) -> None:
+        """Compile ``grammar`` into the model's cache (any thread; the compiled
+        grammars are shared under a lock). Raises ``InvalidRequest`` naming ``param``."""
+        self.engine.engine.runner.compile_grammar(grammar, param)
 
     @property
     def max_model_len(self) -> int:

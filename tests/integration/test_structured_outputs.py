@@ -1,0 +1,176 @@
+"""Structured outputs with the real ``openai`` client against a real ``carpool
+serve``: ``chat.completions.parse`` with Pydantic models of different shapes
+returns objects that validate, streamed output parses too, vLLM's ``choice`` and
+``regex`` outputs match, and what cannot be enforced or is malformed is a 400
+naming the field."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from enum import StrEnum
+from typing import Annotated, Literal
+
+import openai
+import pytest
+from pydantic import BaseModel, Field
+
+from tests.integration.conftest import Server, start_server, stop_server
+
+CHAT = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    s = start_server("--model", CHAT, "--kv-cache-memory", "64MiB")
+    yield s
+    assert stop_server(s) == 0
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+
+
+class Person(BaseModel):
+    name: Annotated[str, Field(max_length=20)]
+    age: Annotated[int, Field(ge=0, le=120)]
+    city: Literal["Paris", "London", "Rome"]
+
+
+class Item(BaseModel):
+    sku: Literal["A", "B", "C"]
+    quantity: Annotated[int, Field(ge=1, le=9)]
+
+
+class Order(BaseModel):
+    number: Annotated[int, Field(ge=1, le=9999)]
+    items: Annotated[list[Item], Field(max_length=3)]
+    paid: bool
+
+
+class Color(StrEnum):
+    RED = "red"
+    GREEN = "green"
+    BLUE = "blue"
+
+
+class Palette(BaseModel):
+    primary: Color
+    secondary: Color | None
+
+
+class Code(BaseModel):
+    code: Annotated[str, Field(pattern=r"^[A-Z]{3}-[0-9]{2}$")]
+    valid: bool
+
+
+class Team(BaseModel):
+    lead: Person
+    members: Annotated[list[Annotated[str, Field(max_length=12)]], Field(max_length=2)]
+
+
+MODELS: list[tuple[type[BaseModel], str]] = [
+    (Person, "Describe a person."),
+    (Order, "Write an order for two items."),
+    (Palette, "Pick two colors."),
+    (Code, "Make up a product code."),
+    (Team, "Describe a small team."),
+]
+
+
+@pytest.mark.parametrize(("model", "ask"), MODELS, ids=[m.__name__ for m, _ in MODELS])
+def test_parse_returns_objects_that_validate(
+    client: openai.OpenAI, model: type[BaseModel], ask: str
+) -> None:
+    reply = client.chat.completions.parse(
+        model=CHAT,
+        messages=[{"role": "user", "content": ask}],
+        response_format=model,
+        max_tokens=200,
+        temperature=0,
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "stop", choice.message.content
+    assert isinstance(choice.message.parsed, model)
+
+
+def test_a_streamed_structured_output_parses(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model=CHAT,
+        messages=[{"role": "user", "content": "Describe a person."}],
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": Person.model_json_schema()},
+        },
+        max_tokens=120,
+        temperature=0,
+        stream=True,
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    Person.model_validate_json(text)
+
+
+def test_choice_and_regex_outputs_match(client: openai.OpenAI) -> None:
+    choice = client.completions.create(
+        model=CHAT,
+        prompt="Is the sky blue? Answer:",
+        max_tokens=5,
+        temperature=0,
+        extra_body={"structured_outputs": {"choice": ["yes", "no"]}},
+    )
+    assert choice.choices[0].text in ("yes", "no")
+    regex = client.completions.create(
+        model=CHAT,
+        prompt="A date:",
+        max_tokens=16,
+        temperature=0,
+        extra_body={"structured_outputs": {"regex": r"20[0-9]{2}-[01][0-9]-[0-3][0-9]"}},
+    )
+    assert re.fullmatch(r"20[0-9]{2}-[01][0-9]-[0-3][0-9]", regex.choices[0].text)
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "array", "uniqueItems": True}},
+                }
+            },
+            "response_format",
+        ),
+        ({"structured_outputs": {"regex": "[a-"}}, "structured_outputs"),
+        ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
+        ({"logit_bias": {"not-a-token": 1}}, "logit_bias"),
+        ({"logit_bias": {"10000000": 1}}, "logit_bias"),
+    ],
+)
+def test_what_cannot_be_enforced_is_a_400_naming_the_field(
+    client: openai.OpenAI, extra: dict[str, object], param: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model=CHAT,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=4,
+            extra_body=extra,
+        )
+    assert caught.value.status_code == 400
+    body = caught.value.body
+    assert isinstance(body, dict) and body["param"] == param, body
+
+
+def test_text_format_store_and_user_are_accepted(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model=CHAT,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=4,
+        temperature=0,
+        response_format={"type": "text"},
+        store=False,
+        user="someone",
+    )
+    assert reply.choices[0].message.content
