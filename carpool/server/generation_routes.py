@@ -14,6 +14,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -33,6 +34,7 @@ from carpool.server.schemas import (
     ChatMessage,
     CompletionRequest,
     DetokenizeRequest,
+    NamedToolChoice,
     SamplingFields,
     TokenizeRequest,
 )
@@ -41,6 +43,15 @@ from carpool.server.served import (
     ServedModels,
     gather_or_cancel,
     unless_disconnected,
+)
+from carpool.server.tools import (
+    ToolSpec,
+    calls_as_content,
+    chosen_tools,
+    read_reply,
+    tool_grammar,
+    tools_prompt,
+    with_tools_prompt,
 )
 from carpool.server.unicode_check import UnicodeCheckedRoute
 
@@ -53,12 +64,13 @@ def router(models: ServedModels) -> APIRouter:
     @api.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         served = models.generator(body.model)
+        offered = offered_tools(body)
         prompt = await models.preprocess.run(
-            chat_prompt, served, body.messages, body.add_generation_prompt, body
+            chat_prompt, served, body.messages, body.add_generation_prompt, body, offered
         )
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         max_tokens = body.max_completion_tokens
-        grammar = await compile_grammar(models, served, body)
+        grammar = await compile_grammar(models, served, body, offered)
         params = sampling_params(
             served,
             body,
@@ -67,7 +79,7 @@ def router(models: ServedModels) -> APIRouter:
             logprobs,
             grammar=grammar,
         )
-        call = _Call(served, body, "chatcmpl", chat=True)
+        call = _Call(served, body, "chatcmpl", chat=True, tools=offered is not None)
         return await call.respond([prompt], params, request)
 
     @api.post("/v1/completions", response_model=None)
@@ -126,24 +138,63 @@ def detokenize_ids(served: ServedGenerator, ids: list[int]) -> str:
     return served.tokenizer.decode(ids)
 
 
+@dataclass(frozen=True)
+class OfferedTools:
+    """The tools a chat request lets the model call, and how."""
+
+    tools: list[ToolSpec]
+    required: bool
+    parallel: bool
+
+
+def offered_tools(body: ChatCompletionRequest) -> OfferedTools | None:
+    """The tools ``body`` offers (None: none, or ``tool_choice: none``)."""
+    if not body.tools:
+        if body.tool_choice is not None and body.tool_choice != "none":
+            raise InvalidRequest("tool_choice needs tools", param="tool_choice")
+        return None
+    specs = [
+        ToolSpec(t.function.name, t.function.description, t.function.parameters) for t in body.tools
+    ]
+    if len({t.name for t in specs}) != len(specs):
+        raise InvalidRequest("tools must have distinct names", param="tools")
+    choice = body.tool_choice
+    named = choice.function.name if isinstance(choice, NamedToolChoice) else None
+    plain = None if isinstance(choice, NamedToolChoice) else choice
+    tools, required = chosen_tools(specs, plain, named)
+    if not tools:
+        return None
+    if body.response_format is not None or body.structured_outputs is not None:
+        raise InvalidRequest(
+            "response_format and structured_outputs cannot be combined with tools",
+            param="response_format",
+        )
+    return OfferedTools(tools, required, body.parallel_tool_calls)
+
+
 def chat_prompt(
     served: ServedGenerator,
     messages: Sequence[ChatMessage],
     add_generation_prompt: bool,
     body: SamplingFields | None,
+    offered: OfferedTools | None = None,
 ) -> list[int]:
     """The conversation rendered with the model's own chat template, as token ids
-    (``body``: the request whose ``truncate_prompt_tokens`` applies). Runs on the
-    pre-processing pool."""
-    text = render_chat(served, messages, add_generation_prompt)
+    (``body``: the request whose ``truncate_prompt_tokens`` applies; ``offered``:
+    tools described in the system message). Runs on the pre-processing pool."""
+    text = render_chat(served, messages, add_generation_prompt, offered)
     return encode_prompts(served, [text], body, add_special_tokens=False)[0]
 
 
 def render_chat(
-    served: ServedGenerator, messages: Sequence[ChatMessage], add_generation_prompt: bool
+    served: ServedGenerator,
+    messages: Sequence[ChatMessage],
+    add_generation_prompt: bool,
+    offered: OfferedTools | None = None,
 ) -> str:
-    """The conversation rendered with the model's own chat template."""
-    plain = []
+    """The conversation rendered with the model's own chat template; assistant turns
+    that called tools are written in the tool wrapper's JSON (``carpool.server.tools``)."""
+    plain: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
         content = m.content
         if isinstance(content, list):
@@ -155,7 +206,13 @@ def render_chat(
                     )
                 texts.append(part["text"])
             content = "".join(texts)
+        if m.tool_calls:
+            content = calls_as_content(
+                [c.model_dump() for c in m.tool_calls], f"messages[{i}].tool_calls"
+            )
         plain.append({"role": m.role, "content": content or ""})
+    if offered is not None:
+        plain = with_tools_prompt(plain, tools_prompt(offered.tools, offered.required))
     try:
         text: str = served.tokenizer.apply_chat_template(
             plain, add_generation_prompt=add_generation_prompt, tokenize=False
@@ -260,11 +317,21 @@ def requested_grammar(body: SamplingFields) -> tuple[Grammar, str] | None:
 
 
 async def compile_grammar(
-    models: ServedModels, served: ServedGenerator, body: SamplingFields
+    models: ServedModels,
+    served: ServedGenerator,
+    body: SamplingFields,
+    offered: OfferedTools | None = None,
 ) -> Grammar | None:
-    """The request's grammar, compiled (or found cached) on the pre-processing pool
-    before the request is queued; a grammar that does not compile is a 400."""
-    asked = requested_grammar(body)
+    """The request's grammar (the tool wrapper's when tools are offered), compiled (or
+    found cached) on the pre-processing pool before the request is queued; a grammar
+    that does not compile is a 400."""
+    if offered is not None:
+        asked: tuple[Grammar, str] | None = (
+            tool_grammar(offered.tools, offered.required, offered.parallel),
+            "tools",
+        )
+    else:
+        asked = requested_grammar(body)
     if asked is None:
         return None
     grammar, param = asked
@@ -331,11 +398,13 @@ class _Call:
         *,
         chat: bool,
         echo: bool = False,
+        tools: bool = False,
     ) -> None:
         self.served = served
         self.body = body
         self.chat = chat
         self.echo = echo
+        self.tools = tools  # replies are the tool wrapper's JSON, read back whole
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
@@ -379,12 +448,13 @@ class _Call:
             for out in final.outputs:
                 index = p * self.n + out.index
                 if self.chat:
+                    message, reason = self._message(out)
                     choices.append(
                         {
                             "index": index,
-                            "message": {"role": "assistant", "content": out.text},
+                            "message": {"role": "assistant", **message},
                             "logprobs": self._chat_logprobs(out.logprobs, out.token_ids),
-                            "finish_reason": _finish(out.finish_reason),
+                            "finish_reason": reason,
                         }
                     )
                 else:
@@ -452,6 +522,17 @@ class _Call:
         if out.finish_reason is not None and index not in done:
             done.add(index)
             reason = _finish(out.finish_reason)
+        if self.chat and self.tools:
+            # The wrapper's JSON is read back whole: one delta when the choice ends.
+            if reason is None:
+                return None
+            message, reason = self._message(out)
+            calls = message.get("tool_calls")
+            if calls is not None:
+                message["tool_calls"] = [{"index": k, **c} for k, c in enumerate(calls)]
+            choice = _choice_delta(index, message)
+            choice["finish_reason"] = reason
+            return choice
         if not out.new_text and not out.new_logprobs and reason is None:
             return None
         if self.chat:
@@ -475,6 +556,18 @@ class _Call:
             self._sent[index] = sent + len(out.new_text)
         choice["finish_reason"] = reason
         return choice
+
+    def _message(self, out: CompletionOutput) -> tuple[dict[str, Any], str | None]:
+        """A finished chat choice's message fields and finish reason: with tools, the
+        reply read back (``tool_calls`` and ``finish_reason: tool_calls``, or the
+        answer's text)."""
+        reason = _finish(out.finish_reason)
+        if not self.tools:
+            return {"content": out.text}, reason
+        reply = read_reply(out.text)
+        if reply.tool_calls is not None:
+            return {"content": None, "tool_calls": reply.tool_calls}, "tool_calls"
+        return {"content": reply.content}, reason
 
     def _echo(self, request: RequestOutput) -> tuple[str, dict[str, Any] | None]:
         """The prompt's text, and its tokens' logprobs when they were asked for."""

@@ -174,3 +174,128 @@ def test_text_format_store_and_user_are_accepted(client: openai.OpenAI) -> None:
         user="someone",
     )
     assert reply.choices[0].message.content
+
+
+class Weather(BaseModel):
+    city: Annotated[str, Field(max_length=20)]
+    unit: Literal["celsius", "fahrenheit"]
+
+
+class Sum(BaseModel):
+    a: Annotated[int, Field(ge=0, le=1000)]
+    b: Annotated[int, Field(ge=0, le=1000)]
+
+
+# The openai client's own helper: strict schemas (no properties beyond the model's).
+TOOLS = [
+    openai.pydantic_function_tool(Weather, name="get_weather", description="Weather in a city"),
+    openai.pydantic_function_tool(Sum, name="add", description="Add two numbers"),
+]
+ARGUMENTS: dict[str, type[BaseModel]] = {"get_weather": Weather, "add": Sum}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.mark.parametrize(
+    "tool_choice",
+    ["required", {"type": "function", "function": {"name": "add"}}],
+    ids=["required", "named"],
+)
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_required_and_named_calls_have_arguments_that_validate(
+    client: openai.OpenAI, tool_choice: object, stream: bool
+) -> None:
+    kwargs: dict[str, object] = {
+        "model": CHAT,
+        "messages": ASK,
+        "tools": TOOLS,
+        "tool_choice": tool_choice,
+        "max_tokens": 100,
+        "temperature": 0,
+    }
+    if stream:
+        calls: dict[int, dict[str, str]] = {}
+        reason = None
+        for chunk in client.chat.completions.create(stream=True, **kwargs):  # type: ignore[call-overload]
+            for delta_call in chunk.choices[0].delta.tool_calls or []:
+                entry = calls.setdefault(delta_call.index, {"name": "", "arguments": ""})
+                entry["name"] += delta_call.function.name or ""
+                entry["arguments"] += delta_call.function.arguments or ""
+            reason = chunk.choices[0].finish_reason or reason
+        got = [(c["name"], c["arguments"]) for _, c in sorted(calls.items())]
+    else:
+        reply = client.chat.completions.create(**kwargs)  # type: ignore[call-overload]
+        reason = reply.choices[0].finish_reason
+        got = [(c.function.name, c.function.arguments) for c in reply.choices[0].message.tool_calls]
+    assert reason == "tool_calls" and got
+    for name, arguments in got:
+        if isinstance(tool_choice, dict):
+            assert name == "add"
+        ARGUMENTS[name].model_validate_json(arguments)
+
+
+def test_a_call_its_result_and_the_final_answer(client: openai.OpenAI) -> None:
+    called = client.chat.completions.create(
+        model=CHAT, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=100, temperature=0
+    )  # type: ignore[call-overload]
+    message = called.choices[0].message
+    assert message.tool_calls
+    history = [
+        *ASK,
+        message,
+        {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "18 C, sunny"},
+    ]
+    answer = client.chat.completions.create(
+        model=CHAT, messages=history, tools=TOOLS, tool_choice="none", max_tokens=30, temperature=0
+    )  # type: ignore[call-overload]
+    assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        (
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "x"}}},
+            "tool_choice",
+        ),
+        ({"tool_choice": "required"}, "tool_choice"),
+        (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "f",
+                            "parameters": {"type": "array", "uniqueItems": True},
+                        },
+                    }
+                ],
+                "tool_choice": "required",
+            },
+            "tools",
+        ),
+    ],
+)
+def test_bad_tool_requests_are_400s_naming_the_field(
+    client: openai.OpenAI, extra: dict[str, object], param: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=CHAT, messages=ASK, max_tokens=4, extra_body=extra)
+    body = caught.value.body
+    assert isinstance(body, dict) and body["param"] == param, body
+
+
+def test_history_arguments_that_are_not_json_are_a_400(client: openai.OpenAI) -> None:
+    history = [
+        *ASK,
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": "{"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "3"},
+    ]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=CHAT, messages=history, max_tokens=4)  # type: ignore[arg-type]
+    body = caught.value.body
+    assert isinstance(body, dict) and body["param"] == "messages[1].tool_calls", body
