@@ -39,9 +39,14 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def _one(
-    client: httpx.AsyncClient, model: str, prompt: list[int], max_tokens: int, result: StreamResult
+    client: httpx.AsyncClient,
+    model: str,
+    prompt: list[int],
+    max_tokens: int,
+    result: StreamResult,
+    extra: dict[str, object] | None = None,
 ) -> None:
-    body = {
+    body: dict[str, object] = {
         "model": model,
         "prompt": prompt,
         "max_tokens": max_tokens,
@@ -49,6 +54,7 @@ async def _one(
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
+        **(extra or {}),
     }
     started = time.perf_counter()
     last: float | None = None
@@ -81,16 +87,18 @@ async def run_streams(
     workload: list[tuple[list[int], int]],
     concurrency: int,
     time_limit_s: float = 900.0,
+    extras: list[dict[str, object] | None] | None = None,
 ) -> StreamResult:
+    """``extras``: fields added to each request's body (aligned with ``workload``)."""
     result = StreamResult(concurrency, len(workload), 0, 0, 0.0, 0)
-    todo = list(workload)
+    todo = list(zip(workload, extras or [None] * len(workload), strict=True))
     started = time.perf_counter()
 
     async def worker(client: httpx.AsyncClient) -> None:
         while todo and time.perf_counter() - started < time_limit_s:
-            prompt, max_tokens = todo.pop(0)
+            (prompt, max_tokens), extra = todo.pop(0)
             try:
-                await _one(client, model, prompt, max_tokens, result)
+                await _one(client, model, prompt, max_tokens, result, extra)
             except httpx.HTTPError:
                 result.failed += 1
 
