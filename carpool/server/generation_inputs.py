@@ -1,0 +1,290 @@
+"""From an OpenAI request to what the engine takes: the conversation rendered with
+the model's chat template (tools offered in its system message), prompts tokenized
+within the context bound, and ``SamplingParams`` (with the grammar compiled before
+the request is queued). The rendering and tokenizing run on the pre-processing pool.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from carpool.engine.async_engine import max_request_prompts
+from carpool.engine.sampling_params import Grammar, SamplingParams
+from carpool.errors import InvalidRequest, RequestTooLarge
+from carpool.server.preprocess import Keep, TooManyTokens, encode_within
+from carpool.server.schemas import (
+    ChatCompletionRequest,
+    ChatMessage,
+    NamedToolChoice,
+    SamplingFields,
+)
+from carpool.server.served import ServedGenerator, ServedModels
+from carpool.server.tools import (
+    ToolSpec,
+    calls_as_content,
+    chosen_tools,
+    tool_grammar,
+    tools_prompt,
+    with_tools_prompt,
+)
+
+
+def detokenize_ids(served: ServedGenerator, ids: list[int]) -> str:
+    """The text of ``ids``, each checked against the vocabulary. Runs on the
+    pre-processing pool."""
+    vocab = served.lm.config.vocab_size
+    if any(not 0 <= t < vocab for t in ids):
+        raise InvalidRequest(f"token ids must be in [0, {vocab})", param="tokens")
+    return served.tokenizer.decode(ids)
+
+
+@dataclass(frozen=True)
+class OfferedTools:
+    """The tools a chat request lets the model call, and how."""
+
+    tools: list[ToolSpec]
+    required: bool
+    parallel: bool
+
+
+def offered_tools(body: ChatCompletionRequest) -> OfferedTools | None:
+    """The tools ``body`` offers (None: none, or ``tool_choice: none``)."""
+    if not body.tools:
+        if body.tool_choice is not None and body.tool_choice != "none":
+            raise InvalidRequest("tool_choice needs tools", param="tool_choice")
+        return None
+    specs = [
+        ToolSpec(t.function.name, t.function.description, t.function.parameters) for t in body.tools
+    ]
+    if len({t.name for t in specs}) != len(specs):
+        raise InvalidRequest("tools must have distinct names", param="tools")
+    choice = body.tool_choice
+    named = choice.function.name if isinstance(choice, NamedToolChoice) else None
+    plain = None if isinstance(choice, NamedToolChoice) else choice
+    tools, required = chosen_tools(specs, plain, named)
+    if not tools:
+        return None
+    if body.response_format is not None or body.structured_outputs is not None:
+        raise InvalidRequest(
+            "response_format and structured_outputs cannot be combined with tools",
+            param="response_format",
+        )
+    return OfferedTools(tools, required, body.parallel_tool_calls)
+
+
+def chat_prompt(
+    served: ServedGenerator,
+    messages: Sequence[ChatMessage],
+    add_generation_prompt: bool,
+    body: SamplingFields | None,
+    offered: OfferedTools | None = None,
+) -> list[int]:
+    """The conversation rendered with the model's own chat template, as token ids
+    (``body``: the request whose ``truncate_prompt_tokens`` applies; ``offered``:
+    tools described in the system message). Runs on the pre-processing pool."""
+    text = render_chat(served, messages, add_generation_prompt, offered)
+    return encode_prompts(served, [text], body, add_special_tokens=False)[0]
+
+
+def render_chat(
+    served: ServedGenerator,
+    messages: Sequence[ChatMessage],
+    add_generation_prompt: bool,
+    offered: OfferedTools | None = None,
+) -> str:
+    """The conversation rendered with the model's own chat template; assistant turns
+    that called tools are written in the tool wrapper's JSON (``carpool.server.tools``)."""
+    plain: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        content = m.content
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise InvalidRequest(
+                        "only text content parts are supported", param=f"messages[{i}].content"
+                    )
+                texts.append(part["text"])
+            content = "".join(texts)
+        if m.tool_calls:
+            content = calls_as_content(
+                [c.model_dump() for c in m.tool_calls], f"messages[{i}].tool_calls"
+            )
+        plain.append({"role": m.role, "content": content or ""})
+    if offered is not None:
+        plain = with_tools_prompt(plain, tools_prompt(offered.tools, offered.required))
+    try:
+        text: str = served.tokenizer.apply_chat_template(
+            plain, add_generation_prompt=add_generation_prompt, tokenize=False
+        )
+    except Exception as exc:  # a template may raise on a conversation it rejects
+        raise InvalidRequest(
+            f"the chat template refused messages: {exc}", param="messages"
+        ) from exc
+    return text
+
+
+def tokenize_prompts(
+    served: ServedGenerator,
+    prompt: str | list[str] | list[int] | list[list[int]],
+    body: SamplingFields,
+) -> list[list[int]]:
+    """Each prompt's token ids (texts tokenized within the context bound). Runs on the
+    pre-processing pool."""
+    if isinstance(prompt, str):
+        return encode_prompts(served, [prompt], body)
+    if not prompt:
+        raise InvalidRequest("prompt must not be an empty list", param="prompt")
+    if isinstance(prompt[0], int):
+        return [list(prompt)]
+    if isinstance(prompt[0], str):
+        return encode_prompts(served, prompt, body)
+    return [list(p) for p in prompt]
+
+
+def encode_prompts(
+    served: ServedGenerator,
+    texts: list[str],
+    body: SamplingFields | None,
+    add_special_tokens: bool = True,
+) -> list[list[int]]:
+    """Token ids of each text; a text certainly over the context (or, with
+    ``truncate_prompt_tokens``, its kept tail) is judged without tokenizing it all."""
+    truncate = None if body is None else body.truncate_prompt_tokens
+    keep: Keep = "all" if truncate is None else "tail"
+    limit = served.max_model_len if truncate is None else truncate
+    try:
+        return encode_within(
+            lambda ts: served.encode_batch(ts, add_special_tokens), texts, limit, keep
+        )
+    except TooManyTokens as exc:
+        raise InvalidRequest(
+            f"this model's maximum context length is {served.max_model_len} tokens; "
+            f"the prompt has more",
+            param="prompt" if len(texts) == 1 else f"prompt[{exc.index}]",
+        ) from None
+
+
+def check_prompt_count(served: ServedGenerator, count: int) -> None:
+    """Refuse (413), before tokenizing, a call with more prompts than one request
+    may bring."""
+    max_waiting = served.engine.max_waiting
+    if max_waiting is not None and count > max_request_prompts(max_waiting):
+        raise RequestTooLarge(
+            f"{count} prompts in one request; at most "
+            f"{max_request_prompts(max_waiting)} per request (half of --max-waiting-requests)",
+            param="prompt",
+        )
+
+
+def requested_grammar(body: SamplingFields) -> tuple[Grammar, str] | None:
+    """The grammar ``body`` asks its output to match, and the field that asked:
+    OpenAI's ``response_format`` (``text`` asks nothing) or vLLM's
+    ``structured_outputs``."""
+    if body.response_format is not None and body.structured_outputs is not None:
+        raise InvalidRequest(
+            "give response_format or structured_outputs, not both", param="structured_outputs"
+        )
+    so = body.structured_outputs
+    if so is not None:
+        given = {
+            "json": so.json_,
+            "regex": so.regex,
+            "choice": so.choice,
+            "grammar": so.grammar,
+        }
+        named = [k for k, v in given.items() if v is not None]
+        if len(named) != 1:
+            raise InvalidRequest(
+                "structured_outputs needs exactly one of json, regex, choice and grammar",
+                param="structured_outputs",
+            )
+        if so.json_ is not None:
+            schema = so.json_ if isinstance(so.json_, str) else json.dumps(so.json_)
+            return Grammar("json_schema", schema), "structured_outputs"
+        if so.regex is not None:
+            return Grammar("regex", so.regex), "structured_outputs"
+        if so.choice is not None:
+            return Grammar("choice", json.dumps(so.choice)), "structured_outputs"
+        return Grammar("lark", str(so.grammar)), "structured_outputs"
+    rf = body.response_format
+    if rf is None or rf.type == "text":
+        return None
+    if rf.type == "json_object":
+        return Grammar("json_schema", '{"type": "object"}'), "response_format"
+    schema_ = rf.json_schema.schema_ if rf.type == "json_schema" else None
+    return Grammar("json_schema", json.dumps(schema_ or {"type": "object"})), "response_format"
+
+
+async def compile_grammar(
+    models: ServedModels,
+    served: ServedGenerator,
+    body: SamplingFields,
+    offered: OfferedTools | None = None,
+) -> Grammar | None:
+    """The request's grammar (the tool wrapper's when tools are offered), compiled (or
+    found cached) on the pre-processing pool before the request is queued; a grammar
+    that does not compile is a 400."""
+    if offered is not None:
+        asked: tuple[Grammar, str] | None = (
+            tool_grammar(offered.tools, offered.required, offered.parallel),
+            "tools",
+        )
+    else:
+        asked = requested_grammar(body)
+    if asked is None:
+        return None
+    grammar, param = asked
+    await models.preprocess.run(served.compile_grammar, grammar, param)
+    return grammar
+
+
+def logit_bias(body: SamplingFields) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias`` (token ids as strings) as (id, bias) pairs."""
+    pairs = []
+    for key, bias in (body.logit_bias or {}).items():
+        if not key.isdigit():
+            raise InvalidRequest(
+                f"logit_bias keys must be token ids, got {key!r}", param="logit_bias"
+            )
+        pairs.append((int(key), bias))
+    return tuple(pairs)
+
+
+def sampling_params(
+    served: ServedGenerator,
+    body: SamplingFields,
+    prompt_len: int,
+    max_tokens: int | None,
+    logprobs: int | None,
+    prompt_logprobs: int | None = None,
+    grammar: Grammar | None = None,
+) -> SamplingParams:
+    if max_tokens is None:  # vLLM's default: whatever the context has left
+        max_tokens = max(1, served.max_model_len - prompt_len)
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    return SamplingParams(
+        n=body.n,
+        max_tokens=max_tokens,
+        min_tokens=body.min_tokens,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=body.top_k or 0,
+        min_p=body.min_p or 0.0,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        repetition_penalty=body.repetition_penalty or 1.0,
+        seed=body.seed,
+        stop=stop,
+        stop_token_ids=tuple(body.stop_token_ids or ()),
+        ignore_eos=body.ignore_eos,
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
+        skip_special_tokens=body.skip_special_tokens,
+        truncate_prompt_tokens=body.truncate_prompt_tokens,
+        logit_bias=logit_bias(body),
+        grammar=grammar,
+    )

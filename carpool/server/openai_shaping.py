@@ -1,0 +1,236 @@
+"""OpenAI's response and chunk shapes for chat and completions, as functions of the
+engine's outputs: no I/O, no engine; the routes stream what these return.
+``Shaper`` keeps one piece of state per call, the characters of text already sent
+per choice (streamed logprobs' ``text_offset``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import orjson
+
+from carpool.engine.request_output import CompletionOutput, RequestOutput
+from carpool.engine.runner import TokenLogprobs
+from carpool.engine.sequence import FinishReason
+from carpool.server.tools import read_reply
+
+_FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
+
+
+class Shaper:
+    """Shapes one chat or completion call's outputs (``n`` choices per prompt;
+    ``decode``: token ids to text; ``tools``: replies are the tool wrapper's JSON,
+    read back whole)."""
+
+    def __init__(
+        self,
+        *,
+        call_id: str,
+        created: int,
+        model: str,
+        n: int,
+        decode: Callable[[list[int]], str],
+        chat: bool,
+        echo: bool = False,
+        tools: bool = False,
+    ) -> None:
+        self.id = call_id
+        self.created = created
+        self.model = model
+        self.n = n
+        self.decode = decode
+        self.chat = chat
+        self.echo = echo
+        self.tools = tools
+        self.object = "chat.completion" if chat else "text_completion"
+        self._sent: dict[int, int] = {}  # characters of text streamed per choice
+
+    def full(self, finals: list[RequestOutput]) -> dict[str, Any]:
+        """The whole response for the finished outputs of each prompt, in order."""
+        choices = []
+        for p, final in enumerate(finals):
+            for out in final.outputs:
+                index = p * self.n + out.index
+                if self.chat:
+                    message, reason = self._message(out)
+                    choices.append(
+                        {
+                            "index": index,
+                            "message": {"role": "assistant", **message},
+                            "logprobs": self._chat_logprobs(out.logprobs, out.token_ids),
+                            "finish_reason": reason,
+                        }
+                    )
+                else:
+                    echoed = self._echo(final) if self.echo else ("", None)
+                    choices.append(
+                        {
+                            "index": index,
+                            "text": echoed[0] + out.text,
+                            "logprobs": _joined(
+                                echoed[1],
+                                self._completion_logprobs(
+                                    out.logprobs, out.token_ids, len(echoed[0])
+                                ),
+                            ),
+                            "finish_reason": _finish(out.finish_reason),
+                        }
+                    )
+        return {
+            "id": self.id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": usage(finals),
+        }
+
+    def delta(
+        self, p: int, request: RequestOutput, out: CompletionOutput, done: set[int]
+    ) -> dict[str, Any] | None:
+        """The chunk choice for what ``out`` (of ``request``) added, None if nothing; a
+        choice's finish reason is sent once (``done`` holds the choices already
+        finished). With ``echo``, a choice's first piece starts with the prompt."""
+        index = p * self.n + out.index
+        reason = None
+        if out.finish_reason is not None and index not in done:
+            done.add(index)
+            reason = _finish(out.finish_reason)
+        if self.chat and self.tools:
+            # The wrapper's JSON is read back whole: one delta when the choice ends.
+            if reason is None:
+                return None
+            message, reason = self._message(out)
+            calls = message.get("tool_calls")
+            if calls is not None:
+                message["tool_calls"] = [{"index": k, **c} for k, c in enumerate(calls)]
+            choice = choice_delta(index, message)
+            choice["finish_reason"] = reason
+            return choice
+        if not out.new_text and not out.new_logprobs and reason is None:
+            return None
+        if self.chat:
+            delta = {"content": out.new_text} if out.new_text else {}
+            choice = choice_delta(index, delta)
+            choice["logprobs"] = self._chat_logprobs(out.new_logprobs, out.new_token_ids)
+        else:
+            echoed: tuple[str, dict[str, Any] | None] = ("", None)
+            if self.echo and index not in self._sent:
+                echoed = self._echo(request)
+            sent = self._sent.get(index, 0) + len(echoed[0])
+            choice = {
+                "index": index,
+                "text": echoed[0] + out.new_text,
+                "logprobs": _joined(
+                    echoed[1],
+                    self._completion_logprobs(out.new_logprobs, out.new_token_ids, sent),
+                ),
+                "finish_reason": None,
+            }
+            self._sent[index] = sent + len(out.new_text)
+        choice["finish_reason"] = reason
+        return choice
+
+    def _message(self, out: CompletionOutput) -> tuple[dict[str, Any], str | None]:
+        """A finished chat choice's message fields and finish reason: with tools, the
+        reply read back (``tool_calls`` and ``finish_reason: tool_calls``, or the
+        answer's text)."""
+        reason = _finish(out.finish_reason)
+        if not self.tools:
+            return {"content": out.text}, reason
+        reply = read_reply(out.text)
+        if reply.tool_calls is not None:
+            return {"content": None, "tool_calls": reply.tool_calls}, "tool_calls"
+        return {"content": reply.content}, reason
+
+    def _echo(self, request: RequestOutput) -> tuple[str, dict[str, Any] | None]:
+        """The prompt's text, and its tokens' logprobs when they were asked for."""
+        text: str = self.decode(request.prompt_token_ids)
+        if request.prompt_logprobs is None:
+            return text, None
+        return text, self._completion_logprobs(request.prompt_logprobs, request.prompt_token_ids, 0)
+
+    def chunk(self, choices: list[dict[str, Any]], include_usage: bool) -> dict[str, str]:
+        envelope = self.envelope(choices, None)
+        if not include_usage:
+            envelope.pop("usage")
+        return {"data": orjson.dumps(envelope).decode()}
+
+    def envelope(self, choices: list[dict[str, Any]], usage: Any) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": usage,
+        }
+
+    def _token(self, token_id: int) -> str:
+        text: str = self.decode([token_id])
+        return text
+
+    def _chat_logprobs(
+        self, logprobs: list[TokenLogprobs], token_ids: list[int]
+    ) -> dict[str, Any] | None:
+        if not logprobs:
+            return None
+
+        def entry(token_id: int, logprob: float) -> dict[str, Any]:
+            token = self._token(token_id)
+            return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+        content = []
+        for token_id, lp in zip(token_ids, logprobs, strict=False):
+            item = entry(token_id, lp.logprob)
+            item["top_logprobs"] = [entry(t, v) for t, v in lp.top]
+            content.append(item)
+        return {"content": content}
+
+    def _completion_logprobs(
+        self, logprobs: Sequence[TokenLogprobs | None], token_ids: list[int], start: int
+    ) -> dict[str, Any] | None:
+        """OpenAI's completion logprobs of ``token_ids``, whose text begins at
+        character ``start`` of the choice's text (None entries: a prompt's first
+        token, which nothing predicts)."""
+        if not logprobs:
+            return None
+        tokens = [self._token(t) for t in token_ids]
+        offsets, at = [], start
+        for token in tokens:
+            offsets.append(at)
+            at += len(token)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [None if lp is None else lp.logprob for lp in logprobs],
+            "top_logprobs": [
+                None if lp is None else {self._token(t): v for t, v in lp.top} for lp in logprobs
+            ],
+            "text_offset": offsets,
+        }
+
+
+def _joined(first: dict[str, Any] | None, second: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Two completion-logprobs objects as one (either may be None)."""
+    if first is None or second is None:
+        return first or second
+    return {key: first[key] + second[key] for key in first}
+
+
+def _finish(reason: FinishReason | None) -> str | None:
+    return None if reason is None else _FINISH.get(reason)
+
+
+def choice_delta(index: int, delta: dict[str, Any]) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+
+
+def usage(finals: list[RequestOutput]) -> dict[str, int]:
+    prompt = sum(len(f.prompt_token_ids) for f in finals)
+    completion = sum(f.num_generated_tokens for f in finals)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
