@@ -11,6 +11,8 @@ import hmac
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from carpool.server.errors import error_body
+
 OPEN_PATHS = ("/health", "/metrics", "/v2/health/live", "/v2/health/ready", "/v2")
 
 
@@ -36,16 +38,7 @@ class APIKeyAuth:
             await self.app(scope, receive, send)
             return
         message = "missing or wrong API key (send Authorization: Bearer <key>)"
-        if scope["path"].startswith("/v2"):
-            body: dict[str, object] = {"error": message}
-        else:
-            body = {
-                "error": {
-                    "message": message,
-                    "type": "authentication_error",
-                    "param": None,
-                    "code": 401,
-                }
-            }
+        v2 = scope["path"].startswith("/v2")
+        body = error_body(401, message, kind="authentication_error", v2=v2)
         response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
         await response(scope, receive, send)

@@ -9,6 +9,8 @@ import asyncio
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from carpool.server.errors import error_body
+
 ALWAYS_OPEN = ("/health", "/v2/health/live", "/metrics")
 
 
@@ -46,16 +48,7 @@ class Drain:
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         message = "the server is shutting down"
-        if scope["path"].startswith("/v2"):
-            body: dict[str, object] = {"error": message}
-        else:
-            body = {
-                "error": {
-                    "message": message,
-                    "type": "overloaded_error",
-                    "param": None,
-                    "code": 503,
-                }
-            }
+        v2 = scope["path"].startswith("/v2")
+        body = error_body(503, message, kind="overloaded_error", v2=v2)
         headers = {"Retry-After": "1", "Connection": "close"}
         await JSONResponse(body, status_code=503, headers=headers)(scope, receive, send)

@@ -60,12 +60,25 @@ def error_response(
     param: str | None = None,
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
-    """The error body for ``request``'s protocol."""
-    if request.url.path.startswith("/v2"):
-        body: dict[str, object] = {"error": message}
-    else:
-        body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    """The error response for ``request``'s protocol."""
+    v2 = request.url.path.startswith("/v2")
+    body = error_body(status, message, kind=kind, param=param, v2=v2)
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+def error_body(
+    status: int,
+    message: str,
+    *,
+    kind: str = "invalid_request_error",
+    param: str | None = None,
+    v2: bool = False,
+) -> dict[str, object]:
+    """Every error body a client sees: the Open Inference Protocol's (``v2``) or
+    OpenAI's."""
+    if v2:
+        return {"error": message}
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
 def response_for(request: Request, exc: CarpoolError) -> JSONResponse:

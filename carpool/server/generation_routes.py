@@ -23,7 +23,7 @@ from carpool.engine.async_engine import GenerationStream
 from carpool.engine.request_output import RequestOutput
 from carpool.engine.sampling_params import SamplingParams
 from carpool.errors import CarpoolError, InvalidRequest
-from carpool.server.errors import status_of
+from carpool.server.errors import error_body, status_of
 from carpool.server.generation_inputs import (
     chat_prompt,
     check_prompt_count,
@@ -202,8 +202,8 @@ class _Call:
                 yield {"data": orjson.dumps(self.shape.envelope([], usage(ordered))).decode()}
         except CarpoolError as exc:
             status, kind = status_of(exc)
-            error = {"message": exc.message, "type": kind, "param": exc.param, "code": status}
-            yield {"data": orjson.dumps({"error": error}).decode()}
+            body = error_body(status, exc.message, kind=kind, param=exc.param)
+            yield {"data": orjson.dumps(body).decode()}
         finally:
             for s in streams:
                 s.close()

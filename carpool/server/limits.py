@@ -4,9 +4,10 @@ reading a body whole: it checks Content-Length first and counts streamed bytes."
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from carpool.server.errors import error_body
 
 
 class BodySizeLimit:
@@ -54,19 +55,8 @@ class BodySizeLimit:
 
     async def _refuse(self, scope: Scope, send: Send) -> None:
         message = f"request body is larger than the limit of {self.max_bytes} bytes"
-        body: dict[str, Any]
-        if str(scope.get("path", "")).startswith("/v2"):
-            body = {"error": message}
-        else:
-            body = {
-                "error": {
-                    "message": message,
-                    "type": "invalid_request_error",
-                    "param": None,
-                    "code": 413,
-                }
-            }
-        payload = json.dumps(body).encode()
+        v2 = str(scope.get("path", "")).startswith("/v2")
+        payload = json.dumps(error_body(413, message, v2=v2)).encode()
         await send(
             {
                 "type": "http.response.start",

@@ -6,6 +6,7 @@ naming the field."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from enum import StrEnum
@@ -70,12 +71,74 @@ class Team(BaseModel):
     members: Annotated[list[Annotated[str, Field(max_length=12)]], Field(max_length=2)]
 
 
+class Address(BaseModel):
+    street: Annotated[str, Field(max_length=30)]
+    zip_code: Annotated[str, Field(pattern=r"^[0-9]{5}$")]
+    country: Literal["FR", "GB", "IT"]
+
+
+class Event(BaseModel):
+    title: Annotated[str, Field(max_length=30)]
+    day: Annotated[int, Field(ge=1, le=31)]
+    attendees: Annotated[list[Annotated[str, Field(max_length=10)]], Field(max_length=3)]
+
+
+class Rating(BaseModel):
+    score: Annotated[int, Field(ge=1, le=5)]
+    comment: Annotated[str, Field(max_length=40)] | None
+
+
+class Author(BaseModel):
+    name: Annotated[str, Field(max_length=20)]
+
+
+class Book(BaseModel):
+    title: Annotated[str, Field(max_length=30)]
+    author: Author
+    year: Annotated[int, Field(ge=1800, le=2025)]
+    genres: Annotated[list[Literal["fiction", "science", "history"]], Field(max_length=2)]
+
+
+class Flags(BaseModel):
+    visible: bool
+    editable: bool
+    archived: bool
+
+
+class Grid(BaseModel):
+    rows: Annotated[
+        list[Annotated[list[Annotated[int, Field(ge=0, le=9)]], Field(max_length=3)]],
+        Field(max_length=3),
+    ]
+
+
+class Circle(BaseModel):
+    kind: Literal["circle"]
+    radius: Annotated[int, Field(ge=1, le=10)]
+
+
+class Square(BaseModel):
+    kind: Literal["square"]
+    side: Annotated[int, Field(ge=1, le=10)]
+
+
+class Drawing(BaseModel):
+    shape: Circle | Square
+
+
 MODELS: list[tuple[type[BaseModel], str]] = [
     (Person, "Describe a person."),
     (Order, "Write an order for two items."),
     (Palette, "Pick two colors."),
     (Code, "Make up a product code."),
     (Team, "Describe a small team."),
+    (Address, "Write an address."),
+    (Event, "Plan a party."),
+    (Rating, "Rate a film."),
+    (Book, "Describe a book."),
+    (Flags, "Set some flags."),
+    (Grid, "Make a small grid of digits."),
+    (Drawing, "Draw a shape."),
 ]
 
 
@@ -93,6 +156,18 @@ def test_parse_returns_objects_that_validate(
     choice = reply.choices[0]
     assert choice.finish_reason == "stop", choice.message.content
     assert isinstance(choice.message.parsed, model)
+
+
+def test_json_object_output_is_a_json_object(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model=CHAT,
+        messages=[{"role": "user", "content": "Give the capital of France as JSON."}],
+        response_format={"type": "json_object"},
+        max_tokens=100,
+        temperature=0,
+    )
+    assert reply.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(reply.choices[0].message.content or ""), dict)
 
 
 def test_a_streamed_structured_output_parses(client: openai.OpenAI) -> None:
