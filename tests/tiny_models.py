@@ -13,10 +13,10 @@ ARCHITECTURES = ("llama", "mistral", "qwen2", "gpt2")
 VOCAB = 512  # token ids below this decode with the built-in model's tokenizer
 
 
-def hf_config(arch: str) -> Any:
+def hf_config(arch: str, vocab: int = VOCAB) -> Any:
     import transformers as tf
 
-    common: dict[str, Any] = {"vocab_size": VOCAB, "initializer_range": 0.2, "eos_token_id": 2}
+    common: dict[str, Any] = {"vocab_size": vocab, "initializer_range": 0.2, "eos_token_id": 2}
     if arch == "gpt2":
         return tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=2048, **common)
     llama_like: dict[str, Any] = dict(
@@ -47,13 +47,14 @@ def hf_config(arch: str) -> Any:
     raise ValueError(arch)
 
 
-def build(arch: str, folder: Path, tokenizer_dir: Path, seed: int = 0) -> Any:
+def build(arch: str, folder: Path, tokenizer_dir: Path, seed: int = 0, vocab: int = VOCAB) -> Any:
     """Save a random ``arch`` model with the given tokenizer into ``folder``; return
-    the transformers model (eval, float32)."""
+    the transformers model (eval, float32). ``vocab``: its vocabulary (the whole
+    tokenizer's where a grammar's forced tokens must be reachable)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(hf_config(arch)).eval()
+    model = AutoModelForCausalLM.from_config(hf_config(arch, vocab)).eval()
     model.save_pretrained(str(folder), safe_serialization=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (tokenizer_dir / name).exists():

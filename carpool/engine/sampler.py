@@ -124,10 +124,13 @@ def _mask_grammar(logits: torch.Tensor, rows: list[SamplingRow], index: list[int
     """Forbid (-inf) in rows ``index`` every token their grammar forbids: one bitmask
     for all of them, filled in one batched call, applied in one pass."""
     vocab = logits.shape[1]
-    words = (vocab + 31) // 32
-    bitmask = torch.empty(len(index), words, dtype=torch.int32)  # contiguous, on the CPU
     constraints = [cast(GrammarConstraint, rows[i].constraint) for i in index]
-    fill_bitmasks(constraints, bitmask.data_ptr(), words, vocab)
+    width = constraints[0].vocab_size  # one tokenizer per model: the same for all
+    if width < vocab:
+        raise ValueError(f"grammar masks of {width} tokens for logits of {vocab}")
+    words = (width + 31) // 32
+    bitmask = torch.empty(len(index), words, dtype=torch.int32)  # contiguous, on the CPU
+    fill_bitmasks(constraints, bitmask.data_ptr(), words, width)
     shifts = torch.arange(32, dtype=torch.int32)
     allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).view(len(index), -1)[:, :vocab].bool()
     picked = torch.tensor(index, device=logits.device)

@@ -57,10 +57,12 @@ def grammar_text(grammar: Grammar) -> str:
 
 
 class GrammarConstraint:
-    """One sequence's matcher (see ``carpool.engine.runner.Constraint``)."""
+    """One sequence's matcher (see ``carpool.engine.runner.Constraint``);
+    ``vocab_size``: the width of its masks (the tokenizer's, at least the model's)."""
 
-    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
         self.matcher = matcher
+        self.vocab_size = vocab_size
 
     def accept(self, token_id: int) -> bool:
         return bool(self.matcher.consume_token(token_id))
@@ -105,7 +107,13 @@ class Grammars:
 
     def constraint(self, grammar: Grammar) -> GrammarConstraint:
         """A fresh state of ``grammar`` for one sequence."""
-        return GrammarConstraint(self.compile(grammar).deep_copy())
+        return GrammarConstraint(self.compile(grammar).deep_copy(), self.mask_width)
+
+    @property
+    def mask_width(self) -> int:
+        """Tokens a mask covers: the model's vocabulary, or the tokenizer's where it
+        is larger (a model may have fewer rows than its tokenizer has tokens)."""
+        return max(self._vocab_size, len(self._hf_tokenizer))
 
     def tokenizer(self) -> llguidance.LLTokenizer:
         with self._lock:
@@ -113,7 +121,7 @@ class Grammars:
                 from llguidance.hf import from_tokenizer
 
                 self._tokenizer = from_tokenizer(
-                    self._hf_tokenizer, n_vocab=self._vocab_size, eos_token=self._eos
+                    self._hf_tokenizer, n_vocab=self.mask_width, eos_token=self._eos
                 )
             return self._tokenizer
 

@@ -23,9 +23,12 @@ from carpool.server.schemas import (
 )
 from carpool.server.served import ServedGenerator, ServedModels
 from carpool.server.tools import (
+    HERMES,
     ToolSpec,
     calls_as_content,
     chosen_tools,
+    hermes_history,
+    template_format,
     tool_grammar,
     tools_prompt,
     with_tools_prompt,
@@ -48,9 +51,15 @@ class OfferedTools:
     tools: list[ToolSpec]
     required: bool
     parallel: bool
+    form: str  # how the model writes calls: tools.HERMES or tools.GENERIC
 
 
-def offered_tools(body: ChatCompletionRequest) -> OfferedTools | None:
+def tool_form(served: ServedGenerator) -> str:
+    """How ``served``'s chat template writes tool calls (``tools.template_format``)."""
+    return template_format(getattr(served.tokenizer, "chat_template", None))
+
+
+def offered_tools(served: ServedGenerator, body: ChatCompletionRequest) -> OfferedTools | None:
     """The tools ``body`` offers (None: none, or ``tool_choice: none``)."""
     if not body.tools:
         if body.tool_choice is not None and body.tool_choice != "none":
@@ -72,7 +81,7 @@ def offered_tools(body: ChatCompletionRequest) -> OfferedTools | None:
             "response_format and structured_outputs cannot be combined with tools",
             param="response_format",
         )
-    return OfferedTools(tools, required, body.parallel_tool_calls)
+    return OfferedTools(tools, required, body.parallel_tool_calls, tool_form(served))
 
 
 def chat_prompt(
@@ -95,8 +104,11 @@ def render_chat(
     add_generation_prompt: bool,
     offered: OfferedTools | None = None,
 ) -> str:
-    """The conversation rendered with the model's own chat template; assistant turns
-    that called tools are written in the tool wrapper's JSON (``carpool.server.tools``)."""
+    """The conversation rendered with the model's own chat template. A template that
+    knows tools gets them and the history's calls in its own terms; for any other,
+    the tools are offered in the system message and past calls are written in the
+    generic wrapper's JSON (``carpool.server.tools``)."""
+    hermes = tool_form(served) == HERMES
     plain: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
         content = m.content
@@ -109,16 +121,33 @@ def render_chat(
                     )
                 texts.append(part["text"])
             content = "".join(texts)
+        message: dict[str, Any] = {"role": m.role, "content": content or ""}
         if m.tool_calls:
-            content = calls_as_content(
-                [c.model_dump() for c in m.tool_calls], f"messages[{i}].tool_calls"
-            )
-        plain.append({"role": m.role, "content": content or ""})
-    if offered is not None:
+            calls = [c.model_dump() for c in m.tool_calls]
+            where = f"messages[{i}].tool_calls"
+            if hermes:
+                message["tool_calls"] = hermes_history(calls, where)
+            else:
+                message["content"] = calls_as_content(calls, where)
+        plain.append(message)
+    extra: dict[str, Any] = {}
+    if offered is not None and hermes:
+        extra["tools"] = [
+            {
+                "type": "function",
+                "function": {
+                    "name": t.name,
+                    "description": t.description or "",
+                    "parameters": t.parameters or {"type": "object"},
+                },
+            }
+            for t in offered.tools
+        ]
+    elif offered is not None:
         plain = with_tools_prompt(plain, tools_prompt(offered.tools, offered.required))
     try:
         text: str = served.tokenizer.apply_chat_template(
-            plain, add_generation_prompt=add_generation_prompt, tokenize=False
+            plain, add_generation_prompt=add_generation_prompt, tokenize=False, **extra
         )
     except Exception as exc:  # a template may raise on a conversation it rejects
         raise InvalidRequest(
@@ -229,17 +258,15 @@ async def compile_grammar(
     found cached) on the pre-processing pool before the request is queued; a grammar
     that does not compile is a 400."""
     if offered is not None:
-        asked: tuple[Grammar, str] | None = (
-            tool_grammar(offered.tools, offered.required, offered.parallel),
-            "tools",
-        )
+        grammar = tool_grammar(offered.tools, offered.required, offered.parallel, offered.form)
+        asked: tuple[Grammar, str] | None = None if grammar is None else (grammar, "tools")
     else:
         asked = requested_grammar(body)
     if asked is None:
         return None
-    grammar, param = asked
-    await models.preprocess.run(served.compile_grammar, grammar, param)
-    return grammar
+    compiled, param = asked
+    await models.preprocess.run(served.compile_grammar, compiled, param)
+    return compiled
 
 
 def logit_bias(body: SamplingFields) -> tuple[tuple[int, float], ...]:

@@ -57,7 +57,7 @@ def router(models: ServedModels) -> APIRouter:
     @api.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         served = models.generator(body.model)
-        offered = offered_tools(body)
+        offered = offered_tools(served, body)
         prompt = await models.preprocess.run(
             chat_prompt, served, body.messages, body.add_generation_prompt, body, offered
         )
@@ -72,7 +72,8 @@ def router(models: ServedModels) -> APIRouter:
             logprobs,
             grammar=grammar,
         )
-        call = _Call(served, body, "chatcmpl", chat=True, tools=offered is not None)
+        form = None if offered is None else offered.form
+        call = _Call(served, body, "chatcmpl", chat=True, tool_form=form)
         return await call.respond([prompt], params, request)
 
     @api.post("/v1/completions", response_model=None)
@@ -133,7 +134,7 @@ class _Call:
         *,
         chat: bool,
         echo: bool = False,
-        tools: bool = False,
+        tool_form: str | None = None,
     ) -> None:
         self.served = served
         self.body = body
@@ -147,7 +148,7 @@ class _Call:
             decode=served.tokenizer.decode,
             chat=chat,
             echo=echo,
-            tools=tools,
+            tool_form=tool_form,
         )
 
     async def respond(

@@ -20,8 +20,8 @@ _FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
 
 class Shaper:
     """Shapes one chat or completion call's outputs (``n`` choices per prompt;
-    ``decode``: token ids to text; ``tools``: replies are the tool wrapper's JSON,
-    read back whole)."""
+    ``decode``: token ids to text; ``tool_form``: tools were offered, and replies
+    in that form (``carpool.server.tools``) are read back whole)."""
 
     def __init__(
         self,
@@ -33,7 +33,7 @@ class Shaper:
         decode: Callable[[list[int]], str],
         chat: bool,
         echo: bool = False,
-        tools: bool = False,
+        tool_form: str | None = None,
     ) -> None:
         self.id = call_id
         self.created = created
@@ -42,7 +42,7 @@ class Shaper:
         self.decode = decode
         self.chat = chat
         self.echo = echo
-        self.tools = tools
+        self.tool_form = tool_form
         self.object = "chat.completion" if chat else "text_completion"
         self._sent: dict[int, int] = {}  # characters of text streamed per choice
 
@@ -97,7 +97,7 @@ class Shaper:
         if out.finish_reason is not None and index not in done:
             done.add(index)
             reason = _finish(out.finish_reason)
-        if self.chat and self.tools:
+        if self.chat and self.tool_form is not None:
             # The wrapper's JSON is read back whole: one delta when the choice ends.
             if reason is None:
                 return None
@@ -137,9 +137,9 @@ class Shaper:
         reply read back (``tool_calls`` and ``finish_reason: tool_calls``, or the
         answer's text)."""
         reason = _finish(out.finish_reason)
-        if not self.tools:
+        if self.tool_form is None:
             return {"content": out.text}, reason
-        reply = read_reply(out.text)
+        reply = read_reply(out.text, self.tool_form)
         if reply.tool_calls is not None:
             return {"content": None, "tool_calls": reply.tool_calls}, "tool_calls"
         return {"content": reply.content}, reason

@@ -1,6 +1,16 @@
-"""Tool calling through a generic JSON wrapper (llama.cpp's "generic" format), for
-any chat template: the tools are described in a system message, and the model's
-reply is constrained by a grammar to one JSON object, either
+"""Tool calling in the model's own syntax where its chat template has one, else
+through a generic JSON wrapper.
+
+A template that takes ``tools`` and writes calls in ``<tool_call>`` tags (Hermes,
+Qwen2.5 and their kin: ``hermes``) gets the tools and the history's calls in its own
+syntax, and its replies are read in that syntax: with ``required`` or a named
+function a grammar allows only ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``
+blocks; with ``auto`` the model is free and the blocks it writes are read back (as
+vLLM's hermes parser does).
+
+Any other template (``generic``, llama.cpp's generic format) gets the tools
+described in a system message, and the model's reply is constrained by a grammar to
+one JSON object, either
 
     {"tool_calls": [{"name": "<tool>", "arguments": {...}}, ...]}   (calling tools)
     {"response": "<text>"}                                         (answering)
@@ -15,6 +25,7 @@ format in the history. Pure functions over plain data: the routes call them.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -52,9 +63,21 @@ def chosen_tools(
     return tools, choice == "required"
 
 
-def tool_grammar(tools: list[ToolSpec], required: bool, parallel: bool) -> Grammar:
-    """The grammar of a reply to a request offering ``tools``."""
-    calls = [
+GENERIC, HERMES = "generic", "hermes"
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_BLOCK = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.DOTALL)
+
+
+def template_format(chat_template: str | None) -> str:
+    """``hermes`` when the template takes tools and writes calls in ``<tool_call>``
+    tags, else ``generic``."""
+    if chat_template and "tools" in chat_template and OPEN in chat_template:
+        return HERMES
+    return GENERIC
+
+
+def _call_schemas(tools: list[ToolSpec]) -> list[dict[str, Any]]:
+    return [
         {
             "type": "object",
             "properties": {
@@ -66,6 +89,24 @@ def tool_grammar(tools: list[ToolSpec], required: bool, parallel: bool) -> Gramm
         }
         for t in tools
     ]
+
+
+def tool_grammar(
+    tools: list[ToolSpec], required: bool, parallel: bool, form: str = GENERIC
+) -> Grammar | None:
+    """The grammar of a reply to a request offering ``tools`` in ``form`` (None:
+    the reply is free, ``auto`` in the model's own syntax)."""
+    calls = _call_schemas(tools)
+    if form == HERMES:
+        if not required:
+            return None
+        body = {"anyOf": calls, "x-guidance": {"whitespace_flexible": False}}
+        lark = (
+            f"start: call{'+' if parallel else ''}\n"
+            f'call: "{OPEN}\\n" body "\\n{CLOSE}"\n'
+            f"body: %json {json.dumps(body)}"
+        )
+        return Grammar("lark", lark)
     array: dict[str, Any] = {"type": "array", "items": {"anyOf": calls}, "minItems": 1}
     if not parallel:
         array["maxItems"] = 1
@@ -137,26 +178,53 @@ class Reply:
     tool_calls: list[dict[str, Any]] | None
 
 
-def read_reply(text: str) -> Reply:
-    """The reply in ``text`` (the wrapper's JSON); text that is not a whole wrapper
-    (cut by ``max_tokens``) is returned as content, as it is."""
+def hermes_history(tool_calls: list[dict[str, Any]], param: str) -> list[dict[str, Any]]:
+    """An assistant turn's OpenAI ``tool_calls`` as chat templates take them
+    (arguments as objects). Raises InvalidRequest naming ``param`` when a call's
+    arguments are not a JSON object."""
+    calls = json.loads(calls_as_content(tool_calls, param))["tool_calls"]
+    return [{"type": "function", "function": c} for c in calls]
+
+
+def read_hermes(text: str) -> Reply:
+    """The ``<tool_call>`` blocks in ``text`` as OpenAI's tool calls (the text around
+    them as content); text without a readable block is content as it is."""
+    calls = []
+    for block in _BLOCK.findall(text):
+        try:
+            data = json.loads(block)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(data, dict) and isinstance(data.get("name"), str):
+            calls.append({"name": data["name"], "arguments": data.get("arguments", {})})
+    if not calls:
+        return Reply(text, None)
+    rest = _BLOCK.sub("", text).strip()
+    return Reply(rest or None, [_openai_call(c) for c in calls])
+
+
+def _openai_call(call: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {
+            "name": call["name"],
+            "arguments": json.dumps(call["arguments"], ensure_ascii=False),
+        },
+    }
+
+
+def read_reply(text: str, form: str = GENERIC) -> Reply:
+    """The reply in ``text`` (in ``form``); text that is not a whole reply (cut by
+    ``max_tokens``) is returned as content, as it is."""
+    if form == HERMES:
+        return read_hermes(text)
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
         return Reply(text, None)
     if isinstance(data, dict) and isinstance(data.get("tool_calls"), list):
-        calls = [
-            {
-                "id": f"call_{uuid.uuid4().hex[:24]}",
-                "type": "function",
-                "function": {
-                    "name": call["name"],
-                    "arguments": json.dumps(call["arguments"], ensure_ascii=False),
-                },
-            }
-            for call in data["tool_calls"]
-        ]
-        return Reply(None, calls)
+        return Reply(None, [_openai_call(call) for call in data["tool_calls"]])
     if isinstance(data, dict) and isinstance(data.get("response"), str):
         return Reply(data["response"], None)
     return Reply(text, None)

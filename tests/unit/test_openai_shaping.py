@@ -54,7 +54,7 @@ def test_with_tools_a_reply_becomes_tool_calls_whole_and_streamed() -> None:
     reply = json.dumps(
         {"tool_calls": [{"name": "f", "arguments": {"a": "b"}}]}, separators=(",", ":")
     )
-    tools = shaper(tools=True)
+    tools = shaper(tool_form="generic")
     (choice,) = tools.full([finished(reply)])["choices"]
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
     (call,) = choice["message"]["tool_calls"]
