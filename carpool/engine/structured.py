@@ -1,5 +1,5 @@
 """Constrained decoding with llguidance: a request's grammar (a JSON schema, a regex,
-a list of choices or a Lark grammar) masks, at each step, every token that would
+a list of choices, or a Lark or GBNF grammar) masks, at each step, every token that would
 break it.
 
 llguidance rather than xgrammar: one small wheel with no dependencies (xgrammar
@@ -53,7 +53,18 @@ def grammar_text(grammar: Grammar) -> str:
             raise ValueError("choices must be a non-empty list of non-empty strings")
         lark = "start: " + " | ".join(json.dumps(c) for c in choices)
         return str(llguidance.LLMatcher.grammar_from_lark(lark))
-    return str(llguidance.LLMatcher.grammar_from_lark(grammar.source))
+    return str(llguidance.LLMatcher.grammar_from_lark(_as_lark(grammar.source)))
+
+
+def _as_lark(text: str) -> str:
+    """``text`` in Lark: a GBNF grammar (llama.cpp's and xgrammar's EBNF, ``root ::=
+    ...``) is converted by llguidance's own converter."""
+    from llguidance.gbnf_to_lark import any_to_lark
+
+    try:
+        return str(any_to_lark(text))
+    except Exception as exc:  # the converter's errors are the grammar's: a 400
+        raise ValueError(f"not a Lark or GBNF grammar: {exc}") from None
 
 
 class GrammarConstraint:

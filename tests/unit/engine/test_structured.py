@@ -71,6 +71,7 @@ def test_outputs_match_their_grammar_and_free_neighbours_are_unchanged(
         "regex": (ask, greedy(12, grammar=Grammar("regex", r"[0-9]{3}-[a-z]{2}"))),
         "choice": (ask, greedy(8, grammar=Grammar("choice", json.dumps(["yes", "no"])))),
         "lark": (ask, greedy(12, grammar=Grammar("lark", 'start: "ab" ("c" | "d")+ "!"'))),
+        "gbnf": (ask, greedy(8, grammar=Grammar("lark", 'root ::= "x" [0-9] [0-9]'))),
     }
     together = run(engine, {**constrained, **free})
     person = json.loads(together["json"].text)
@@ -85,6 +86,7 @@ def test_outputs_match_their_grammar_and_free_neighbours_are_unchanged(
         together["lark"].finish_reason.value == "length"
         and re.fullmatch(r"ab[cd]*", together["lark"].text)
     )
+    assert re.fullmatch(r"x[0-9][0-9]", together["gbnf"].text)
     for rid in free:
         assert together[rid].token_ids == alone[rid].token_ids
 
