@@ -63,7 +63,7 @@ def _add_flags(parser: argparse.ArgumentParser, section: str, cls: type[Any]) ->
                 flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_text
             )
         elif isinstance(default, tuple):
-            element = type(default[0]) if default else int
+            element = type(default[0]) if default else _element_type(str(f.type))
             action = "append" if f.name == "models" else "store"
             nargs = None if f.name == "models" else "+"
             group.add_argument(
@@ -77,6 +77,14 @@ def _add_flags(parser: argparse.ArgumentParser, section: str, cls: type[Any]) ->
             )
         else:
             group.add_argument(flag, dest=dest, type=type(default), default=None, help=help_text)
+
+
+def _element_type(annotation: str) -> type:
+    """The element type of an empty tuple default, from its annotation's text."""
+    for name, kind in (("float", float), ("str", str)):
+        if f"tuple[{name}" in annotation:
+            return kind
+    return int
 
 
 def build_config(args: argparse.Namespace) -> CarpoolConfig:
@@ -122,6 +130,14 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also build (or find cached) every native kernel and say which run here",
     )
+    bench = sub.add_parser(
+        "bench",
+        help="benchmark any OpenAI-compatible server (closed or open loop, sweeps)",
+        description="Load any OpenAI-compatible server and report vLLM's serving metrics.",
+    )
+    from carpool.bench.config import BenchConfig
+
+    _add_flags(bench, "bench", BenchConfig)
     generate = sub.add_parser("generate", help="generate text offline, without a server")
     generate.add_argument(
         "--model", default="smollm2-135m-instruct", help="built-in name, HF folder or .gguf file"
@@ -157,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         return list_models(args.verbose)
     if args.command == "generate":
         return generate(args)
+    if args.command == "bench":
+        return bench(args)
     try:
         config = build_config(args)
     except ConfigError as exc:
@@ -184,6 +202,27 @@ def list_models(verbose: bool = False) -> int:
         for line in kernel_report():
             print(f"  {line}")
     return 0
+
+
+def bench(args: argparse.Namespace) -> int:
+    """``carpool bench``: run, print the table, save what was asked for."""
+    from carpool.bench.config import BenchConfig
+    from carpool.bench.run import run, save, table
+
+    given = {
+        key.split(".", 1)[1]: value
+        for key, value in vars(args).items()
+        if key.startswith("bench.") and value is not None
+    }
+    try:
+        config = from_dict(BenchConfig, given)
+    except ConfigError as exc:
+        print(f"carpool bench: configuration error: {exc}", file=sys.stderr)
+        return 2
+    results = run(config, progress=sys.stderr.isatty())
+    print(table(config, results))
+    save(config, results)
+    return 0 if all(r["completed"] for r in results) else 1
 
 
 def generate(args: argparse.Namespace) -> int:

@@ -1,0 +1,1 @@
+"""``carpool bench``: load, metrics and figures for any OpenAI-compatible server."""

@@ -1,0 +1,51 @@
+"""``carpool bench``'s figures, drawn with matplotlib (an optional dependency): output
+throughput against TTFT and ITL p99 over the runs of a sweep, and per-run
+throughput and latency side by side."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def plot(results: list[dict[str, Any]], folder: Path) -> list[Path]:
+    """Write the figures into ``folder``; their paths. Raises RuntimeError without
+    matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise RuntimeError("--plot-dir needs matplotlib: pip install matplotlib") from None
+    folder.mkdir(parents=True, exist_ok=True)
+    labels = [r["label"] for r in results]
+    written = []
+
+    figure, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for axis, metric in zip(axes, ("ttft", "itl"), strict=True):
+        axis.plot(
+            [r[f"p99_{metric}_ms"] for r in results],
+            [r["output_throughput"] for r in results],
+            "o-",
+        )
+        for label, r in zip(labels, results, strict=True):
+            axis.annotate(label, (r[f"p99_{metric}_ms"], r["output_throughput"]), fontsize=7)
+        axis.set_xlabel(f"{metric.upper()} p99 (ms)")
+        axis.set_ylabel("output tokens/s")
+        axis.grid(alpha=0.3)
+    figure.suptitle("throughput against latency")
+    figure.tight_layout()
+    written.append(folder / "throughput_vs_latency.png")
+    figure.savefig(written[-1], dpi=120)
+    plt.close(figure)
+
+    figure, axis = plt.subplots(figsize=(8, 4))
+    axis.bar(labels, [r["request_throughput"] for r in results])
+    axis.set_ylabel("requests/s")
+    axis.set_title("request throughput per run")
+    figure.tight_layout()
+    written.append(folder / "request_throughput.png")
+    figure.savefig(written[-1], dpi=120)
+    plt.close(figure)
+    return written
