@@ -14,8 +14,6 @@ import httpx
 from carpool.bench.metrics import Outcome
 from carpool.bench.workload import BenchRequest
 
-ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings")
-
 
 def body_for(
     endpoint: str, model: str, request: BenchRequest, extra: dict[str, Any]

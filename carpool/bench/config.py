@@ -1,14 +1,16 @@
-"""``carpool bench``'s knobs (vLLM's ``vllm bench serve`` names where it has one)."""
+"""``carpool bench``'s knobs (vLLM's ``vllm bench serve`` names where it has one).
+Imports nothing beyond the standard library: the CLI builds its parser from it."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from carpool.bench.client import ENDPOINTS
 from carpool.bench.metrics import METRICS
 from carpool.bench.workload import DATASETS
 from carpool.config import _help, _require
+
+ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings")
 
 
 @dataclass(frozen=True)
