@@ -6,12 +6,14 @@ and inter-token latency."""
 from __future__ import annotations
 
 import asyncio
-import json
 import statistics
 import time
 from dataclasses import dataclass, field
 
 import httpx
+
+from carpool.bench.client import send
+from carpool.bench.workload import BenchRequest
 
 
 @dataclass
@@ -46,38 +48,17 @@ async def _one(
     result: StreamResult,
     extra: dict[str, object] | None = None,
 ) -> None:
-    body: dict[str, object] = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        **(extra or {}),
-    }
-    started = time.perf_counter()
-    last: float | None = None
-    tokens = 0
-    async with client.stream("POST", "/v1/completions", json=body) as response:
-        if response.status_code != 200:
-            await response.aread()
-            result.failed += 1
-            return
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            now = time.perf_counter()
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-            if chunk.get("choices") and chunk["choices"][0].get("text"):
-                if last is None:
-                    result.ttft_s.append(now - started)
-                else:
-                    result.itl_s.append(now - last)
-                last = now
-    result.output_tokens += tokens
+    """One greedy stream, EOS ignored, timed by ``carpool bench``'s client."""
+    fields = {"temperature": 0, "ignore_eos": True, **(extra or {})}
+    request = BenchRequest(prompt, max_tokens)
+    outcome = await send(client, "/v1/completions", model, request, fields)
+    if not outcome.ok:
+        result.failed += 1
+        return
+    if outcome.ttft is not None:
+        result.ttft_s.append(outcome.ttft)
+    result.itl_s.extend(outcome.itl)
+    result.output_tokens += outcome.output_tokens
     result.completed += 1
 
 

@@ -36,9 +36,10 @@ DATASETS = ("random", "sharegpt", "prefix", "jsonl")
 
 @dataclass(frozen=True)
 class BenchRequest:
-    """One request: its prompt text and how many tokens to ask for."""
+    """One request: its prompt (text, or token ids where the server takes them, as
+    /v1/completions does) and how many tokens to ask for."""
 
-    prompt: str
+    prompt: str | list[int]
     max_tokens: int
 
 
