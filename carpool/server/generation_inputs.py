@@ -109,40 +109,10 @@ def render_chat(
     the tools are offered in the system message and past calls are written in the
     generic wrapper's JSON (``carpool.server.tools``)."""
     hermes = tool_form(served) == HERMES
-    plain: list[dict[str, Any]] = []
-    for i, m in enumerate(messages):
-        content = m.content
-        if isinstance(content, list):
-            texts = []
-            for part in content:
-                if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise InvalidRequest(
-                        "only text content parts are supported", param=f"messages[{i}].content"
-                    )
-                texts.append(part["text"])
-            content = "".join(texts)
-        message: dict[str, Any] = {"role": m.role, "content": content or ""}
-        if m.tool_calls:
-            calls = [c.model_dump() for c in m.tool_calls]
-            where = f"messages[{i}].tool_calls"
-            if hermes:
-                message["tool_calls"] = hermes_history(calls, where)
-            else:
-                message["content"] = calls_as_content(calls, where)
-        plain.append(message)
+    plain = [_plain(i, m, hermes) for i, m in enumerate(messages)]
     extra: dict[str, Any] = {}
     if offered is not None and hermes:
-        extra["tools"] = [
-            {
-                "type": "function",
-                "function": {
-                    "name": t.name,
-                    "description": t.description or "",
-                    "parameters": t.parameters or {"type": "object"},
-                },
-            }
-            for t in offered.tools
-        ]
+        extra["tools"] = [_template_tool(t) for t in offered.tools]
     elif offered is not None:
         plain = with_tools_prompt(plain, tools_prompt(offered.tools, offered.required))
     try:
@@ -154,6 +124,42 @@ def render_chat(
             f"the chat template refused messages: {exc}", param="messages"
         ) from exc
     return text
+
+
+def _plain(i: int, m: ChatMessage, hermes: bool) -> dict[str, Any]:
+    """Message ``i`` as chat templates take it: text content; past tool calls in the
+    template's terms (``hermes``) or in the generic wrapper's JSON."""
+    content = m.content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise InvalidRequest(
+                    "only text content parts are supported", param=f"messages[{i}].content"
+                )
+            texts.append(part["text"])
+        content = "".join(texts)
+    message: dict[str, Any] = {"role": m.role, "content": content or ""}
+    if m.tool_calls:
+        calls = [c.model_dump() for c in m.tool_calls]
+        where = f"messages[{i}].tool_calls"
+        if hermes:
+            message["tool_calls"] = hermes_history(calls, where)
+        else:
+            message["content"] = calls_as_content(calls, where)
+    return message
+
+
+def _template_tool(tool: ToolSpec) -> dict[str, Any]:
+    """A tool as chat templates take it (OpenAI's shape)."""
+    return {
+        "type": "function",
+        "function": {
+            "name": tool.name,
+            "description": tool.description or "",
+            "parameters": tool.parameters or {"type": "object"},
+        },
+    }
 
 
 def tokenize_prompts(
