@@ -42,14 +42,18 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleOutput:
         if any(r.params.logprobs is not None for r in rows)
         else None
     )
-    if any(_penalised(r) for r in rows):
-        logits = _penalise(logits.clone(), rows)
-        _mask_early_ends(logits, rows)
-    if any(r.params.logit_bias for r in rows):
-        logits = _bias(logits.clone(), rows)
+    penalised = any(_penalised(r) for r in rows)
+    biased = any(r.params.logit_bias for r in rows)
     constrained = [i for i, r in enumerate(rows) if r.constraint is not None]
+    if penalised or biased or constrained:
+        logits = logits.clone()  # once: the edits below work in place
+    if penalised:
+        _penalise(logits, rows)
+        _mask_early_ends(logits, rows)
+    if biased:
+        _bias(logits, rows)
     if constrained:
-        logits = _mask_grammar(logits.clone(), rows, constrained)
+        _mask_grammar(logits, rows, constrained)
     chosen = logits.argmax(dim=-1)
     drawn = [i for i, r in enumerate(rows) if not r.params.greedy]
     if drawn:
@@ -91,7 +95,8 @@ def _penalised(row: SamplingRow) -> bool:
     )
 
 
-def _penalise(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+def _penalise(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    """Apply each row's repetition, frequency and presence penalties, in place."""
     for i, row in enumerate(rows):
         p = row.params
         if p.repetition_penalty != 1.0:
@@ -108,21 +113,19 @@ def _penalise(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
                 0, out, torch.ones(len(out), device=logits.device)
             )
             logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).float()
-    return logits
 
 
-def _bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """Add each row's ``logit_bias`` to its tokens' logits."""
+def _bias(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    """Add each row's ``logit_bias`` to its tokens' logits, in place."""
     for i, row in enumerate(rows):
         if row.params.logit_bias:
             tokens, biases = zip(*row.params.logit_bias, strict=True)
             logits[i, list(tokens)] += torch.tensor(biases, device=logits.device)
-    return logits
 
 
-def _mask_grammar(logits: torch.Tensor, rows: list[SamplingRow], index: list[int]) -> torch.Tensor:
-    """Forbid (-inf) in rows ``index`` every token their grammar forbids: one bitmask
-    for all of them, filled in one batched call, applied in one pass."""
+def _mask_grammar(logits: torch.Tensor, rows: list[SamplingRow], index: list[int]) -> None:
+    """Forbid (-inf), in place, in rows ``index`` every token their grammar forbids:
+    one bitmask for all of them, filled in one batched call, applied in one pass."""
     vocab = logits.shape[1]
     constraints = [cast(GrammarConstraint, rows[i].constraint) for i in index]
     width = constraints[0].vocab_size  # one tokenizer per model: the same for all
@@ -135,7 +138,6 @@ def _mask_grammar(logits: torch.Tensor, rows: list[SamplingRow], index: list[int
     allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).view(len(index), -1)[:, :vocab].bool()
     picked = torch.tensor(index, device=logits.device)
     logits[picked] = logits[picked].masked_fill(~allowed.to(logits.device), float("-inf"))
-    return logits
 
 
 def _mask_early_ends(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
