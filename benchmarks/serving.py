@@ -26,8 +26,9 @@ import time
 
 import torch
 
-from benchmarks.stream_loadgen import StreamResult, percentile, run_streams
+from benchmarks.stream_loadgen import StreamResult, run_streams
 from benchmarks.workload import token_prompts
+from carpool.bench.metrics import percentile
 from carpool.testing import spawn
 
 MODEL = "smollm2-135m-instruct"

@@ -6,7 +6,6 @@ and inter-token latency."""
 from __future__ import annotations
 
 import asyncio
-import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -30,14 +29,6 @@ class StreamResult:
     @property
     def tokens_per_s(self) -> float:
         return self.output_tokens / self.seconds if self.seconds else 0.0
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
 
 async def _one(

@@ -17,8 +17,9 @@ import json
 import statistics
 import time
 
-from benchmarks.stream_loadgen import percentile, run_streams
+from benchmarks.stream_loadgen import run_streams
 from benchmarks.workload import token_prompts
+from carpool.bench.metrics import percentile
 
 MODEL = "smollm2-135m-instruct"
 VOCAB = 49152
