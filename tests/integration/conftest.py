@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import pytest
@@ -18,6 +19,7 @@ from carpool.testing import spawn
 
 READY = re.compile(r"carpool ready on (http://127\.0\.0\.1:\d+)")
 MODEL = "all-minilm-l6-v2"
+CHAT = "smollm2-135m-instruct"
 
 
 @dataclass
@@ -52,6 +54,19 @@ def rss_bytes(server: Server) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise AssertionError("no VmRSS")
+
+
+def greedy_body(prompt: str | list[int], max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
+    """A /v1/completions body for the built-in chat model: greedy, EOS ignored, so
+    its answer is fixed and as long as asked."""
+    return {
+        "model": CHAT,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        **extra,
+    }
 
 
 def start_server(*args: str, timeout_s: float = 120.0) -> Server:

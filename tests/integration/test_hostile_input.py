@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from tests.integration.conftest import Server, rss_bytes, start_server, stop_server
+from tests.integration.conftest import greedy_body as greedy
 
 CHAT = "smollm2-135m-instruct"
 EMBED = "all-minilm-l6-v2"
@@ -37,17 +38,6 @@ def server() -> Iterator[Server]:
     )
     yield s
     assert stop_server(s) == 0
-
-
-def greedy(prompt: str, max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
-    return {
-        "model": CHAT,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        **extra,
-    }
 
 
 def raw(body: dict[str, Any]) -> bytes:

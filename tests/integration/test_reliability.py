@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from tests.integration.conftest import Server, rss_bytes, start_server, stop_server
+from tests.integration.conftest import greedy_body as completion
 
 CHAT = "smollm2-135m-instruct"
 EMBED = "all-minilm-l6-v2"
@@ -37,17 +38,6 @@ def idle(server: Server) -> bool:
         and server.metric("carpool_num_requests_waiting", model=CHAT) == 0
         and server.metric("carpool_kv_cache_usage_perc", model=CHAT) == 0
     )
-
-
-def completion(prompt: list[int], max_tokens: int, **extra: object) -> dict[str, object]:
-    return {
-        "model": CHAT,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        **extra,
-    }
 
 
 @pytest.fixture(scope="module")
