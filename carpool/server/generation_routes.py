@@ -138,8 +138,6 @@ class _Call:
     ) -> None:
         self.served = served
         self.body = body
-        self.chat = chat
-        self.n = body.n
         self.shape = Shaper(
             call_id=f"{prefix}-{uuid.uuid4().hex}",
             created=int(time.time()),
@@ -187,9 +185,10 @@ class _Call:
         done: set[int] = set()
         include_usage = bool(self.body.stream_options and self.body.stream_options.include_usage)
         try:
-            if self.chat:
+            if self.shape.chat:
+                first = {"role": "assistant", "content": ""}
                 yield self.shape.chunk(
-                    [choice_delta(i, {"role": "assistant", "content": ""}) for i in range(self.n)],
+                    [choice_delta(i, first) for i in range(self.shape.n)],
                     include_usage,
                 )
             async for p, out in _merge(streams):
