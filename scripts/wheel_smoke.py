@@ -1,7 +1,8 @@
 """Run from a virtual environment holding carpool's built wheel (not a checkout):
 check that carpool is imported from the installed package, that every native kernel
 builds and loads, and that ``carpool serve`` starts with the native paths on, says
-so, warns of nothing, and compiles nothing on its second start.
+so, serves the dashboard's files, warns of nothing, and compiles nothing on its
+second start.
 
     python scripts/wheel_smoke.py   (scripts/ is on sys.path, the checkout is not)
 """
@@ -12,6 +13,7 @@ import re
 import signal
 import sys
 import sysconfig
+import urllib.request
 from pathlib import Path
 
 import carpool
@@ -35,10 +37,21 @@ def check(condition: bool, message: str) -> None:
         raise SystemExit(1)
 
 
+DASHBOARD = (
+    "/dashboard",
+    "/dashboard/assets/dashboard.js",
+    "/dashboard/assets/vendor/uPlot.iife.min.js",
+)
+
+
 def serve_once() -> list[str]:
-    """Start ``carpool serve`` on a free port, stop it, return its log."""
+    """Start ``carpool serve`` on a free port, check the dashboard's files are served
+    (they are package data), stop it, return its log."""
     command = [str(Path(sys.executable).parent / "carpool"), "serve", "--port", "0"]
-    process, _, lines = spawn(command, READY, timeout_s=300)
+    process, ready, lines = spawn(command, READY, timeout_s=300)
+    for path in DASHBOARD:
+        with urllib.request.urlopen(ready.group(1) + path, timeout=30) as response:
+            check(response.status == 200 and len(response.read()) > 100, f"{path} is missing")
     process.send_signal(signal.SIGINT)
     check(process.wait(timeout=60) == 0, "carpool serve did not exit 0")
     return lines

@@ -58,7 +58,7 @@ async def send(
     try:
         if endpoint == "/v1/embeddings":
             response = await client.post(endpoint, json=body)
-            outcome = Outcome(response.status_code)
+            outcome = Outcome(response.status_code, sent=started)
             if response.status_code == 200:
                 outcome.prompt_tokens = int(
                     response.json().get("usage", {}).get("prompt_tokens", 0)
@@ -67,14 +67,14 @@ async def send(
             return outcome
         return await _stream(client, endpoint, body, started)
     except httpx.HTTPError:
-        return Outcome(None, latency=time.perf_counter() - started)
+        return Outcome(None, latency=time.perf_counter() - started, sent=started)
 
 
 async def _stream(
     client: httpx.AsyncClient, endpoint: str, body: dict[str, Any], started: float
 ) -> Outcome:
     async with client.stream("POST", endpoint, json=body) as response:
-        outcome = Outcome(response.status_code)
+        outcome = Outcome(response.status_code, sent=started)
         if response.status_code != 200:
             await response.aread()
             outcome.latency = time.perf_counter() - started

@@ -47,7 +47,8 @@ async def drive(
 ) -> tuple[list[Outcome], float]:
     """Send ``warmups`` (untimed) then ``requests``: closed loop when ``concurrency``
     > 0, else open loop at ``rate`` (capped at ``config.max_concurrency`` in
-    flight). Each outcome, in request order, and the timed duration."""
+    flight). Each outcome, in request order, with ``sent`` counted from the start of
+    the timed part, and the timed duration."""
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
     width = max(concurrency, config.max_concurrency, 1) + 8
     limits = httpx.Limits(max_connections=width if concurrency or config.max_concurrency else None)
@@ -74,7 +75,10 @@ async def drive(
             )
         duration = time.perf_counter() - started
         bar.close()
-    return [o or Outcome(None) for o in outcomes], duration
+    done = [o or Outcome(None, sent=started) for o in outcomes]
+    for o in done:
+        o.sent -= started
+    return done, duration
 
 
 async def _closed(one: Any, count: int, concurrency: int) -> None:

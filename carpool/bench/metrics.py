@@ -6,10 +6,12 @@ records."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -18,7 +20,8 @@ METRICS = ("ttft", "tpot", "itl", "e2el")
 @dataclass
 class Outcome:
     """One request as the client saw it (times in seconds). ``status``: the HTTP
-    status, or None when the connection failed; tokens from the server's usage."""
+    status, or None when the connection failed; tokens from the server's usage;
+    ``sent``: when it was sent."""
 
     status: int | None
     prompt_tokens: int = 0
@@ -26,6 +29,7 @@ class Outcome:
     ttft: float | None = None
     itl: list[float] = field(default_factory=list)
     latency: float = 0.0
+    sent: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -59,6 +63,24 @@ def samples(outcomes: Sequence[Outcome], metric: str) -> list[float]:
     if metric == "itl":
         return [gap for o in good for gap in o.itl]
     return [o.latency for o in good]
+
+
+def timeline(outcomes: Sequence[Outcome], duration_s: float, bin_s: float = 1.0) -> list[float]:
+    """Output tokens per second in each ``bin_s`` of the run (``sent`` counted from
+    its start). A streamed request's tokens are spread evenly over the pieces it
+    arrived in; a request that did not stream counts them when it ended."""
+    bins = [0.0] * max(1, math.ceil(duration_s / bin_s))
+    for o in outcomes:
+        if not o.ok or not o.output_tokens:
+            continue
+        if o.ttft is None:
+            arrivals = [o.sent + o.latency]
+        else:
+            arrivals = list(accumulate(o.itl, initial=o.sent + o.ttft))
+        share = o.output_tokens / len(arrivals)
+        for t in arrivals:
+            bins[min(int(t / bin_s), len(bins) - 1)] += share / bin_s
+    return bins
 
 
 def meets(outcome: Outcome, slos_ms: dict[str, float]) -> bool:

@@ -1,6 +1,6 @@
 """``carpool bench``'s figures, drawn with matplotlib (an optional dependency): output
-throughput against TTFT and ITL p99 over the runs of a sweep, and per-run
-throughput and latency side by side."""
+throughput against TTFT and ITL p99 over the runs of a sweep, request throughput per
+run, each run's TTFT and ITL distributions, and output throughput second by second."""
 
 from __future__ import annotations
 
@@ -46,6 +46,34 @@ def plot(results: list[dict[str, Any]], folder: Path) -> list[Path]:
     axis.set_title("request throughput per run")
     figure.tight_layout()
     written.append(folder / "request_throughput.png")
+    figure.savefig(written[-1], dpi=120)
+    plt.close(figure)
+
+    figure, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for axis, key, name in zip(axes, ("ttfts_ms", "itls_ms"), ("TTFT", "ITL"), strict=True):
+        for r in results:
+            if r[key]:
+                axis.hist(r[key], bins=40, histtype="step", label=r["label"])
+        axis.set_xlabel(f"{name} (ms)")
+        axis.set_ylabel("requests" if name == "TTFT" else "gaps between streamed pieces")
+        axis.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    figure.suptitle("latency distributions")
+    figure.tight_layout()
+    written.append(folder / "latency_distributions.png")
+    figure.savefig(written[-1], dpi=120)
+    plt.close(figure)
+
+    figure, axis = plt.subplots(figsize=(8, 4))
+    for r in results:
+        axis.plot(r["output_throughput_per_s"], label=r["label"])
+    axis.set_xlabel("second of the run")
+    axis.set_ylabel("output tokens/s")
+    axis.set_title("output throughput over each run")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    written.append(folder / "throughput_over_time.png")
     figure.savefig(written[-1], dpi=120)
     plt.close(figure)
     return written

@@ -14,7 +14,7 @@ from typing import Any
 
 from carpool.bench.config import BenchConfig
 from carpool.bench.load import drive
-from carpool.bench.metrics import summarize
+from carpool.bench.metrics import samples, summarize, timeline
 from carpool.bench.workload import (
     BenchRequest,
     jsonl_requests,
@@ -69,8 +69,13 @@ def run(config: BenchConfig, progress: bool = True) -> list[dict[str, Any]]:
             drive(config, timed, warm, rate=rate, concurrency=concurrency, progress=progress)
         )
         summary = summarize(outcomes, duration, config.percentiles, config.slos_ms())
+        detail = {
+            "ttfts_ms": [v * 1000 for v in samples(outcomes, "ttft")],
+            "itls_ms": [v * 1000 for v in samples(outcomes, "itl")],
+            "output_throughput_per_s": timeline(outcomes, duration),
+        }
         results.append(
-            {"label": label, "request_rate": rate, "concurrency": concurrency, **summary}
+            {"label": label, "request_rate": rate, "concurrency": concurrency, **summary, **detail}
         )
     return results
 

@@ -7,10 +7,18 @@ from collections.abc import Callable
 from fastapi import FastAPI, Response
 
 from carpool import __version__
-from carpool.server import errors, generation_routes, metrics, openai_routes, v2_routes
+from carpool.server import (
+    dashboard,
+    errors,
+    generation_routes,
+    metrics,
+    openai_routes,
+    v2_routes,
+)
 from carpool.server.auth import APIKeyAuth
 from carpool.server.limits import BodySizeLimit
 from carpool.server.served import ClientDisconnected, ServedModels
+from carpool.stats import RuntimeStats
 
 
 def create_app(
@@ -19,8 +27,11 @@ def create_app(
     is_ready: Callable[[], bool],
     max_body_bytes: int,
     api_key: str = "",
+    runtime_stats: RuntimeStats | None = None,
 ) -> FastAPI:
-    """The ASGI app serving ``models``; ``is_ready`` says whether the runtime is alive."""
+    """The ASGI app serving ``models``; ``is_ready`` says whether the runtime is alive;
+    ``runtime_stats`` are the device runtime's (its choice of model, in /metrics and
+    the dashboard)."""
     app = FastAPI(title="carpool", version=__version__)
     errors.install(app)
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
@@ -30,13 +41,15 @@ def create_app(
     app.include_router(openai_routes.router(models))
     app.include_router(generation_routes.router(models))
     app.include_router(v2_routes.router(models, is_ready))
-    registry = metrics.make_registry(
-        [
-            metrics.BatcherCollector(models),
-            metrics.EngineCollector(models),
-            metrics.ProcessCollector(),
-        ]
-    )
+    dashboard.install(app, models, runtime_stats)
+    collectors = [
+        metrics.BatcherCollector(models),
+        metrics.EngineCollector(models),
+        metrics.ProcessCollector(),
+    ]
+    if runtime_stats is not None:
+        collectors.append(metrics.RuntimeCollector(runtime_stats))
+    registry = metrics.make_registry(collectors)
 
     @app.exception_handler(ClientDisconnected)
     async def _gone(_request: object, _exc: ClientDisconnected) -> Response:

@@ -1,7 +1,7 @@
 """Optional API key: ASGI middleware that refuses model endpoints without
 ``Authorization: Bearer <key>`` (401 in the endpoint's protocol shape). Health,
-readiness, server metadata and metrics stay open. The comparison takes the same
-time however much of the key matches."""
+readiness, server metadata, metrics and the dashboard's page (not its data) stay
+open. The comparison takes the same time however much of the key matches."""
 
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from carpool.server.errors import error_body
 
-OPEN_PATHS = ("/health", "/metrics", "/v2/health/live", "/v2/health/ready", "/v2")
+OPEN_PATHS = ("/health", "/metrics", "/v2/health/live", "/v2/health/ready", "/v2", "/dashboard")
+# The dashboard's page and scripts hold no data; its statistics need the key.
+OPEN_PREFIXES = ("/dashboard/assets/",)
 
 
 def needs_key(path: str) -> bool:
-    return path not in OPEN_PATHS
+    return path not in OPEN_PATHS and not path.startswith(OPEN_PREFIXES)
 
 
 class APIKeyAuth:

@@ -57,6 +57,7 @@ class ServerBundle:
             is_ready=lambda: self.runtime.alive,
             max_body_bytes=self.config.server.max_body_bytes,
             api_key=self.config.server.api_key,
+            runtime_stats=self.runtime.stats,
         )
         self.drain = Drain(app)
         uv_config = uvicorn.Config(

@@ -20,7 +20,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from carpool.server.served import ServedModels
-from carpool.stats import Histogram
+from carpool.stats import Histogram, RuntimeStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -168,6 +168,29 @@ class EngineCollector(Collector):
         yield from counters.values()
         yield from gauges.values()
         yield finished
+
+
+class RuntimeCollector(Collector):
+    """The device runtime's choice of model: units of work run and time spent, per
+    model (one generation step or one executed batch is a unit)."""
+
+    def __init__(self, stats: RuntimeStats) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats.snapshot()
+        units = CounterMetricFamily(
+            "carpool_runtime_units", "Units of work the device runtime ran.", labels=["model"]
+        )
+        busy = CounterMetricFamily(
+            "carpool_runtime_busy_seconds",
+            "Time the device runtime spent running each model's units.",
+            labels=["model"],
+        )
+        for name, count in s.units.items():
+            units.add_metric([name], count)
+            busy.add_metric([name], s.busy_s[name])
+        yield from (units, busy)
 
 
 class ProcessCollector(Collector):

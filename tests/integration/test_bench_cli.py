@@ -54,7 +54,13 @@ def test_a_sweep_reports_what_the_server_counted(server: Server, tmp_path: Path)
             assert r[key] > 0
     counted = server.metric("carpool_generation_tokens_total", model=CHAT) - before
     assert counted == 2 * (48 + 8)  # two runs of six timed requests and one warm-up
-    for name in ("throughput_vs_latency.png", "request_throughput.png"):
+    figures = (
+        "throughput_vs_latency.png",
+        "request_throughput.png",
+        "latency_distributions.png",
+        "throughput_over_time.png",
+    )
+    for name in figures:
         assert (tmp_path / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "output throughput (tok/s)" in done.stdout and "p99 ITL (ms)" in done.stdout
 

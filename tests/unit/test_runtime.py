@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
+from carpool.clock import FakeClock
 from carpool.errors import ModelExecutionError, RuntimeDead
 from carpool.runtime import IDLE, DeviceRuntime, WorkState
 
@@ -57,6 +58,25 @@ def test_best_priority_runs_first_then_the_longest_waiting() -> None:
     for _ in range(3):
         runtime._turn()
     assert log == ["late-urgent", "old", "new"]
+
+
+def test_stats_count_each_workers_units_and_busy_time() -> None:
+    clock = FakeClock()
+    log: list[str] = []
+
+    class Slow(ScriptedWorker):
+        def run_once(self, now: float) -> None:
+            super().run_once(now)
+            clock.advance(0.25 if self.name == "chat" else 0.5)
+
+    runtime = DeviceRuntime(clock=clock)
+    runtime.register(Slow("chat", 0, ready_since=1.0, units=3, log=log))
+    runtime.register(Slow("embed", 0, ready_since=2.0, units=1, log=log))
+    for _ in range(4):
+        runtime._turn()
+    stats = runtime.stats.snapshot()
+    assert stats.units == {"chat": 3, "embed": 1}
+    assert stats.busy_s == {"chat": 0.75, "embed": 0.5}
 
 
 def test_runtime_thread_runs_notified_work_and_stops_cleanly() -> None:

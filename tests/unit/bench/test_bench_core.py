@@ -12,7 +12,7 @@ import pytest
 
 from carpool.bench.config import BenchConfig
 from carpool.bench.load import gaps
-from carpool.bench.metrics import Outcome, percentile, summarize
+from carpool.bench.metrics import Outcome, percentile, summarize, timeline
 from carpool.bench.run import points, requests_for
 from carpool.config import ConfigError
 
@@ -35,6 +35,17 @@ def test_the_metrics_of_known_records() -> None:
     assert s["median_itl_ms"] == pytest.approx(20.0)  # 4 gaps of 20, 2 of 50
     assert s["p99_e2el_ms"] == pytest.approx(180 + 0.99 * 220)
     assert s["goodput"] == 0.5  # only the first met TTFT <= 200 ms and TPOT <= 40 ms
+
+
+def test_the_timeline_counts_tokens_in_the_second_they_arrived() -> None:
+    outcomes = [
+        # 4 tokens in 2 pieces, at 0.5 s and 1.5 s; 3 tokens in one response at 2.2 s.
+        Outcome(200, output_tokens=4, ttft=0.3, itl=[1.0], latency=1.5, sent=0.2),
+        Outcome(200, output_tokens=3, latency=2.0, sent=0.2),
+        Outcome(503, output_tokens=9, latency=0.1, sent=0.0),  # failed: not counted
+    ]
+    assert timeline(outcomes, 3.0) == [2.0, 2.0, 3.0]
+    assert timeline(outcomes, 3.0, bin_s=2.0) == [2.0, 1.5]  # per second, in 2-s bins
 
 
 def test_percentile_interpolates_like_numpy() -> None:

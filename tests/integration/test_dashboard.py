@@ -1,0 +1,184 @@
+"""The live dashboard in a real headless browser (Debian's Chromium driven by
+Playwright, nothing downloaded): under load its charts fill, its numbers match
+/metrics, and behind --api-key it asks for the key and never logs it. The page's
+screenshot is saved to ``test-artifacts/`` (or ``$CARPOOL_TEST_ARTIFACTS``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from tests.integration.conftest import CHAT, MODEL, Server, greedy_body, start_server, stop_server
+
+KEY = "dashboard-key-5531"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = Path(
+    os.environ.get("CARPOOL_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts")
+)
+GENERATIONS, EMBEDDINGS = 12, 12
+WAIT_MS = 60_000
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    s = start_server("--api-key", KEY)
+    yield s
+    assert stop_server(s) == 0
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    assert Path(chromium).exists(), "Chromium is missing: bash scripts/install.sh --dev installs it"
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+        yield b
+        b.close()
+
+
+def load(server: Server) -> None:
+    """Generation and embedding requests at once, six at a time."""
+
+    def one(i: int) -> None:
+        with httpx.Client(base_url=server.url, headers=AUTH, timeout=120) as c:
+            if i < GENERATIONS:
+                body = greedy_body(f"Request {i}: tell me a story about a carpool.", 24)
+                c.post("/v1/completions", json=body).raise_for_status()
+            else:
+                body = {"model": MODEL, "input": [f"sentence {i} {j}" for j in range(3)]}
+                c.post("/v1/embeddings", json=body).raise_for_status()
+
+    with ThreadPoolExecutor(6) as pool:
+        list(pool.map(one, range(GENERATIONS + EMBEDDINGS)))
+
+
+def metric_sum(server: Server, name: str, **labels: str) -> int:
+    """The sum of /metrics samples named ``name`` whose labels include ``labels``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with server.client() as c:
+        text = c.get("/metrics").text
+    return int(
+        sum(
+            s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == name and labels.items() <= s.labels.items()
+        )
+    )
+
+
+def shown(page: Page, owner: str, metric: str) -> str:
+    return page.inner_text(f'[data-metric="{owner}/{metric}"]')
+
+
+def wait_shown(page: Page, owner: str, metric: str, want: int) -> None:
+    """Wait until the page (polling once a second) shows ``want``."""
+    page.wait_for_function(
+        "([sel, want]) => document.querySelector(sel)?.textContent === want",
+        arg=[f'[data-metric="{owner}/{metric}"]', str(want)],
+        timeout=WAIT_MS,
+    )
+
+
+def drawn(page: Page, owner: str) -> list[dict[str, Any]]:
+    """Each chart of ``owner``: its id and the largest value of each line drawn."""
+    result: list[dict[str, Any]] = page.evaluate(
+        """(owner) => window.carpoolDashboard.charts[owner].map((c) => ({
+            id: c.plot.root.parentElement.dataset.chart,
+            points: c.data[0].length,
+            max: c.data.slice(1).map((line) => Math.max(0, ...line.filter((v) => v !== null))),
+        }))""",
+        owner,
+    )
+    return result
+
+
+def test_under_load_the_charts_fill_and_the_numbers_match_metrics(
+    server: Server, browser: Browser
+) -> None:
+    page = browser.new_page(viewport={"width": 1400, "height": 1200})
+    page.goto(f"{server.url}/dashboard#key={KEY}")
+    assert "key=" not in page.url  # the key left the address bar for session storage
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(load, server)
+        # While the load runs, the page sees requests running in the engine.
+        page.wait_for_function(
+            "(m) => window.carpoolDashboard.last?.models[m].series.running.some((x) => x > 0)",
+            arg=CHAT,
+            timeout=WAIT_MS,
+        )
+        running.result()
+    want = {
+        (CHAT, "generation_tokens"): metric_sum(server, "carpool_generation_tokens_total"),
+        (CHAT, "prompt_tokens"): metric_sum(server, "carpool_prompt_tokens_total"),
+        (CHAT, "finished"): metric_sum(server, "carpool_request_success_total"),
+        (CHAT, "steps"): metric_sum(server, "carpool_engine_steps_total"),
+        (CHAT, "preemptions"): metric_sum(server, "carpool_num_preemptions_total"),
+        (MODEL, "success"): metric_sum(
+            server, "carpool_requests_total", model=MODEL, outcome="success"
+        ),
+        (MODEL, "batches"): metric_sum(server, "carpool_batches_total", model=MODEL),
+        ("runtime", f"units:{CHAT}"): metric_sum(server, "carpool_runtime_units_total", model=CHAT),
+        ("runtime", f"units:{MODEL}"): metric_sum(
+            server, "carpool_runtime_units_total", model=MODEL
+        ),
+    }
+    assert want[CHAT, "generation_tokens"] == GENERATIONS * 24
+    assert want[CHAT, "finished"] == GENERATIONS
+    assert want[MODEL, "success"] == 3 * EMBEDDINGS
+    for (owner, metric), value in want.items():
+        wait_shown(page, owner, metric, value)
+    # The charts hold what the load did: tokens flowing, steps of several tokens,
+    # batches of several inputs, and both models taking turns on the device.
+    chat = {c["id"]: c for c in drawn(page, CHAT)}
+    assert chat["tokens"]["max"][0] > 0 and chat["step"]["max"][0] > 1
+    assert chat["requests"]["max"][0] >= 2 and chat["kv"]["max"][0] > 0
+    embed = {c["id"]: c for c in drawn(page, MODEL)}
+    assert embed["rate"]["max"][0] > 0 and embed["batch"]["max"][0] >= 1
+    [share] = drawn(page, "runtime")
+    assert all(top > 0 for top in share["max"]) and len(share["max"]) == 2
+    assert page.inner_text("#status").startswith("updated")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / "dashboard.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 20_000
+    page.close()
+
+
+def test_without_the_key_the_page_asks_for_it_and_the_key_stays_out_of_the_log(
+    server: Server, browser: Browser
+) -> None:
+    with httpx.Client(base_url=server.url) as c:
+        assert c.get("/dashboard").status_code == 200  # the page holds no data
+        assert c.get("/dashboard/assets/vendor/uPlot.iife.min.js").status_code == 200
+        assert c.get("/dashboard/stats").status_code == 401
+        assert c.get("/dashboard/stats", headers=AUTH).status_code == 200
+    page = browser.new_page()
+    page.goto(f"{server.url}/dashboard")
+    page.wait_for_selector("#key-form:not([hidden])", timeout=WAIT_MS)
+    assert "API key" in page.inner_text("#status")
+    page.fill("#key-input", KEY)
+    page.click("#key-form button")
+    page.wait_for_function("window.carpoolDashboard.frames > 0", timeout=WAIT_MS)
+    assert shown(page, CHAT, "running") != "–"
+    page.close()
+    assert not any(KEY in line for line in server.log)
