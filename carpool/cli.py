@@ -57,6 +57,7 @@ def _add_flags(parser: argparse.ArgumentParser, section: str, cls: type[Any]) ->
             flag = "--model"
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
         dest = f"{section}.{f.name}"
+        metavar = f.name.upper()
         help_text = f"{helps[f.name]} (default: {default})"
         if isinstance(default, bool):
             group.add_argument(
@@ -73,10 +74,18 @@ def _add_flags(parser: argparse.ArgumentParser, section: str, cls: type[Any]) ->
                 nargs=nargs,
                 action=action,
                 default=None,
+                metavar=metavar,
                 help=help_text,
             )
         else:
-            group.add_argument(flag, dest=dest, type=type(default), default=None, help=help_text)
+            group.add_argument(
+                flag,
+                dest=dest,
+                type=type(default),
+                default=None,
+                metavar=metavar,
+                help=help_text,
+            )
 
 
 def _element_type(annotation: str) -> type:

@@ -23,17 +23,26 @@ def plot(results: list[dict[str, Any]], folder: Path) -> list[Path]:
     written = []
 
     figure, axes = plt.subplots(1, 2, figsize=(10, 4))
+    # One line per server when results say which (a side-by-side comparison).
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        groups.setdefault(str(r.get("server", "")), []).append(r)
     for axis, metric in zip(axes, ("ttft", "itl"), strict=True):
-        axis.plot(
-            [r[f"p99_{metric}_ms"] for r in results],
-            [r["output_throughput"] for r in results],
-            "o-",
-        )
+        for server, runs in groups.items():
+            axis.plot(
+                [r[f"p99_{metric}_ms"] for r in runs],
+                [r["output_throughput"] for r in runs],
+                "o-",
+                label=server or None,
+            )
         for label, r in zip(labels, results, strict=True):
             axis.annotate(label, (r[f"p99_{metric}_ms"], r["output_throughput"]), fontsize=7)
         axis.set_xlabel(f"{metric.upper()} p99 (ms)")
         axis.set_ylabel("output tokens/s")
+        axis.set_xscale("log")
         axis.grid(alpha=0.3)
+        if len(groups) > 1:
+            axis.legend(fontsize=7)
     figure.suptitle("throughput against latency")
     figure.tight_layout()
     written.append(folder / "throughput_vs_latency.png")
