@@ -15,14 +15,18 @@ cmake --build build -j2 --target llama-server`` in ``vendor/llama.cpp``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from carpool.bench.config import BenchConfig
 from carpool.bench.plots import plot
@@ -49,7 +53,17 @@ def start(name: str, args: argparse.Namespace) -> tuple[subprocess.Popen[str], s
         command += ["-tb", str(args.threads), "-np", str(args.parallel)]
         command += ["-c", str(args.parallel * 4096), "--host", "127.0.0.1", "--port"]
         command += [str(args.llama_port), "--no-webui"]
-        ready = re.compile(r"listening on (http://\S+)")
+        # Its "listening" line may sit in a pipe's buffer: wait for the model, then
+        # for /health.
+        process, _, _ = spawn(command, re.compile(r"model loaded"), 300.0)
+        url = f"http://127.0.0.1:{args.llama_port}"
+        for _ in range(600):
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
+                    return process, url
+            time.sleep(0.1)
+        process.kill()
+        raise RuntimeError("llama-server loaded its model but never became healthy")
     process, match, _ = spawn(command, ready, 300.0)
     return process, match.group(1)
 
@@ -113,17 +127,27 @@ def main() -> None:
     parser.add_argument("--goodput", nargs="+", default=["ttft:2000", "tpot:100"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out-dir", default="benchmarks/results/vs_llama_server")
+    parser.add_argument(
+        "--servers",
+        nargs="+",
+        default=["carpool", "llama-server"],
+        help="which to run now; the other's results are read from --out-dir",
+    )
     args = parser.parse_args()
     args.gguf = args.gguf or builtin_gguf()
     print("command: python -m benchmarks.vs_llama_server " + " ".join(sys.argv[1:]))
-    carpool = measure("carpool", args)
-    llama = measure("llama-server", args)
-    print("\n" + summary(carpool, llama))
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(
-        json.dumps({"args": vars(args), "carpool": carpool, "llama-server": llama}, default=str)
-    )
+    found = {}
+    for name in ("carpool", "llama-server"):
+        saved = out / f"{name}.json"
+        if name in args.servers:
+            found[name] = measure(name, args)
+            saved.write_text(json.dumps({"args": vars(args), "results": found[name]}))
+        else:  # from an earlier run of the same sweep
+            found[name] = json.loads(saved.read_text())["results"]
+    carpool, llama = found["carpool"], found["llama-server"]
+    print("\n" + summary(carpool, llama))
     for path in plot([{**r, "label": f"{r['server']} {r['label']}"} for r in carpool + llama], out):
         print(f"figure: {path}")
 

@@ -218,6 +218,14 @@ class EngineConfig:
         default="auto",
     )
 
+    speculative_config: str = _help(
+        "Speculative decoding, as JSON (vLLM's --speculative-config), e.g. "
+        '\'{"method": "ngram", "num_speculative_tokens": 4}\': prompt lookup drafts '
+        "tokens from the request's own text and one step verifies them; also "
+        "prompt_lookup_min/max, disable_by_batch_size, min_acceptance. Empty: off.",
+        default="",
+    )
+
     def __post_init__(self) -> None:
         parse_size(self.kv_cache_memory)
         _require(
@@ -238,6 +246,11 @@ class EngineConfig:
             self.dtype in ("float32", "bfloat16", "float16"),
             f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}",
         )
+        if self.speculative_config:
+            # Imported here: the speculative module builds on this one.
+            from carpool.engine.speculative import SpeculativeConfig
+
+            SpeculativeConfig.parse(self.speculative_config)
 
     @property
     def kv_cache_bytes(self) -> int:

@@ -197,6 +197,9 @@ class EngineStatsData:
     kv_usage: float = 0.0
     finished: dict[str, int] = field(default_factory=dict)
     rejected: int = 0
+    spec_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
     time_to_first_token: Histogram = field(default_factory=lambda: Histogram(LATENCY_BOUNDS_S))
     inter_token_latency: Histogram = field(default_factory=lambda: Histogram(ITL_BOUNDS_S))
     e2e_latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BOUNDS_S))

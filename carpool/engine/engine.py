@@ -23,6 +23,7 @@ from carpool.engine.runner import Runner, Sampled, SamplingRow, StepResult, Toke
 from carpool.engine.sampling_params import SamplingParams
 from carpool.engine.scheduler import Scheduler, SchedulerConfig
 from carpool.engine.sequence import FinishReason, Sequence, SequenceStatus
+from carpool.engine.speculative import SpeculativeConfig, Speculator
 from carpool.errors import InvalidRequest
 from carpool.stats import EngineStats
 
@@ -50,6 +51,7 @@ class _Request:
     error: str | None = None
     touched: bool = False
     num_cached_tokens: int = 0
+    speculate: bool = False  # its sampling allows drafts to be verified
     # With params.prompt_logprobs: one entry per prompt token, the first None.
     prompt_logprobs: list[TokenLogprobs | None] | None = None
 
@@ -83,6 +85,8 @@ class Engine:
             self.blocks,
         )
         self.stats = EngineStats()
+        spec = self.config.speculative_config
+        self.speculator = Speculator(SpeculativeConfig.parse(spec)) if spec else None
         self._requests: dict[str, _Request] = {}
         self._by_seq: dict[str, tuple[_Request, int]] = {}
 
@@ -163,6 +167,7 @@ class Engine:
             frozenset() if params.ignore_eos else self.spec.eos_token_ids
         )
         req = _Request(request_id, params, prompt, arrival, [], [], [], [])
+        req.speculate = self.speculator is not None and speculable(params)
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None] * len(prompt)
         for i in range(params.n):
@@ -227,9 +232,34 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Schedule, run, postprocess; the outputs of every request that changed."""
         now = self.clock.now()
+        self._draft()
         plan = self.scheduler.schedule(now)
         result = self._run(plan)
         return self._postprocess(plan, result, now)
+
+    def _draft(self) -> None:
+        """Give the decoding sequences that may speculate their drafts."""
+        if self.speculator is None:
+            return
+        running = self.scheduler.running
+        for seq in running:
+            seq.draft = []  # a draft not scheduled last step is not carried over
+        decoding = {
+            s.request_id: s
+            for s in running
+            if s.num_uncomputed == 1 and self._by_seq[s.request_id][0].speculate
+        }
+        # Room: the draft's tokens and the one sampled after them must fit.
+        limits = [
+            (
+                rid,
+                s.token_ids,
+                min(s.max_tokens - s.num_output_tokens, self.max_model_len - s.num_tokens) - 1,
+            )
+            for rid, s in decoding.items()
+        ]
+        for rid, draft in self.speculator.drafts(limits, len(running)).items():
+            decoding[rid].draft = draft
 
     def _run(self, plan: SchedulerOutput) -> StepResult:
         if not plan.chunks:
@@ -287,7 +317,9 @@ class Engine:
                 req.prompt_logprobs[at : at + len(found.entries)] = found.entries
         for seq in plan.finished:  # aborted or timed out while planning
             self._by_seq[seq.request_id][0].touched = True
-        self.scheduler.update(plan, {rid: s.token_id for rid, s in sampled.items()})
+        before = {c.seq.request_id: c.seq.num_tokens for c in plan.chunks if c.samples}
+        self.scheduler.update(plan, {rid: s.tokens for rid, s in sampled.items()})
+        generated = 0
         for chunk in plan.chunks:
             req, i = self._by_seq[chunk.seq.request_id]
             req.touched = True
@@ -296,18 +328,33 @@ class Engine:
                 req.num_cached_tokens = chunk.seq.num_computed - chunk.num_tokens
                 with self.stats.update() as s:
                     s.prompt_tokens += len(req.prompt_ids)
-            if chunk.samples and chunk.seq.request_id in sampled:
+            rid = chunk.seq.request_id
+            if chunk.samples and rid in sampled:
+                new = chunk.seq.token_ids[before[rid] :]
+                generated += len(new)
+                self._speculated(chunk.seq, chunk.draft, sampled[rid])
                 try:
-                    self._emit(req, i, sampled[chunk.seq.request_id])
+                    for token in new:
+                        self._emit(req, i, token, sampled[rid].logprobs)
+                        if req.detoks[i].stopped_on is not None:
+                            break
                 except Exception:
-                    log.exception("processing %s's output failed", chunk.seq.request_id)
+                    log.exception("processing %s's output failed", rid)
                     self._fail(chunk.seq, "processing this request's output failed")
-        self._record_step(plan, now)
+        self._record_step(plan, now, generated)
         return self._collect()
 
-    def _emit(self, req: _Request, i: int, sampled: Sampled) -> None:
+    def _speculated(self, seq: Sequence, draft: tuple[int, ...], sampled: Sampled) -> None:
+        if not draft or self.speculator is None:
+            return
+        self.speculator.accepted(seq.request_id, len(draft), len(sampled.accepted))
+        with self.stats.update() as s:
+            s.spec_drafts += 1
+            s.spec_draft_tokens += len(draft)
+            s.spec_accepted_tokens += len(sampled.accepted)
+
+    def _emit(self, req: _Request, i: int, token: int, logprobs: TokenLogprobs | None) -> None:
         seq, out, detok = req.seqs[i], req.outputs[i], req.detoks[i]
-        token = sampled.token_id
         out.new_token_ids.append(token)
         out.token_ids.append(token)
         constraint = req.rows[i].constraint
@@ -316,9 +363,9 @@ class Engine:
                 raise RuntimeError(f"the grammar refused the sampled token {token}")
             if constraint.finished and seq.finish_reason is None:
                 self.scheduler.finish(seq, FinishReason.STOP)  # complete: nothing may follow
-        if sampled.logprobs is not None:
-            out.new_logprobs.append(sampled.logprobs)
-            out.logprobs.append(sampled.logprobs)
+        if logprobs is not None:
+            out.new_logprobs.append(logprobs)
+            out.logprobs.append(logprobs)
         if token in seq.stop_token_ids and seq.finish_reason is FinishReason.STOP:
             out.stop_reason = None if token in self.spec.eos_token_ids else token
         else:
@@ -379,6 +426,8 @@ class Engine:
         del self._requests[req.request_id]
         for seq in req.seqs:
             del self._by_seq[seq.request_id]
+            if self.speculator is not None:
+                self.speculator.forget(seq.request_id)
         now = self.clock.now()
         with self.stats.update() as s:
             for seq in req.seqs:
@@ -394,18 +443,33 @@ class Engine:
                     itl = (req.last_token_at - req.first_token_at) / (tokens - 1)
                     s.inter_token_latency.observe(itl)
 
-    def _record_step(self, plan: SchedulerOutput, now: float) -> None:
+    def _record_step(self, plan: SchedulerOutput, now: float, generated: int) -> None:
         with self.stats.update() as s:
             if plan.chunks:
                 s.steps += 1
                 s.tokens_per_step.observe(plan.num_tokens)
-            s.generation_tokens += sum(1 for c in plan.chunks if c.samples)
+            s.generation_tokens += generated
             s.preemptions = self.scheduler.num_preemptions
             s.prefix_queries = self.blocks.stats.queries
             s.prefix_hits = self.blocks.stats.hits
             s.running = len(self.scheduler.running)
             s.waiting = len(self.scheduler.waiting)
             s.kv_usage = self.blocks.usage
+
+
+def speculable(params: SamplingParams) -> bool:
+    """Whether drafts may be verified for ``params``: greedy or plain sampling
+    (temperature, top-k, top-p, min-p), with nothing that depends on each token
+    emitted before it (penalties, min_tokens, a grammar) and no log-probabilities."""
+    return (
+        params.repetition_penalty == 1.0
+        and not params.frequency_penalty
+        and not params.presence_penalty
+        and not params.min_tokens
+        and not params.logit_bias
+        and params.grammar is None
+        and params.logprobs is None
+    )
 
 
 def _snapshot(out: CompletionOutput) -> CompletionOutput:

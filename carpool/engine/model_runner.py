@@ -24,7 +24,7 @@ from carpool.engine.runner import (
     StepResult,
     TokenLogprobs,
 )
-from carpool.engine.sampler import make_generator, sample
+from carpool.engine.sampler import make_generator, sample, verify
 from carpool.engine.sampling_params import Grammar
 from carpool.engine.structured import GrammarConstraint, Grammars
 from carpool.models.attention import (
@@ -154,13 +154,31 @@ class ModelRunner:
         if not inputs.sampling_chunks:
             return result
         logits = self.lm.model.compute_logits(hidden[inputs.sample_index])
-        chunks = inputs.sampling_chunks
-        out = sample(logits, [rows[c.seq.request_id] for c in chunks])
-        result.sampled = {
-            c.seq.request_id: Sampled(token, logprobs)
-            for c, token, logprobs in zip(chunks, out.token_ids, out.logprobs, strict=True)
-        }
+        result.sampled = self._sample(logits, inputs.sampling_chunks, rows)
         return result
+
+    @staticmethod
+    def _sample(
+        logits: torch.Tensor, chunks: list[ScheduledChunk], rows: Mapping[str, SamplingRow]
+    ) -> dict[str, Sampled]:
+        """Sample the plain chunks together (one logits row each); verify each
+        chunk with a draft on its rows (one per draft token, plus one)."""
+        starts, at = [], 0
+        for c in chunks:
+            starts.append(at)
+            at += 1 + len(c.draft)
+        plain = [(c, s) for c, s in zip(chunks, starts, strict=True) if not c.draft]
+        sampled: dict[str, Sampled] = {}
+        if plain:
+            out = sample(logits[[s for _, s in plain]], [rows[c.seq.request_id] for c, _ in plain])
+            for (c, _), token, logprobs in zip(plain, out.token_ids, out.logprobs, strict=True):
+                sampled[c.seq.request_id] = Sampled(token, logprobs)
+        for c, s in zip(chunks, starts, strict=True):
+            if c.draft:
+                rid = c.seq.request_id
+                accepted, token = verify(logits[s : s + 1 + len(c.draft)], c.draft, rows[rid])
+                sampled[rid] = Sampled(token, None, tuple(accepted))
+        return sampled
 
     def _prompt_logprobs(
         self,
@@ -212,10 +230,11 @@ class ModelRunner:
             blocks = seq.block_table.blocks
             for pos in range(start, start + n):
                 slots.append(blocks[pos // bs] * bs + pos % bs)
-            ids.extend(seq.token_ids[start : start + n])
+            ids.extend(chunk.input_ids)
             positions.extend(range(start, start + n))
             if chunk.samples:
-                sample_index.append(len(ids) - 1)
+                # The last own token's row, then one row per draft token.
+                sample_index.extend(range(len(ids) - 1 - len(chunk.draft), len(ids)))
                 sampling.append(chunk)
         native = None
         groups: tuple[SingleGroup, ...] = ()

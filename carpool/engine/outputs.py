@@ -9,20 +9,30 @@ from carpool.engine.sequence import Sequence
 
 @dataclass(frozen=True)
 class ScheduledChunk:
-    """Run ``num_tokens`` tokens of ``seq`` starting at ``seq.num_computed``.
+    """Run ``num_tokens`` tokens of ``seq`` starting at ``seq.num_computed``: its
+    own next tokens, then ``draft`` (speculated tokens to verify, after its last).
 
     ``samples`` is true when the chunk reaches the sequence's last token, so the
-    step produces its next token."""
+    step produces its next token (and, with a draft, the draft tokens it accepts)."""
 
     seq: Sequence
     num_tokens: int
     samples: bool
+    draft: tuple[int, ...] = ()
 
     @classmethod
-    def of(cls, seq: Sequence, num_tokens: int) -> ScheduledChunk:
-        """A chunk of ``seq``'s next ``num_tokens``, fixed at scheduling time (the
-        sequence moves on; the message must not)."""
-        return cls(seq, num_tokens, seq.num_computed + num_tokens == seq.num_tokens)
+    def of(cls, seq: Sequence, num_tokens: int, draft: tuple[int, ...] = ()) -> ScheduledChunk:
+        """A chunk of ``seq``'s next ``num_tokens`` and ``draft``, fixed at scheduling
+        time (the sequence moves on; the message must not)."""
+        samples = seq.num_computed + num_tokens == seq.num_tokens
+        return cls(seq, num_tokens + len(draft), samples, draft)
+
+    @property
+    def input_ids(self) -> list[int]:
+        """The token ids this chunk runs."""
+        start = self.seq.num_computed
+        own = self.num_tokens - len(self.draft)
+        return [*self.seq.token_ids[start : start + own], *self.draft]
 
 
 @dataclass

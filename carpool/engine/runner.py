@@ -58,8 +58,16 @@ class TokenLogprobs:
 
 @dataclass(frozen=True)
 class Sampled:
+    """A sampling chunk's result: the draft tokens it accepted (speculative
+    decoding), then the token sampled after them."""
+
     token_id: int
     logprobs: TokenLogprobs | None
+    accepted: tuple[int, ...] = ()
+
+    @property
+    def tokens(self) -> list[int]:
+        return [*self.accepted, self.token_id]
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ Log-probabilities are of the model's raw logits (vLLM's default).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -62,9 +63,58 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleOutput:
     return SampleOutput(tokens, _logprobs(raw, tokens, rows))
 
 
+def verify(logits: torch.Tensor, draft: Sequence[int], row: SamplingRow) -> tuple[list[int], int]:
+    """Speculative decoding's check of ``draft`` against the target model:
+    ``logits`` [len(draft) + 1, vocab], row j predicting the token after draft
+    token j - 1. Returns the draft tokens accepted and the token that follows them.
+
+    Greedy: the longest prefix equal to the argmax, then the argmax. Sampled
+    (rejection sampling, Leviathan et al.; the draft is a point mass q): draft
+    token x is accepted with probability p(x); on rejection the token is drawn from
+    p with x removed, renormalised; after a full acceptance, from the last row. The
+    tokens are distributed exactly as non-speculative sampling's. Only for rows
+    without penalties, biases, grammars or log-probabilities (``speculable``)."""
+    if logits.dim() != 2 or logits.shape[0] != len(draft) + 1:
+        raise ValueError(f"logits of shape {tuple(logits.shape)} for a draft of {len(draft)}")
+    logits = logits.float()
+    if row.params.greedy:
+        best: list[int] = logits.argmax(dim=-1).tolist()
+        n = 0
+        while n < len(draft) and best[n] == draft[n]:
+            n += 1
+        return list(draft[:n]), best[n]
+    probs = _probs(logits, [row] * len(logits))
+    for j, token in enumerate(draft):
+        u = torch.rand((), generator=row.generator, device=logits.device)
+        if u < probs[j, token]:
+            continue
+        residual = probs[j].clone()
+        residual[token] = 0.0
+        return list(draft[:j]), _race(residual[None], [row])
+    return list(draft), _race(probs[-1:], [row])
+
+
 def _draw(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     """One token per (non-greedy) row: temperature, the filters the rows ask for,
     then the exponential race."""
+    return _race_all(_probs(logits, rows), rows)
+
+
+def _race(probs: torch.Tensor, rows: list[SamplingRow]) -> int:
+    return int(_race_all(probs, rows)[0])
+
+
+def _race_all(probs: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """The exponential race: argmax of p / E, E ~ Exp(1) from each row's generator
+    (unnormalised ``probs`` are fine: scaling a row does not move its argmax)."""
+    noise = torch.empty_like(probs)
+    for i, row in enumerate(rows):
+        noise[i].exponential_(generator=row.generator)
+    return (probs / noise).argmax(dim=-1)
+
+
+def _probs(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """Each row's sampling distribution: temperature, then the filters asked for."""
     device = logits.device
 
     def column(values: list[float]) -> torch.Tensor:
@@ -78,11 +128,7 @@ def _draw(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
             top_p=column([r.params.top_p for r in rows]),
             min_p=column([r.params.min_p for r in rows]),
         )
-    probs = torch.softmax(scaled, dim=-1)
-    noise = torch.empty_like(probs)
-    for i, row in enumerate(rows):
-        noise[i].exponential_(generator=row.generator)
-    return (probs / noise).argmax(dim=-1)
+    return torch.softmax(scaled, dim=-1)
 
 
 def _penalised(row: SamplingRow) -> bool:

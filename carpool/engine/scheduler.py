@@ -17,6 +17,7 @@ thread and feeds the sampled tokens back.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass
 
 from carpool.engine.block_manager import BlockManager
@@ -67,9 +68,10 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
             n = min(seq.num_uncomputed, budget)
-            if self._grow_or_preempt(seq, n, out):
-                out.chunks.append(ScheduledChunk.of(seq, n))
-                budget -= n
+            draft = self._take_draft(seq, budget)
+            if draft or self._grow_or_preempt(seq, n, out):
+                out.chunks.append(ScheduledChunk.of(seq, n, draft))
+                budget -= n + len(draft)
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             # Waiting sequences hold no blocks (preemption frees them): start from
@@ -89,27 +91,57 @@ class Scheduler:
             budget -= n
         return out
 
-    def update(self, output: SchedulerOutput, sampled: Mapping[str, int]) -> list[Sequence]:
-        """Record a step's results: advance each chunk, append each sampled token,
-        finish what hit a stop or length. Returns the sequences finished now."""
+    def _take_draft(self, seq: Sequence, budget: int) -> tuple[int, ...]:
+        """A decoding sequence's draft, as much of it as the budget and free blocks
+        allow (a draft never preempts anybody); () when it has none."""
+        draft, seq.draft = seq.draft[: budget - 1], []
+        if seq.num_uncomputed != 1 or not draft:
+            return ()
+        if not self.blocks.allocate(seq.block_table, seq.num_tokens + len(draft)):
+            return ()
+        return tuple(draft)
+
+    def update(
+        self, output: SchedulerOutput, sampled: Mapping[str, Sequence_[int]]
+    ) -> list[Sequence]:
+        """Record a step's results: advance each chunk, append each sampling chunk's
+        tokens (its accepted draft tokens, then the one sampled), finish what hit a
+        stop or length (dropping any tokens after it). Returns the sequences
+        finished now."""
         finished: list[Sequence] = []
         for chunk in output.chunks:
             seq = chunk.seq
             if seq.status is not SequenceStatus.RUNNING:
                 continue
-            seq.num_computed += chunk.num_tokens
-            self.blocks.commit(seq.block_table, seq.token_ids, seq.num_computed)
+            own = chunk.num_tokens - len(chunk.draft)
             if not chunk.samples:
+                seq.num_computed += own
+                self.blocks.commit(seq.block_table, seq.token_ids, seq.num_computed)
                 continue
-            token = sampled[seq.request_id]
-            seq.append(token)
-            if token in seq.stop_token_ids:
+            tokens = self._until_end(seq, sampled[seq.request_id])
+            computed = seq.num_computed + own + len(sampled[seq.request_id]) - 1
+            for token in tokens:
+                seq.append(token)
+            # The draft tokens accepted have their KV in the cache; the last token
+            # appended never has.
+            seq.num_computed = min(computed, seq.num_tokens - 1)
+            self.blocks.commit(seq.block_table, seq.token_ids, seq.num_computed)
+            if tokens[-1] in seq.stop_token_ids:
                 self._finish(seq, FinishReason.STOP)
             elif seq.num_output_tokens >= seq.max_tokens:
                 self._finish(seq, FinishReason.LENGTH)
             if seq.status is SequenceStatus.FINISHED:
                 finished.append(seq)
         return finished
+
+    @staticmethod
+    def _until_end(seq: Sequence, tokens: Sequence_[int]) -> Sequence_[int]:
+        """``tokens`` up to the first that ends ``seq`` (a stop token or its length)."""
+        room = seq.max_tokens - seq.num_output_tokens
+        for j, token in enumerate(tokens):
+            if token in seq.stop_token_ids or j + 1 >= room:
+                return tokens[: j + 1]
+        return tokens
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         """End ``seq`` now (a stop string matched by the detokenizer, say)."""
@@ -131,6 +163,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.blocks.free(seq.block_table)
         seq.num_computed = 0
+        seq.draft = []
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.running.remove(seq)

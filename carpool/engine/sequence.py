@@ -47,6 +47,9 @@ class Sequence:
     finish_reason: FinishReason | None = None
     block_table: BlockTable = field(default_factory=BlockTable)
     num_preemptions: int = 0
+    # Tokens proposed for the next step to verify (speculative decoding); the
+    # scheduler takes them when it schedules the sequence.
+    draft: list[int] = field(default_factory=list)
     num_prompt_tokens: int = field(init=False)
 
     def __post_init__(self) -> None:

@@ -131,6 +131,22 @@ class EngineCollector(Collector):
                 "Prompt tokens found in the prefix cache.",
                 labels=labels,
             ),
+            "spec_drafts": CounterMetricFamily(
+                "carpool_spec_decode_num_drafts",
+                "Drafts verified (speculative decoding).",
+                labels=labels,
+            ),
+            "spec_draft_tokens": CounterMetricFamily(
+                "carpool_spec_decode_num_draft_tokens",
+                "Draft tokens verified (speculative decoding).",
+                labels=labels,
+            ),
+            "spec_accepted_tokens": CounterMetricFamily(
+                "carpool_spec_decode_num_accepted_tokens",
+                "Draft tokens accepted (speculative decoding); over draft tokens: the "
+                "acceptance rate.",
+                labels=labels,
+            ),
         }
         gauges = {
             "running": GaugeMetricFamily(

@@ -47,6 +47,7 @@ class FakeRunner:
         self.replies = {tuple(ids(k)): ids(v) for k, v in replies.items()}
         self.fail_on = fail_on
         self.tokens_run = 0
+        self.steps = 0
 
     def make_generator(self, seed: int) -> random.Random:
         return random.Random(seed)
@@ -60,18 +61,26 @@ class FakeRunner:
         if any(self.fail_on in c.seq.prompt_ids for c in step.chunks):
             raise RuntimeError("the model failed")
         self.tokens_run += step.num_tokens
+        self.steps += 1
         result = StepResult()
         for chunk in step.chunks:
             if chunk.samples:
                 row = rows[chunk.seq.request_id]
-                result.sampled[chunk.seq.request_id] = Sampled(self._next(row), None)
+                # A draft is verified as a model would: kept while it matches.
+                accepted: list[int] = []
+                for token in chunk.draft:
+                    if self._next(row, len(accepted)) != token:
+                        break
+                    accepted.append(token)
+                next_token = self._next(row, len(accepted))
+                result.sampled[chunk.seq.request_id] = Sampled(next_token, None, tuple(accepted))
         return result
 
-    def _next(self, row: SamplingRow) -> int:
+    def _next(self, row: SamplingRow, ahead: int = 0) -> int:
         if row.generator is not None:
             return int(row.generator.randrange(len(ALPHABET)))
         reply = self.replies.get(tuple(row.prompt_ids), [])
-        done = len(row.output_ids)
+        done = len(row.output_ids) + ahead
         return reply[done] if done < len(reply) else EOS
 
 
@@ -176,13 +185,20 @@ REPLIES = {
     budget=st.sampled_from([8, 16, 64]),
     blocks=st.sampled_from([8, 16, 64]),
     aborts=st.dictionaries(st.sampled_from(sorted(REPLIES)), st.integers(1, 12), max_size=3),
+    speculate=st.booleans(),
 )
 def test_random_load_with_chunking_preemption_and_aborts_gives_each_its_own_answer(
-    order: list[str], budget: int, blocks: int, aborts: dict[str, int]
+    order: list[str], budget: int, blocks: int, aborts: dict[str, int], speculate: bool
 ) -> None:
-    """Small token budgets chunk the prompts, few blocks force preemption; every
-    request not aborted gets exactly the text it gets alone, and ends once."""
-    config = EngineConfig(block_size=8, max_num_batched_tokens=budget, max_num_seqs=6)
+    """Small token budgets chunk the prompts, few blocks force preemption, drafts
+    come and go; every request not aborted gets exactly the text it gets alone, and
+    ends once."""
+    config = EngineConfig(
+        block_size=8,
+        max_num_batched_tokens=budget,
+        max_num_seqs=6,
+        speculative_config=SPECULATE if speculate else "",
+    )
     engine = Engine(FakeRunner(REPLIES, num_blocks=blocks), config)
     for prompt in order:
         engine.add_request(prompt, ids(prompt), greedy(max_tokens=30))
@@ -194,3 +210,52 @@ def test_random_load_with_chunking_preemption_and_aborts_gives_each_its_own_answ
         if prompt in aborts and out.outputs[0].finish_reason is FinishReason.ABORT:
             continue
         assert out.outputs[0].text == REPLIES[prompt], prompt
+
+
+# Drafts of up to 4 tokens, in batches of up to 8 sequences.
+SPECULATE = '{"num_speculative_tokens": 4, "disable_by_batch_size": 8}'
+ECHO = {"say it twice, the cat sat. the cat sat": " on the mat. the cat sat on the mat."}
+
+
+def test_drafts_verified_give_the_same_text_in_fewer_steps() -> None:
+    outputs, steps = {}, {}
+    for speculate in (False, True):
+        runner = FakeRunner(ECHO)
+        config = EngineConfig(block_size=8, speculative_config=SPECULATE if speculate else "")
+        engine = Engine(runner, config)
+        engine.add_request("a", ids(next(iter(ECHO))), greedy(max_tokens=64))
+        outputs[speculate] = run(engine)["a"].outputs[0]
+        steps[speculate] = runner.steps
+    assert outputs[True].text == outputs[False].text == next(iter(ECHO.values()))
+    assert outputs[True].token_ids == outputs[False].token_ids
+    assert steps[True] < steps[False] * 0.7  # the repeated half came in drafts
+    stats = engine.stats.snapshot()
+    assert stats.spec_accepted_tokens > 0 and stats.spec_drafts > 0
+    assert stats.spec_draft_tokens >= stats.spec_accepted_tokens
+    assert stats.generation_tokens == len(outputs[True].token_ids)  # every token counted
+
+
+def test_a_draft_accepted_past_a_stop_or_the_length_is_cut_there() -> None:
+    prompt, reply = next(iter(ECHO.items()))
+    period = ids(".")[0]
+    for params, text in (
+        (greedy(max_tokens=64, stop=("mat",)), " on the "),
+        (greedy(max_tokens=20), reply[:20]),
+        (greedy(max_tokens=64, stop_token_ids=(period,)), " on the mat"),  # token not shown
+    ):
+        engine = Engine(FakeRunner(ECHO), EngineConfig(block_size=8, speculative_config=SPECULATE))
+        engine.add_request("a", ids(prompt), params)
+        out = run(engine)["a"].outputs[0]
+        assert out.text == text, params
+        if params.stop_token_ids:
+            assert out.token_ids == ids(text + ".") and out.stop_reason == period
+        if params.max_tokens == 20:
+            assert out.token_ids == ids(text) and out.finish_reason is FinishReason.LENGTH
+        assert engine.stats.snapshot().spec_accepted_tokens > 0
+
+
+def test_no_drafts_for_sampling_that_depends_on_each_token() -> None:
+    engine = Engine(FakeRunner(ECHO), EngineConfig(block_size=8, speculative_config=SPECULATE))
+    engine.add_request("a", ids(next(iter(ECHO))), greedy(max_tokens=64, presence_penalty=0.5))
+    run(engine)
+    assert engine.stats.snapshot().spec_drafts == 0

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from carpool.engine.sampler import SamplingRow, make_generator, sample
+from carpool.engine.sampler import SamplingRow, _probs, make_generator, sample, verify
 from carpool.engine.sampling_params import SamplingParams
 from carpool.errors import InvalidRequest
 
@@ -144,3 +144,48 @@ def test_invalid_parameters_are_refused_naming_the_parameter(
     with pytest.raises(InvalidRequest) as err:
         SamplingParams(**params)  # type: ignore[arg-type]
     assert err.value.param == name and name in err.value.message
+
+
+def test_verify_greedy_keeps_the_draft_while_it_is_the_argmax() -> None:
+    logits = torch.full((3, VOCAB), -1.0)
+    for position, best in enumerate((3, 5, 7)):
+        logits[position, best] = 4.0
+    greedy = row(temperature=0.0)
+    assert verify(logits, [3, 5], greedy) == ([3, 5], 7)
+    assert verify(logits, [3, 6], greedy) == ([3], 5)
+    assert verify(logits, [4, 5], greedy) == ([], 3)
+    with pytest.raises(ValueError):
+        verify(logits, [3], greedy)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"temperature": 1.0}, {"temperature": 0.7, "top_k": 4}, {"temperature": 1.3, "top_p": 0.8}],
+)
+def test_verify_sampled_keeps_the_target_distribution(params: dict[str, float]) -> None:
+    """Rejection sampling against a point-mass draft: whatever the draft, the first
+    token is distributed as the target's first row, and after an accepted draft
+    token the next as its second row (20,000 seeded trials, within 5 sigma)."""
+    vocab = 6
+    logits = torch.tensor([[2.0, 1.5, 1.0, 0.5, 0.0, -1.0], [0.0, 1.0, 2.0, 0.0, 1.0, 0.5]])
+    r = row(**params)
+    r.generator = make_generator(1234)
+    target = _probs(logits, [r, r]).double()  # what sampling a row draws from
+    trials = 20_000
+    for draft_token in (0, 2, 5):  # likely, middling, filtered out by top-k/top-p
+        first = torch.zeros(vocab)
+        second = torch.zeros(vocab)
+        for _ in range(trials):
+            accepted, token = verify(logits, [draft_token], r)
+            first[accepted[0] if accepted else token] += 1
+            if accepted:
+                second[token] += 1
+        assert_distributed(first, target[0], trials)
+        if second.sum() > 1000:
+            assert_distributed(second, target[1], int(second.sum()))
+
+
+def assert_distributed(counts: torch.Tensor, probs: torch.Tensor, n: int) -> None:
+    freq = counts.double() / n
+    sigma = (probs * (1 - probs) / n).sqrt() + 1e-3
+    assert ((freq - probs).abs() <= 5 * sigma).all(), (freq.tolist(), probs.tolist())

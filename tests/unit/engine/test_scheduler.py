@@ -37,7 +37,7 @@ class Harness:
         out = self.s.schedule(self.now)
         self.s.check(self.all)
         assert out.num_tokens <= self.s.config.max_num_batched_tokens
-        self.s.update(out, {c.seq.request_id: token for c in out.chunks if c.samples})
+        self.s.update(out, {c.seq.request_id: [token] for c in out.chunks if c.samples})
         self.s.check(self.all)
         return out
 
@@ -174,7 +174,7 @@ def test_random_load_with_aborts_and_scarce_blocks_ends_every_sequence_once() ->
         out = h.s.schedule(h.now)
         h.s.check(h.all)
         done = h.s.update(
-            out, {c.seq.request_id: rng.randint(10, 40) for c in out.chunks if c.samples}
+            out, {c.seq.request_id: [rng.randint(10, 40)] for c in out.chunks if c.samples}
         )
         h.s.check(h.all)
         for seq in [*out.finished, *done]:
@@ -186,3 +186,34 @@ def test_random_load_with_aborts_and_scarce_blocks_ends_every_sequence_once() ->
             assert len(seq.output_ids) == seq.max_tokens
     assert h.s.blocks.num_free == h.s.blocks.num_blocks
     assert h.s.num_preemptions > 0, "the pool was small enough to force preemption"
+
+
+def test_a_draft_runs_with_its_sequence_and_accepted_tokens_count_as_computed() -> None:
+    h = Harness(tokens=16, block_size=4)
+    a = h.add("a", 3, max_tokens=10)
+    h.step()  # prefill: a has 4 tokens, 3 computed
+    a.draft = [21, 22, 23]
+    out = h.s.schedule(h.now)
+    [chunk] = out.chunks
+    assert chunk.num_tokens == 4 and chunk.draft == (21, 22, 23) and chunk.samples
+    assert chunk.input_ids == [7, 21, 22, 23] and a.draft == []
+    h.s.update(out, {"a": [21, 22, 30]})  # two accepted, then the model's own token
+    h.s.check(h.all)
+    assert a.output_ids == [7, 21, 22, 30] and a.num_computed == a.num_tokens - 1
+
+
+def test_a_draft_never_preempts_and_shrinks_to_the_budget() -> None:
+    h = Harness(tokens=8, blocks=2, block_size=4)  # 8 slots in all
+    a = h.add("a", 3, max_tokens=10)
+    h.add("b", 3, max_tokens=10)
+    h.step()  # both prefilled: 4 tokens each, one block each, none free
+    a.draft = [1, 2]  # would need a third block: dropped, b is not preempted for it
+    out = h.s.schedule(h.now)
+    assert [(c.seq.request_id, c.draft) for c in out.chunks] == [("a", ()), ("b", ())]
+    assert not out.preempted
+    h = Harness(tokens=3, blocks=8, block_size=4)
+    a = h.add("a", 3, max_tokens=10)
+    h.step()
+    a.draft = [1, 2, 3, 4, 5]
+    [chunk] = h.s.schedule(h.now).chunks
+    assert chunk.draft == (1, 2) and chunk.num_tokens == 3  # the budget is 3 tokens
