@@ -67,9 +67,10 @@ OPEN = [
 
 
 def chat(llm: LLM, prompt: str) -> list[int]:
-    ids: list[int] = llm.tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+    text = llm.tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
     )
+    ids: list[int] = llm.tokenizer.encode(text, add_special_tokens=False)
     return ids
 
 

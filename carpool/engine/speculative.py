@@ -10,7 +10,9 @@ plus one token of its own, so a step yields 1 to k+1 tokens.
 
 Adaptive: no drafts in a step with more than ``disable_by_batch_size`` running
 sequences (a large batch is compute-bound: extra rows cost what they would save);
-a sequence whose drafts are mostly rejected (acceptance below
+a sequence drafts about one token more than it has lately had accepted per draft
+(each verified row costs a share of a step on this CPU); a sequence whose drafts
+are mostly rejected (acceptance below
 ``min_acceptance``, averaged over its recent drafts) stops drafting for a
 cool-down that doubles each time, then tries again.
 
@@ -20,6 +22,7 @@ No torch: plain lists; the engine owns one ``Speculator``.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -95,6 +98,7 @@ class DraftState:
     """One sequence's drafting history."""
 
     index: NgramIndex
+    run: float  # tokens accepted per draft, recent drafts averaged
     acceptance: float = 1.0  # recent drafts' accepted fraction, averaged
     paused_until: int = 0  # step number
     pause: int = 8  # steps of the next pause
@@ -125,11 +129,15 @@ class Speculator:
         for seq_id, tokens, room in decoding:
             state = self._states.get(seq_id)
             if state is None:
-                state = DraftState(NgramIndex(c.prompt_lookup_min, c.prompt_lookup_max))
+                index = NgramIndex(c.prompt_lookup_min, c.prompt_lookup_max)
+                state = DraftState(index, run=float(c.num_speculative_tokens))
                 self._states[seq_id] = state
             if room < 1 or self._step < state.paused_until:
                 continue
-            draft = state.index.propose(tokens, min(c.num_speculative_tokens, room))
+            # Each draft row costs a share of a step: draft about one token more than
+            # this sequence has lately had accepted.
+            wanted = max(1, math.ceil(state.run) + 1)
+            draft = state.index.propose(tokens, min(c.num_speculative_tokens, room, wanted))
             if draft:
                 out[seq_id] = draft
         return out
@@ -141,6 +149,7 @@ class Speculator:
         if state is None or proposed == 0:
             return
         state.acceptance += self.SMOOTHING * (accepted / proposed - state.acceptance)
+        state.run += self.SMOOTHING * (accepted - state.run)
         if state.acceptance < self.config.min_acceptance:
             state.paused_until = self._step + state.pause
             state.pause *= 2

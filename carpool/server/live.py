@@ -108,6 +108,8 @@ def engine_totals(s: EngineStatsData, block_size: int) -> dict[str, Any]:
         "prefix_cache_hits": s.prefix_hits * block_size,
         "finished": dict(s.finished),
         "rejected": s.rejected,
+        "spec_draft_tokens": s.spec_draft_tokens,
+        "spec_accepted_tokens": s.spec_accepted_tokens,
     }
 
 
@@ -137,12 +139,15 @@ def engine_window(new: EngineStatsData, old: EngineStatsData | None) -> dict[str
     """Percentiles and rates over the window from ``old`` (None: since start)."""
     queries = new.prefix_queries - (old.prefix_queries if old else 0)
     hits = new.prefix_hits - (old.prefix_hits if old else 0)
+    drafted = new.spec_draft_tokens - (old.spec_draft_tokens if old else 0)
+    accepted = new.spec_accepted_tokens - (old.spec_accepted_tokens if old else 0)
     old_errors = engine_errors(old) if old else {}
     return {
         "ttft_s": _quantiles(new.time_to_first_token, old.time_to_first_token if old else None),
         "itl_s": _quantiles(new.inter_token_latency, old.inter_token_latency if old else None),
         "e2e_s": _quantiles(new.e2e_latency, old.e2e_latency if old else None),
         "prefix_cache_hit_rate": _ratio(hits, queries),
+        "spec_acceptance": _ratio(accepted, drafted),
         "errors": {k: v - old_errors.get(k, 0) for k, v in engine_errors(new).items()},
     }
 

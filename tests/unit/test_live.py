@@ -80,6 +80,7 @@ def test_the_window_covers_the_last_minute_only() -> None:
     old.prefix_queries, old.prefix_hits = 100, 100  # all hits, 70 s ago
     recent.prefix_queries, recent.prefix_hits = 100, 100
     now.prefix_queries, now.prefix_hits = 110, 102  # 2 hits of 10 since 50 s ago
+    now.spec_draft_tokens, now.spec_accepted_tokens = 8, 6
     now.finished = {"stop": 3, "timeout": 1}
     for latency in (0.1, 0.1, 0.1):
         now.time_to_first_token.observe(latency)
@@ -91,6 +92,7 @@ def test_the_window_covers_the_last_minute_only() -> None:
     window = v["models"]["chat"]["window"]
     assert v["window_s"] == 50.0
     assert window["prefix_cache_hit_rate"] == pytest.approx(0.2)
+    assert window["spec_acceptance"] == pytest.approx(0.75)
     assert window["errors"] == {"abort": 0, "timeout": 1, "error": 0, "rejected": 0}
     assert window["ttft_s"]["p50"] == pytest.approx(0.075)  # halfway into (0.05, 0.1]
     # The totals are /metrics' counters: prefix-cache counts in tokens (blocks x 16).

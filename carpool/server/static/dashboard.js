@@ -47,6 +47,7 @@
       ["steps", "engine steps", (m) => int(m.totals.steps)],
       ["preemptions", "preemptions", (m) => int(m.totals.preemptions)],
       ["prefix_hit_rate", "prefix-cache hits (1 min)", (m) => pct(m.window.prefix_cache_hit_rate)],
+      ["spec_acceptance", "draft tokens accepted (1 min)", (m) => pct(m.window.spec_acceptance)],
       ["ttft_p50", "TTFT p50 (1 min)", (m) => ms(m.window.ttft_s.p50)],
       ["ttft_p99", "TTFT p99 (1 min)", (m) => ms(m.window.ttft_s.p99)],
       ["itl_p50", "ITL p50 (1 min)", (m) => ms(m.window.itl_s.p50)],

@@ -49,6 +49,18 @@ def test_drafts_respect_the_room_the_batch_size_and_each_sequences_acceptance() 
     assert spec.drafts([("a", loop, 5)], running=1) == {"a": [1, 2, 3]}  # a fresh start
 
 
+def test_a_sequence_drafts_about_one_token_more_than_it_gets_accepted() -> None:
+    spec = Speculator(SpeculativeConfig(num_speculative_tokens=5, min_acceptance=0.1))
+    loop = [1, 2, 3, 4, 5, 6, 7] * 3
+    assert len(spec.drafts([("a", loop, 9)], running=1)["a"]) == 5
+    for _ in range(10):  # one token of each draft accepted
+        spec.accepted("a", 5, 1)
+    assert len(spec.drafts([("a", loop, 9)], running=1)["a"]) == 3  # ceil(run) + 1
+    for _ in range(10):
+        spec.accepted("a", 5, 5)
+    assert len(spec.drafts([("a", loop, 9)], running=1)["a"]) == 5  # back to the cap
+
+
 def test_the_config_is_json_with_known_keys_and_ranges() -> None:
     parsed = SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 6}')
     assert parsed.num_speculative_tokens == 6 and parsed.prompt_lookup_max == 4
