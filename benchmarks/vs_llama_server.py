@@ -53,17 +53,18 @@ def start(name: str, args: argparse.Namespace) -> tuple[subprocess.Popen[str], s
         command += ["-tb", str(args.threads), "-np", str(args.parallel)]
         command += ["-c", str(args.parallel * 4096), "--host", "127.0.0.1", "--port"]
         command += [str(args.llama_port), "--no-webui"]
-        # Its "listening" line may sit in a pipe's buffer: wait for the model, then
-        # for /health.
-        process, _, _ = spawn(command, re.compile(r"model loaded"), 300.0)
+        # Its log lines may sit in a pipe's buffer: wait for /health instead.
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{args.llama_port}"
-        for _ in range(600):
+        for _ in range(3000):
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
                     return process, url
+            if process.poll() is not None:
+                break
             time.sleep(0.1)
         process.kill()
-        raise RuntimeError("llama-server loaded its model but never became healthy")
+        raise RuntimeError(f"llama-server did not become healthy: {' '.join(command)}")
     process, match, _ = spawn(command, ready, 300.0)
     return process, match.group(1)
 

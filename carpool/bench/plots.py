@@ -16,6 +16,7 @@ def plot(results: list[dict[str, Any]], folder: Path) -> list[Path]:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import NullFormatter
     except ImportError:
         raise RuntimeError("--plot-dir needs matplotlib: pip install matplotlib") from None
     folder.mkdir(parents=True, exist_ok=True)
@@ -40,6 +41,7 @@ def plot(results: list[dict[str, Any]], folder: Path) -> list[Path]:
         axis.set_xlabel(f"{metric.upper()} p99 (ms)")
         axis.set_ylabel("output tokens/s")
         axis.set_xscale("log")
+        axis.xaxis.set_minor_formatter(NullFormatter())  # crowded on a short log range
         axis.grid(alpha=0.3)
         if len(groups) > 1:
             axis.legend(fontsize=7)

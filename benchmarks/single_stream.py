@@ -1,0 +1,130 @@
+"""One person chatting: a single stream's speed, side by side in one run, on the
+built-in GGUF with 2 threads: ``llama-bench`` tg128, carpool's offline engine, and
+over HTTP at concurrency 1 (``carpool bench``, the same prompts for each server)
+carpool and ``llama-server``. Greedy, 128 tokens, EOS ignored.
+
+    python -m benchmarks.single_stream --llama-bin /path/to/llama.cpp/build/bin
+                                       [--carpool-env OMP_WAIT_POLICY=passive ...]
+
+``--carpool-env`` runs carpool's HTTP case once more with those environment
+variables (to compare a setting in the same run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.vs_llama_server import builtin_gguf, start, stop
+from carpool.bench.config import BenchConfig
+from carpool.bench.run import run
+
+TOKENS = 128
+
+
+def llama_bench(binary: Path, gguf: str, threads: int) -> float:
+    """llama-bench's tg128 tokens/s."""
+    out = subprocess.run(
+        [str(binary), "-m", gguf, "-t", str(threads), "-p", "0", "-n", str(TOKENS), "-o", "csv"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    header, *rows = [line for line in out.splitlines() if line.strip()]
+    column = header.split(",").index("avg_ts")
+    return float(rows[-1].split(",")[column].strip('"'))
+
+
+def offline(threads: int, requests: int) -> float:
+    """carpool's offline engine, one request at a time: the median of (time for 128
+    tokens - time for the first) / 127, the prefix cache off so both prefill."""
+    import torch
+
+    from carpool import LLM, SamplingParams
+
+    torch.set_num_threads(threads)
+    llm = LLM("smollm2-135m-instruct", enable_prefix_caching=False)
+    first = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    whole = SamplingParams(max_tokens=TOKENS, temperature=0.0, ignore_eos=True)
+    per_token = []
+    for i in range(requests + 1):  # the first warms up
+        prompt = f"Request {i}: write about the sea, the sky and the hills."
+        started = time.perf_counter()
+        llm.generate([prompt], first, use_tqdm=False)
+        one = time.perf_counter() - started
+        started = time.perf_counter()
+        llm.generate([prompt], whole, use_tqdm=False)
+        if i:
+            per_token.append((time.perf_counter() - started - one) / (TOKENS - 1))
+    return statistics.median(per_token)
+
+
+def over_http(name: str, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        process, url = start(name, args)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    try:
+        config = BenchConfig(
+            base_url=url,
+            dataset="random",
+            random_input_len=64,
+            random_output_len=TOKENS,
+            num_prompts=args.requests,
+            num_warmups=2,
+            concurrency=1,
+            ignore_eos=True,
+            seed=args.seed,
+        )
+        [result] = run(config, progress=False)
+        return result
+    finally:
+        stop(process)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--llama-bin", required=True, help="llama.cpp's build/bin folder")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--requests", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--carpool-env", nargs="*", default=[], help="KEY=VALUE ...")
+    args = parser.parse_args()
+    args.gguf = builtin_gguf()
+    args.llama_server = str(Path(args.llama_bin) / "llama-server")
+    args.parallel, args.llama_port = 1, 8092
+    print("command: python -m benchmarks.single_stream " + " ".join(sys.argv[1:]))
+    rows: dict[str, float] = {}
+    rows["llama-bench tg128 (ms/token)"] = 1000 / llama_bench(
+        Path(args.llama_bin) / "llama-bench", args.gguf, args.threads
+    )
+    rows["carpool offline, one stream (ms/token)"] = 1000 * offline(args.threads, args.requests)
+    http = {"carpool": over_http("carpool", args, {})}
+    if args.carpool_env:
+        env = dict(item.split("=", 1) for item in args.carpool_env)
+        http[f"carpool {' '.join(args.carpool_env)}"] = over_http("carpool", args, env)
+    http["llama-server"] = over_http("llama-server", args, {})
+    for name, r in http.items():
+        rows[f"{name} HTTP c=1 ITL p50 (ms)"] = r["median_itl_ms"]
+        rows[f"{name} HTTP c=1 TPOT mean (ms)"] = r["mean_tpot_ms"]
+    for name, value in rows.items():
+        print(f"{name:56} {value:8.2f}")
+    llama_itl = rows["llama-server HTTP c=1 ITL p50 (ms)"]
+    carpool_itl = rows["carpool HTTP c=1 ITL p50 (ms)"]
+    print(f"carpool/llama-server ITL p50: {carpool_itl / llama_itl:.2f}x")
+    own = rows["carpool offline, one stream (ms/token)"]
+    print(f"carpool HTTP/offline: {carpool_itl / own:.2f}x")
+    print(f"offline tokens/s vs llama-bench's: {rows['llama-bench tg128 (ms/token)'] / own:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
