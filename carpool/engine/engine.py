@@ -244,6 +244,8 @@ class Engine:
         running = self.scheduler.running
         for seq in running:
             seq.draft = []  # a draft not scheduled last step is not carried over
+        if not self.speculator.drafting(len(running)):
+            return
         decoding = {
             s.request_id: s
             for s in running
@@ -258,7 +260,7 @@ class Engine:
             )
             for rid, s in decoding.items()
         ]
-        for rid, draft in self.speculator.drafts(limits, len(running)).items():
+        for rid, draft in self.speculator.drafts(limits).items():
             decoding[rid].draft = draft
 
     def _run(self, plan: SchedulerOutput) -> StepResult:

@@ -115,15 +115,17 @@ class Speculator:
         self._states: dict[str, DraftState] = {}
         self._step = 0
 
-    def drafts(
-        self, decoding: Sequence[tuple[str, Sequence[int], int]], running: int
-    ) -> dict[str, list[int]]:
-        """``decoding``: (sequence id, its tokens, most tokens its draft may have)
-        for each sequence whose next step is a decode; ``running``: sequences in the
-        batch. The drafts to verify, by sequence id (sequences without one left out)."""
+    def drafting(self, running: int) -> bool:
+        """Whether a step with ``running`` sequences drafts at all (a step counts
+        towards the pauses either way)."""
         self._step += 1
-        if running > self.config.disable_by_batch_size:
-            return {}
+        return running <= self.config.disable_by_batch_size
+
+    def drafts(self, decoding: Sequence[tuple[str, Sequence[int], int]]) -> dict[str, list[int]]:
+        """``decoding``: (sequence id, its tokens, most tokens its draft may have)
+        for each sequence whose next step is a decode, in a step that ``drafting``
+        allowed. The drafts to verify, by sequence id (sequences without one left
+        out)."""
         c = self.config
         out: dict[str, list[int]] = {}
         for seq_id, tokens, room in decoding:

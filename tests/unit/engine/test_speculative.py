@@ -23,42 +23,49 @@ def test_the_longest_recurring_tail_proposes_what_followed_its_latest_occurrence
     assert index.propose(tokens, 1) == [2]
 
 
+def step(
+    spec: Speculator, decoding: list[tuple[str, list[int], int]], running: int = 1
+) -> dict[str, list[int]]:
+    """One engine step's drafts, as the engine asks for them."""
+    return spec.drafts(decoding) if spec.drafting(running) else {}
+
+
 def test_drafts_respect_the_room_the_batch_size_and_each_sequences_acceptance() -> None:
     config = SpeculativeConfig(num_speculative_tokens=3, disable_by_batch_size=2)
     spec = Speculator(config)
     loop = [1, 2, 3, 4] * 3
-    assert spec.drafts([("a", loop, 5)], running=1) == {"a": [1, 2, 3]}
-    assert spec.drafts([("a", loop, 2)], running=1) == {"a": [1, 2]}  # room for two
-    assert spec.drafts([("a", loop, 0)], running=1) == {}
-    assert spec.drafts([("a", loop, 5), ("b", loop, 5)], running=3) == {}  # batch too big
+    assert step(spec, [("a", loop, 5)], 1) == {"a": [1, 2, 3]}
+    assert step(spec, [("a", loop, 2)], 1) == {"a": [1, 2]}  # room for two
+    assert step(spec, [("a", loop, 0)], 1) == {}
+    assert step(spec, [("a", loop, 5), ("b", loop, 5)], 3) == {}  # batch too big
     # Rejected drafts lower a sequence's acceptance until it pauses; it tries again
     # after the pause, and the next pause is longer.
     for _ in range(4):
         spec.accepted("a", 3, 0)
     paused = 0
-    while not spec.drafts([("a", loop, 5)], running=1):
+    while not step(spec, [("a", loop, 5)], 1):
         paused += 1
     assert paused >= 7
     spec.accepted("a", 3, 0)
     spec.accepted("a", 3, 0)
     longer = 0
-    while not spec.drafts([("a", loop, 5)], running=1):
+    while not step(spec, [("a", loop, 5)], 1):
         longer += 1
     assert longer > paused
     spec.forget("a")
-    assert spec.drafts([("a", loop, 5)], running=1) == {"a": [1, 2, 3]}  # a fresh start
+    assert step(spec, [("a", loop, 5)], 1) == {"a": [1, 2, 3]}  # a fresh start
 
 
 def test_a_sequence_drafts_about_one_token_more_than_it_gets_accepted() -> None:
     spec = Speculator(SpeculativeConfig(num_speculative_tokens=5, min_acceptance=0.1))
     loop = [1, 2, 3, 4, 5, 6, 7] * 3
-    assert len(spec.drafts([("a", loop, 9)], running=1)["a"]) == 5
+    assert len(step(spec, [("a", loop, 9)], 1)["a"]) == 5
     for _ in range(10):  # one token of each draft accepted
         spec.accepted("a", 5, 1)
-    assert len(spec.drafts([("a", loop, 9)], running=1)["a"]) == 3  # ceil(run) + 1
+    assert len(step(spec, [("a", loop, 9)], 1)["a"]) == 3  # ceil(run) + 1
     for _ in range(10):
         spec.accepted("a", 5, 5)
-    assert len(spec.drafts([("a", loop, 9)], running=1)["a"]) == 5  # back to the cap
+    assert len(step(spec, [("a", loop, 9)], 1)["a"]) == 5  # back to the cap
 
 
 def test_the_config_is_json_with_known_keys_and_ranges() -> None:
