@@ -3,7 +3,9 @@ Imports nothing beyond the standard library: the CLI builds its parser from it."
 
 from __future__ import annotations
 
+import ipaddress
 import math
+import urllib.parse
 from dataclasses import dataclass
 
 from carpool.bench.metrics import METRICS
@@ -69,9 +71,17 @@ class BenchConfig:
     timeout_s: float = _help("Bound of one run; what is still out then fails.", default=1800.0)
     result_file: str = _help("Write the results as JSON here.", default="")
     plot_dir: str = _help("Write PNG figures here (needs matplotlib).", default="")
+    loopback_only: bool = _help(
+        "Refuse a --base-url that is not this machine (localhost, 127.0.0.0/8, ::1).",
+        default=False,
+    )
 
     def __post_init__(self) -> None:
         _require(self.endpoint in ENDPOINTS, f"endpoint must be one of {ENDPOINTS}")
+        _require(
+            not self.loopback_only or is_loopback(self.base_url),
+            f"base_url {self.base_url!r} is not this machine (loopback_only is set)",
+        )
         _require(self.dataset in DATASETS, f"dataset must be one of {DATASETS}")
         _require(
             self.dataset != "jsonl" or bool(self.dataset_path), "dataset jsonl needs dataset_path"
@@ -94,6 +104,17 @@ class BenchConfig:
 
     def slos_ms(self) -> dict[str, float]:
         return {s.split(":")[0]: float(s.split(":")[1]) for s in self.goodput}
+
+
+def is_loopback(url: str) -> bool:
+    """Whether ``url``'s host is this machine: localhost or a loopback address."""
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _is_number(text: str) -> bool:

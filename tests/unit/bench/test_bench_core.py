@@ -86,6 +86,12 @@ def test_arrivals_keep_their_rate_and_burstiness_shapes_their_spread(burstiness:
     assert next(gaps(float("inf"), 1.0, random.Random(0))) == 0.0
 
 
+def test_loopback_only_takes_this_machine_in_any_spelling() -> None:
+    for url in ("http://127.0.0.1:8000", "http://127.0.0.2", "http://[::1]:80", "http://localhost"):
+        assert BenchConfig(base_url=url, loopback_only=True).base_url == url
+    assert BenchConfig(base_url="http://10.0.0.1:8000").base_url  # a user's tool: any target
+
+
 def test_runs_and_refusals() -> None:
     assert [p[0] for p in points(BenchConfig(sweep_concurrencies=(1, 4)))] == [
         "concurrency 1",
@@ -98,6 +104,8 @@ def test_runs_and_refusals() -> None:
         {"goodput": ("ttft:fast",)},
         {"dataset": "jsonl"},
         {"request_rate": 0.0},
+        {"base_url": "http://10.0.0.1:8000", "loopback_only": True},
+        {"base_url": "http://example.org", "loopback_only": True},
     ):
         with pytest.raises(ConfigError):
             BenchConfig(**bad)  # type: ignore[arg-type]
