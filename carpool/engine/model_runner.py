@@ -170,7 +170,9 @@ class ModelRunner:
         plain = [(c, s) for c, s in zip(chunks, starts, strict=True) if not c.draft]
         sampled: dict[str, Sampled] = {}
         if plain:
-            out = sample(logits[[s for _, s in plain]], [rows[c.seq.request_id] for c, _ in plain])
+            # Every row is a plain chunk's in most steps: no gather (a copy) then.
+            picked = logits if len(plain) == len(logits) else logits[[s for _, s in plain]]
+            out = sample(picked, [rows[c.seq.request_id] for c, _ in plain])
             for (c, _), token, logprobs in zip(plain, out.token_ids, out.logprobs, strict=True):
                 sampled[c.seq.request_id] = Sampled(token, logprobs)
         for c, s in zip(chunks, starts, strict=True):
