@@ -333,6 +333,16 @@ def _require(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def from_json(cls: type[T], text: str, name: str) -> T:
+    """Build ``cls`` from a flag's JSON text (``from_dict``'s checks); ``name`` is
+    the flag's, for the error."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{name} is not JSON: {exc}") from None
+    return from_dict(cls, data)
+
+
 def from_dict(cls: type[T], data: Mapping[str, Any]) -> T:
     """Build the dataclass ``cls`` from ``data``, rejecting unknown keys."""
     if not isinstance(data, Mapping):

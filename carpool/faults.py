@@ -9,14 +9,13 @@ turn unhealthy and exit non-zero). ``slow_ms`` delays every forward.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from carpool.config import ConfigError, from_dict
+from carpool.config import from_json
 
 
 class RuntimeKilled(BaseException):
@@ -31,11 +30,7 @@ class FaultPlan:
 
     @classmethod
     def parse(cls, text: str) -> FaultPlan:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"fault_injection is not JSON: {exc}") from exc
-        return from_dict(cls, data)
+        return from_json(cls, text, "fault_injection")
 
     def check(self, token_ids: torch.Tensor) -> None:
         if self.slow_ms:

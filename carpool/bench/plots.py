@@ -23,6 +23,12 @@ def plot(results: list[dict[str, Any]], folder: Path) -> list[Path]:
     labels = [r["label"] for r in results]
     written = []
 
+    def save(figure: Any, path: Path) -> Path:
+        figure.tight_layout()
+        figure.savefig(path, dpi=120)
+        plt.close(figure)
+        return path
+
     figure, axes = plt.subplots(1, 2, figsize=(10, 4))
     # One line per server when results say which (a side-by-side comparison).
     groups: dict[str, list[dict[str, Any]]] = {}
@@ -46,19 +52,13 @@ def plot(results: list[dict[str, Any]], folder: Path) -> list[Path]:
         if len(groups) > 1:
             axis.legend(fontsize=7)
     figure.suptitle("throughput against latency")
-    figure.tight_layout()
-    written.append(folder / "throughput_vs_latency.png")
-    figure.savefig(written[-1], dpi=120)
-    plt.close(figure)
+    written.append(save(figure, folder / "throughput_vs_latency.png"))
 
     figure, axis = plt.subplots(figsize=(8, 4))
     axis.bar(labels, [r["request_throughput"] for r in results])
     axis.set_ylabel("requests/s")
     axis.set_title("request throughput per run")
-    figure.tight_layout()
-    written.append(folder / "request_throughput.png")
-    figure.savefig(written[-1], dpi=120)
-    plt.close(figure)
+    written.append(save(figure, folder / "request_throughput.png"))
 
     figure, axes = plt.subplots(1, 2, figsize=(10, 4))
     for axis, key, name in zip(axes, ("ttfts_ms", "itls_ms"), ("TTFT", "ITL"), strict=True):
@@ -70,10 +70,7 @@ def plot(results: list[dict[str, Any]], folder: Path) -> list[Path]:
         axis.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     figure.suptitle("latency distributions")
-    figure.tight_layout()
-    written.append(folder / "latency_distributions.png")
-    figure.savefig(written[-1], dpi=120)
-    plt.close(figure)
+    written.append(save(figure, folder / "latency_distributions.png"))
 
     figure, axis = plt.subplots(figsize=(8, 4))
     for r in results:
@@ -83,8 +80,5 @@ def plot(results: list[dict[str, Any]], folder: Path) -> list[Path]:
     axis.set_title("output throughput over each run")
     axis.grid(alpha=0.3)
     axis.legend(fontsize=7)
-    figure.tight_layout()
-    written.append(folder / "throughput_over_time.png")
-    figure.savefig(written[-1], dpi=120)
-    plt.close(figure)
+    written.append(save(figure, folder / "throughput_over_time.png"))
     return written

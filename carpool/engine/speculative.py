@@ -21,12 +21,11 @@ No torch: plain lists; the engine owns one ``Speculator``.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from carpool.config import ConfigError, _help, _require, from_dict
+from carpool.config import _help, _require, from_json
 
 
 @dataclass(frozen=True)
@@ -60,11 +59,7 @@ class SpeculativeConfig:
     @classmethod
     def parse(cls, text: str) -> SpeculativeConfig:
         """From the flag's JSON text; raises ``ConfigError``."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"speculative_config is not JSON: {exc}") from None
-        return from_dict(cls, data)
+        return from_json(cls, text, "speculative_config")
 
 
 class NgramIndex:
