@@ -25,6 +25,7 @@ from carpool.config import (
     ConfigError,
     EngineConfig,
     QueuePolicy,
+    ReplicasConfig,
     RuntimeConfig,
     ServerConfig,
     field_help,
@@ -40,6 +41,7 @@ _SECTIONS: list[tuple[str, type[Any]]] = [
     ("batching", BatchingConfig),
     ("queue_policy", QueuePolicy),
     ("engine", EngineConfig),
+    ("replicas", ReplicasConfig),
 ]
 
 
@@ -109,6 +111,10 @@ def build_config(args: argparse.Namespace) -> CarpoolConfig:
     model_batching = {}
     if args.model_config is not None:
         model_batching = load_model_batching(Path(args.model_config))
+    if given["replicas"].get("replicas") == 0:
+        raise ConfigError("--replicas must be at least 1 (leave it out to serve from one process)")
+    if given["replicas"] and not given["replicas"].get("replicas"):
+        raise ConfigError(f"--{next(iter(given['replicas'])).replace('_', '-')} needs --replicas")
     if "api_key" not in given["server"] and os.environ.get("CARPOOL_API_KEY"):
         given["server"]["api_key"] = os.environ["CARPOOL_API_KEY"]
     return CarpoolConfig(
@@ -116,6 +122,7 @@ def build_config(args: argparse.Namespace) -> CarpoolConfig:
         runtime=from_dict(RuntimeConfig, given["runtime"]),
         batching=from_dict(BatchingConfig, batching),
         engine=from_dict(EngineConfig, given["engine"]),
+        replicas=from_dict(ReplicasConfig, given["replicas"]),
         model_batching=model_batching,
     )
 
@@ -299,6 +306,8 @@ def serve(config: CarpoolConfig) -> int:
     # loop holds it, the default 5 ms switch interval can stall each of those
     # hundreds of reacquisitions per forward. A short interval bounds that wait.
     sys.setswitchinterval(config.runtime.switch_interval_ms / 1000)
+    if config.replicas.replicas:
+        return _serve_replicas(config)
 
     started = time.monotonic()
     try:
@@ -335,6 +344,17 @@ def serve(config: CarpoolConfig) -> int:
     finally:
         bundle.runtime.stop()
     return bundle.exit_code
+
+
+def _serve_replicas(config: CarpoolConfig) -> int:
+    """``serve`` on Ray Serve: the same API from ``config.replicas.replicas`` carpools."""
+    from carpool.distributed.launch import LaunchError, serve_replicas
+
+    try:
+        return serve_replicas(config)
+    except LaunchError as exc:
+        print(f"carpool: {exc}", file=sys.stderr)
+        return 2
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

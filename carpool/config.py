@@ -297,6 +297,52 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
+class ReplicasConfig:
+    """Replicas on Ray Serve (``pip install carpool[ray]``): the same HTTP API on the
+    same port from several whole carpools, routed by prompt prefix and load."""
+
+    replicas: int = _help(
+        "Serve from this many carpool replicas on Ray Serve, each on its share of the "
+        "cores (or its own GPU); without the flag, one process and no Ray.",
+        default=0,
+    )
+    ray_address: str = _help(
+        "Join this Ray cluster (e.g. 10.0.0.5:6379 or auto) instead of starting a local "
+        "one on 127.0.0.1.",
+        default="",
+    )
+    ray_object_store_memory: str = _help(
+        "Object store of a local Ray cluster; carpool passes only small messages "
+        "through it, so it stays small (Ray's least is 75 MiB).",
+        default="96MiB",
+    )
+    route_max_imbalance: int = _help(
+        "Prefix-affinity routing: a request goes to the replica that holds its prompt's "
+        "prefix unless that replica has more than this many requests in flight above "
+        "the least busy one; then the least busy takes it.",
+        default=16,
+    )
+    health_check_period_s: float = _help(
+        "Seconds between Ray Serve's health checks of a replica; a replica whose device "
+        "runtime died is replaced at the next one.",
+        default=2.0,
+    )
+
+    def __post_init__(self) -> None:
+        _require(self.replicas >= 0, "replicas must be >= 1")
+        _require(
+            parse_size(self.ray_object_store_memory) >= 75 << 20,
+            "ray_object_store_memory must be at least 75MiB",
+        )
+        _require(self.route_max_imbalance >= 0, "route_max_imbalance must be >= 0")
+        _require(self.health_check_period_s > 0, "health_check_period_s must be > 0")
+
+    @property
+    def object_store_bytes(self) -> int:
+        return parse_size(self.ray_object_store_memory)
+
+
+@dataclass(frozen=True)
 class CarpoolConfig:
     """Everything `carpool serve` needs."""
 
@@ -304,6 +350,7 @@ class CarpoolConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    replicas: ReplicasConfig = field(default_factory=ReplicasConfig)
     model_batching: Mapping[str, BatchingConfig] = field(default_factory=dict)
 
     def batching_for(self, model: str) -> BatchingConfig:

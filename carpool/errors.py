@@ -56,3 +56,8 @@ class ServerShuttingDown(Overloaded):
 
 class RuntimeDead(CarpoolError):
     """The device runtime has stopped; nothing can run."""
+
+
+class ReplicaFailed(CarpoolError):
+    """The replica running this request died before answering it whole (replicas on
+    Ray Serve); the request did not complete and may be sent again."""

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+from fastapi import FastAPI
 from sse_starlette.sse import AppStatus
 
 from carpool.batching import DynamicBatcher
@@ -45,21 +46,25 @@ class ServerBundle:
         self.runtime = DeviceRuntime(on_death=self.on_runtime_death)
 
     def on_runtime_death(self, exc: BaseException) -> None:
-        """The runtime thread died: exit non-zero so a supervisor restarts us."""
+        """The runtime thread died: exit non-zero so a supervisor restarts us (on Ray
+        Serve, the replica's health check fails and Ray replaces it)."""
         log.critical("device runtime died (%s); shutting down", type(exc).__name__)
         self.exit_code = 1
         if self._server is not None:
             self._server.should_exit = True
 
-    async def run(self, sock: socket.socket, ready_line: str) -> None:
-        app = create_app(
+    def create_app(self) -> FastAPI:
+        """The HTTP app over this bundle's models and runtime."""
+        return create_app(
             self.models,
             is_ready=lambda: self.runtime.alive,
             max_body_bytes=self.config.server.max_body_bytes,
             api_key=self.config.server.api_key,
             runtime_stats=self.runtime.stats,
         )
-        self.drain = Drain(app)
+
+    async def run(self, sock: socket.socket, ready_line: str) -> None:
+        self.drain = Drain(self.create_app())
         uv_config = uvicorn.Config(
             self.drain,
             log_level=self.config.server.log_level,

@@ -24,6 +24,7 @@ from carpool.errors import (
     ModelNotFound,
     Overloaded,
     QueueTimeout,
+    ReplicaFailed,
     RequestTooLarge,
     RuntimeDead,
     Unauthorized,
@@ -40,6 +41,7 @@ _STATUS: list[tuple[type[CarpoolError], int, str]] = [
     (QueueTimeout, 504, "timeout_error"),
     (ModelExecutionError, 500, "model_error"),
     (RuntimeDead, 503, "service_unavailable"),
+    (ReplicaFailed, 502, "server_error"),
 ]
 
 

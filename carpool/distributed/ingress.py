@@ -1,0 +1,186 @@
+"""The endpoint's front: every HTTP request, answered from the replicas. /health and
+/metrics ask every replica (each by name, through the router's pin) and combine the
+answers; anything else is forwarded whole to one replica (the router picks which by
+prompt prefix and load) and its answer streamed back as it comes.
+
+Plain code over a Ray Serve deployment handle; ``deployment.CarpoolIngress`` is the
+thin Serve deployment around it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import cast
+
+import orjson
+import ray
+from fastapi import Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from ray.serve.exceptions import BackPressureError
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+
+from carpool.distributed.forward import ForwardedRequest, ReplicaReport, ResponseHead
+from carpool.distributed.metrics_merge import merge_metrics
+from carpool.distributed.replica_book import known_replicas
+from carpool.distributed.routing import routing_text
+from carpool.errors import CarpoolError, Overloaded, ReplicaFailed, ServerShuttingDown
+from carpool.server import errors
+
+log = logging.getLogger("carpool")
+
+REPORT_TIMEOUT_S = 5.0
+"""How long /health and /metrics wait for one replica's report."""
+
+# What a dead or unreachable replica raises through a handle.
+_REPLICA_GONE = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+
+
+class Ingress:
+    """The front over ``replicas``, the handle of the deployment that
+    ``known_replicas(deployment)`` names."""
+
+    def __init__(self, replicas: DeploymentHandle, deployment: str) -> None:
+        self.replicas = replicas
+        self.deployment = deployment
+        self.draining = False
+        self.in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Refuse new requests from now on (503 with Retry-After) and wait until those
+        in flight, streams included, have finished (True) or ``timeout_s`` passed."""
+        self.draining = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    def _begin(self) -> None:
+        if self.draining:
+            raise ServerShuttingDown("the server is shutting down")
+        self.in_flight += 1
+        self._idle.clear()
+
+    def _end(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self._idle.set()
+
+    async def health(self) -> Response:
+        """200 while at least one replica is ready, with how many are."""
+        reports = await self._reports(with_metrics=False)
+        ready = sum(r.ready for r in reports)
+        body = {
+            "status": "ok" if ready else "unavailable",
+            "replicas_ready": ready,
+            "replicas": [{"id": r.replica, "pid": r.pid, "ready": r.ready} for r in reports],
+        }
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    async def metrics(self) -> Response:
+        """Every replica's carpool metrics, each sample labelled with its replica."""
+        reports = await self._reports(with_metrics=True)
+        text = merge_metrics({r.replica: r.metrics for r in reports})
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def forward(self, request: Request) -> Response:
+        """``request`` answered by one replica; a streamed answer counts as in flight
+        until its last chunk."""
+        self._begin()
+        streaming = False
+        try:
+            response = await self._forward(request)
+            streaming = isinstance(response, StreamingResponse)
+            return response
+        finally:
+            if not streaming:
+                self._end()
+
+    async def _forward(self, request: Request) -> Response:
+        body = await request.body()
+        forwarded = ForwardedRequest(
+            method=request.method,
+            path=request.url.path,
+            query_string=request.scope.get("query_string", b""),
+            headers=tuple(request.scope["headers"]),
+            body=body,
+            prefix_text=routing_text(request.url.path, body),
+        )
+        stream = cast(
+            DeploymentResponseGenerator,
+            self.replicas.options(stream=True).forward.remote(forwarded),
+        )
+        try:
+            head = await stream.__anext__()
+        except BackPressureError:
+            raise Overloaded("every replica is at capacity; retry later") from None
+        except _REPLICA_GONE as exc:
+            raise _failed(exc) from None
+        if not isinstance(head, ResponseHead):
+            raise CarpoolError("a replica answered out of protocol")
+        if not head.more:
+            response = Response(head.body, status_code=head.status)
+            response.raw_headers = list(head.headers)
+            return response
+        streaming = StreamingResponse(_rest(head, stream, self._end), status_code=head.status)
+        streaming.raw_headers = list(head.headers)
+        return streaming
+
+    async def _reports(self, *, with_metrics: bool) -> list[ReplicaReport]:
+        names = known_replicas(self.deployment)
+        if not names:  # the handle's router is made at its first request
+            first = await self._report("", with_metrics)
+            names = known_replicas(self.deployment) or ((first.replica,) if first else ())
+        answers = await asyncio.gather(*(self._report(n, with_metrics) for n in names))
+        unique = {a.replica: a for a in answers if a is not None}
+        return [unique[name] for name in sorted(unique)]
+
+    async def _report(self, replica: str, with_metrics: bool) -> ReplicaReport | None:
+        pin = ForwardedRequest("GET", "/health", b"", (), b"", replica=replica)
+        try:
+            return await asyncio.wait_for(
+                self.replicas.report.remote(pin, with_metrics), REPORT_TIMEOUT_S
+            )
+        except (TimeoutError, BackPressureError, *_REPLICA_GONE):
+            return None
+
+
+async def _rest(
+    head: ResponseHead, stream: DeploymentResponseGenerator, done: Callable[[], None]
+) -> AsyncIterator[bytes]:
+    """The body after the head; a replica that dies mid-stream ends an event stream with
+    an error event (OpenAI's shape) and ``[DONE]``, any other body by cutting it.
+    ``done`` is called once, however it ends."""
+    if head.body:
+        yield head.body
+    try:
+        async for chunk in stream:
+            yield chunk
+    except _REPLICA_GONE as exc:
+        if not _is_event_stream(head):
+            raise
+        failed = _failed(exc)
+        status, kind = errors.status_of(failed)
+        body = errors.error_body(status, failed.message, kind=kind)
+        yield f"data: {orjson.dumps(body).decode()}\r\n\r\ndata: [DONE]\r\n\r\n".encode()
+    finally:
+        stream.cancel()
+        done()
+
+
+def _is_event_stream(head: ResponseHead) -> bool:
+    return any(
+        k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in head.headers
+    )
+
+
+def _failed(exc: BaseException) -> ReplicaFailed:
+    log.warning("a replica failed a request in flight: %s", type(exc).__name__)
+    return ReplicaFailed(
+        "the replica running this request died before finishing it; it did not complete "
+        "and may be sent again"
+    )

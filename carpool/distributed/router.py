@@ -1,0 +1,79 @@
+"""carpool's Ray Serve request router: prefix affinity under a load bound
+(``routing.choose``), plus pinning a request to a named replica (the ingress's
+/metrics and /health fan-out).
+
+Ray Serve builds one router per deployment handle, in the handle's process (here the
+ingress replica), and calls it from one event loop. It tells the router the replica set
+(``update_replicas``); the router publishes each set it is given in ``replica_book``
+so that the ingress, in the same process, can address every replica by name. Ray
+Serve copies this module by value into that process: keep no shared state here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.serve.request_router import (
+    FIFOMixin,
+    PendingRequest,
+    ReplicaID,
+    RequestRouter,
+    RunningReplica,
+)
+
+from carpool.distributed import replica_book
+from carpool.distributed.forward import ForwardedRequest
+from carpool.distributed.routing import AffinityTable, choose, prefix_chain
+
+
+class PrefixAffinityRouter(FIFOMixin, RequestRouter):
+    """Sends a generation request to the replica that most likely holds its prompt's
+    prefix in its KV cache unless that replica is ``max_imbalance`` requests busier than
+    the least busy; everything else to the least busy replica. Ray Serve then checks that
+    the chosen replica has room (``max_ongoing_requests``) and otherwise tries the next
+    in rank."""
+
+    def initialize_state(self, max_imbalance: int = 16, **_: Any) -> None:
+        self.max_imbalance = max_imbalance
+        self.table = AffinityTable()
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        super().update_replicas(replicas)
+        live = {r.replica_id.to_full_id_str() for r in replicas}
+        key = replica_book.deployment_key(self._deployment_id.app_name, self._deployment_id.name)
+        for gone in set(replica_book.known_replicas(key)) - live:
+            self.table.forget(gone)
+        replica_book.publish(key, tuple(sorted(live)))
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        self.table.forget(replica_id.to_full_id_str())
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        request = _forwarded(pending_request)
+        by_id = {r.replica_id.to_full_id_str(): r for r in candidate_replicas}
+        if request is not None and request.replica in by_id:
+            return [[by_id[request.replica]]]
+        cache = self.replica_queue_len_cache
+        in_flight = {rid: cache.get(r.replica_id) or 0 for rid, r in by_id.items()}
+        chain = prefix_chain(request.prefix_text) if request is not None else []
+        ranked = choose(self.table, chain, in_flight, self.max_imbalance).ranked
+        return [[by_id[rid]] for rid in ranked]
+
+    def on_request_routed(
+        self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any
+    ) -> None:
+        request = _forwarded(pending_request)
+        if request is not None and request.prefix_text and not request.replica:
+            self.table.record(prefix_chain(request.prefix_text), replica_id.to_full_id_str())
+
+
+def _forwarded(pending: PendingRequest | None) -> ForwardedRequest | None:
+    if pending is None or not pending.args:
+        return None
+    first = pending.args[0]
+    return first if isinstance(first, ForwardedRequest) else None
