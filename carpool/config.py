@@ -316,6 +316,12 @@ class ReplicasConfig:
         "through it, so it stays small (Ray's least is 75 MiB).",
         default="96MiB",
     )
+    route_policy: str = _help(
+        "How the ingress picks a replica: prefix (the replica holding the prompt's "
+        "prefix, within route_max_imbalance) or power_of_two (Ray Serve's default: the "
+        "less busy of two at random).",
+        default="prefix",
+    )
     route_max_imbalance: int = _help(
         "Prefix-affinity routing: a request goes to the replica that holds its prompt's "
         "prefix unless that replica has more than this many requests in flight above "
@@ -335,6 +341,10 @@ class ReplicasConfig:
             "ray_object_store_memory must be at least 75MiB",
         )
         _require(self.route_max_imbalance >= 0, "route_max_imbalance must be >= 0")
+        _require(
+            self.route_policy in ("prefix", "power_of_two"),
+            f"route_policy must be prefix or power_of_two, got {self.route_policy!r}",
+        )
         _require(self.health_check_period_s > 0, "health_check_period_s must be > 0")
 
     @property

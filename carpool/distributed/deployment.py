@@ -156,7 +156,10 @@ def build_app(config: CarpoolConfig, placement: Placement | None = None) -> serv
         graceful_shutdown_timeout_s=config.server.shutdown_timeout_s,
         request_router_config={
             "request_router_class": ROUTER,
-            "request_router_kwargs": {"max_imbalance": config.replicas.route_max_imbalance},
+            "request_router_kwargs": {
+                "max_imbalance": config.replicas.route_max_imbalance,
+                "policy": config.replicas.route_policy,
+            },
         },
     )
     ingress: Any = serve.deployment(

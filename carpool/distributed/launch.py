@@ -9,7 +9,7 @@ import signal
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from carpool.config import CarpoolConfig
 
@@ -67,8 +67,8 @@ def _drain(serve: Any, reason: str, timeout_s: float) -> None:
     """Let the requests in flight finish (new ones get 503) before Serve stops."""
     log.info("%s: draining the requests in flight (up to %.0fs)", reason, timeout_s)
     try:
-        idle = serve.get_app_handle(APP_NAME).drain.remote(timeout_s).result(
-            timeout_s=timeout_s + 10
+        idle = (
+            serve.get_app_handle(APP_NAME).drain.remote(timeout_s).result(timeout_s=timeout_s + 10)
         )
     except Exception as exc:  # the ingress is gone: nothing left to wait for there
         log.warning("cannot drain the ingress (%s); stopping", type(exc).__name__)
@@ -83,6 +83,7 @@ def _start_ray(ray: Any, config: CarpoolConfig) -> bool:
     # Nothing is sent home from a carpool cluster.
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if options.ray_address:
+        _check_reachable(options.ray_address)
         try:
             ray.init(address=options.ray_address, namespace=APP_NAME, configure_logging=False)
         except Exception as exc:
@@ -90,8 +91,10 @@ def _start_ray(ray: Any, config: CarpoolConfig) -> bool:
                 f"cannot join the Ray cluster at {options.ray_address!r}: {exc}"
             ) from None
         return False
+    if not config.runtime.device.startswith("cuda") and options.replicas > _local_cores():
+        _placement_error(options.replicas, _local_cores(), "cores")
     ray.init(
-        num_cpus=len(os.sched_getaffinity(0)),
+        num_cpus=_local_cores(),
         object_store_memory=options.object_store_bytes,
         include_dashboard=False,
         namespace=APP_NAME,
@@ -99,6 +102,22 @@ def _start_ray(ray: Any, config: CarpoolConfig) -> bool:
         configure_logging=False,
     )
     return True
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast on a ``host:port`` (or ``ray://host:port``) nobody listens on: Ray
+    itself would wait for minutes. ``auto`` and other forms are left to Ray."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise LaunchError(f"cannot reach the Ray cluster at {address!r}: {exc}") from None
+
+
+def _local_cores() -> int:
+    return len(os.sched_getaffinity(0))
 
 
 def _placement(ray: Any, config: CarpoolConfig) -> Any:
@@ -109,17 +128,16 @@ def _placement(ray: Any, config: CarpoolConfig) -> Any:
     if config.runtime.device.startswith("cuda"):
         gpus = int(resources.get("GPU", 0))
         if replicas > gpus:
-            raise LaunchError(
-                f"--replicas {replicas} needs {replicas} GPUs (one each); the cluster has {gpus}"
-            )
+            _placement_error(replicas, gpus, "GPUs")
         return Placement(replicas=replicas, cpus=1.0, gpus=1.0)
     cores = int(resources.get("CPU", 0))
     if replicas > cores:
-        raise LaunchError(
-            f"--replicas {replicas} needs at least {replicas} cores (one each); the cluster "
-            f"has {cores}"
-        )
+        _placement_error(replicas, cores, "cores")
     return Placement(replicas=replicas, cpus=float(cores // replicas))
+
+
+def _placement_error(replicas: int, have: int, what: str) -> NoReturn:
+    raise LaunchError(f"--replicas {replicas} needs {replicas} {what} (one each); there are {have}")
 
 
 def _free_port(host: str) -> int:

@@ -11,6 +11,7 @@ Serve copies this module by value into that process: keep no shared state here.
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from ray.serve.request_router import (
@@ -23,7 +24,7 @@ from ray.serve.request_router import (
 
 from carpool.distributed import replica_book
 from carpool.distributed.forward import ForwardedRequest
-from carpool.distributed.routing import AffinityTable, choose, prefix_chain
+from carpool.distributed.routing import AffinityTable, choose, power_of_two, prefix_chain
 
 
 class PrefixAffinityRouter(FIFOMixin, RequestRouter):
@@ -31,11 +32,14 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
     prefix in its KV cache unless that replica is ``max_imbalance`` requests busier than
     the least busy; everything else to the least busy replica. Ray Serve then checks that
     the chosen replica has room (``max_ongoing_requests``) and otherwise tries the next
-    in rank."""
+    in rank. With ``policy="power_of_two"`` it routes as Ray Serve's default router
+    does (for comparison), still honouring pins."""
 
-    def initialize_state(self, max_imbalance: int = 16, **_: Any) -> None:
+    def initialize_state(self, max_imbalance: int = 16, policy: str = "prefix", **_: Any) -> None:
         self.max_imbalance = max_imbalance
+        self.by_prefix = policy == "prefix"
         self.table = AffinityTable()
+        self.rng = random.Random()
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)
@@ -60,6 +64,8 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
             return [[by_id[request.replica]]]
         cache = self.replica_queue_len_cache
         in_flight = {rid: cache.get(r.replica_id) or 0 for rid, r in by_id.items()}
+        if not self.by_prefix:
+            return [[by_id[rid] for rid in power_of_two(in_flight, self.rng)]]
         chain = prefix_chain(request.prefix_text) if request is not None else []
         ranked = choose(self.table, chain, in_flight, self.max_imbalance).ranked
         return [[by_id[rid]] for rid in ranked]
@@ -68,7 +74,7 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
         self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any
     ) -> None:
         request = _forwarded(pending_request)
-        if request is not None and request.prefix_text and not request.replica:
+        if self.by_prefix and request is not None and request.prefix_text and not request.replica:
             self.table.record(prefix_chain(request.prefix_text), replica_id.to_full_id_str())
 
 

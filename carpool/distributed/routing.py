@@ -16,6 +16,7 @@ and its imbalance threshold).
 from __future__ import annotations
 
 import hashlib
+import random
 from collections import Counter, OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -159,3 +160,10 @@ def _texts(messages: object, prompt: object) -> Iterator[str]:
             for part in content:
                 if isinstance(part, dict) and isinstance(part.get("text"), str):
                     yield part["text"]
+
+
+def power_of_two(in_flight: Mapping[str, int], rng: random.Random) -> tuple[str, ...]:
+    """Ray Serve's default policy, for comparison: two replicas at random, the less busy
+    first."""
+    picked = rng.sample(sorted(in_flight), min(2, len(in_flight)))
+    return tuple(sorted(picked, key=lambda r: in_flight[r]))

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import random
 
 from carpool.distributed.routing import (
     CHUNK_CHARS,
     AffinityTable,
     choose,
+    power_of_two,
     prefix_chain,
     routing_text,
 )
@@ -80,3 +82,12 @@ def test_routing_text_reads_the_prompt_of_generation_requests_only() -> None:
     assert routing_text("/v1/completions", b"[1]") == ""
     long = json.dumps({"prompt": "z" * 100_000}).encode()
     assert len(routing_text("/v1/completions", long, limit=256)) == 256
+
+
+def test_power_of_two_ranks_two_random_replicas_by_load() -> None:
+    rng = random.Random(7)
+    loads = {"a": 5, "b": 1, "c": 3}
+    picks = [power_of_two(loads, rng) for _ in range(60)]
+    assert all(len(p) == 2 and loads[p[0]] <= loads[p[1]] for p in picks)
+    assert {p[0] for p in picks} == {"b", "c"}  # "a" is never the less busy of two
+    assert power_of_two({"only": 0}, rng) == ("only",)
