@@ -151,7 +151,9 @@ def build_app(config: CarpoolConfig, placement: Placement | None = None) -> serv
         num_replicas=placement.replicas,
         ray_actor_options=resources,
         max_ongoing_requests=limit + 8,
-        max_queued_requests=8 * placement.replicas,
+        # Requests wait here only while the router picks a replica (the replicas admit
+        # or refuse them themselves): room for as many as all replicas admit.
+        max_queued_requests=limit * placement.replicas,
         health_check_period_s=config.replicas.health_check_period_s,
         graceful_shutdown_timeout_s=config.server.shutdown_timeout_s,
         request_router_config={

@@ -8,7 +8,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -27,6 +27,7 @@ from tests.integration.conftest import CHAT, MODEL, Server, start_server, stop_s
 pytest.importorskip("ray.serve")
 pytestmark = pytest.mark.slow
 
+KILLER = 49150  # a prompt holding this token kills its replica's device runtime
 SYSTEM_A = "You are a ship's navigator who answers in nautical terms. " * 12
 SYSTEM_B = "You are a pastry chef who explains everything with cakes. " * 12
 
@@ -40,6 +41,8 @@ def server() -> Iterator[Server]:
         "1024",
         "--kv-cache-memory",
         "256MiB",
+        "--fault-injection",
+        json.dumps({"kill_runtime_on_token": KILLER}),
         timeout_s=300,
     )
     yield s
@@ -169,6 +172,29 @@ def test_a_shared_system_prompt_lands_on_one_replica_and_another_on_the_other(
     assert len(served_b) == 1 and served_b != served_a, tokens_b
 
 
+def wait_for_ready_replicas(server: Server, done: Callable[[set[int]], bool]) -> None:
+    """Poll /health until ``done`` holds for the ready replicas' pids."""
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if done({r["pid"] for r in health(server)["replicas"] if r["ready"]}):
+            return
+        time.sleep(0.5)  # polling Ray's restart, bounded by the deadline
+    pytest.fail(f"the replicas did not recover: {health(server)}")
+
+
+def test_a_replica_whose_runtime_dies_is_replaced(server: Server, client: openai.OpenAI) -> None:
+    before = {r["pid"] for r in health(server)["replicas"]}
+    with server.client() as c:
+        dead = c.post(
+            "/v1/completions", json={"model": CHAT, "prompt": [7, KILLER], "max_tokens": 4}
+        )
+    assert dead.status_code == 503 and "Traceback" not in dead.text
+    # The other replica goes on answering while Ray replaces the dead one.
+    reply = client.completions.create(model=CHAT, prompt="Still here:", max_tokens=2)
+    assert reply.choices[0].finish_reason == "length"
+    wait_for_ready_replicas(server, lambda pids: len(pids) == 2 and len(pids - before) == 1)
+
+
 def stream_once(url: str, outcome: list[str], started: threading.Event) -> None:
     """One streamed completion; appends exactly one outcome: 'done', or the error's
     status and type."""
@@ -237,13 +263,6 @@ def test_killing_a_replica_mid_load_fails_only_its_requests_and_the_endpoint_rec
     results = [o[0] for o in outcomes]
     assert set(results) <= {"done", "error 502 server_error"}, results
     assert "error 502 server_error" in results  # the victim had streams in flight
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        now = health(server)
-        if now["replicas_ready"] == 2 and victim not in {r["pid"] for r in now["replicas"]}:
-            break
-        time.sleep(0.5)  # polling Ray's restart, bounded by the deadline
-    else:
-        pytest.fail(f"the endpoint did not get back to two replicas: {health(server)}")
+    wait_for_ready_replicas(server, lambda pids: len(pids) == 2 and victim not in pids)
     reply = client.completions.create(model=CHAT, prompt="Recovered:", max_tokens=2)
     assert reply.choices[0].finish_reason == "length"
