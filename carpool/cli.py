@@ -12,7 +12,6 @@ import dataclasses
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -315,13 +314,10 @@ def serve(config: CarpoolConfig) -> int:
     except Exception as exc:
         log.error("cannot start: %s", exc)
         return 1
-    family = socket.AF_INET6 if ":" in config.server.host else socket.AF_INET
-    # proto must be IPPROTO_TCP: asyncio sets TCP_NODELAY only on accepted sockets that
-    # say so, and without it every response's header/body pair waits ~40 ms on Nagle.
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    from carpool.server.listen import bind
+
     try:
-        sock.bind((config.server.host, config.server.port))
+        sock = bind(config.server.host, config.server.port)
     except OSError as exc:
         log.error("cannot bind %s:%d: %s", config.server.host, config.server.port, exc)
         bundle.runtime.stop()

@@ -19,7 +19,13 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from carpool.config import CarpoolConfig
-from carpool.distributed.forward import ForwardedRequest, ReplicaReport, ResponseHead, call_app
+from carpool.distributed.forward import (
+    ForwardedRequest,
+    ReplicaReport,
+    ReplicaUnavailable,
+    ResponseHead,
+    call_app,
+)
 from carpool.distributed.ingress import Ingress
 from carpool.distributed.replica_book import deployment_key
 from carpool.distributed.router import PrefixAffinityRouter
@@ -57,7 +63,10 @@ class CarpoolReplica:
         self.name = serve.get_replica_context().replica_id.to_full_id_str()
 
     async def forward(self, request: ForwardedRequest) -> AsyncIterator[ResponseHead | bytes]:
-        """The response to ``request``: its head, then any further body chunks."""
+        """The response to ``request``: its head, then any further body chunks. Raises
+        ``ReplicaUnavailable`` if this replica's device runtime has died."""
+        if not self.bundle.runtime.alive:
+            raise ReplicaUnavailable(self.name)
         async for part in call_app(self.app, request):
             yield part
 
@@ -132,15 +141,9 @@ def capacity(config: CarpoolConfig) -> int:
     return generators + embeddings
 
 
-def build_app(config: CarpoolConfig, placement: Placement | None = None) -> serve.Application:
-    """The carpool application for ``serve.run``: ``placement.replicas`` replicas
-    (default ``config.replicas.replicas``, at least 1) of ``placement.cpus`` CPUs each
-    (default 1) and ``placement.gpus`` GPUs, behind one ingress.
-
-    Example: ``serve.run(build_app(CarpoolConfig()), route_prefix="/")``.
-    """
-    if placement is None:
-        placement = Placement(replicas=max(1, config.replicas.replicas), cpus=1.0)
+def replicas_app(config: CarpoolConfig, placement: Placement) -> serve.Application:
+    """The replicas alone, as an application whose handle routes with carpool's router
+    (``carpool serve --replicas`` puts its own HTTP front on that handle)."""
     limit = capacity(config)
     resources: dict[str, float] = {"num_cpus": placement.cpus}
     if placement.gpus:
@@ -164,12 +167,26 @@ def build_app(config: CarpoolConfig, placement: Placement | None = None) -> serv
             },
         },
     )
+    application: serve.Application = replica.bind(config, placement)
+    return application
+
+
+def build_app(config: CarpoolConfig, placement: Placement | None = None) -> serve.Application:
+    """The carpool application for ``serve.run``: ``placement.replicas`` replicas
+    (default ``config.replicas.replicas``, at least 1) of ``placement.cpus`` CPUs each
+    (default 1) and ``placement.gpus`` GPUs, behind one ingress deployment that takes
+    HTTP from Ray Serve's proxy.
+
+    Example: ``serve.run(build_app(CarpoolConfig()), route_prefix="/")``.
+    """
+    if placement is None:
+        placement = Placement(replicas=max(1, config.replicas.replicas), cpus=1.0)
     ingress: Any = serve.deployment(
         CarpoolIngress,
         name="CarpoolIngress",
         num_replicas=1,
         ray_actor_options={"num_cpus": 0},
-        max_ongoing_requests=(limit + 8) * placement.replicas + 64,
+        max_ongoing_requests=(capacity(config) + 8) * placement.replicas + 64,
         graceful_shutdown_timeout_s=config.server.shutdown_timeout_s,
     )
-    return ingress.bind(replica.bind(config, placement), config)
+    return ingress.bind(replicas_app(config, placement), config)

@@ -19,7 +19,8 @@ from starlette.types import ASGIApp, Message
 class ForwardedRequest:
     """One HTTP request, whole. ``prefix_text`` is what prefix-affinity routing reads
     (the prompt, or empty); ``replica`` pins the request to one replica (the
-    ingress's fan-out for /metrics and /health), empty for any."""
+    ingress's fan-out for /metrics and /health), empty for any; ``avoid`` names
+    replicas that said they cannot run it."""
 
     method: str
     path: str
@@ -28,6 +29,16 @@ class ForwardedRequest:
     body: bytes
     prefix_text: str = ""
     replica: str = ""
+    avoid: tuple[str, ...] = ()
+
+
+class ReplicaUnavailable(Exception):
+    """Raised by a replica whose device runtime has died, before it starts a request:
+    the ingress sends the request to another replica while Ray replaces this one."""
+
+    def __init__(self, replica: str) -> None:
+        super().__init__(replica)
+        self.replica = replica
 
 
 @dataclass(frozen=True)

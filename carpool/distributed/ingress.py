@@ -10,6 +10,7 @@ thin Serve deployment around it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import cast
@@ -21,7 +22,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
-from carpool.distributed.forward import ForwardedRequest, ReplicaReport, ResponseHead
+from carpool.distributed.forward import (
+    ForwardedRequest,
+    ReplicaReport,
+    ReplicaUnavailable,
+    ResponseHead,
+)
 from carpool.distributed.metrics_merge import merge_metrics
 from carpool.distributed.replica_book import known_replicas
 from carpool.distributed.routing import routing_text
@@ -29,6 +35,9 @@ from carpool.errors import CarpoolError, Overloaded, ReplicaFailed, ServerShutti
 from carpool.server import errors
 
 log = logging.getLogger("carpool")
+
+ATTEMPTS = 3
+"""Replicas a request is offered to before it is refused (503) for want of one."""
 
 REPORT_TIMEOUT_S = 5.0
 """How long /health and /metrics wait for one replica's report."""
@@ -110,16 +119,7 @@ class Ingress:
             body=body,
             prefix_text=routing_text(request.url.path, body),
         )
-        stream = cast(
-            DeploymentResponseGenerator,
-            self.replicas.options(stream=True).forward.remote(forwarded),
-        )
-        try:
-            head = await stream.__anext__()
-        except BackPressureError:
-            raise Overloaded("every replica is at capacity; retry later") from None
-        except _REPLICA_GONE as exc:
-            raise _failed(exc) from None
+        stream, head = await self._start(forwarded)
         if not isinstance(head, ResponseHead):
             raise CarpoolError("a replica answered out of protocol")
         if not head.more:
@@ -129,6 +129,27 @@ class Ingress:
         streaming = StreamingResponse(_rest(head, stream, self._end), status_code=head.status)
         streaming.raw_headers = list(head.headers)
         return streaming
+
+    async def _start(
+        self, forwarded: ForwardedRequest
+    ) -> tuple[DeploymentResponseGenerator, object]:
+        """Send ``forwarded`` to a replica and wait for the head of its answer; a replica
+        whose runtime died says so before starting it, and the next one is tried."""
+        for _ in range(ATTEMPTS):
+            stream = cast(
+                DeploymentResponseGenerator,
+                self.replicas.options(stream=True).forward.remote(forwarded),
+            )
+            try:
+                return stream, await stream.__anext__()
+            except BackPressureError:
+                raise Overloaded("every replica is at capacity; retry later") from None
+            except ReplicaUnavailable as exc:
+                gone = getattr(exc, "cause", exc).replica
+                forwarded = dataclasses.replace(forwarded, avoid=(*forwarded.avoid, gone))
+            except _REPLICA_GONE as exc:
+                raise _failed(exc) from None
+        raise Overloaded("no replica can run this request now; retry later")
 
     async def _reports(self, *, with_metrics: bool) -> list[ReplicaReport]:
         names = known_replicas(self.deployment)

@@ -1,13 +1,13 @@
-"""``carpool serve --replicas N``: start (or join) a Ray cluster, run carpool's Serve
-application on it, say where it listens, and drain it on SIGTERM/SIGINT."""
+"""``carpool serve --replicas N``: start (or join) a Ray cluster, run carpool's replicas
+on it as a Ray Serve application, put carpool's HTTP front on their handle in this
+process, say where it listens, and drain on SIGTERM/SIGINT before Serve stops."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-import signal
 import socket
-import threading
 import time
 from typing import Any, NoReturn
 
@@ -31,50 +31,37 @@ def serve_replicas(config: CarpoolConfig) -> int:
         from ray import serve
     except ImportError:
         raise LaunchError(INSTALL_HINT) from None
-    from carpool.distributed.deployment import build_app
+    from carpool.distributed.deployment import REPLICA_DEPLOYMENT, replicas_app
+    from carpool.distributed.front import front_app, serve_front
+    from carpool.distributed.ingress import Ingress
+    from carpool.distributed.replica_book import deployment_key
+    from carpool.server.listen import bind
 
+    try:  # before Ray starts: a port in use fails at once
+        sock = bind(config.server.host, config.server.port)
+    except OSError as exc:
+        raise LaunchError(f"cannot bind {config.server.host}:{config.server.port}: {exc}") from None
     own_cluster = _start_ray(ray, config)
     try:
         placement = _placement(ray, config)
-        port = config.server.port or _free_port(config.server.host)
-        serve.start(
-            http_options={"host": config.server.host, "port": port},
-            proxy_location="HeadOnly",
+        serve.start(proxy_location="Disabled")
+        handle = serve.run(replicas_app(config, placement), name=APP_NAME, route_prefix=None)
+        ingress = Ingress(handle, deployment_key(APP_NAME, REPLICA_DEPLOYMENT))
+        host, port = sock.getsockname()[:2]
+        gpus = f" and {placement.gpus:g} GPU" if placement.gpus else ""
+        ready_line = (
+            f"carpool ready on http://{host}:{port} serving {', '.join(config.server.models)} "
+            f"({placement.replicas} replicas of {placement.cpus:g} CPUs{gpus} on Ray Serve, "
+            f"started in {time.monotonic() - started:.1f}s)"
         )
-        serve.run(build_app(config, placement), name=APP_NAME, route_prefix="/")
-        names = ", ".join(config.server.models)
-        log.info(
-            "carpool ready on http://%s:%d serving %s (%d replicas of %g CPUs%s on Ray "
-            "Serve, started in %.1fs)",
-            config.server.host,
-            port,
-            names,
-            placement.replicas,
-            placement.cpus,
-            f" and {placement.gpus:g} GPU" if placement.gpus else "",
-            time.monotonic() - started,
-        )
-        reason = _wait_for_signal()
-        _drain(serve, reason, config.server.shutdown_timeout_s)
+        asyncio.run(serve_front(front_app(ingress, config), sock, ready_line, config))
+        log.info("stopping the replicas")
         serve.shutdown()
     finally:
+        sock.close()
         if own_cluster:
             ray.shutdown()
     return 0
-
-
-def _drain(serve: Any, reason: str, timeout_s: float) -> None:
-    """Let the requests in flight finish (new ones get 503) before Serve stops."""
-    log.info("%s: draining the requests in flight (up to %.0fs)", reason, timeout_s)
-    try:
-        idle = (
-            serve.get_app_handle(APP_NAME).drain.remote(timeout_s).result(timeout_s=timeout_s + 10)
-        )
-    except Exception as exc:  # the ingress is gone: nothing left to wait for there
-        log.warning("cannot drain the ingress (%s); stopping", type(exc).__name__)
-        return
-    if not idle:
-        log.warning("shutdown timeout: requests still in flight are cut")
 
 
 def _start_ray(ray: Any, config: CarpoolConfig) -> bool:
@@ -138,28 +125,3 @@ def _placement(ray: Any, config: CarpoolConfig) -> Any:
 
 def _placement_error(replicas: int, have: int, what: str) -> NoReturn:
     raise LaunchError(f"--replicas {replicas} needs {replicas} {what} (one each); there are {have}")
-
-
-def _free_port(host: str) -> int:
-    """A port free now, for ``--port 0`` (Ray Serve's proxy binds the port it is given)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def _wait_for_signal() -> str:
-    """Block until SIGTERM or SIGINT; its name."""
-    received: list[str] = []
-    done = threading.Event()
-
-    def handler(signum: int, _frame: object) -> None:
-        received.append(signal.Signals(signum).name)
-        done.set()
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, handler)
-    while not done.wait(1.0):
-        pass
-    return received[0]

@@ -62,6 +62,8 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
         by_id = {r.replica_id.to_full_id_str(): r for r in candidate_replicas}
         if request is not None and request.replica in by_id:
             return [[by_id[request.replica]]]
+        if request is not None and request.avoid:
+            by_id = {k: r for k, r in by_id.items() if k not in request.avoid} or by_id
         cache = self.replica_queue_len_cache
         in_flight = {rid: cache.get(r.replica_id) or 0 for rid, r in by_id.items()}
         if not self.by_prefix:
