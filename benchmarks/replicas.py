@@ -6,9 +6,9 @@
 2. the Ray hop at concurrency 1: ``--replicas 1`` (all the cores) against one
    process: added TTFT p50 and ITL p50, runs alternating;
 3. shared prefixes (``--prefixes`` system prompts of ~400 tokens, each request one of
-   them plus a short question): prefix-affinity routing against Ray Serve's
-   power-of-two routing, both on ``--replicas 2``: prefix-cache hit rate (from the
-   endpoint's /metrics) and throughput.
+   them plus a short question, 32 new tokens): prefix-affinity routing against Ray
+   Serve's power-of-two routing, both on ``--replicas 2`` with 512 MiB of KV cache
+   each: prefix-cache hit rate (from the endpoint's /metrics) and throughput.
 
     python -m benchmarks.replicas [--rounds 2]
 """
@@ -39,6 +39,9 @@ from carpool.testing import spawn
 
 MODEL = "smollm2-135m-instruct"
 READY = re.compile(r"carpool ready on (http://\S+)")
+KV = "512MiB"
+"""Each replica's KV cache in part 3: room for about 20 of the ~400-token prefixes
+beside the running requests, so 32 prefixes fit on two replicas only if split."""
 
 
 @contextmanager
@@ -68,6 +71,17 @@ def prefix_counters(url: str) -> tuple[float, float]:
     return totals["carpool_prefix_cache_hits_total"], totals["carpool_prefix_cache_queries_total"]
 
 
+def tokens_by_replica(url: str) -> list[int]:
+    """Tokens each replica generated so far (one entry for a single process)."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return [
+        int(sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "carpool_generation_tokens_total" and sample.labels["model"] == MODEL
+    ]
+
+
 def shared_prefix_workload(prefixes: int, requests: int, seed: int) -> list[tuple[str, int]]:
     rng = random.Random(seed)
     text = sentences(4000, seed=seed)
@@ -86,7 +100,8 @@ def throughput(rounds: int, requests: int) -> list[float]:
             plain = asyncio.run(run_streams(one, MODEL, load, 64))  # type: ignore[arg-type]
             ray = asyncio.run(run_streams(two, MODEL, load, 64))  # type: ignore[arg-type]
             print(row("1 process", plain))
-            print(row("2 replicas", ray), flush=True)
+            spread = tokens_by_replica(two)
+            print(f"{row('2 replicas', ray)}  tokens by replica {spread}", flush=True)
             ratios.append(ray.tokens_per_s / plain.tokens_per_s)
     return ratios
 
@@ -110,12 +125,14 @@ def affinity(rounds: int, prefixes: int, requests: int) -> dict[str, list[tuple[
     for r in range(rounds):
         load = shared_prefix_workload(prefixes, requests, seed=300 + r)
         for policy in seen:
-            with server("--replicas", "2", "--route-policy", policy) as url:
+            flags = ("--replicas", "2", "--route-policy", policy, "--kv-cache-memory", KV)
+            with server(*flags) as url:
                 hits0, queries0 = prefix_counters(url)
                 result: StreamResult = asyncio.run(run_streams(url, MODEL, load, 16))  # type: ignore[arg-type]
                 hits, queries = prefix_counters(url)
+                spread = tokens_by_replica(url)
             rate = (hits - hits0) / max(1.0, queries - queries0)
-            print(f"{row(policy, result)}  prefix-cache hit rate {rate:.1%}", flush=True)
+            print(f"{row(policy, result)}  hit rate {rate:.1%}, by replica {spread}", flush=True)
             seen[policy].append((rate, result.tokens_per_s))
     return seen
 
@@ -125,8 +142,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--single-requests", type=int, default=16)
-    parser.add_argument("--prefixes", type=int, default=8)
-    parser.add_argument("--prefix-requests", type=int, default=96)
+    parser.add_argument("--prefixes", type=int, default=32)
+    parser.add_argument("--prefix-requests", type=int, default=192)
     parser.add_argument("--parts", nargs="+", default=["throughput", "hop", "affinity"])
     args = parser.parse_args()
     print(f"# {platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}")

@@ -12,6 +12,7 @@ Serve copies this module by value into that process: keep no shared state here.
 from __future__ import annotations
 
 import random
+from collections import Counter
 from typing import Any
 
 from ray.serve.request_router import (
@@ -40,6 +41,20 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
         self.by_prefix = policy == "prefix"
         self.table = AffinityTable()
         self.rng = random.Random()
+        # Requests this router sent and that have not completed, per replica: exact
+        # and current, where Ray Serve's queue-length cache may be empty or stale (a
+        # burst of new requests all saw 0 there and went to one replica).
+        self.sent: Counter[str] = Counter()
+
+    def on_send_request(self, replica_id: ReplicaID) -> None:
+        super().on_send_request(replica_id)
+        self.sent[replica_id.to_full_id_str()] += 1
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        super().on_request_completed(replica_id, internal_request_id)
+        name = replica_id.to_full_id_str()
+        if self.sent[name] > 0:
+            self.sent[name] -= 1
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)
@@ -52,6 +67,7 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
         self.table.forget(replica_id.to_full_id_str())
+        self.sent.pop(replica_id.to_full_id_str(), None)
 
     async def choose_replicas(
         self,
@@ -64,12 +80,11 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
             return [[by_id[request.replica]]]
         if request is not None and request.avoid:
             by_id = {k: r for k, r in by_id.items() if k not in request.avoid} or by_id
-        cache = self.replica_queue_len_cache
-        in_flight = {rid: cache.get(r.replica_id) or 0 for rid, r in by_id.items()}
-        if not self.by_prefix:
-            return [[by_id[rid] for rid in power_of_two(in_flight, self.rng)]]
+        if not self.by_prefix:  # two at random; Ray Serve takes the shorter queue
+            return [[by_id[rid] for rid in power_of_two(by_id, self.rng)]]
+        in_flight = {rid: self.sent[rid] for rid in by_id}
         chain = prefix_chain(request.prefix_text) if request is not None else []
-        ranked = choose(self.table, chain, in_flight, self.max_imbalance).ranked
+        ranked = choose(self.table, chain, in_flight, self.max_imbalance, self.rng).ranked
         return [[by_id[rid]] for rid in ranked]
 
     def on_request_routed(

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections import Counter, OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import orjson
@@ -108,14 +108,18 @@ class AffinityTable:
 
 
 def choose(
-    table: AffinityTable, chain: Sequence[bytes], in_flight: Mapping[str, int], max_imbalance: int
+    table: AffinityTable,
+    chain: Sequence[bytes],
+    in_flight: Mapping[str, int],
+    max_imbalance: int,
+    rng: random.Random,
 ) -> Choice:
     """Rank the replicas of ``in_flight`` (replica -> requests in flight there) for a
-    prompt whose prefix names are ``chain``."""
+    prompt whose prefix names are ``chain``; ``rng`` breaks ties between equals."""
     if not in_flight:
         return Choice((), 0)
     least = min(in_flight.values())
-    by_load = sorted(in_flight, key=lambda r: (in_flight[r], table.owned(r), r))
+    by_load = sorted(in_flight, key=lambda r: (in_flight[r], table.owned(r), rng.random()))
     owner, matched = table.longest_match(chain, in_flight)
     if owner is not None and in_flight[owner] - least <= max_imbalance:
         return Choice((owner, *(r for r in by_load if r != owner)), matched)
@@ -162,8 +166,8 @@ def _texts(messages: object, prompt: object) -> Iterator[str]:
                     yield part["text"]
 
 
-def power_of_two(in_flight: Mapping[str, int], rng: random.Random) -> tuple[str, ...]:
-    """Ray Serve's default policy, for comparison: two replicas at random, the less busy
-    first."""
-    picked = rng.sample(sorted(in_flight), min(2, len(in_flight)))
-    return tuple(sorted(picked, key=lambda r: in_flight[r]))
+def power_of_two(replicas: Iterable[str], rng: random.Random) -> tuple[str, ...]:
+    """Ray Serve's default policy, for comparison: two replicas at random (the caller
+    takes the one with the shorter queue)."""
+    names = sorted(replicas)
+    return tuple(rng.sample(names, min(2, len(names))))

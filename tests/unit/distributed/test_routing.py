@@ -15,6 +15,7 @@ from carpool.distributed.routing import (
 )
 
 SYSTEM = "You answer in French. " * 20  # 440 characters: three whole chunks
+RNG = random.Random(0)
 
 
 def test_prompts_share_names_exactly_as_far_as_they_share_whole_chunks() -> None:
@@ -32,9 +33,9 @@ def test_a_known_prefix_goes_to_its_owner_unless_it_is_too_busy() -> None:
     chain = prefix_chain(SYSTEM + "first question")
     table.record(chain, "b")
     again = prefix_chain(SYSTEM + "another question entirely")
-    choice = choose(table, again, {"a": 0, "b": 3}, max_imbalance=4)
+    choice = choose(table, again, {"a": 0, "b": 3}, max_imbalance=4, rng=RNG)
     assert choice.ranked[0] == "b" and choice.matched_chunks == 3
-    busy = choose(table, again, {"a": 0, "b": 5}, max_imbalance=4)
+    busy = choose(table, again, {"a": 0, "b": 5}, max_imbalance=4, rng=RNG)
     assert busy.ranked == ("a", "b") and busy.matched_chunks == 0
 
 
@@ -42,17 +43,17 @@ def test_a_new_prefix_goes_to_the_least_busy_then_to_whoever_holds_fewest() -> N
     table = AffinityTable()
     table.record(prefix_chain(SYSTEM), "a")
     fresh = prefix_chain("Y" * 500)
-    assert choose(table, fresh, {"a": 0, "b": 0}, 4).ranked[0] == "b"
-    assert choose(table, fresh, {"a": 0, "b": 1}, 4).ranked[0] == "a"
-    assert choose(table, [], {"a": 2, "b": 1}, 4).ranked == ("b", "a")
-    assert choose(table, fresh, {}, 4).ranked == ()
+    assert choose(table, fresh, {"a": 0, "b": 0}, 4, RNG).ranked[0] == "b"
+    assert choose(table, fresh, {"a": 0, "b": 1}, 4, RNG).ranked[0] == "a"
+    assert choose(table, [], {"a": 2, "b": 1}, 4, RNG).ranked == ("b", "a")
+    assert choose(table, fresh, {}, 4, RNG).ranked == ()
 
 
 def test_a_dead_replica_is_forgotten_and_never_chosen() -> None:
     table = AffinityTable()
     chain = prefix_chain(SYSTEM)
     table.record(chain, "a")
-    assert choose(table, chain, {"b": 0, "c": 0}, 4).matched_chunks == 0
+    assert choose(table, chain, {"b": 0, "c": 0}, 4, RNG).matched_chunks == 0
     table.forget("a")
     assert len(table) == 0 and table.owned("a") == 0
 
@@ -84,10 +85,15 @@ def test_routing_text_reads_the_prompt_of_generation_requests_only() -> None:
     assert len(routing_text("/v1/completions", long, limit=256)) == 256
 
 
-def test_power_of_two_ranks_two_random_replicas_by_load() -> None:
+def test_power_of_two_picks_two_distinct_replicas_at_random() -> None:
     rng = random.Random(7)
-    loads = {"a": 5, "b": 1, "c": 3}
-    picks = [power_of_two(loads, rng) for _ in range(60)]
-    assert all(len(p) == 2 and loads[p[0]] <= loads[p[1]] for p in picks)
-    assert {p[0] for p in picks} == {"b", "c"}  # "a" is never the less busy of two
-    assert power_of_two({"only": 0}, rng) == ("only",)
+    picks = [power_of_two(["a", "b", "c"], rng) for _ in range(60)]
+    assert all(len(p) == 2 and p[0] != p[1] for p in picks)
+    assert {frozenset(p) for p in picks} == {frozenset("ab"), frozenset("ac"), frozenset("bc")}
+    assert power_of_two(["only"], rng) == ("only",)
+
+
+def test_equally_busy_replicas_with_equal_prefixes_are_picked_at_random() -> None:
+    table = AffinityTable()
+    firsts = {choose(table, [], {"a": 1, "b": 1}, 4, random.Random(i)).ranked[0] for i in range(20)}
+    assert firsts == {"a", "b"}
