@@ -73,7 +73,9 @@ def prefix_counters(url: str) -> tuple[float, float]:
 
 def tokens_by_replica(url: str) -> list[int]:
     """Tokens each replica generated so far (one entry for a single process)."""
+    ready = httpx.get(f"{url}/health", timeout=30).json().get("replicas_ready")
     text = httpx.get(f"{url}/metrics", timeout=30).text
+    print(f"  ({ready} replicas ready)")
     return [
         int(sample.value)
         for family in text_string_to_metric_families(text)

@@ -41,20 +41,18 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
         self.by_prefix = policy == "prefix"
         self.table = AffinityTable()
         self.rng = random.Random()
-        # Requests this router sent and that have not completed, per replica: exact
-        # and current, where Ray Serve's queue-length cache may be empty or stale (a
-        # burst of new requests all saw 0 there and went to one replica).
-        self.sent: Counter[str] = Counter()
-
-    def on_send_request(self, replica_id: ReplicaID) -> None:
-        super().on_send_request(replica_id)
-        self.sent[replica_id.to_full_id_str()] += 1
+        # Requests this router assigned and that have not completed, per replica,
+        # counted when assigned: Ray Serve's queue-length cache, and counts taken when
+        # a request is sent, lag a burst (64 new streams all saw 0 and went to one
+        # replica). A replica is assigned the first of its rank unless it is full,
+        # which its cap (set above its own admission limits) makes rare.
+        self.assigned: Counter[str] = Counter()
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         super().on_request_completed(replica_id, internal_request_id)
         name = replica_id.to_full_id_str()
-        if self.sent[name] > 0:
-            self.sent[name] -= 1
+        if self.assigned[name] > 0:
+            self.assigned[name] -= 1
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)
@@ -67,7 +65,7 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
         self.table.forget(replica_id.to_full_id_str())
-        self.sent.pop(replica_id.to_full_id_str(), None)
+        self.assigned.pop(replica_id.to_full_id_str(), None)
 
     async def choose_replicas(
         self,
@@ -77,14 +75,16 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
         request = _forwarded(pending_request)
         by_id = {r.replica_id.to_full_id_str(): r for r in candidate_replicas}
         if request is not None and request.replica in by_id:
+            self.assigned[request.replica] += 1
             return [[by_id[request.replica]]]
         if request is not None and request.avoid:
             by_id = {k: r for k, r in by_id.items() if k not in request.avoid} or by_id
         if not self.by_prefix:  # two at random; Ray Serve takes the shorter queue
             return [[by_id[rid] for rid in power_of_two(by_id, self.rng)]]
-        in_flight = {rid: self.sent[rid] for rid in by_id}
+        in_flight = {rid: self.assigned[rid] for rid in by_id}
         chain = prefix_chain(request.prefix_text) if request is not None else []
         ranked = choose(self.table, chain, in_flight, self.max_imbalance, self.rng).ranked
+        self.assigned[ranked[0]] += 1
         return [[by_id[rid]] for rid in ranked]
 
     def on_request_routed(
