@@ -166,7 +166,8 @@ class Ingress:
             return await asyncio.wait_for(
                 self.replicas.report.remote(pin, with_metrics), REPORT_TIMEOUT_S
             )
-        except (TimeoutError, BackPressureError, *_REPLICA_GONE):
+        except (TimeoutError, BackPressureError, *_REPLICA_GONE) as exc:
+            log.warning("replica %s did not report: %s", replica or "(any)", type(exc).__name__)
             return None
 
 

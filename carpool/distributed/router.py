@@ -16,7 +16,6 @@ from collections import Counter
 from typing import Any
 
 from ray.serve.request_router import (
-    FIFOMixin,
     PendingRequest,
     ReplicaID,
     RequestRouter,
@@ -28,13 +27,17 @@ from carpool.distributed.forward import ForwardedRequest
 from carpool.distributed.routing import AffinityTable, choose, power_of_two, prefix_chain
 
 
-class PrefixAffinityRouter(FIFOMixin, RequestRouter):
+class PrefixAffinityRouter(RequestRouter):
     """Sends a generation request to the replica that most likely holds its prompt's
     prefix in its KV cache unless that replica is ``max_imbalance`` requests busier than
     the least busy; everything else to the least busy replica. Ray Serve then checks that
     the chosen replica has room (``max_ongoing_requests``) and otherwise tries the next
     in rank. With ``policy="power_of_two"`` it routes as Ray Serve's default router
-    does (for comparison), still honouring pins."""
+    does (for comparison), still honouring pins.
+
+    Not FIFO (no ``FIFOMixin``): a replica chosen for a request must go to that request,
+    not to the oldest one waiting, or neither pins nor prefixes hold under concurrency
+    (a /health fan-out pinned to two replicas was answered twice by one)."""
 
     def initialize_state(self, max_imbalance: int = 16, policy: str = "prefix", **_: Any) -> None:
         self.max_imbalance = max_imbalance
@@ -42,10 +45,10 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
         self.table = AffinityTable()
         self.rng = random.Random()
         # Requests this router assigned and that have not completed, per replica,
-        # counted when assigned: Ray Serve's queue-length cache, and counts taken when
-        # a request is sent, lag a burst (64 new streams all saw 0 and went to one
-        # replica). A replica is assigned the first of its rank unless it is full,
-        # which its cap (set above its own admission limits) makes rare.
+        # counted when assigned: Ray Serve's queue-length cache is empty or stale in a
+        # burst (64 new streams all read 0 there). A request gets the first of its
+        # rank unless that replica is full, which its cap (set above its own admission
+        # limits) makes rare.
         self.assigned: Counter[str] = Counter()
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
