@@ -156,7 +156,11 @@ class Ingress:
         if not names:  # the handle's router is made at its first request
             first = await self._report("", with_metrics)
             names = known_replicas(self.deployment) or ((first.replica,) if first else ())
-        answers = await asyncio.gather(*(self._report(n, with_metrics) for n in names))
+        # One at a time: inside a Ray Serve request (the ``CarpoolIngress`` deployment)
+        # every call it makes carries that request's internal id, and Ray Serve's
+        # router matches replicas to waiting calls by that id, so concurrent calls of
+        # one request wait forever.
+        answers = [await self._report(n, with_metrics) for n in names]
         unique = {a.replica: a for a in answers if a is not None}
         return [unique[name] for name in sorted(unique)]
 

@@ -78,8 +78,11 @@ class PrefixAffinityRouter(RequestRouter):
         request = _forwarded(pending_request)
         by_id = {r.replica_id.to_full_id_str(): r for r in candidate_replicas}
         if request is not None and request.replica in by_id:
+            # The named replica first; another if it cannot take it (a report says
+            # which replica answered, and the ingress keeps one answer per replica).
             self.assigned[request.replica] += 1
-            return [[by_id[request.replica]]]
+            others = [r for k, r in by_id.items() if k != request.replica]
+            return [[by_id[request.replica]], others]
         if request is not None and request.avoid:
             by_id = {k: r for k, r in by_id.items() if k not in request.avoid} or by_id
         if not self.by_prefix:  # two at random; Ray Serve takes the shorter queue
