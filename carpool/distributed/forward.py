@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from starlette.types import ASGIApp, Message
+
+log = logging.getLogger("carpool")
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,10 @@ async def call_app(app: ASGIApp, request: ForwardedRequest) -> AsyncIterator[Res
     async def run() -> None:
         try:
             await app(_scope(request), exchange.receive, exchange.send)
+        except Exception:
+            # Starlette re-raises after sending its 500: the client has its answer,
+            # the log has the trace.
+            log.exception("unhandled error on %s %s", request.method, request.path)
         finally:
             await exchange.sent.put(None)
 

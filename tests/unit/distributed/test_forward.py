@@ -22,6 +22,10 @@ def make_app(seen: list[str]) -> FastAPI:
         body = await request.json()
         return {"got": body, "query": request.url.query, "key": request.headers.get("x-key")}
 
+    @app.get("/boom")
+    async def boom() -> None:
+        raise ValueError("a bug")
+
     @app.get("/stream")
     async def stream(request: Request) -> StreamingResponse:
         async def chunks():  # type: ignore[no-untyped-def]
@@ -81,6 +85,12 @@ def test_errors_of_the_app_come_back_as_its_own_responses() -> None:
     parts = asyncio.run(collect(make_app([]), ForwardedRequest("GET", "/nope", b"", (), b"")))
     head = parts[0]
     assert isinstance(head, ResponseHead) and head.status == 404
+
+
+def test_an_unhandled_error_is_the_apps_500_and_the_exchange_ends_cleanly() -> None:
+    parts = asyncio.run(collect(make_app([]), ForwardedRequest("GET", "/boom", b"", (), b"")))
+    head = parts[0]
+    assert len(parts) == 1 and isinstance(head, ResponseHead) and head.status == 500
 
 
 def exposition(value: float) -> str:
