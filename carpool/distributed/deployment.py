@@ -30,8 +30,7 @@ from carpool.distributed.ingress import Ingress
 from carpool.distributed.replica_book import deployment_key
 from carpool.distributed.router import PrefixAffinityRouter
 from carpool.server import errors
-from carpool.server.auth import APIKeyAuth
-from carpool.server.limits import BodySizeLimit
+from carpool.server.guards import guard
 
 REPLICA_DEPLOYMENT = "CarpoolReplica"
 ROUTER = f"{PrefixAffinityRouter.__module__}.{PrefixAffinityRouter.__qualname__}"
@@ -104,9 +103,8 @@ class CarpoolIngress:
 
     def __init__(self, replicas: DeploymentHandle, config: CarpoolConfig) -> None:
         # Body limit and key are checked here, before a body is read or forwarded.
-        ingress_app.add_middleware(BodySizeLimit, max_bytes=config.server.max_body_bytes)
-        if config.server.api_key:
-            ingress_app.add_middleware(APIKeyAuth, api_key=config.server.api_key)
+        server = config.server
+        guard(ingress_app, max_body_bytes=server.max_body_bytes, api_key=server.api_key)
         app_name = serve.get_replica_context().app_name
         self.front = Ingress(replicas, deployment_key(app_name, REPLICA_DEPLOYMENT))
 

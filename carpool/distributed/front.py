@@ -19,9 +19,8 @@ from carpool import __version__
 from carpool.config import CarpoolConfig
 from carpool.distributed.ingress import Ingress
 from carpool.server import errors
-from carpool.server.auth import APIKeyAuth
 from carpool.server.drain import Drain
-from carpool.server.limits import BodySizeLimit
+from carpool.server.guards import guard
 
 log = logging.getLogger("carpool")
 
@@ -35,10 +34,7 @@ def front_app(ingress: Ingress, config: CarpoolConfig) -> FastAPI:
         title="carpool", version=__version__, docs_url=None, redoc_url=None, openapi_url=None
     )
     errors.install(app)
-    app.add_middleware(BodySizeLimit, max_bytes=config.server.max_body_bytes)
-    if config.server.api_key:
-        # Added last, so it runs first: an unauthorised body is never read.
-        app.add_middleware(APIKeyAuth, api_key=config.server.api_key)
+    guard(app, max_body_bytes=config.server.max_body_bytes, api_key=config.server.api_key)
 
     @app.get("/health")
     async def health() -> Response:

@@ -15,8 +15,7 @@ from carpool.server import (
     openai_routes,
     v2_routes,
 )
-from carpool.server.auth import APIKeyAuth
-from carpool.server.limits import BodySizeLimit
+from carpool.server.guards import guard
 from carpool.server.served import ClientDisconnected, ServedModels
 from carpool.stats import RuntimeStats
 
@@ -34,10 +33,7 @@ def create_app(
     the dashboard)."""
     app = FastAPI(title="carpool", version=__version__)
     errors.install(app)
-    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
-    if api_key:
-        # Added last, so it runs first: an unauthorised body is never read.
-        app.add_middleware(APIKeyAuth, api_key=api_key)
+    guard(app, max_body_bytes=max_body_bytes, api_key=api_key)
     app.include_router(openai_routes.router(models))
     app.include_router(generation_routes.router(models))
     app.include_router(v2_routes.router(models, is_ready))
