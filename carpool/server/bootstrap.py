@@ -21,6 +21,7 @@ from carpool.engine.model_runner import engine_for
 from carpool.faults import FaultPlan, FaultyBatchModel, FaultyCausalLM
 from carpool.models import registry
 from carpool.models.causal_lm import LoadedLM
+from carpool.models.openmp import release_thread_team
 from carpool.models.registry import LoadOptions, Task
 from carpool.runtime import DeviceRuntime
 from carpool.server.app import create_app
@@ -151,6 +152,9 @@ def build_server(config: CarpoolConfig) -> ServerBundle:
     for g in generators:
         bundle.runtime.register(g.engine.worker)
     bundle.runtime.start()
+    # The models run on the runtime thread from now on: this thread's OpenMP team
+    # (made while loading) would only make libgomp throttle the runtime's.
+    release_thread_team()
     return bundle
 
 
