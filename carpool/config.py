@@ -144,6 +144,7 @@ class RuntimeConfig:
         _require(self.threads >= 0, "threads must be >= 0")
 
 
+WEIGHT_KERNELS = ("auto", "native", "native-int8", "torch")
 _SIZE_UNITS = {"": 1, "B": 1, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30}
 
 
@@ -213,8 +214,10 @@ class EngineConfig:
     weight_kernel: str = _help(
         "Linear layers of a GGUF model with Q4_1 or Q8_0 matrices: native (C kernels over "
         "the file's blocks, the same float32 weights; with native attention a step's whole "
-        "decoder stack runs in one C call), torch (float32 GEMM only), or auto (native "
-        "where it can run).",
+        "decoder stack runs in one C call), native-int8 (native, but steps of up to 8 rows "
+        "round their activations to int8 per block of 32 and use integer dot products, as "
+        "llama.cpp does: faster decoding, not exact; its perplexity is in BENCHMARKS.md), "
+        "torch (float32 GEMM only), or auto (native where it can run).",
         default="auto",
     )
 
@@ -229,8 +232,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         parse_size(self.kv_cache_memory)
         _require(
-            self.weight_kernel in ("auto", "native", "torch"),
-            f"weight_kernel must be auto, native or torch, got {self.weight_kernel!r}",
+            self.weight_kernel in WEIGHT_KERNELS,
+            f"weight_kernel must be one of {', '.join(WEIGHT_KERNELS)}, got {self.weight_kernel!r}",
         )
         _require(
             self.attention_kernel in ("auto", "native", "torch"),

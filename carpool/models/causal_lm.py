@@ -93,8 +93,9 @@ def load_causal_lm(
     weight_kernel: str = "auto",
 ) -> LoadedLM:
     """Load ``path`` (a folder or a .gguf file) onto ``device``. ``weight_kernel``
-    (auto, native or torch): whether linear layers also keep a GGUF file's blocks for
-    steps of few rows (``carpool.models.packed_linear``)."""
+    (auto, native, native-int8 or torch): whether linear layers also keep a GGUF
+    file's blocks for steps of few rows (``carpool.models.packed_linear``), and with
+    native-int8 use integer dot products there."""
     folder = path
     if path.suffix == ".gguf":
         folder = convert_gguf(path, cache_dir or default_cache_dir(), progress)
@@ -135,8 +136,8 @@ def _attach_packed(
     model: nn.Module, folder: Path, choice: str, device: str, dtype: torch.dtype
 ) -> tuple[int, PathTaken]:
     """Attach the blocks a GGUF file's conversion kept (``PACKED``) as ``choice``
-    asks; the number of layers that got them and the path taken. ``native`` raises
-    ValueError where they cannot be used; ``auto`` logs why not."""
+    asks; the number of layers that got them and the path taken. ``native`` and
+    ``native-int8`` raise ValueError where they cannot be used; ``auto`` logs why not."""
     part = "linear layers"
     if choice == "torch":
         return 0, PathTaken(part, False, "weight_kernel is torch")
@@ -151,7 +152,7 @@ def _attach_packed(
         why = f"{type(model).__name__} has no packed layers"
     else:
         try:
-            kernel = quantized_linear_kernel()
+            kernel = quantized_linear_kernel(int8_dots=choice == "native-int8")
         except KernelUnavailable as exc:
             why, unavailable = str(exc), True
         else:
@@ -159,11 +160,13 @@ def _attach_packed(
             count: int = model.attach_packed(packed, kernel)  # type: ignore[operator]
             if count:
                 detail = f"quantized_linear on the file's blocks, {count} layers, steps of few rows"
+                if kernel.int8_dots:
+                    detail += ", int8 dot products for up to 8 rows"
                 log.info("%d linear layers run steps of few rows on the file's blocks", count)
                 return count, PathTaken(part, True, detail)
             why = "no linear layer has all its weights in Q4_1 or Q8_0 blocks"
-    if choice == "native":
-        raise ValueError(f"weight_kernel native cannot be used: {why}")
+    if choice != "auto":
+        raise ValueError(f"weight_kernel {choice} cannot be used: {why}")
     return 0, torch_because(part, why, unavailable)
 
 

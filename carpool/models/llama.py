@@ -199,7 +199,7 @@ class LlamaForCausalLM(nn.Module):
         self.stack_unused_because = "not every linear layer has its blocks"
         if kernel is not None and LlamaStack.usable(self):
             try:
-                self.stack = LlamaStack(self)
+                self.stack = LlamaStack(self, kernel.int8_dots)
             except KernelUnavailable as exc:
                 self.stack_unused_because = str(exc)
                 log.warning("steps run layer by layer: no fused stack (%s)", exc)

@@ -73,6 +73,7 @@ class _Dims(ctypes.Structure):
         ("block_size", ctypes.c_int64),
         ("eps", ctypes.c_float),
         ("scale", ctypes.c_float),
+        ("int8_dots", ctypes.c_int64),
     ]
 
 
@@ -134,7 +135,7 @@ class LlamaStack:
     caches come in), so calls must not overlap: model work runs on the device
     runtime's one thread."""
 
-    def __init__(self, model: LlamaForCausalLM) -> None:
+    def __init__(self, model: LlamaForCausalLM, int8_dots: bool = False) -> None:
         cfg = model.config
         self._function = _function()
         layers = _decoder_layers(model)
@@ -156,6 +157,7 @@ class LlamaStack:
             0,
             cfg.norm_eps,
             attention.scale,
+            int8_dots,
         )
         self._caches: Sequence[torch.Tensor] | None = None
         self._num_blocks = 0

@@ -44,6 +44,7 @@ typedef struct {
 typedef struct {
     int64_t hidden, num_heads, num_kv_heads, head_dim, intermediate, block_size;
     float eps, scale;
+    int64_t int8_dots; /* 1: decode rows' dot products in int8 (quantized_dot.h) */
 } Dims;
 
 /* The sizes of the structs passed by pointer (0: Matrix, 1: Layer, 2: Dims; else -1),
@@ -57,9 +58,10 @@ int64_t llama_stack_struct_size(int64_t which) {
     }
 }
 
-static int linear(const Matrix *w, const float *x, float *y, int64_t rows, int threads) {
+static int linear(const Matrix *w, const float *x, float *y, int64_t rows, int64_t int8_dots,
+                  int threads) {
     const int failed = quantized_linear(w->kind == KIND_Q8_0, x, w->quants, w->scales, w->mins, y,
-                                        rows, w->n, w->k, threads);
+                                        rows, w->n, w->k, int8_dots, threads);
     if (!failed && w->bias != NULL)
         for (int64_t r = 0; r < rows; r++)
             for (int64_t o = 0; o < w->n; o++) y[r * w->n + o] += w->bias[o];
@@ -122,7 +124,7 @@ int llama_stack(const Layer *layers, int64_t num_layers, const Dims *dims, float
     for (int64_t l = 0; l < num_layers && !failed; l++) {
         const Layer *layer = layers + l;
         rms_norm(x, layer->input_norm, normed, rows, hidden, dims->eps, num_threads);
-        failed |= linear(&layer->qkv, normed, qkv, rows, num_threads);
+        failed |= linear(&layer->qkv, normed, qkv, rows, dims->int8_dots, num_threads);
         if (failed) break;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (rows >= PARALLEL_ROWS)
         for (int64_t r = 0; r < rows; r++) {
@@ -138,15 +140,15 @@ int llama_stack(const Layer *layers, int64_t num_layers, const Dims *dims, float
         }
         failed |= attend_rows(&shape, queries, layer->k_cache, layer->v_cache, block_tables,
                               max_blocks, row_seqs, context_lens, rows, attended, num_threads);
-        failed |= linear(&layer->o, attended, delta, rows, num_threads);
+        failed |= linear(&layer->o, attended, delta, rows, dims->int8_dots, num_threads);
         add_in_place(x, delta, rows * hidden, num_threads);
         rms_norm(x, layer->post_norm, normed, rows, hidden, dims->eps, num_threads);
-        failed |= linear(&layer->gate_up, normed, gate_up, rows, num_threads);
+        failed |= linear(&layer->gate_up, normed, gate_up, rows, dims->int8_dots, num_threads);
 #pragma omp parallel for schedule(static) num_threads(num_threads)
         for (int64_t r = 0; r < rows; r++)
             silu_times(gate_up + r * 2 * inter, gate_up + r * 2 * inter + inter, act + r * inter,
                        inter);
-        failed |= linear(&layer->down, act, delta, rows, num_threads);
+        failed |= linear(&layer->down, act, delta, rows, dims->int8_dots, num_threads);
         add_in_place(x, delta, rows * hidden, num_threads);
     }
     free(normed);

@@ -6,11 +6,19 @@
    x: [rows, k] float32; y: [rows, n] float32; scales (and mins): [n, k / 32] float32
    q4_1: quants [n, k / 32, 16] uint8, weight j of a block in the low nibble of byte
          j, weight j + 16 in the high nibble; w = scale * q + min
-   q8_0: quants [n, k / 32, 32] int8; w = scale * q */
+   q8_0: quants [n, k / 32, 32] int8; w = scale * q
+
+   With int8_dots (opt-in: --weight-kernel native-int8, llama.cpp's way) each row of x
+   is first rounded per block of 32 to int8 steps of amax / 127 (quantize_rows), and a
+   block's dot product is integer arithmetic on both blocks' quants times both scales:
+   about half the instructions a block of the float32 path takes, but x's rounding
+   (up to half a step an element) stays in the result. Q4_1's mins still multiply the
+   block's float32 sum of x. */
 
 #ifndef CARPOOL_QUANTIZED_DOT_H
 #define CARPOOL_QUANTIZED_DOT_H
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -38,14 +46,16 @@ static inline __m256 bytes_to_floats(__m128i bytes) {
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
 }
 
-/* out[r] = sum over blocks of scale * (q . x_r), for ROWS rows of x at once: each
-   block is unpacked once for all of them; the mins' share is added by the caller */
+/* out[r] = sum over blocks of scale * (q . x_r) + min * (the block's sum of x_r), for
+   ROWS rows of x at once (sums: [rows, groups]): each block is unpacked once for all */
 #define ROWS 4
 
-static void q4_1_dot(const uint8_t *q, const float *scales, const float *x, int64_t k,
-                     int64_t rows, int64_t groups, float *out) {
+static void q4_1_dot(const uint8_t *q, const float *scales, const float *mins,
+                     const float *sums, const float *x, int64_t k, int64_t rows, int64_t groups,
+                     float *out) {
     const __m128i low = _mm_set1_epi8(15);
     __m256 acc[ROWS];
+    float min_share[ROWS] = {0.f}; /* sum over blocks of min * (the block's sum of x) */
     for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; g++, q += BLOCK / 2) {
         const __m128i bytes = _mm_loadu_si128((const __m128i *)q);
@@ -61,9 +71,11 @@ static void q4_1_dot(const uint8_t *q, const float *scales, const float *x, int6
             dot = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xg + 16), dot);
             dot = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), dot);
             acc[r] = _mm256_fmadd_ps(scale, dot, acc[r]);
+            /* in the same loop, so its chain of adds overlaps the vector work */
+            min_share[r] += mins[g] * sums[r * groups + g];
         }
     }
-    for (int64_t r = 0; r < rows; r++) out[r] = horizontal_sum(acc[r]);
+    for (int64_t r = 0; r < rows; r++) out[r] = horizontal_sum(acc[r]) + min_share[r];
 }
 
 static void q8_0_dot(const int8_t *q, const float *scales, const float *x, int64_t k,
@@ -85,11 +97,66 @@ static void q8_0_dot(const int8_t *q, const float *scales, const float *x, int64
     }
     for (int64_t r = 0; r < rows; r++) out[r] = horizontal_sum(acc[r]);
 }
+
+/* 8 int32 sums of 4 products each of unsigned and signed bytes */
+static inline __m256i dot_u8_s8(__m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+    /* pairs of products fit in int16: 2 * 15 * 127 (Q4_1), 2 * 128 * 127 (Q8_0) */
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+/* As q4_1_dot, with scale * xscale * (q . xq_r) for rows of quantized x (xq: [rows, k]
+   int8, xscales: [rows, groups]) */
+static void q4_1_dot_int8(const uint8_t *q, const float *scales, const float *mins,
+                          const float *sums, const int8_t *xq, const float *xscales, int64_t k,
+                          int64_t rows, int64_t groups, float *out) {
+    const __m128i low = _mm_set1_epi8(15);
+    __m256 acc[ROWS];
+    float min_share[ROWS] = {0.f}; /* sum over blocks of min * (the block's sum of x) */
+    for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; g++, q += BLOCK / 2) {
+        const __m128i bytes = _mm_loadu_si128((const __m128i *)q);
+        const __m128i lo = _mm_and_si128(bytes, low);
+        const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);
+        const __m256i w = _mm256_set_m128i(hi, lo); /* weights 0-15, then 16-31 */
+        for (int64_t r = 0; r < rows; r++) {
+            const __m256i a = _mm256_loadu_si256((const __m256i *)(xq + r * k + g * BLOCK));
+            const __m256 dot = _mm256_cvtepi32_ps(dot_u8_s8(w, a));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(scales[g] * xscales[r * groups + g]), dot,
+                                     acc[r]);
+            min_share[r] += mins[g] * sums[r * groups + g];
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) out[r] = horizontal_sum(acc[r]) + min_share[r];
+}
+
+static void q8_0_dot_int8(const int8_t *q, const float *scales, const int8_t *xq,
+                          const float *xscales, int64_t k, int64_t rows, int64_t groups,
+                          float *out) {
+    __m256 acc[ROWS];
+    for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; g++, q += BLOCK) {
+        const __m256i w = _mm256_loadu_si256((const __m256i *)q);
+        const __m256i magnitude = _mm256_abs_epi8(w); /* -128 becomes 128 as unsigned */
+        for (int64_t r = 0; r < rows; r++) {
+            const __m256i a = _mm256_loadu_si256((const __m256i *)(xq + r * k + g * BLOCK));
+            /* |w| * (a with w's sign) = w * a */
+            const __m256 dot = _mm256_cvtepi32_ps(dot_u8_s8(magnitude, _mm256_sign_epi8(a, w)));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(scales[g] * xscales[r * groups + g]), dot,
+                                     acc[r]);
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) out[r] = horizontal_sum(acc[r]);
+}
 #else
 #define ROWS 4
 
-static void q4_1_dot(const uint8_t *q, const float *scales, const float *x, int64_t k,
-                     int64_t rows, int64_t groups, float *out) {
+static void q4_1_dot(const uint8_t *q, const float *scales, const float *mins,
+                     const float *sums, const float *x, int64_t k, int64_t rows, int64_t groups,
+                     float *out) {
     for (int64_t r = 0; r < rows; r++) {
         const uint8_t *qb = q;
         float acc = 0.f;
@@ -98,7 +165,7 @@ static void q4_1_dot(const uint8_t *q, const float *scales, const float *x, int6
             float dot = 0.f;
             for (int j = 0; j < BLOCK / 2; j++)
                 dot += (float)(qb[j] & 15) * xg[j] + (float)(qb[j] >> 4) * xg[j + BLOCK / 2];
-            acc += scales[g] * dot;
+            acc += scales[g] * dot + mins[g] * sums[r * groups + g];
         }
         out[r] = acc;
     }
@@ -117,58 +184,131 @@ static void q8_0_dot(const int8_t *q, const float *scales, const float *x, int64
         out[r] = acc;
     }
 }
+
+static void q4_1_dot_int8(const uint8_t *q, const float *scales, const float *mins,
+                          const float *sums, const int8_t *xq, const float *xscales, int64_t k,
+                          int64_t rows, int64_t groups, float *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *qb = q;
+        float acc = 0.f;
+        for (int64_t g = 0; g < groups; g++, qb += BLOCK / 2) {
+            const int8_t *a = xq + r * k + g * BLOCK;
+            int32_t dot = 0;
+            for (int j = 0; j < BLOCK / 2; j++)
+                dot += (qb[j] & 15) * a[j] + (qb[j] >> 4) * a[j + BLOCK / 2];
+            acc += scales[g] * xscales[r * groups + g] * (float)dot + mins[g] * sums[r * groups + g];
+        }
+        out[r] = acc;
+    }
+}
+
+static void q8_0_dot_int8(const int8_t *q, const float *scales, const int8_t *xq,
+                          const float *xscales, int64_t k, int64_t rows, int64_t groups,
+                          float *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        float acc = 0.f;
+        for (int64_t g = 0; g < groups; g++) {
+            const int8_t *a = xq + r * k + g * BLOCK;
+            int32_t dot = 0;
+            for (int j = 0; j < BLOCK; j++) dot += q[g * BLOCK + j] * a[j];
+            acc += scales[g] * xscales[r * groups + g] * (float)dot;
+        }
+        out[r] = acc;
+    }
+}
 #endif
 
 #define CHUNK 16 /* output features a thread claims at a time */
 
-static int q4_1_few_rows(const float *x, const uint8_t *quants, const float *scales,
-                         const float *mins, float *y, int64_t rows, int64_t n, int64_t k,
-                         int num_threads) {
-    const int64_t groups = k / BLOCK, chunks = (n + CHUNK - 1) / CHUNK;
-    /* sums[r * groups + g]: the sum of row r's block g, which each min multiplies */
-    float *sums = malloc(sizeof(float) * (size_t)(rows * groups));
-    Share *shares = new_shares(chunks, num_threads);
-    if (sums == NULL || shares == NULL) {
-        free(sums);
-        free(shares);
+/* x's rows with each block of 32 as int8 steps: quants [rows, k], scales and sums
+   [rows, k / 32] (sums: the block's float32 sum, for Q4_1's mins) */
+typedef struct {
+    int8_t *quants;
+    float *scales, *sums;
+} QuantizedRows;
+
+static void free_rows(QuantizedRows *rows) {
+    free(rows->quants);
+    free(rows->scales);
+    free(rows->sums);
+}
+
+/* Each block's step is amax / 127, each element x / step rounded to nearest even
+   (an all-zero block: step 0, quants 0); with_quants 0 computes the sums alone.
+   Returns 1 when out of memory (nothing to free then). */
+static int quantize_rows(const float *x, int64_t rows, int64_t k, int with_quants,
+                         QuantizedRows *out) {
+    const int64_t groups = k / BLOCK;
+    out->quants = with_quants ? malloc((size_t)(rows * k)) : NULL;
+    out->scales = with_quants ? malloc(sizeof(float) * (size_t)(rows * groups)) : NULL;
+    out->sums = malloc(sizeof(float) * (size_t)(rows * groups));
+    if (out->sums == NULL || (with_quants && (out->quants == NULL || out->scales == NULL))) {
+        free_rows(out);
         return 1;
     }
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t g = 0; g < groups; g++) {
-            float s = 0.f;
-            for (int j = 0; j < BLOCK; j++) s += x[r * k + g * BLOCK + j];
-            sums[r * groups + g] = s;
+    for (int64_t b = 0; b < rows * groups; b++) {
+        const float *xb = x + b * BLOCK;
+        float sum = 0.f, amax = 0.f;
+        for (int j = 0; j < BLOCK; j++) {
+            sum += xb[j];
+            amax = fmaxf(amax, fabsf(xb[j]));
         }
+        out->sums[b] = sum;
+        if (!with_quants) continue;
+        const float step = amax / 127.f, inverse = step > 0.f ? 1.f / step : 0.f;
+        out->scales[b] = step;
+        for (int j = 0; j < BLOCK; j++) out->quants[b * BLOCK + j] = (int8_t)nearbyintf(xb[j] * inverse);
+    }
+    return 0;
+}
+
+static int q4_1_few_rows(const float *x, const uint8_t *quants, const float *scales,
+                         const float *mins, float *y, int64_t rows, int64_t n, int64_t k,
+                         int int8_dots, int num_threads) {
+    const int64_t groups = k / BLOCK, chunks = (n + CHUNK - 1) / CHUNK;
+    QuantizedRows xq;
+    if (quantize_rows(x, rows, k, int8_dots, &xq)) return 1;
+    Share *shares = new_shares(chunks, num_threads);
+    if (shares == NULL) {
+        free_rows(&xq);
+        return 1;
+    }
 #pragma omp parallel num_threads(num_threads)
     {
         int victim = 0;
         for (int64_t c; (c = next_chunk(shares, num_threads, omp_get_thread_num(), &victim)) >= 0;)
             for (int64_t o = c * CHUNK; o < n && o < (c + 1) * CHUNK; o++) {
+                const uint8_t *qo = quants + o * groups * (BLOCK / 2);
                 const float *mo = mins + o * groups;
                 for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
                     const int64_t count = rows - r0 < ROWS ? rows - r0 : ROWS;
                     float dots[ROWS];
-                    q4_1_dot(quants + o * groups * (BLOCK / 2), scales + o * groups, x + r0 * k,
-                             k, count, groups, dots);
-                    for (int64_t r = 0; r < count; r++) {
-                        float total = dots[r];
-                        for (int64_t g = 0; g < groups; g++)
-                            total += mo[g] * sums[(r0 + r) * groups + g];
-                        y[(r0 + r) * n + o] = total;
-                    }
+                    const float *sums = xq.sums + r0 * groups;
+                    if (int8_dots)
+                        q4_1_dot_int8(qo, scales + o * groups, mo, sums, xq.quants + r0 * k,
+                                      xq.scales + r0 * groups, k, count, groups, dots);
+                    else
+                        q4_1_dot(qo, scales + o * groups, mo, sums, x + r0 * k, k, count, groups,
+                                 dots);
+                    for (int64_t r = 0; r < count; r++) y[(r0 + r) * n + o] = dots[r];
                 }
             }
     }
-    free(sums);
+    free_rows(&xq);
     free(shares);
     return 0;
 }
 
 static int q8_0_few_rows(const float *x, const int8_t *quants, const float *scales, float *y,
-                         int64_t rows, int64_t n, int64_t k, int num_threads) {
+                         int64_t rows, int64_t n, int64_t k, int int8_dots, int num_threads) {
     const int64_t groups = k / BLOCK, chunks = (n + CHUNK - 1) / CHUNK;
+    QuantizedRows xq = {NULL, NULL, NULL};
+    if (int8_dots && quantize_rows(x, rows, k, 1, &xq)) return 1;
     Share *shares = new_shares(chunks, num_threads);
-    if (shares == NULL) return 1;
+    if (shares == NULL) {
+        free_rows(&xq);
+        return 1;
+    }
 #pragma omp parallel num_threads(num_threads)
     {
         int victim = 0;
@@ -177,11 +317,17 @@ static int q8_0_few_rows(const float *x, const int8_t *quants, const float *scal
                 for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
                     const int64_t count = rows - r0 < ROWS ? rows - r0 : ROWS;
                     float dots[ROWS];
-                    q8_0_dot(quants + o * groups * BLOCK, scales + o * groups, x + r0 * k, k,
-                             count, groups, dots);
+                    if (int8_dots)
+                        q8_0_dot_int8(quants + o * groups * BLOCK, scales + o * groups,
+                                      xq.quants + r0 * k, xq.scales + r0 * groups, k, count,
+                                      groups, dots);
+                    else
+                        q8_0_dot(quants + o * groups * BLOCK, scales + o * groups, x + r0 * k, k,
+                                 count, groups, dots);
                     for (int64_t r = 0; r < count; r++) y[(r0 + r) * n + o] = dots[r];
                 }
     }
+    free_rows(&xq);
     free(shares);
     return 0;
 }

@@ -6,13 +6,14 @@
 #include "quantized_linear.h"
 
 int q4_1_linear(const float *x, const uint8_t *quants, const float *scales, const float *mins,
-                float *y, int64_t rows, int64_t n, int64_t k, int num_threads) {
-    return quantized_linear(0, x, quants, scales, mins, y, rows, n, k, num_threads);
+                float *y, int64_t rows, int64_t n, int64_t k, int64_t int8_dots,
+                int num_threads) {
+    return quantized_linear(0, x, quants, scales, mins, y, rows, n, k, int8_dots, num_threads);
 }
 
 int q8_0_linear(const float *x, const int8_t *quants, const float *scales, float *y,
-                int64_t rows, int64_t n, int64_t k, int num_threads) {
-    return quantized_linear(1, x, quants, scales, NULL, y, rows, n, k, num_threads);
+                int64_t rows, int64_t n, int64_t k, int64_t int8_dots, int num_threads) {
+    return quantized_linear(1, x, quants, scales, NULL, y, rows, n, k, int8_dots, num_threads);
 }
 
 /* The many-rows path alone, whatever the row count (for tests). */

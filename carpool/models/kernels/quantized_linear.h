@@ -2,7 +2,8 @@
    the blocks directly (quantized_dot.h: bound by reading W), more rows multiply
    dequantized strips of W (quantized_gemm.h: bound by arithmetic). The crossover
    was measured with SmolLM2-135M's shapes on the 2-core CI machine: at 8 rows the
-   direct path was ~1.2x faster, at 16 the strips ~2x. */
+   direct path was ~1.2x faster, at 16 the strips ~2x. int8_dots (quantized_dot.h)
+   applies to the direct path only: more rows stay exact. */
 
 #ifndef CARPOOL_QUANTIZED_LINEAR_H
 #define CARPOOL_QUANTIZED_LINEAR_H
@@ -14,11 +15,12 @@
 
 static int quantized_linear(int64_t kind_q8_0, const float *x, const void *quants,
                             const float *scales, const float *mins, float *y, int64_t rows,
-                            int64_t n, int64_t k, int num_threads) {
+                            int64_t n, int64_t k, int64_t int8_dots, int num_threads) {
     if (rows > DIRECT_MAX_ROWS)
         return quantized_gemm(kind_q8_0, x, quants, scales, mins, y, rows, n, k, num_threads);
-    if (kind_q8_0) return q8_0_few_rows(x, quants, scales, y, rows, n, k, num_threads);
-    return q4_1_few_rows(x, quants, scales, mins, y, rows, n, k, num_threads);
+    if (kind_q8_0)
+        return q8_0_few_rows(x, quants, scales, y, rows, n, k, int8_dots != 0, num_threads);
+    return q4_1_few_rows(x, quants, scales, mins, y, rows, n, k, int8_dots != 0, num_threads);
 }
 
 #endif

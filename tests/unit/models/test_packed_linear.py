@@ -152,3 +152,80 @@ def test_native_weights_are_refused_where_there_are_no_blocks(
     with pytest.raises(ValueError, match="weight_kernel native cannot be used: the model has no"):
         load_causal_lm(folder, progress=False, weight_kernel="native")
     assert load_causal_lm(folder, progress=False).packed_layers == 0
+
+
+def rounded_rows_product(x: torch.Tensor, packed: PackedWeight) -> torch.Tensor:
+    """What int8 dot products compute, in float64: each block of 32 of x rounded to
+    steps of its amax / 127, times the blocks' integer quants and both scales; Q4_1's
+    mins times the block's float32 sum."""
+    blocks = x.view(x.shape[0], -1, 32)
+    step = blocks.abs().amax(-1) / 127
+    inverse = torch.where(step > 0, 1 / step, torch.zeros_like(step))
+    xq = torch.round(blocks * inverse[..., None]).double()
+    if packed.kind is BlockType.Q4_1:
+        q = torch.cat([packed.quants & 15, packed.quants >> 4], dim=-1).double()
+    else:
+        q = packed.quants.double()
+    dots = torch.einsum("rgj,ngj->rng", xq, q)
+    y = (dots * packed.scales.double()[None] * step.double()[:, None, :]).sum(-1)
+    if packed.mins is not None:
+        y += (blocks.sum(-1).double()[:, None, :] * packed.mins.double()[None]).sum(-1)
+    return y
+
+
+@pytest.mark.parametrize("kind", list(BlockType))
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8])
+def test_int8_dots_are_integer_products_of_the_rounded_rows(kind: BlockType, rows: int) -> None:
+    packed, weight = gguf_weight(kind, 70, 160, seed=rows)
+    x = torch.randn(rows, 160, generator=torch.Generator().manual_seed(rows)) * 4
+    x[0, 32:64] = 0.0  # an all-zero block: step 0
+    x[-1, 64] = 1e4  # one large element: the rest of its block rounds to few steps
+    out = quantized_linear_kernel(int8_dots=True)(x, packed).double()
+    expected = rounded_rows_product(x, packed)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+    exact = (x @ weight.T).double()
+    assert not torch.allclose(out, exact, rtol=1e-5, atol=1e-5)  # it did round
+    assert (out - exact).norm() <= 0.02 * exact.norm()
+
+
+@pytest.mark.parametrize("kind", list(BlockType))
+def test_int8_dots_leave_steps_of_more_than_8_rows_exact(kind: BlockType) -> None:
+    packed, _ = gguf_weight(kind, 64, 96, seed=9)
+    x = torch.randn(9, 96, generator=torch.Generator().manual_seed(9))
+    exact = quantized_linear_kernel()(x, packed)
+    assert torch.equal(quantized_linear_kernel(int8_dots=True)(x, packed), exact)
+
+
+def test_int8_dots_keep_the_builtin_models_text_likelihood(
+    smollm: LoadedLM, smollm_folder: Path
+) -> None:
+    """``native-int8`` runs the fused stack and the head with int8 dot products
+    (prompt chunks of 8 rows here, as decode rows are): each token's log-likelihood of
+    a fixed text moves, a little, and the perplexity stays within 5% (BENCHMARKS.md
+    has it on a longer text)."""
+    int8 = load_causal_lm(smollm_folder, progress=False, weight_kernel="native-int8")
+    assert "int8" in int8.paths[0].detail
+    text = (
+        "The river rises in the hills above the town and runs south through farmland "
+        "for forty miles before it reaches the sea. In spring the snow melts and the "
+        "water comes down fast and brown; by late summer it is slow and clear."
+    )
+    prompt = smollm.tokenizer.encode(text)
+    floats, ints = (prompt_logprobs(lm, prompt) for lm in (smollm, int8))
+    moved = np.abs(np.array(ints) - np.array(floats))
+    assert moved.max() > 0  # the int8 path ran
+    assert moved.mean() < 0.3  # 0.16 nats here
+    assert abs(np.exp(np.mean(floats) - np.mean(ints)) - 1) < 0.05  # perplexity
+
+
+def prompt_logprobs(lm: LoadedLM, prompt: list[int]) -> list[float]:
+    """Each prompt token's log-probability (but the first's), prefilled 8 rows at a time."""
+    engine = engine_for(lm, EngineConfig(kv_cache_memory="64MiB", max_num_batched_tokens=8))
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+    engine.add_request("x", prompt, params)
+    while engine.has_work:
+        for out in engine.step():
+            if out.finished:
+                entries = out.prompt_logprobs[1:]
+                return [entry.logprob for entry in entries]
+    raise AssertionError("no final output")
