@@ -33,6 +33,8 @@ static inline int omp_get_thread_num(void) { return 0; } /* built without OpenMP
 #endif
 
 #define BLOCK 32
+/* inlined into each row count's copy (see FOR_EACH_ROW_COUNT) */
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 #if defined(__AVX2__) && defined(__FMA__)
 static inline float horizontal_sum(__m256 v) {
@@ -50,7 +52,7 @@ static inline __m256 bytes_to_floats(__m128i bytes) {
    ROWS rows of x at once (sums: [rows, groups]): each block is unpacked once for all */
 #define ROWS 4
 
-static void q4_1_dot(const uint8_t *q, const float *scales, const float *mins,
+ALWAYS_INLINE void q4_1_dot(const uint8_t *q, const float *scales, const float *mins,
                      const float *sums, const float *x, int64_t k, int64_t rows, int64_t groups,
                      float *out) {
     const __m128i low = _mm_set1_epi8(15);
@@ -78,7 +80,7 @@ static void q4_1_dot(const uint8_t *q, const float *scales, const float *mins,
     for (int64_t r = 0; r < rows; r++) out[r] = horizontal_sum(acc[r]) + min_share[r];
 }
 
-static void q8_0_dot(const int8_t *q, const float *scales, const float *x, int64_t k,
+ALWAYS_INLINE void q8_0_dot(const int8_t *q, const float *scales, const float *x, int64_t k,
                      int64_t rows, int64_t groups, float *out) {
     __m256 acc[ROWS];
     for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
@@ -110,7 +112,7 @@ static inline __m256i dot_u8_s8(__m256i u, __m256i s) {
 
 /* As q4_1_dot, with scale * xscale * (q . xq_r) for rows of quantized x (xq: [rows, k]
    int8, xscales: [rows, groups]) */
-static void q4_1_dot_int8(const uint8_t *q, const float *scales, const float *mins,
+ALWAYS_INLINE void q4_1_dot_int8(const uint8_t *q, const float *scales, const float *mins,
                           const float *sums, const int8_t *xq, const float *xscales, int64_t k,
                           int64_t rows, int64_t groups, float *out) {
     const __m128i low = _mm_set1_epi8(15);
@@ -133,7 +135,7 @@ static void q4_1_dot_int8(const uint8_t *q, const float *scales, const float *mi
     for (int64_t r = 0; r < rows; r++) out[r] = horizontal_sum(acc[r]) + min_share[r];
 }
 
-static void q8_0_dot_int8(const int8_t *q, const float *scales, const int8_t *xq,
+ALWAYS_INLINE void q8_0_dot_int8(const int8_t *q, const float *scales, const int8_t *xq,
                           const float *xscales, int64_t k, int64_t rows, int64_t groups,
                           float *out) {
     __m256 acc[ROWS];
@@ -196,7 +198,8 @@ static void q4_1_dot_int8(const uint8_t *q, const float *scales, const float *mi
             int32_t dot = 0;
             for (int j = 0; j < BLOCK / 2; j++)
                 dot += (qb[j] & 15) * a[j] + (qb[j] >> 4) * a[j + BLOCK / 2];
-            acc += scales[g] * xscales[r * groups + g] * (float)dot + mins[g] * sums[r * groups + g];
+            acc += scales[g] * xscales[r * groups + g] * (float)dot +
+                   mins[g] * sums[r * groups + g];
         }
         out[r] = acc;
     }
@@ -217,6 +220,47 @@ static void q8_0_dot_int8(const int8_t *q, const float *scales, const int8_t *xq
     }
 }
 #endif
+
+/* Each dot product compiled for 1 to ROWS rows, so a row's accumulators stay in
+   registers (a dynamic row count keeps them in memory, a store and a load per block) */
+#define FOR_EACH_ROW_COUNT(call) \
+    switch (rows) {              \
+        case 1: call(1); break;  \
+        case 2: call(2); break;  \
+        case 3: call(3); break;  \
+        default: call(4); break; \
+    }
+
+static void q4_1_dot_rows(const uint8_t *q, const float *scales, const float *mins,
+                          const float *sums, const float *x, int64_t k, int64_t rows,
+                          int64_t groups, float *out) {
+#define CALL(n) q4_1_dot(q, scales, mins, sums, x, k, n, groups, out)
+    FOR_EACH_ROW_COUNT(CALL)
+#undef CALL
+}
+
+static void q8_0_dot_rows(const int8_t *q, const float *scales, const float *x, int64_t k,
+                          int64_t rows, int64_t groups, float *out) {
+#define CALL(n) q8_0_dot(q, scales, x, k, n, groups, out)
+    FOR_EACH_ROW_COUNT(CALL)
+#undef CALL
+}
+
+static void q4_1_dot_int8_rows(const uint8_t *q, const float *scales, const float *mins,
+                               const float *sums, const int8_t *xq, const float *xscales,
+                               int64_t k, int64_t rows, int64_t groups, float *out) {
+#define CALL(n) q4_1_dot_int8(q, scales, mins, sums, xq, xscales, k, n, groups, out)
+    FOR_EACH_ROW_COUNT(CALL)
+#undef CALL
+}
+
+static void q8_0_dot_int8_rows(const int8_t *q, const float *scales, const int8_t *xq,
+                               const float *xscales, int64_t k, int64_t rows, int64_t groups,
+                               float *out) {
+#define CALL(n) q8_0_dot_int8(q, scales, xq, xscales, k, n, groups, out)
+    FOR_EACH_ROW_COUNT(CALL)
+#undef CALL
+}
 
 #define CHUNK 16 /* output features a thread claims at a time */
 
@@ -257,7 +301,8 @@ static int quantize_rows(const float *x, int64_t rows, int64_t k, int with_quant
         if (!with_quants) continue;
         const float step = amax / 127.f, inverse = step > 0.f ? 1.f / step : 0.f;
         out->scales[b] = step;
-        for (int j = 0; j < BLOCK; j++) out->quants[b * BLOCK + j] = (int8_t)nearbyintf(xb[j] * inverse);
+        for (int j = 0; j < BLOCK; j++)
+            out->quants[b * BLOCK + j] = (int8_t)nearbyintf(xb[j] * inverse);
     }
     return 0;
 }
@@ -285,11 +330,11 @@ static int q4_1_few_rows(const float *x, const uint8_t *quants, const float *sca
                     float dots[ROWS];
                     const float *sums = xq.sums + r0 * groups;
                     if (int8_dots)
-                        q4_1_dot_int8(qo, scales + o * groups, mo, sums, xq.quants + r0 * k,
-                                      xq.scales + r0 * groups, k, count, groups, dots);
+                        q4_1_dot_int8_rows(qo, scales + o * groups, mo, sums, xq.quants + r0 * k,
+                                           xq.scales + r0 * groups, k, count, groups, dots);
                     else
-                        q4_1_dot(qo, scales + o * groups, mo, sums, x + r0 * k, k, count, groups,
-                                 dots);
+                        q4_1_dot_rows(qo, scales + o * groups, mo, sums, x + r0 * k, k, count,
+                                      groups, dots);
                     for (int64_t r = 0; r < count; r++) y[(r0 + r) * n + o] = dots[r];
                 }
             }
@@ -318,12 +363,12 @@ static int q8_0_few_rows(const float *x, const int8_t *quants, const float *scal
                     const int64_t count = rows - r0 < ROWS ? rows - r0 : ROWS;
                     float dots[ROWS];
                     if (int8_dots)
-                        q8_0_dot_int8(quants + o * groups * BLOCK, scales + o * groups,
-                                      xq.quants + r0 * k, xq.scales + r0 * groups, k, count,
-                                      groups, dots);
+                        q8_0_dot_int8_rows(quants + o * groups * BLOCK, scales + o * groups,
+                                           xq.quants + r0 * k, xq.scales + r0 * groups, k,
+                                           count, groups, dots);
                     else
-                        q8_0_dot(quants + o * groups * BLOCK, scales + o * groups, x + r0 * k, k,
-                                 count, groups, dots);
+                        q8_0_dot_rows(quants + o * groups * BLOCK, scales + o * groups,
+                                      x + r0 * k, k, count, groups, dots);
                     for (int64_t r = 0; r < count; r++) y[(r0 + r) * n + o] = dots[r];
                 }
     }
