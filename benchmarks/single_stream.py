@@ -4,9 +4,12 @@ over HTTP at concurrency 1 (``carpool bench``, the same prompts for each server)
 carpool and ``llama-server``. Greedy, 128 tokens, EOS ignored.
 
     python -m benchmarks.single_stream --llama-bin /path/to/llama.cpp/build/bin
+                                       [--weight-kernels native native-int8]
                                        [--carpool-env OMP_WAIT_POLICY=passive ...]
 
-``--carpool-env`` runs carpool's HTTP case once more with those environment
+carpool runs once per ``--weight-kernels`` choice (offline and over HTTP): native is
+exact against the file's float32 weights, native-int8 uses integer dot products.
+``--carpool-env`` runs carpool's first HTTP case once more with those environment
 variables (to compare a setting in the same run).
 """
 
@@ -41,7 +44,7 @@ def llama_bench(binary: Path, gguf: str, threads: int) -> float:
     return float(rows[-1].split(",")[column].strip('"'))
 
 
-def offline(threads: int, requests: int) -> float:
+def offline(threads: int, requests: int, weight_kernel: str) -> float:
     """carpool's offline engine, one request at a time: the median of (time for 128
     tokens - time for the first) / 127, the prefix cache off so both prefill."""
     import torch
@@ -49,7 +52,7 @@ def offline(threads: int, requests: int) -> float:
     from carpool import LLM, SamplingParams
 
     torch.set_num_threads(threads)
-    llm = LLM("smollm2-135m-instruct", enable_prefix_caching=False)
+    llm = LLM("smollm2-135m-instruct", enable_prefix_caching=False, weight_kernel=weight_kernel)
     first = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     whole = SamplingParams(max_tokens=TOKENS, temperature=0.0, ignore_eos=True)
     per_token = []
@@ -65,11 +68,13 @@ def offline(threads: int, requests: int) -> float:
     return statistics.median(per_token)
 
 
-def over_http(name: str, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
+def over_http(
+    name: str, args: argparse.Namespace, env: dict[str, str], extra: list[str] | None = None
+) -> dict[str, Any]:
     saved = dict(os.environ)
     os.environ.update(env)
     try:
-        process, url = start(name, args)
+        process, url = start(name, argparse.Namespace(**vars(args), carpool_extra=extra or []))
     finally:
         os.environ.clear()
         os.environ.update(saved)
@@ -97,6 +102,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--weight-kernels", nargs="+", default=["native", "native-int8"])
     parser.add_argument("--carpool-env", nargs="*", default=[], help="KEY=VALUE ...")
     args = parser.parse_args()
     args.gguf = builtin_gguf()
@@ -107,23 +113,35 @@ def main() -> None:
     rows["llama-bench tg128 (ms/token)"] = 1000 / llama_bench(
         Path(args.llama_bin) / "llama-bench", args.gguf, args.threads
     )
-    rows["carpool offline, one stream (ms/token)"] = 1000 * offline(args.threads, args.requests)
-    http = {"carpool": over_http("carpool", args, {})}
+    kernels = args.weight_kernels
+    for kernel in kernels:
+        rows[f"carpool {kernel} offline, one stream (ms/token)"] = 1000 * offline(
+            args.threads, args.requests, kernel
+        )
+    http = {
+        f"carpool {kernel}": over_http("carpool", args, {}, ["--weight-kernel", kernel])
+        for kernel in kernels
+    }
     if args.carpool_env:
         env = dict(item.split("=", 1) for item in args.carpool_env)
-        http[f"carpool {' '.join(args.carpool_env)}"] = over_http("carpool", args, env)
+        http[f"carpool {kernels[0]} {' '.join(args.carpool_env)}"] = over_http(
+            "carpool", args, env, ["--weight-kernel", kernels[0]]
+        )
     http["llama-server"] = over_http("llama-server", args, {})
     for name, r in http.items():
         rows[f"{name} HTTP c=1 ITL p50 (ms)"] = r["median_itl_ms"]
         rows[f"{name} HTTP c=1 TPOT mean (ms)"] = r["mean_tpot_ms"]
     for name, value in rows.items():
-        print(f"{name:56} {value:8.2f}")
+        print(f"{name:64} {value:8.2f}")
     llama_itl = rows["llama-server HTTP c=1 ITL p50 (ms)"]
-    carpool_itl = rows["carpool HTTP c=1 ITL p50 (ms)"]
-    print(f"carpool/llama-server ITL p50: {carpool_itl / llama_itl:.2f}x")
-    own = rows["carpool offline, one stream (ms/token)"]
-    print(f"carpool HTTP/offline: {carpool_itl / own:.2f}x")
-    print(f"offline tokens/s vs llama-bench's: {rows['llama-bench tg128 (ms/token)'] / own:.2f}x")
+    bench = rows["llama-bench tg128 (ms/token)"]
+    for kernel in kernels:
+        itl = rows[f"carpool {kernel} HTTP c=1 ITL p50 (ms)"]
+        own = rows[f"carpool {kernel} offline, one stream (ms/token)"]
+        print(
+            f"{kernel}: ITL p50 {itl / llama_itl:.2f}x llama-server's, {itl / own:.2f}x "
+            f"its offline engine; offline tokens/s {bench / own:.2f}x llama-bench's"
+        )
 
 
 if __name__ == "__main__":

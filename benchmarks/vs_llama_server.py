@@ -46,7 +46,7 @@ def start(name: str, args: argparse.Namespace) -> tuple[subprocess.Popen[str], s
     """Start one server; its process and base URL."""
     if name == "carpool":
         command = [sys.executable, "-m", "carpool.cli", "serve", "--port", "0", "--model", CHAT]
-        command += ["--threads", str(args.threads)]
+        command += ["--threads", str(args.threads), *getattr(args, "carpool_extra", [])]
         ready = re.compile(r"carpool ready on (http://\S+)")
     else:
         command = [args.llama_server, "-m", args.gguf, "-t", str(args.threads)]
