@@ -6,6 +6,7 @@ both alike. Greedy (the outputs must be the same tokens; checked), the built-in
 model, offline engine.
 
     python -m benchmarks.speculative [--rounds 2] [--max-tokens 160]
+                                     [--weight-kernel native-int8]
 """
 
 from __future__ import annotations
@@ -81,11 +82,15 @@ def timed(llm: LLM, prompt: list[int], params: SamplingParams) -> tuple[list[int
 
 
 def measure(
-    prompts: list[str], plain: LLM, spec: LLM, params: SamplingParams, rounds: int
-) -> list[tuple[int, float, float]]:
-    """Per request: tokens, median seconds without and with speculation."""
+    prompts: list[str], plain: LLM, spec: LLM, params: SamplingParams, rounds: int, exact: bool
+) -> list[tuple[int, float, int, float]]:
+    """Per request: tokens and median seconds without, then with speculation. With an
+    exact weight kernel the outputs must be the same tokens (asserted); with
+    native-int8 a verified row's rounding can differ from a decoded one's (see
+    BENCHMARKS.md), so each is timed with its own tokens and differences are
+    printed."""
     rows = []
-    for text in prompts:
+    for i, text in enumerate(prompts):
         prompt = chat(plain, text)
         seconds: dict[str, list[float]] = {"plain": [], "spec": []}
         tokens: dict[str, list[int]] = {}
@@ -93,45 +98,57 @@ def measure(
             for name, llm in (("plain", plain), ("spec", spec)):
                 tokens[name], s = timed(llm, prompt, params)
                 seconds[name].append(s)
-        assert tokens["plain"] == tokens["spec"], f"speculation changed the output of {text!r}"
+        if tokens["plain"] != tokens["spec"]:
+            assert not exact, f"speculation changed the output of {text!r}"
+            pairs = zip(tokens["plain"], tokens["spec"], strict=False)
+            same = next((j for j, (a, b) in enumerate(pairs) if a != b), len(tokens["spec"]))
+            print(f"request {i}: outputs part after {same} identical tokens")
         median = {n: statistics.median(s) for n, s in seconds.items()}
-        rows.append((len(tokens["plain"]), median["plain"], median["spec"]))
+        rows.append((len(tokens["plain"]), median["plain"], len(tokens["spec"]), median["spec"]))
     return rows
 
 
-def report(name: str, rows: list[tuple[int, float, float]]) -> None:
-    tokens = sum(r[0] for r in rows)
-    plain, spec = sum(r[1] for r in rows), sum(r[2] for r in rows)
+def report(name: str, rows: list[tuple[int, float, int, float]]) -> None:
+    tokens, plain = sum(r[0] for r in rows), sum(r[1] for r in rows)
+    spec_tokens, spec = sum(r[2] for r in rows), sum(r[3] for r in rows)
     print(f"\n## {name}")
     print(f"{'request':>8} {'tokens':>7} {'plain tok/s':>12} {'spec tok/s':>11} {'speed-up':>9}")
-    for i, (n, p, s) in enumerate(rows):
-        print(f"{i:>8} {n:>7} {n / p:>12.1f} {n / s:>11.1f} {p / s:>8.2f}x")
-    total = f"{tokens / plain:>12.1f} {tokens / spec:>11.1f} {plain / spec:>8.2f}x"
-    print(f"{'all':>8} {tokens:>7} {total}")
+    for i, (n, p, m, s) in enumerate(rows):
+        print(f"{i:>8} {n:>7} {n / p:>12.1f} {m / s:>11.1f} {(m / s) / (n / p):>8.2f}x")
+    ratio = (spec_tokens / spec) / (tokens / plain)
+    print(
+        f"{'all':>8} {tokens:>7} {tokens / plain:>12.1f} {spec_tokens / spec:>11.1f} {ratio:>8.2f}x"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=160)
+    parser.add_argument("--weight-kernel", default="auto")
     args = parser.parse_args()
     print(
         f"command: python -m benchmarks.speculative --rounds {args.rounds} "
-        f"--max-tokens {args.max_tokens}"
+        f"--max-tokens {args.max_tokens} --weight-kernel {args.weight_kernel}"
     )
     print(
         f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
         f"torch {torch.__version__}, speculative_config {json.dumps(SPECULATE)}"
     )
     # No prefix cache: every run prefills its prompt, as the first one does.
-    plain = LLM(MODEL, enable_prefix_caching=False)
-    spec = LLM(MODEL, enable_prefix_caching=False, speculative_config=json.dumps(SPECULATE))
+    common = {"enable_prefix_caching": False, "weight_kernel": args.weight_kernel}
+    exact = args.weight_kernel != "native-int8"
+    plain = LLM(MODEL, **common)
+    spec = LLM(MODEL, speculative_config=json.dumps(SPECULATE), **common)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     report(
         "repetitive (copy, rewrite, edit code, fill JSON)",
-        measure(REPETITIVE, plain, spec, params, args.rounds),
+        measure(REPETITIVE, plain, spec, params, args.rounds, exact),
     )
-    report("non-repetitive (open questions)", measure(OPEN, plain, spec, params, args.rounds))
+    report(
+        "non-repetitive (open questions)",
+        measure(OPEN, plain, spec, params, args.rounds, exact),
+    )
     stats = spec.engine.stats.snapshot()
     rate = stats.spec_accepted_tokens / max(1, stats.spec_draft_tokens)
     print(

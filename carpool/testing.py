@@ -15,6 +15,7 @@ def spawn(
     ready: re.Pattern[str],
     timeout_s: float = 120.0,
     env: dict[str, str] | None = None,
+    cwd: str | None = None,
 ) -> tuple[subprocess.Popen[str], re.Match[str], list[str]]:
     """Start ``command`` and read its merged output until a line matches ``ready``.
 
@@ -24,7 +25,7 @@ def spawn(
     ``RuntimeError`` (with its output) if it exits or stays silent past ``timeout_s``.
     """
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd
     )
     assert process.stdout is not None
     lines: list[str] = []

@@ -44,20 +44,30 @@ static inline float horizontal_sum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* sum over blocks of min * (the block's sum of x): Q4_1's mins' share of a dot product */
+static inline float min_share(const float *mins, const float *sums, int64_t groups) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t g = 0;
+    for (; g + 8 <= groups; g += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(mins + g), _mm256_loadu_ps(sums + g), acc);
+    float share = horizontal_sum(acc);
+    for (; g < groups; g++) share += mins[g] * sums[g];
+    return share;
+}
+
 static inline __m256 bytes_to_floats(__m128i bytes) {
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
 }
 
 /* out[r] = sum over blocks of scale * (q . x_r) + min * (the block's sum of x_r), for
    ROWS rows of x at once (sums: [rows, groups]): each block is unpacked once for all */
-#define ROWS 4
+#define ROWS 8
 
 ALWAYS_INLINE void q4_1_dot(const uint8_t *q, const float *scales, const float *mins,
                      const float *sums, const float *x, int64_t k, int64_t rows, int64_t groups,
                      float *out) {
     const __m128i low = _mm_set1_epi8(15);
     __m256 acc[ROWS];
-    float min_share[ROWS] = {0.f}; /* sum over blocks of min * (the block's sum of x) */
     for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; g++, q += BLOCK / 2) {
         const __m128i bytes = _mm_loadu_si128((const __m128i *)q);
@@ -73,11 +83,10 @@ ALWAYS_INLINE void q4_1_dot(const uint8_t *q, const float *scales, const float *
             dot = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xg + 16), dot);
             dot = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), dot);
             acc[r] = _mm256_fmadd_ps(scale, dot, acc[r]);
-            /* in the same loop, so its chain of adds overlaps the vector work */
-            min_share[r] += mins[g] * sums[r * groups + g];
         }
     }
-    for (int64_t r = 0; r < rows; r++) out[r] = horizontal_sum(acc[r]) + min_share[r];
+    for (int64_t r = 0; r < rows; r++)
+        out[r] = horizontal_sum(acc[r]) + min_share(mins, sums + r * groups, groups);
 }
 
 ALWAYS_INLINE void q8_0_dot(const int8_t *q, const float *scales, const float *x, int64_t k,
@@ -117,7 +126,6 @@ ALWAYS_INLINE void q4_1_dot_int8(const uint8_t *q, const float *scales, const fl
                           int64_t rows, int64_t groups, float *out) {
     const __m128i low = _mm_set1_epi8(15);
     __m256 acc[ROWS];
-    float min_share[ROWS] = {0.f}; /* sum over blocks of min * (the block's sum of x) */
     for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; g++, q += BLOCK / 2) {
         const __m128i bytes = _mm_loadu_si128((const __m128i *)q);
@@ -129,10 +137,10 @@ ALWAYS_INLINE void q4_1_dot_int8(const uint8_t *q, const float *scales, const fl
             const __m256 dot = _mm256_cvtepi32_ps(dot_u8_s8(w, a));
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(scales[g] * xscales[r * groups + g]), dot,
                                      acc[r]);
-            min_share[r] += mins[g] * sums[r * groups + g];
         }
     }
-    for (int64_t r = 0; r < rows; r++) out[r] = horizontal_sum(acc[r]) + min_share[r];
+    for (int64_t r = 0; r < rows; r++)
+        out[r] = horizontal_sum(acc[r]) + min_share(mins, sums + r * groups, groups);
 }
 
 ALWAYS_INLINE void q8_0_dot_int8(const int8_t *q, const float *scales, const int8_t *xq,
@@ -154,7 +162,7 @@ ALWAYS_INLINE void q8_0_dot_int8(const int8_t *q, const float *scales, const int
     for (int64_t r = 0; r < rows; r++) out[r] = horizontal_sum(acc[r]);
 }
 #else
-#define ROWS 4
+#define ROWS 8
 
 static void q4_1_dot(const uint8_t *q, const float *scales, const float *mins,
                      const float *sums, const float *x, int64_t k, int64_t rows, int64_t groups,
@@ -228,7 +236,11 @@ static void q8_0_dot_int8(const int8_t *q, const float *scales, const int8_t *xq
         case 1: call(1); break;  \
         case 2: call(2); break;  \
         case 3: call(3); break;  \
-        default: call(4); break; \
+        case 4: call(4); break;  \
+        case 5: call(5); break;  \
+        case 6: call(6); break;  \
+        case 7: call(7); break;  \
+        default: call(8); break; \
     }
 
 static void q4_1_dot_rows(const uint8_t *q, const float *scales, const float *mins,
