@@ -225,7 +225,10 @@ class EngineConfig:
         "Speculative decoding, as JSON (vLLM's --speculative-config), e.g. "
         '\'{"method": "ngram", "num_speculative_tokens": 4}\': prompt lookup drafts '
         "tokens from the request's own text and one step verifies them; also "
-        "prompt_lookup_min/max, disable_by_batch_size, min_acceptance. Empty: off.",
+        "prompt_lookup_min/max, disable_by_batch_size, min_acceptance. Or "
+        '\'{"method": "draft_model", "model": "<name, folder or .gguf>"}\': a small '
+        "model with the same vocabulary drafts (its own KV cache: draft_kv_cache_memory, "
+        "64MiB). Empty: off.",
         default="",
     )
 

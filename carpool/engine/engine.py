@@ -23,7 +23,7 @@ from carpool.engine.runner import Runner, Sampled, SamplingRow, StepResult, Toke
 from carpool.engine.sampling_params import SamplingParams
 from carpool.engine.scheduler import Scheduler, SchedulerConfig
 from carpool.engine.sequence import FinishReason, Sequence, SequenceStatus
-from carpool.engine.speculative import SpeculativeConfig, Speculator
+from carpool.engine.speculative import Proposer, SpeculativeConfig, Speculator
 from carpool.errors import InvalidRequest
 from carpool.stats import EngineStats
 
@@ -69,7 +69,10 @@ class Engine:
         runner: Runner,
         config: EngineConfig | None = None,
         clock: Clock | None = None,
+        proposer: Proposer | None = None,
     ) -> None:
+        """``proposer``: where speculative drafts come from, for a
+        ``speculative_config`` whose method needs one (``draft_model``)."""
         self.runner = runner
         self.spec = runner.spec
         self.config = config or EngineConfig()
@@ -86,7 +89,7 @@ class Engine:
         )
         self.stats = EngineStats()
         spec = self.config.speculative_config
-        self.speculator = Speculator(SpeculativeConfig.parse(spec)) if spec else None
+        self.speculator = Speculator(SpeculativeConfig.parse(spec), proposer) if spec else None
         self._requests: dict[str, _Request] = {}
         self._by_seq: dict[str, tuple[_Request, int]] = {}
 

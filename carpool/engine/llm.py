@@ -52,7 +52,7 @@ class LLM:
             weight_kernel=config.weight_kernel,
         )
         self.lm = registry.load(source, options)
-        self.engine = engine_for(self.lm, config)
+        self.engine = engine_for(self.lm, config, cache_dir=options.cache_dir)
         self.tokenizer = self.lm.tokenizer
 
     def generate(

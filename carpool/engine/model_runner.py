@@ -7,13 +7,16 @@ multi-token prompt chunks (see ``carpool.models.attention``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from carpool.clock import Clock
 from carpool.config import EngineConfig
+from carpool.engine.draft_model import DraftModelProposer
 from carpool.engine.engine import Engine
 from carpool.engine.outputs import ScheduledChunk, SchedulerOutput
 from carpool.engine.runner import (
@@ -26,7 +29,9 @@ from carpool.engine.runner import (
 )
 from carpool.engine.sampler import make_generator, sample, verify
 from carpool.engine.sampling_params import Grammar
+from carpool.engine.speculative import SpeculativeConfig
 from carpool.engine.structured import GrammarConstraint, Grammars
+from carpool.models import registry
 from carpool.models.attention import (
     AttentionMetadata,
     NativeDecode,
@@ -38,6 +43,7 @@ from carpool.models.attention import (
 from carpool.models.causal_lm import LoadedLM
 from carpool.models.decode_kernel import DecodeKernel, select_decode_kernel
 from carpool.models.native import PathTaken
+from carpool.models.registry import LoadOptions
 
 # Single-token rows attended per call, after sorting by context length: small groups
 # pad less, large ones make fewer calls (16 measured better than 8, 32 or 64 here).
@@ -59,9 +65,13 @@ def engine_for(
     config: EngineConfig | None = None,
     clock: Clock | None = None,
     num_blocks: int | None = None,
+    cache_dir: Path | None = None,
 ) -> Engine:
     """An engine driving ``lm``: its KV cache sized by ``config.kv_cache_memory``
-    (or ``num_blocks``), decode attention as ``config.attention_kernel`` asks."""
+    (or ``num_blocks``), decode attention as ``config.attention_kernel`` asks. A
+    ``draft_model`` speculative config loads its draft model (GGUF conversions under
+    ``cache_dir``) onto an engine of its own; raises ValueError if its vocabulary is
+    not the target's."""
     config = config or EngineConfig()
     bs = config.block_size
     blocks = num_blocks or ModelRunner.blocks_for_memory(lm, config.kv_cache_bytes, bs)
@@ -70,7 +80,40 @@ def engine_for(
     kernel, attention = select_decode_kernel(config.attention_kernel, lm.device, lm.dtype)
     # The fused stack needs native attention.
     paths = (*(_without_stack(p) if kernel is None else p for p in lm.paths), attention)
-    return Engine(ModelRunner(lm, blocks, bs, kernel, paths), config, clock)
+    runner = ModelRunner(lm, blocks, bs, kernel, paths)
+    return Engine(runner, config, clock, _draft_proposer(lm, config, cache_dir))
+
+
+def _draft_proposer(
+    lm: LoadedLM, config: EngineConfig, cache_dir: Path | None
+) -> DraftModelProposer | None:
+    if not config.speculative_config:
+        return None
+    spec = SpeculativeConfig.parse(config.speculative_config)
+    if spec.method != "draft_model":
+        return None
+    options = LoadOptions(
+        device=str(lm.device),
+        dtype=config.dtype,
+        cache_dir=cache_dir,
+        weight_kernel=config.weight_kernel,
+    )
+    source = registry.resolve(spec.model)
+    if source.task is not registry.Task.GENERATE:
+        raise ValueError(f"the draft model {spec.model!r} is not a text generation model")
+    draft = registry.load(source, options)
+    if draft.config.vocab_size != lm.config.vocab_size:
+        raise ValueError(
+            f"the draft model {spec.model!r} has {draft.config.vocab_size} tokens in its "
+            f"vocabulary and the target {lm.config.vocab_size}: they must be the same"
+        )
+    draft_config = dataclasses.replace(
+        config,
+        kv_cache_memory=spec.draft_kv_cache_memory,
+        enable_prefix_caching=True,
+        speculative_config="",
+    )
+    return DraftModelProposer(engine_for(draft, draft_config))
 
 
 def _without_stack(path: PathTaken) -> PathTaken:

@@ -1,9 +1,13 @@
-"""Prompt-lookup (n-gram) speculative decoding: drafts, and when to make them.
+"""Speculative decoding: drafts, and when to make them.
 
 Before each step the engine asks ``Speculator.drafts`` for the decoding sequences'
-drafts: up to ``num_speculative_tokens`` tokens that followed the latest earlier
-occurrence of the sequence's last n tokens (n from ``prompt_lookup_max`` down to
-``prompt_lookup_min``), in its prompt or its own output. The model then runs the
+drafts of up to ``num_speculative_tokens`` tokens, from a ``Proposer``: prompt lookup
+(``ngram``: the tokens that followed the latest earlier occurrence of the sequence's
+last n tokens, n from ``prompt_lookup_max`` down to ``prompt_lookup_min``, in its
+prompt or its own output) or a small draft model's greedy tokens (``draft_model``:
+``carpool.engine.draft_model``, built by ``model_runner.engine_for``). Either way a
+draft is a proposal of fixed tokens, so verifying it as below keeps the target
+model's distribution. The model then runs the
 last token and the draft as one chunk and the sampler keeps the longest prefix
 the target model agrees with (greedy: equal argmax; sampled: rejection sampling),
 plus one token of its own, so a step yields 1 to k+1 tokens.
@@ -24,16 +28,29 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from carpool.config import _help, _require, from_json
+from carpool.config import _help, _require, from_json, parse_size
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """``--speculative-config`` (vLLM's name; JSON), e.g. ``{"method": "ngram",
-    "num_speculative_tokens": 4}``."""
+    "num_speculative_tokens": 4}`` or ``{"method": "draft_model", "model": "<name or
+    path>"}``."""
 
-    method: str = _help("Drafting method: ngram (prompt lookup, no extra model).", default="ngram")
+    method: str = _help(
+        "Drafting method: ngram (prompt lookup, no extra model) or draft_model (a small "
+        "model's greedy tokens; it must share the target's vocabulary).",
+        default="ngram",
+    )
+    model: str = _help(
+        "The draft model for draft_model: a built-in name, a folder or a .gguf file.",
+        default="",
+    )
+    draft_kv_cache_memory: str = _help(
+        "The draft model's own KV cache (draft_model), e.g. 64MiB.", default="64MiB"
+    )
     num_speculative_tokens: int = _help("Most tokens drafted per step.", default=4)
     prompt_lookup_max: int = _help("Longest n-gram looked up.", default=4)
     prompt_lookup_min: int = _help("Shortest n-gram looked up.", default=2)
@@ -47,7 +64,15 @@ class SpeculativeConfig:
     )
 
     def __post_init__(self) -> None:
-        _require(self.method == "ngram", f"method must be ngram, got {self.method!r}")
+        _require(
+            self.method in ("ngram", "draft_model"),
+            f"method must be ngram or draft_model, got {self.method!r}",
+        )
+        _require(
+            bool(self.model) == (self.method == "draft_model"),
+            "model names the draft model: required for draft_model, not used by ngram",
+        )
+        parse_size(self.draft_kv_cache_memory)
         _require(1 <= self.num_speculative_tokens <= 16, "num_speculative_tokens in [1, 16]")
         _require(
             1 <= self.prompt_lookup_min <= self.prompt_lookup_max <= 16,
@@ -60,6 +85,20 @@ class SpeculativeConfig:
     def parse(cls, text: str) -> SpeculativeConfig:
         """From the flag's JSON text; raises ``ConfigError``."""
         return from_json(cls, text, "speculative_config")
+
+
+class Proposer(Protocol):
+    """Where drafts come from."""
+
+    def propose(self, wanted: Sequence[tuple[str, Sequence[int], int]]) -> dict[str, list[int]]:
+        """``wanted``: (sequence id, its tokens, most tokens to draft, >= 1) for each
+        sequence to draft for; each draft found, by sequence id (1 to that many
+        tokens; a sequence without one left out)."""
+        ...
+
+    def forget(self, seq_id: str) -> None:
+        """``seq_id`` finished (or restarts from scratch)."""
+        ...
 
 
 class NgramIndex:
@@ -88,11 +127,32 @@ class NgramIndex:
         return []
 
 
+class NgramProposer:
+    """Prompt lookup: an ``NgramIndex`` per sequence."""
+
+    def __init__(self, min_n: int, max_n: int) -> None:
+        self.min_n, self.max_n = min_n, max_n
+        self._indexes: dict[str, NgramIndex] = {}
+
+    def propose(self, wanted: Sequence[tuple[str, Sequence[int], int]]) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for seq_id, tokens, k in wanted:
+            index = self._indexes.get(seq_id)
+            if index is None:
+                index = self._indexes[seq_id] = NgramIndex(self.min_n, self.max_n)
+            draft = index.propose(tokens, k)
+            if draft:
+                out[seq_id] = draft
+        return out
+
+    def forget(self, seq_id: str) -> None:
+        self._indexes.pop(seq_id, None)
+
+
 @dataclass
 class DraftState:
     """One sequence's drafting history."""
 
-    index: NgramIndex
     run: float  # tokens accepted per draft, recent drafts averaged
     acceptance: float = 1.0  # recent drafts' accepted fraction, averaged
     paused_until: int = 0  # step number
@@ -105,8 +165,15 @@ class Speculator:
     # Weight of the newest draft in a sequence's running acceptance.
     SMOOTHING = 0.3
 
-    def __init__(self, config: SpeculativeConfig) -> None:
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer | None = None) -> None:
+        """``proposer``: where drafts come from; prompt lookup when None (a
+        ``draft_model`` config needs its proposer handed in)."""
+        if proposer is None:
+            if config.method != "ngram":
+                raise ValueError(f"speculative method {config.method} needs its proposer")
+            proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
         self.config = config
+        self.proposer = proposer
         self._states: dict[str, DraftState] = {}
         self._step = 0
 
@@ -122,22 +189,18 @@ class Speculator:
         allowed. The drafts to verify, by sequence id (sequences without one left
         out)."""
         c = self.config
-        out: dict[str, list[int]] = {}
+        wanted: list[tuple[str, Sequence[int], int]] = []
         for seq_id, tokens, room in decoding:
             state = self._states.get(seq_id)
             if state is None:
-                index = NgramIndex(c.prompt_lookup_min, c.prompt_lookup_max)
-                state = DraftState(index, run=float(c.num_speculative_tokens))
-                self._states[seq_id] = state
+                state = self._states[seq_id] = DraftState(run=float(c.num_speculative_tokens))
             if room < 1 or self._step < state.paused_until:
                 continue
             # Each draft row costs a share of a step: draft about one token more than
             # this sequence has lately had accepted.
-            wanted = max(1, math.ceil(state.run) + 1)
-            draft = state.index.propose(tokens, min(c.num_speculative_tokens, room, wanted))
-            if draft:
-                out[seq_id] = draft
-        return out
+            length = max(1, math.ceil(state.run) + 1)
+            wanted.append((seq_id, tokens, min(c.num_speculative_tokens, room, length)))
+        return self.proposer.propose(wanted) if wanted else {}
 
     def accepted(self, seq_id: str, proposed: int, accepted: int) -> None:
         """Record how much of ``seq_id``'s draft the model accepted; pause its
@@ -155,3 +218,4 @@ class Speculator:
     def forget(self, seq_id: str) -> None:
         """``seq_id`` finished (or restarts from scratch after preemption)."""
         self._states.pop(seq_id, None)
+        self.proposer.forget(seq_id)

@@ -167,7 +167,8 @@ def _with_faults(model: Any, task: Task, plan: FaultPlan) -> Any:
 
 
 def _generator(name: str, lm: LoadedLM, config: CarpoolConfig) -> ServedGenerator:
-    engine = engine_for(lm, config.engine)
+    cache_dir = Path(config.runtime.cache_dir) if config.runtime.cache_dir else None
+    engine = engine_for(lm, config.engine, cache_dir=cache_dir)
     log.info(
         "%s: %d KV blocks of %d tokens (%s), max_model_len %d",
         name,

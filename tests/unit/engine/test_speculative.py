@@ -77,7 +77,14 @@ def test_the_config_is_json_with_known_keys_and_ranges() -> None:
         '{"num_speculative_tokens": 0}',
         '{"prompt_lookup_min": 5, "prompt_lookup_max": 4}',
         '{"draft_model": "x"}',
+        '{"method": "draft_model"}',  # which model?
+        '{"method": "ngram", "model": "x"}',
+        '{"method": "draft_model", "model": "x", "draft_kv_cache_memory": "lots"}',
         "[1]",
     ):
         with pytest.raises(ConfigError):
             SpeculativeConfig.parse(bad)
+    draft = SpeculativeConfig.parse('{"method": "draft_model", "model": "tiny"}')
+    assert draft.model == "tiny" and draft.draft_kv_cache_memory == "64MiB"
+    with pytest.raises(ValueError, match="needs its proposer"):
+        Speculator(draft)
