@@ -13,7 +13,6 @@ import os
 import platform
 import re
 import signal
-import socket
 import statistics
 import sys
 import time
@@ -25,16 +24,9 @@ from sentence_transformers import SentenceTransformer
 from benchmarks.loadgen import LoadResult, run_load
 from benchmarks.workload import sentences
 from carpool.models.registry import BUILTIN_MODELS
-from carpool.testing import spawn
+from carpool.testing import free_port, spawn
 
 MODEL = "all-minilm-l6-v2"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def ours_in_process(texts: list[str]) -> float:

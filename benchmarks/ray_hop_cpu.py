@@ -33,7 +33,8 @@ from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 from ray import serve
 
-from benchmarks.serving import free_port
+from carpool.distributed.launch import local_cluster
+from carpool.testing import free_port
 
 CHUNK = b"data: " + b"x" * 200 + b"\n\n"
 
@@ -94,14 +95,7 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        object_store_memory=96 << 20,
-        _node_ip_address="127.0.0.1",
-        configure_logging=False,
-        log_to_driver=False,
-    )
+    ray.init(log_to_driver=False, **local_cluster(num_cpus=2, object_store_bytes=96 << 20))
     proxy_port, local_port = free_port(), free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": proxy_port})
     serve.run(Front.bind(Source.bind()), route_prefix="/")

@@ -31,11 +31,11 @@ from contextlib import contextmanager
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.serving import free_port, row
+from benchmarks.serving import row
 from benchmarks.stream_loadgen import StreamResult, run_streams
 from benchmarks.workload import sentences, token_prompts
 from carpool.bench.metrics import percentile
-from carpool.testing import spawn
+from carpool.testing import free_port, spawn
 
 MODEL = "smollm2-135m-instruct"
 READY = re.compile(r"carpool ready on (http://\S+)")

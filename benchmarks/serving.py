@@ -19,7 +19,6 @@ import os
 import platform
 import re
 import signal
-import socket
 import statistics
 import sys
 import time
@@ -29,16 +28,9 @@ import torch
 from benchmarks.stream_loadgen import StreamResult, run_streams
 from benchmarks.workload import token_prompts
 from carpool.bench.metrics import percentile
-from carpool.testing import spawn
+from carpool.testing import free_port, spawn
 
 MODEL = "smollm2-135m-instruct"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def offline_itl() -> float:

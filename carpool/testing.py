@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import selectors
+import socket
 import subprocess
 import threading
 import time
@@ -50,3 +51,12 @@ def spawn(
 def _drain(stream: IO[str], lines: list[str]) -> None:
     for line in stream:
         lines.append(line)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 just now (for a server that takes its port as a
+    number; ``carpool serve --port 0`` picks its own)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port

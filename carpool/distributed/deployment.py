@@ -108,10 +108,6 @@ class CarpoolIngress:
         app_name = serve.get_replica_context().app_name
         self.front = Ingress(replicas, deployment_key(app_name, REPLICA_DEPLOYMENT))
 
-    async def drain(self, timeout_s: float) -> bool:
-        """Called through a handle on shutdown: see ``Ingress.drain``."""
-        return await self.front.drain(timeout_s)
-
     @ingress_app.get("/health")
     async def health(self) -> Response:
         """200 while at least one replica is ready, with how many are."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import cast
 
 import orjson
@@ -31,7 +31,7 @@ from carpool.distributed.forward import (
 from carpool.distributed.metrics_merge import merge_metrics
 from carpool.distributed.replica_book import known_replicas
 from carpool.distributed.routing import routing_text
-from carpool.errors import CarpoolError, Overloaded, ReplicaFailed, ServerShuttingDown
+from carpool.errors import CarpoolError, Overloaded, ReplicaFailed
 from carpool.server import errors
 
 log = logging.getLogger("carpool")
@@ -53,31 +53,6 @@ class Ingress:
     def __init__(self, replicas: DeploymentHandle, deployment: str) -> None:
         self.replicas = replicas
         self.deployment = deployment
-        self.draining = False
-        self.in_flight = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
-
-    async def drain(self, timeout_s: float) -> bool:
-        """Refuse new requests from now on (503 with Retry-After) and wait until those
-        in flight, streams included, have finished (True) or ``timeout_s`` passed."""
-        self.draining = True
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        return True
-
-    def _begin(self) -> None:
-        if self.draining:
-            raise ServerShuttingDown("the server is shutting down")
-        self.in_flight += 1
-        self._idle.clear()
-
-    def _end(self) -> None:
-        self.in_flight -= 1
-        if self.in_flight == 0:
-            self._idle.set()
 
     async def health(self) -> Response:
         """200 while at least one replica is ready, with how many are."""
@@ -97,17 +72,10 @@ class Ingress:
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def forward(self, request: Request) -> Response:
-        """``request`` answered by one replica; a streamed answer counts as in flight
-        until its last chunk."""
-        self._begin()
-        streaming = False
-        try:
-            response = await self._forward(request)
-            streaming = isinstance(response, StreamingResponse)
-            return response
-        finally:
-            if not streaming:
-                self._end()
+        """``request`` answered by one replica. Draining is the caller's: ``carpool
+        serve --replicas`` wraps its front in ``carpool.server.drain.Drain``, and a
+        Serve application's ingress deployment has Ray Serve's graceful shutdown."""
+        return await self._forward(request)
 
     async def _forward(self, request: Request) -> Response:
         body = await request.body()
@@ -126,7 +94,7 @@ class Ingress:
             response = Response(head.body, status_code=head.status)
             response.raw_headers = list(head.headers)
             return response
-        streaming = StreamingResponse(_rest(head, stream, self._end), status_code=head.status)
+        streaming = StreamingResponse(_rest(head, stream), status_code=head.status)
         streaming.raw_headers = list(head.headers)
         return streaming
 
@@ -175,12 +143,9 @@ class Ingress:
             return None
 
 
-async def _rest(
-    head: ResponseHead, stream: DeploymentResponseGenerator, done: Callable[[], None]
-) -> AsyncIterator[bytes]:
+async def _rest(head: ResponseHead, stream: DeploymentResponseGenerator) -> AsyncIterator[bytes]:
     """The body after the head; a replica that dies mid-stream ends an event stream with
-    an error event (OpenAI's shape) and ``[DONE]``, any other body by cutting it.
-    ``done`` is called once, however it ends."""
+    an error event (OpenAI's shape) and ``[DONE]``, any other body by cutting it."""
     if head.body:
         yield head.body
     try:
@@ -195,7 +160,6 @@ async def _rest(
         yield f"data: {orjson.dumps(body).decode()}\r\n\r\ndata: [DONE]\r\n\r\n".encode()
     finally:
         stream.cancel()
-        done()
 
 
 def _is_event_stream(head: ResponseHead) -> bool:

@@ -85,15 +85,22 @@ def _start_ray(ray: Any, config: CarpoolConfig) -> bool:
         return False
     if not config.runtime.device.startswith("cuda") and options.replicas > _local_cores():
         _placement_error(options.replicas, _local_cores(), "cores")
-    ray.init(
-        num_cpus=_local_cores(),
-        object_store_memory=options.object_store_bytes,
-        include_dashboard=False,
-        namespace=APP_NAME,
-        _node_ip_address="127.0.0.1",
-        configure_logging=False,
-    )
+    ray.init(namespace=APP_NAME, **local_cluster(_local_cores(), options.object_store_bytes))
     return True
+
+
+def local_cluster(num_cpus: int, object_store_bytes: int) -> dict[str, Any]:
+    """``ray.init``'s arguments for a small local cluster (the one ``carpool serve
+    --replicas`` starts, and those the tests and benchmarks start): on 127.0.0.1 only,
+    no dashboard, an object store of ``object_store_bytes``, Ray's logging left as the
+    process has it."""
+    return {
+        "num_cpus": num_cpus,
+        "object_store_memory": object_store_bytes,
+        "include_dashboard": False,
+        "_node_ip_address": "127.0.0.1",
+        "configure_logging": False,
+    }
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:

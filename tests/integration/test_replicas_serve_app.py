@@ -3,13 +3,13 @@ Ray cluster and reach it through Ray Serve's own HTTP proxy."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from carpool.config import CarpoolConfig, ServerConfig
+from carpool.testing import free_port
 from tests.integration.conftest import MODEL
 
 ray = pytest.importorskip("ray")
@@ -17,25 +17,13 @@ serve = pytest.importorskip("ray.serve")
 pytestmark = pytest.mark.slow
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
     from carpool.distributed.deployment import Placement, build_app
+    from carpool.distributed.launch import local_cluster
 
     port = free_port()
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        object_store_memory=96 << 20,
-        _node_ip_address="127.0.0.1",
-        configure_logging=False,
-    )
+    ray.init(**local_cluster(num_cpus=2, object_store_bytes=96 << 20))
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         config = CarpoolConfig(server=ServerConfig(models=(MODEL,)))
