@@ -55,6 +55,14 @@ static inline float min_share(const float *mins, const float *sums, int64_t grou
     return share;
 }
 
+/* A Q4_1 block's 32 quants, from its 16 bytes: weights 0-15 (the low nibbles) in lo,
+   16-31 (the high nibbles) in hi, one a byte */
+static inline void split_nibbles(const uint8_t *q, __m128i *lo, __m128i *hi) {
+    const __m128i low = _mm_set1_epi8(15), bytes = _mm_loadu_si128((const __m128i *)q);
+    *lo = _mm_and_si128(bytes, low);
+    *hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);
+}
+
 static inline __m256 bytes_to_floats(__m128i bytes) {
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
 }
@@ -64,15 +72,13 @@ static inline __m256 bytes_to_floats(__m128i bytes) {
 #define ROWS 8
 
 ALWAYS_INLINE void q4_1_dot(const uint8_t *q, const float *scales, const float *mins,
-                     const float *sums, const float *x, int64_t k, int64_t rows, int64_t groups,
-                     float *out) {
-    const __m128i low = _mm_set1_epi8(15);
+                            const float *sums, const float *x, int64_t k, int64_t rows,
+                            int64_t groups, float *out) {
     __m256 acc[ROWS];
     for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; g++, q += BLOCK / 2) {
-        const __m128i bytes = _mm_loadu_si128((const __m128i *)q);
-        const __m128i lo = _mm_and_si128(bytes, low);
-        const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);
+        __m128i lo, hi;
+        split_nibbles(q, &lo, &hi);
         const __m256 w0 = bytes_to_floats(lo), w1 = bytes_to_floats(_mm_srli_si128(lo, 8));
         const __m256 w2 = bytes_to_floats(hi), w3 = bytes_to_floats(_mm_srli_si128(hi, 8));
         const __m256 scale = _mm256_set1_ps(scales[g]);
@@ -90,7 +96,7 @@ ALWAYS_INLINE void q4_1_dot(const uint8_t *q, const float *scales, const float *
 }
 
 ALWAYS_INLINE void q8_0_dot(const int8_t *q, const float *scales, const float *x, int64_t k,
-                     int64_t rows, int64_t groups, float *out) {
+                            int64_t rows, int64_t groups, float *out) {
     __m256 acc[ROWS];
     for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; g++, q += BLOCK) {
@@ -122,15 +128,13 @@ static inline __m256i dot_u8_s8(__m256i u, __m256i s) {
 /* As q4_1_dot, with scale * xscale * (q . xq_r) for rows of quantized x (xq: [rows, k]
    int8, xscales: [rows, groups]) */
 ALWAYS_INLINE void q4_1_dot_int8(const uint8_t *q, const float *scales, const float *mins,
-                          const float *sums, const int8_t *xq, const float *xscales, int64_t k,
-                          int64_t rows, int64_t groups, float *out) {
-    const __m128i low = _mm_set1_epi8(15);
+                                 const float *sums, const int8_t *xq, const float *xscales,
+                                 int64_t k, int64_t rows, int64_t groups, float *out) {
     __m256 acc[ROWS];
     for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; g++, q += BLOCK / 2) {
-        const __m128i bytes = _mm_loadu_si128((const __m128i *)q);
-        const __m128i lo = _mm_and_si128(bytes, low);
-        const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);
+        __m128i lo, hi;
+        split_nibbles(q, &lo, &hi);
         const __m256i w = _mm256_set_m128i(hi, lo); /* weights 0-15, then 16-31 */
         for (int64_t r = 0; r < rows; r++) {
             const __m256i a = _mm256_loadu_si256((const __m256i *)(xq + r * k + g * BLOCK));
@@ -144,8 +148,8 @@ ALWAYS_INLINE void q4_1_dot_int8(const uint8_t *q, const float *scales, const fl
 }
 
 ALWAYS_INLINE void q8_0_dot_int8(const int8_t *q, const float *scales, const int8_t *xq,
-                          const float *xscales, int64_t k, int64_t rows, int64_t groups,
-                          float *out) {
+                                 const float *xscales, int64_t k, int64_t rows, int64_t groups,
+                                 float *out) {
     __m256 acc[ROWS];
     for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; g++, q += BLOCK) {
