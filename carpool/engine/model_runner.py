@@ -92,11 +92,11 @@ def _draft_proposer(
     spec = SpeculativeConfig.parse(config.speculative_config)
     if spec.method != "draft_model":
         return None
+    # A draft only proposes (the target verifies), so it takes whatever kernels it can
+    # run: a draft without GGUF blocks is no error under the target's "native".
+    kernels = "torch" if config.weight_kernel == "torch" else "auto"
     options = LoadOptions(
-        device=str(lm.device),
-        dtype=config.dtype,
-        cache_dir=cache_dir,
-        weight_kernel=config.weight_kernel,
+        device=str(lm.device), dtype=config.dtype, cache_dir=cache_dir, weight_kernel=kernels
     )
     source = registry.resolve(spec.model)
     if source.task is not registry.Task.GENERATE:
@@ -112,6 +112,7 @@ def _draft_proposer(
         kv_cache_memory=spec.draft_kv_cache_memory,
         enable_prefix_caching=True,
         speculative_config="",
+        weight_kernel=kernels,
     )
     return DraftModelProposer(engine_for(draft, draft_config))
 

@@ -100,3 +100,22 @@ def test_a_draft_model_of_another_vocabulary_is_refused(
 ) -> None:
     with pytest.raises(ValueError, match="256 tokens in its vocabulary and the target 512"):
         with_draft(target, folders["small"])
+
+
+def test_the_built_in_model_takes_a_draft_without_blocks_under_native_kernels(
+    smollm: LoadedLM, smollm_folder: Path, tmp_path: Path
+) -> None:
+    """A draft only proposes: under ``weight_kernel native`` (which the target's GGUF
+    blocks satisfy) a draft model without blocks still loads, and the built-in
+    model's greedy tokens do not change."""
+    draft = tmp_path / "draft"
+    tiny_models.build("llama", draft, smollm_folder, vocab=smollm.config.vocab_size)
+    config = json.dumps(
+        {"method": "draft_model", "model": str(draft), "draft_kv_cache_memory": "8MiB"}
+    )
+    prompt = smollm.tokenizer.encode("Count: one, two, three, four, five, six,")
+    greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    expected = generate(engine_for(smollm, EngineConfig(weight_kernel="native")), [prompt], greedy)
+    engine = engine_for(smollm, EngineConfig(weight_kernel="native", speculative_config=config))
+    assert generate(engine, [prompt], greedy) == expected
+    assert engine.stats.snapshot().spec_draft_tokens > 0
