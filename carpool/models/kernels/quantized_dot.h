@@ -317,8 +317,11 @@ static int quantize_rows(const float *x, int64_t rows, int64_t k, int with_quant
         if (!with_quants) continue;
         const float step = amax / 127.f, inverse = step > 0.f ? 1.f / step : 0.f;
         out->scales[b] = step;
-        for (int j = 0; j < BLOCK; j++)
-            out->quants[b * BLOCK + j] = (int8_t)nearbyintf(xb[j] * inverse);
+        for (int j = 0; j < BLOCK; j++) {
+            const float v = xb[j] * inverse;
+            /* a NaN (a broken model's) becomes 0: converting it to an integer is undefined */
+            out->quants[b * BLOCK + j] = (int8_t)(v == v ? nearbyintf(v) : 0.f);
+        }
     }
     return 0;
 }
