@@ -7,22 +7,16 @@ body limit, API key and drain.
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import signal
 import socket
 
-import uvicorn
 from fastapi import FastAPI, Request, Response
 
 from carpool import __version__
 from carpool.config import CarpoolConfig
 from carpool.distributed.ingress import Ingress
 from carpool.server import errors
-from carpool.server.drain import Drain
+from carpool.server.drain import DrainingServer
 from carpool.server.guards import guard
-
-log = logging.getLogger("carpool")
 
 METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
 
@@ -54,37 +48,8 @@ def front_app(ingress: Ingress, config: CarpoolConfig) -> FastAPI:
 async def serve_front(
     app: FastAPI, sock: socket.socket, ready_line: str, config: CarpoolConfig
 ) -> None:
-    """Serve ``app`` on ``sock`` until SIGTERM or SIGINT, then drain: new requests get
-    503 with Retry-After while those in flight, streams included, finish (up to
-    ``shutdown_timeout_s``)."""
-    drain = Drain(app)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            drain,
-            log_level=config.server.log_level,
-            access_log=config.server.log_level == "debug",
-            timeout_graceful_shutdown=1,
-        )
-    )
-    serving = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started and not serving.done():
-        await asyncio.sleep(0.01)
-    if not server.started:
-        await serving
-        return
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-
-    def handler(signum: int, _frame: object) -> None:
-        loop.call_soon_threadsafe(stop.set)
-        log.info("%s: draining %d requests in flight", signal.Signals(signum).name, drain.in_flight)
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, handler)
-    log.info(ready_line)
-    await asyncio.wait([serving, asyncio.ensure_future(stop.wait())], return_when="FIRST_COMPLETED")
-    drain.draining = True
-    if not await drain.idle(config.server.shutdown_timeout_s):
-        log.warning("shutdown timeout: %d requests still in flight are cut", drain.in_flight)
-    server.should_exit = True
-    await serving
+    """Serve ``app`` on ``sock`` until SIGTERM or SIGINT, then drain as one carpool
+    process does (``DrainingServer``)."""
+    server = config.server
+    front = DrainingServer(app, log_level=server.log_level, timeout_s=server.shutdown_timeout_s)
+    await front.serve(sock, ready_line)

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import signal
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import uvicorn
 from fastapi import FastAPI
 from sse_starlette.sse import AppStatus
 
@@ -25,7 +22,7 @@ from carpool.models.openmp import release_thread_team
 from carpool.models.registry import LoadOptions, Task
 from carpool.runtime import DeviceRuntime
 from carpool.server.app import create_app
-from carpool.server.drain import Drain
+from carpool.server.drain import DrainingServer
 from carpool.server.served import ServedEmbedding, ServedGenerator, ServedModels
 
 log = logging.getLogger("carpool")
@@ -39,9 +36,7 @@ class ServerBundle:
     models: ServedModels
     runtime: DeviceRuntime = field(init=False)
     exit_code: int = 0
-    drain: Drain = field(init=False, repr=False)
-    _server: uvicorn.Server | None = field(default=None, repr=False)
-    _drain_task: asyncio.Future[None] | None = field(default=None, repr=False)
+    _server: DrainingServer | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.runtime = DeviceRuntime(on_death=self.on_runtime_death)
@@ -52,7 +47,7 @@ class ServerBundle:
         log.critical("device runtime died (%s); shutting down", type(exc).__name__)
         self.exit_code = 1
         if self._server is not None:
-            self._server.should_exit = True
+            self._server.stop()
 
     def create_app(self) -> FastAPI:
         """The HTTP app over this bundle's models and runtime."""
@@ -65,57 +60,15 @@ class ServerBundle:
         )
 
     async def run(self, sock: socket.socket, ready_line: str) -> None:
-        self.drain = Drain(self.create_app())
-        uv_config = uvicorn.Config(
-            self.drain,
-            log_level=self.config.server.log_level,
-            access_log=self.config.server.log_level == "debug",
-            timeout_graceful_shutdown=1,
-        )
+        """Serve the app on ``sock`` until a signal's drain (or the runtime's death)
+        ends it."""
         # sse-starlette cuts every open stream on SIGTERM by default; we drain them.
         AppStatus.disable_automatic_graceful_drain()
-        self._server = uvicorn.Server(uv_config)
-        serving = asyncio.create_task(self._server.serve(sockets=[sock]))
-        while not self._server.started and not serving.done():
-            await asyncio.sleep(0.01)
-        if self._server.started:
-            self._take_signals(asyncio.get_running_loop())
-            log.info(ready_line)
-        await serving
-
-    def _take_signals(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Replace uvicorn's SIGTERM/SIGINT handlers with our drain: keep listening
-        (new requests get 503), let the requests in flight finish, then stop."""
-
-        def handler(signum: int, _frame: object) -> None:
-            loop.call_soon_threadsafe(self.begin_drain, signal.Signals(signum).name)
-
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, handler)
-
-    def begin_drain(self, reason: str) -> None:
-        server = self._server
-        if server is None:
-            return
-        if self.drain.draining:  # a second signal: stop now
-            server.should_exit = server.force_exit = True
-            return
-        self.drain.draining = True
-        timeout = self.config.server.shutdown_timeout_s
-        log.info(
-            "%s: draining %d requests in flight (up to %.0fs)",
-            reason,
-            self.drain.in_flight,
-            timeout,
+        server = self.config.server
+        self._server = DrainingServer(
+            self.create_app(), log_level=server.log_level, timeout_s=server.shutdown_timeout_s
         )
-        self._drain_task = asyncio.ensure_future(self._finish_drain(server, timeout))
-
-    async def _finish_drain(self, server: uvicorn.Server, timeout_s: float) -> None:
-        if not await self.drain.idle(timeout_s):
-            log.warning(
-                "shutdown timeout: %d requests still in flight are cut", self.drain.in_flight
-            )
-        server.should_exit = True
+        await self._server.serve(sock, ready_line)
 
 
 def build_server(config: CarpoolConfig) -> ServerBundle:

@@ -1,15 +1,23 @@
 """Graceful drain: the outermost ASGI app. While draining, new requests get 503
 with Retry-After and ``Connection: close`` (liveness and metrics still answer),
-and the server waits for the requests in flight, streams included, to finish."""
+and the server waits for the requests in flight, streams included, to finish.
+``DrainingServer`` is uvicorn over it, draining on SIGTERM/SIGINT: ``carpool serve``
+and the ``--replicas`` front both run one."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import signal
+import socket
 
+import uvicorn
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from carpool.server.errors import error_body
+
+log = logging.getLogger("carpool")
 
 ALWAYS_OPEN = ("/health", "/v2/health/live", "/metrics")
 
@@ -52,3 +60,65 @@ class Drain:
         body = error_body(503, message, kind="overloaded_error", v2=v2)
         headers = {"Retry-After": "1", "Connection": "close"}
         await JSONResponse(body, status_code=503, headers=headers)(scope, receive, send)
+
+
+class DrainingServer:
+    """uvicorn serving ``Drain(app)`` on a bound socket. SIGTERM or SIGINT starts the
+    drain: the socket stays open (new requests get 503), the requests in flight finish
+    (up to ``timeout_s``), then the server stops; a second signal stops it at once."""
+
+    def __init__(self, app: ASGIApp, *, log_level: str, timeout_s: float) -> None:
+        self.drain = Drain(app)
+        self.timeout_s = timeout_s
+        self.server = uvicorn.Server(
+            uvicorn.Config(
+                self.drain,
+                log_level=log_level,
+                access_log=log_level == "debug",
+                timeout_graceful_shutdown=1,
+            )
+        )
+        self._finishing: asyncio.Future[None] | None = None
+
+    async def serve(self, sock: socket.socket, ready_line: str) -> None:
+        """Serve until stopped; ``ready_line`` is logged once the server listens."""
+        serving = asyncio.create_task(self.server.serve(sockets=[sock]))
+        while not self.server.started and not serving.done():
+            await asyncio.sleep(0.01)
+        if self.server.started:
+            self._take_signals(asyncio.get_running_loop())
+            log.info(ready_line)
+        await serving
+
+    def stop(self) -> None:
+        """Stop without draining (any thread's signal handler may ask; uvicorn polls)."""
+        self.server.should_exit = True
+
+    def _take_signals(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Replace uvicorn's SIGTERM/SIGINT handlers with the drain."""
+
+        def handler(signum: int, _frame: object) -> None:
+            loop.call_soon_threadsafe(self.begin_drain, signal.Signals(signum).name)
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, handler)
+
+    def begin_drain(self, reason: str) -> None:
+        if self.drain.draining:  # a second signal: stop now
+            self.server.should_exit = self.server.force_exit = True
+            return
+        self.drain.draining = True
+        log.info(
+            "%s: draining %d requests in flight (up to %.0fs)",
+            reason,
+            self.drain.in_flight,
+            self.timeout_s,
+        )
+        self._finishing = asyncio.ensure_future(self._finish())
+
+    async def _finish(self) -> None:
+        if not await self.drain.idle(self.timeout_s):
+            log.warning(
+                "shutdown timeout: %d requests still in flight are cut", self.drain.in_flight
+            )
+        self.stop()
