@@ -168,8 +168,20 @@ class EngineConfig:
 
     kv_cache_memory: str = _help(
         "Memory for the paged KV cache of each generation model, e.g. 512MiB or 2GiB; "
-        "the number of blocks is derived from it.",
-        default="1GiB",
+        "the number of blocks is derived from it. auto: 1GiB on the CPU; on a GPU what "
+        "gpu_memory_utilization leaves once the model is loaded.",
+        default="auto",
+    )
+    gpu_memory_utilization: float = _help(
+        "On a GPU with kv_cache_memory auto: the fraction of the device's memory this "
+        "process may use in all (weights, activations, CUDA graphs and KV cache), as vLLM's "
+        "option of the same name.",
+        default=0.9,
+    )
+    cuda_graphs: bool = _help(
+        "On a GPU: replay decode steps from CUDA graphs captured at start-up, one per "
+        "batch-size bucket up to max_num_seqs (off: every step runs eagerly).",
+        default=True,
     )
     block_size: int = _help("Tokens per KV-cache block.", default=16)
     max_num_batched_tokens: int = _help(
@@ -202,7 +214,9 @@ class EngineConfig:
         default=60.0,
     )
     dtype: str = _help(
-        "Weights and KV cache dtype: float32, bfloat16 or float16.", default="float32"
+        "Weights and KV cache dtype: float32, bfloat16, float16, or auto (float32 on the "
+        "CPU, bfloat16 on a GPU).",
+        default="auto",
     )
     attention_kernel: str = _help(
         "Attention over the paged cache: native (C, compiled at start-up with the "
@@ -233,7 +247,12 @@ class EngineConfig:
     )
 
     def __post_init__(self) -> None:
-        parse_size(self.kv_cache_memory)
+        if self.kv_cache_memory != "auto":
+            parse_size(self.kv_cache_memory)
+        _require(
+            0 < self.gpu_memory_utilization <= 1,
+            f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}",
+        )
         _require(
             self.weight_kernel in WEIGHT_KERNELS,
             f"weight_kernel must be one of {', '.join(WEIGHT_KERNELS)}, got {self.weight_kernel!r}",
@@ -249,8 +268,8 @@ class EngineConfig:
         _require(self.max_waiting_requests >= 1, "max_waiting_requests must be >= 1")
         _require(self.request_timeout_s > 0, "request_timeout_s must be > 0")
         _require(
-            self.dtype in ("float32", "bfloat16", "float16"),
-            f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}",
+            self.dtype in ("auto", "float32", "bfloat16", "float16"),
+            f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}",
         )
         if self.speculative_config:
             # Imported here: the speculative module builds on this one.
@@ -259,8 +278,15 @@ class EngineConfig:
             SpeculativeConfig.parse(self.speculative_config)
 
     @property
-    def kv_cache_bytes(self) -> int:
-        return parse_size(self.kv_cache_memory)
+    def kv_cache_bytes(self) -> int | None:
+        """The KV cache's size; None for auto (the device decides)."""
+        return None if self.kv_cache_memory == "auto" else parse_size(self.kv_cache_memory)
+
+    def dtype_on(self, device: str) -> str:
+        """The dtype the models load in on ``device`` (auto resolved)."""
+        if self.dtype != "auto":
+            return self.dtype
+        return "float32" if device == "cpu" else "bfloat16"
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ class LLM:
         config = EngineConfig(**engine)  # type: ignore[arg-type]
         options = LoadOptions(
             device=device,
-            dtype=config.dtype,
+            dtype=config.dtype_on(device),
             cache_dir=None if cache_dir is None else Path(cache_dir),
             weight_kernel=config.weight_kernel,
         )

@@ -74,14 +74,75 @@ def engine_for(
     not the target's."""
     config = config or EngineConfig()
     bs = config.block_size
-    blocks = num_blocks or ModelRunner.blocks_for_memory(lm, config.kv_cache_bytes, bs)
+    memory = _kv_cache_bytes(lm, config)
+    blocks = num_blocks or ModelRunner.blocks_for_memory(lm, memory, bs)
     if blocks < 1:
         raise ValueError(f"kv_cache_memory {config.kv_cache_memory} holds no block")
-    kernel, attention = select_decode_kernel(config.attention_kernel, lm.device, lm.dtype)
-    # The fused stack needs native attention.
-    paths = (*(_without_stack(p) if kernel is None else p for p in lm.paths), attention)
-    runner = ModelRunner(lm, blocks, bs, kernel, paths)
+    runner: ModelRunner
+    if lm.device.type == "cuda":
+        runner = _cuda_runner(lm, config, blocks)
+    else:
+        kernel, attention = select_decode_kernel(config.attention_kernel, lm.device, lm.dtype)
+        # The fused stack needs native attention.
+        paths = (*(_without_stack(p) if kernel is None else p for p in lm.paths), attention)
+        runner = ModelRunner(lm, blocks, bs, kernel, paths)
     return Engine(runner, config, clock, _draft_proposer(lm, config, cache_dir))
+
+
+# The KV cache's size on the CPU when kv_cache_memory is auto.
+CPU_KV_CACHE_BYTES = 1 << 30
+# On a GPU, kept free of the KV cache beyond what is in use after loading: a step's
+# activations (max_num_batched_tokens rows) and the CUDA graphs' pool.
+GPU_HEADROOM_BYTES = 2 << 30
+
+
+def _kv_cache_bytes(lm: LoadedLM, config: EngineConfig) -> int:
+    """``kv_cache_memory``, or for auto: 1 GiB on the CPU; on a GPU, vLLM's meaning of
+    ``gpu_memory_utilization`` (this process's share of the device, less what it
+    holds now and the headroom)."""
+    explicit = config.kv_cache_bytes
+    if explicit is not None:
+        return explicit
+    if lm.device.type != "cuda":
+        return CPU_KV_CACHE_BYTES
+    free, total = torch.cuda.mem_get_info(lm.device)
+    used_by_others = total - free - torch.cuda.memory_reserved(lm.device)
+    budget = int(total * config.gpu_memory_utilization) - used_by_others
+    held = torch.cuda.memory_reserved(lm.device)
+    room = budget - held - GPU_HEADROOM_BYTES
+    if room <= 0:
+        raise ValueError(
+            f"gpu_memory_utilization {config.gpu_memory_utilization} leaves no room for a KV "
+            f"cache on {lm.device} ({held / 2**30:.2f} GiB held, {total / 2**30:.1f} GiB in all)"
+        )
+    return room
+
+
+def _cuda_runner(lm: LoadedLM, config: EngineConfig, blocks: int) -> ModelRunner:
+    """The GPU's runner: Triton paged attention, decode steps from CUDA graphs."""
+    if config.attention_kernel == "native":
+        raise ValueError("attention_kernel native runs on the CPU; on a GPU attention is Triton's")
+    from carpool.engine.cuda_runner import CudaModelRunner
+
+    limit = config.max_model_len or lm.config.max_position_embeddings
+    paths = (
+        *lm.paths,
+        PathTaken(
+            "attention",
+            True,
+            "Triton paged attention"
+            + (", decode steps from CUDA graphs" if config.cuda_graphs else ""),
+        ),
+    )
+    return CudaModelRunner(
+        lm,
+        blocks,
+        config.block_size,
+        paths,
+        config.max_num_seqs,
+        min(limit, blocks * config.block_size),
+        config.cuda_graphs,
+    )
 
 
 def _draft_proposer(
@@ -96,7 +157,10 @@ def _draft_proposer(
     # run: a draft without GGUF blocks is no error under the target's "native".
     kernels = "torch" if config.weight_kernel == "torch" else "auto"
     options = LoadOptions(
-        device=str(lm.device), dtype=config.dtype, cache_dir=cache_dir, weight_kernel=kernels
+        device=str(lm.device),
+        dtype=str(lm.dtype).removeprefix("torch."),
+        cache_dir=cache_dir,
+        weight_kernel=kernels,
     )
     source = registry.resolve(spec.model)
     if source.task is not registry.Task.GENERATE:

@@ -17,6 +17,7 @@ The cache of one layer is a tensor [2, num_blocks, block_size, kv_heads, head_di
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -61,15 +62,26 @@ class NativeDecode:
     kernel: DecodeKernel
 
 
+class DeviceAttention(Protocol):
+    """A step's attention done another way (on the GPU: ``carpool.models.
+    triton_attention``): stores the step's keys and values, returns the output."""
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, scale: float
+    ) -> torch.Tensor: ...
+
+
 @dataclass(frozen=True)
 class AttentionMetadata:
     """Where each token's K/V goes and what each token attends to, for every layer.
-    The single-token rows are in ``native`` or in ``singles``, never both."""
+    The single-token rows are in ``native`` or in ``singles``, never both; with
+    ``device`` set, it does the whole step's attention and the rest is unused."""
 
     slot_mapping: torch.Tensor  # [T]
     singles: tuple[SingleGroup, ...]
     prefills: tuple[PrefillSegment, ...]
     native: NativeDecode | None = None
+    device: DeviceAttention | None = None
 
 
 def allocate_kv_cache(
@@ -102,6 +114,8 @@ def paged_attention(
 ) -> torch.Tensor:
     """``q``: [T, H, D]; ``k``, ``v``: [T, Hkv, D]. Stores k and v in ``cache``, then
     returns the attention output [T, H, D]."""
+    if meta.device is not None:
+        return meta.device.attend(q, k, v, cache, scale)
     kv_heads, head_dim = cache.shape[-2:]
     keys, values = cache[0], cache[1]
     keys.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)

@@ -13,6 +13,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from carpool.config import ConfigError
 from carpool.errors import ModelNotFound
 from carpool.models.decoder_config import GPT2_FAMILY, LLAMA_FAMILY
 from carpool.models.weights import read_json
@@ -151,6 +152,26 @@ def resolve(spec: str) -> ModelSource:
 
 
 def load(source: ModelSource, options: LoadOptions | None = None) -> Any:
-    """Build the model object for ``source``: an ``EmbeddingModel`` or a ``LoadedLM``."""
+    """Build the model object for ``source``: an ``EmbeddingModel`` or a ``LoadedLM``.
+    Raises ``ConfigError`` if ``options.device`` is a GPU this process has not."""
+    options = options or LoadOptions()
+    check_device(options.device)
     _, factory = ARCHITECTURES[source.architecture]
-    return factory(source, options or LoadOptions())
+    return factory(source, options)
+
+
+def check_device(device: str) -> None:
+    """Raise ``ConfigError`` unless torch can use ``device`` (no fallback to the CPU)."""
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            f"device {device} was asked for, but this torch ({torch.__version__}) sees no CUDA GPU"
+        )
+    index = torch.device(device).index or 0
+    if index >= torch.cuda.device_count():
+        raise ConfigError(
+            f"device {device} was asked for, but there are {torch.cuda.device_count()} GPUs"
+        )

@@ -79,7 +79,7 @@ def build_server(config: CarpoolConfig) -> ServerBundle:
         torch.set_num_threads(config.runtime.threads)
     options = LoadOptions(
         device=config.runtime.device,
-        dtype=config.engine.dtype,
+        dtype=config.engine.dtype_on(config.runtime.device),
         cache_dir=Path(config.runtime.cache_dir) if config.runtime.cache_dir else None,
         weight_kernel=config.engine.weight_kernel,
     )

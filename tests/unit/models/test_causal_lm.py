@@ -34,7 +34,7 @@ def generate(
     lm: LoadedLM, prompts: list[list[int]], max_tokens: int, **engine: Any
 ) -> list[list[int]]:
     """Every prompt in one engine run; the generated token ids of each."""
-    eng = engine_for(lm, EngineConfig(**engine))
+    eng = engine_for(lm, EngineConfig(**{"kv_cache_memory": "256MiB", **engine}))
     for i, prompt in enumerate(prompts):
         eng.add_request(str(i), prompt, SamplingParams(max_tokens=max_tokens, **GREEDY))  # type: ignore[arg-type]
     done: dict[str, list[int]] = {}

@@ -1,0 +1,136 @@
+"""The engine's ``Runner`` on a CUDA GPU.
+
+The same steps as ``ModelRunner`` (sampling, prompt log-probabilities, grammars are
+its), with the GPU's attention: Triton kernels over the paged cache
+(``carpool.models.triton_attention``), rows in the step's own order, one kernel
+writing a layer's keys and values. Decode steps replay CUDA graphs
+(``decode_graphs``); prompt chunks and mixed steps run eagerly. The device's busy
+time per step is measured with CUDA events (``device_seconds``), so a benchmark can
+report how long the GPU waited on the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from carpool.engine.decode_graphs import DecodeGraphs
+from carpool.engine.model_runner import ModelRunner, StepInputs
+from carpool.engine.outputs import SchedulerOutput
+from carpool.engine.runner import SamplingRow, StepResult
+from carpool.models.attention import AttentionMetadata
+from carpool.models.causal_lm import LoadedLM
+from carpool.models.native import PathTaken
+from carpool.models.triton_attention import PagedMetadata, Tiles, prefill_block_q, tiles_for
+
+
+class CudaModelRunner(ModelRunner):
+    """``ModelRunner`` with paged attention on the GPU and decode steps from graphs."""
+
+    def __init__(
+        self,
+        lm: LoadedLM,
+        num_blocks: int,
+        block_size: int,
+        paths: tuple[PathTaken, ...],
+        max_num_seqs: int,
+        max_model_len: int,
+        cuda_graphs: bool = True,
+    ) -> None:
+        """``max_num_seqs`` and ``max_model_len`` bound the captured decode steps;
+        ``cuda_graphs`` False runs every step eagerly (as it must on the CPU, where
+        the tests run this runner's kernels under Triton's interpreter)."""
+        super().__init__(lm, num_blocks, block_size, None, paths)
+        self.max_blocks = -(-max_model_len // block_size)
+        self.block_q = prefill_block_q(lm.config.num_heads // lm.config.num_kv_heads)
+        self.graphs: DecodeGraphs | None = None
+        if cuda_graphs:
+            self.graphs = DecodeGraphs(lm, self.caches, max_num_seqs, self.max_blocks, block_size)
+            self.graphs.capture()
+        self.device_seconds = 0.0
+        self.steps = 0
+
+    @torch.inference_mode()
+    def execute(
+        self,
+        step: SchedulerOutput,
+        rows: Mapping[str, SamplingRow],
+        prompt_logprobs: Mapping[str, int] | None = None,
+    ) -> StepResult:
+        if self.device.type != "cuda":  # the tests' interpreted kernels on the CPU
+            return self._execute(step, rows, prompt_logprobs)
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        result = self._execute(step, rows, prompt_logprobs)
+        end.record()
+        end.synchronize()
+        self.device_seconds += start.elapsed_time(end) / 1000
+        self.steps += 1
+        return result
+
+    def _execute(
+        self,
+        step: SchedulerOutput,
+        rows: Mapping[str, SamplingRow],
+        prompt_logprobs: Mapping[str, int] | None,
+    ) -> StepResult:
+        if self.graphs is not None and not prompt_logprobs and self.graphs.fits(step.chunks):
+            logits = self.graphs.run(step.chunks)
+            return StepResult(sampled=self._sample(logits, step.chunks, rows))
+        return super().execute(step, rows, prompt_logprobs)
+
+    def prepare(self, step: SchedulerOutput) -> StepInputs:
+        """The step's rows in its chunks' order, with the Triton kernels' metadata."""
+        bs = self.block_size
+        tokens: list[list[int]] = [[], [], []]  # ids, positions, slots
+        ids, positions, slots = tokens
+        sample_index: list[int] = []
+        chunk_starts: list[int] = []
+        query_start, seq_lens, tables = [0], [], []
+        for chunk in step.chunks:
+            seq, start, n = chunk.seq, chunk.seq.num_computed, chunk.num_tokens
+            chunk_starts.append(len(ids))
+            blocks = seq.block_table.blocks
+            slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, start + n))
+            ids.extend(chunk.input_ids)
+            positions.extend(range(start, start + n))
+            if chunk.samples:
+                # The last own token's row, then one row per draft token.
+                sample_index.extend(range(len(ids) - 1 - len(chunk.draft), len(ids)))
+            query_start.append(len(ids))
+            seq_lens.append(start + n)
+            tables.append(blocks[: -(-(start + n) // bs)])
+        width = max(len(t) for t in tables)
+        rows_per_seq = [c.num_tokens for c in step.chunks]
+        tile_seq, tile_row, tile_end = tiles_for(rows_per_seq, seq_lens, self.block_q)
+        # Two uploads: the int64 rows, then every int32 array in one buffer.
+        i64 = torch.tensor(tokens, dtype=torch.int64).to(self.device, non_blocking=True)
+        flat = [
+            *query_start,
+            *seq_lens,
+            *tile_seq,
+            *tile_row,
+            *tile_end,
+            *(b for t in tables for b in (*t, *[0] * (width - len(t)))),
+        ]
+        i32 = torch.tensor(flat, dtype=torch.int32).to(self.device, non_blocking=True)
+        s, t = len(step.chunks), len(tile_seq)
+        parts = i32.split([s + 1, s, t, t, t, s * width])
+        paged = PagedMetadata(
+            slot_mapping=i64[2],
+            block_tables=parts[5].view(s, width),
+            query_start=parts[0],
+            seq_lens=parts[1],
+            tiles=Tiles(parts[2], parts[3], parts[4]),
+        )
+        meta = AttentionMetadata(paged.slot_mapping, (), (), None, paged)
+        return StepInputs(
+            i64[0],
+            i64[1],
+            meta,
+            torch.tensor(sample_index, dtype=torch.long).to(self.device, non_blocking=True),
+            [c for c in step.chunks if c.samples],
+            chunk_starts,
+        )
