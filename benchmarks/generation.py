@@ -36,16 +36,27 @@ def run_carpool(
 ) -> dict[str, Any]:
     from carpool import LLM, SamplingParams
 
+    started = time.perf_counter()
     llm = LLM(MODEL, device=device, **engine)
+    startup = time.perf_counter() - started
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for _, n in workload]
     # Warm up on other prompts: the workload's own would be in the prefix cache.
     warm = token_prompts(2, 32, 64, VOCAB, seed=99)
     llm.generate(warm, params[0], use_tqdm=False)
+    runner = llm.engine.runner
+    busy = getattr(runner, "device_seconds", 0.0)
     started = time.perf_counter()
     outputs = llm.generate([p for p, _ in workload], params, use_tqdm=False)
     elapsed = time.perf_counter() - started
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    return {"tokens": tokens, "seconds": elapsed}
+    result = {"tokens": tokens, "seconds": elapsed, "startup_s": startup}
+    if hasattr(runner, "device_seconds"):
+        # From each step's first kernel to its tokens on the host; the rest of the
+        # wall time the GPU waited on the host (scheduling, detokenizing, outputs).
+        result["device_busy"] = (runner.device_seconds - busy) / elapsed
+        graphs = getattr(runner, "graphs", None)
+        result["capture_s"] = graphs.capture_seconds if graphs is not None else 0.0
+    return result
 
 
 def _hf_model() -> Any:
@@ -162,6 +173,11 @@ def main() -> None:
     )
     for name, r in rows.items():
         gpu = f" {r['peak_gpu_mb']:8.0f} MB on the GPU" if "peak_gpu_mb" in r else ""
+        if "device_busy" in r:
+            gpu += (
+                f"; start-up {r['startup_s']:.1f} s (CUDA graphs {r['capture_s']:.2f} s), "
+                f"GPU idle between steps {1 - r['device_busy']:.0%}"
+            )
         print(
             f"{name:48} {r['tokens']:7d} {r['seconds']:7.1f} {r['tokens_per_s']:7.1f} "
             f"{r['tokens_per_s'] / base_one['tokens_per_s']:13.2f}x "

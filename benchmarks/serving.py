@@ -33,11 +33,11 @@ from carpool.testing import free_port, spawn
 MODEL = "smollm2-135m-instruct"
 
 
-def offline_itl() -> float:
+def offline_itl(device: str) -> float:
     """Median time between a lone request's tokens in the offline engine."""
     from carpool import LLM, SamplingParams
 
-    llm = LLM(MODEL)
+    llm = LLM(MODEL, device=device)
     engine = llm.engine
     prompt = token_prompts(1, 128, 128, 49152, seed=5)[0]
     engine.add_request(
@@ -72,6 +72,10 @@ def main() -> None:
     parser.add_argument("--naive-requests", type=int, default=8)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--carpool-args", default="", help="extra `carpool serve` flags")
+    parser.add_argument("--device", default="cpu", help="carpool's device (cpu or cuda)")
+    parser.add_argument(
+        "--no-naive", action="store_true", help="skip the naive server (it runs on the CPU)"
+    )
     args = parser.parse_args()
     # Each level gets its own prompts: repeating one level's prompts at the next
     # would let carpool's prefix cache skip their prefill (the naive server has none).
@@ -80,7 +84,7 @@ def main() -> None:
         for i, c in enumerate(args.concurrency)
     }
     print(f"# {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}")
-    itl = offline_itl()
+    itl = offline_itl(args.device)
     print(f"offline engine, one stream: ITL p50 {itl * 1000:.0f} ms")
     results: dict[tuple[str, int], StreamResult] = {}
 
@@ -94,6 +98,8 @@ def main() -> None:
         str(port),
         "--model",
         MODEL,
+        "--device",
+        args.device,
         *args.carpool_args.split(),
     ]
     process, _ = serve(carpool, r"carpool ready on (http://\S+)")
@@ -108,6 +114,15 @@ def main() -> None:
         process.send_signal(signal.SIGTERM)  # type: ignore[attr-defined]
         process.wait(60)  # type: ignore[attr-defined]
 
+    if args.no_naive:
+        for c in args.concurrency:
+            r = results[("carpool", c)]
+            print(f"c={c:<3} carpool {r.tokens_per_s:7.1f} tok/s")
+        one = results.get(("carpool", 1))
+        if one is not None:
+            print(f"c=1 carpool ITL p50 / offline ITL p50 = {percentile(one.itl_s, 50) / itl:.2f}")
+        print("reproduce: python -m benchmarks.serving " + " ".join(sys.argv[1:]))
+        return
     port = free_port()
     naive = [sys.executable, "-m", "benchmarks.naive_generation_server", "--port", str(port)]
     process, _ = serve(naive, r"(Uvicorn running|Application startup complete)")

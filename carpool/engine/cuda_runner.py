@@ -107,20 +107,14 @@ class CudaModelRunner(ModelRunner):
         tile_seq, tile_row, tile_end = tiles_for(rows_per_seq, seq_lens, self.block_q)
         # Two uploads: the int64 rows, then every int32 array in one buffer.
         i64 = torch.tensor(tokens, dtype=torch.int64).to(self.device, non_blocking=True)
-        flat = [
-            *query_start,
-            *seq_lens,
-            *tile_seq,
-            *tile_row,
-            *tile_end,
-            *(b for t in tables for b in (*t, *[0] * (width - len(t)))),
-        ]
+        table_rows = [b for t in tables for b in (*t, *[0] * (width - len(t)))]
+        arrays = [query_start, seq_lens, tile_seq, tile_row, tile_end, table_rows]
+        flat, bounds = _aligned(arrays)
         i32 = torch.tensor(flat, dtype=torch.int32).to(self.device, non_blocking=True)
-        s, t = len(step.chunks), len(tile_seq)
-        parts = i32.split([s + 1, s, t, t, t, s * width])
+        parts = [i32[a:b] for a, b in bounds]
         paged = PagedMetadata(
             slot_mapping=i64[2],
-            block_tables=parts[5].view(s, width),
+            block_tables=parts[5].view(len(step.chunks), width),
             query_start=parts[0],
             seq_lens=parts[1],
             tiles=Tiles(parts[2], parts[3], parts[4]),
@@ -134,3 +128,16 @@ class CudaModelRunner(ModelRunner):
             [c for c in step.chunks if c.samples],
             chunk_starts,
         )
+
+
+def _aligned(arrays: list[list[int]]) -> tuple[list[int], list[tuple[int, int]]]:
+    """``arrays`` end to end, each starting on 16 bytes (4 int32s), and where each
+    lies: Triton compiles a kernel variant per pointer alignment, so every step's
+    pointers keep the same one."""
+    flat: list[int] = []
+    bounds: list[tuple[int, int]] = []
+    for values in arrays:
+        flat.extend([0] * (-len(flat) % 4))
+        bounds.append((len(flat), len(flat) + len(values)))
+        flat.extend(values)
+    return flat, bounds

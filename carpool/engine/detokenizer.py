@@ -24,6 +24,16 @@ class Decoder(Protocol):
     def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str: ...
 
 
+def _fastest(tokenizer: Decoder) -> Decoder:
+    """The Rust tokenizer behind a transformers fast tokenizer, where decoding with it
+    gives the same text (no clean-up of spaces): transformers' own ``decode`` adds
+    ~10 us a call in Python, twice per generated token."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return tokenizer
+    return backend
+
+
 class IncrementalDetokenizer:
     def __init__(
         self,
@@ -34,7 +44,7 @@ class IncrementalDetokenizer:
     ) -> None:
         if any(not s for s in stop):
             raise ValueError("stop strings must not be empty")
-        self._tokenizer = tokenizer
+        self._tokenizer = _fastest(tokenizer)
         self._skip = skip_special_tokens
         self._ids = list(prompt_ids[-CONTEXT_TOKENS:])
         self._prefix_offset = 0

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from carpool.models.decode_kernel import DecodeKernel
+from carpool.models.rope import RotaryEmbedding
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,18 @@ class DeviceAttention(Protocol):
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, scale: float
     ) -> torch.Tensor: ...
+
+    def attend_rotary(
+        self,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        rope: RotaryEmbedding,
+        cache: torch.Tensor,
+        heads: int,
+        scale: float,
+    ) -> torch.Tensor:
+        """``attend`` with the rotary embedding applied first (fused there)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -153,3 +166,24 @@ def paged_attention(
         )
         out[rows] = attended.squeeze(0).transpose(0, 1)
     return out
+
+
+def rotary_attention(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    rope: RotaryEmbedding,
+    cache: torch.Tensor,
+    meta: AttentionMetadata,
+    heads: tuple[int, int, int],
+    scale: float,
+) -> torch.Tensor:
+    """``paged_attention`` of a fused projection ``qkv`` [T, (H + 2 Hkv) * D] whose
+    queries and keys take the rotary embedding first; ``heads`` is (H, Hkv, D).
+    Returns [T, H, D]."""
+    h, hkv, d = heads
+    if meta.device is not None:
+        return meta.device.attend_rotary(qkv, positions, rope, cache, h, scale)
+    t = qkv.shape[0]
+    q, k, v = qkv.split([h * d, hkv * d, hkv * d], dim=-1)
+    q, k = rope(q.view(t, h, d), k.view(t, hkv, d), positions)
+    return paged_attention(q, k, v.view(t, hkv, d), cache, meta, scale)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from carpool.models.attention import AttentionMetadata, paged_attention
+from carpool.models.attention import AttentionMetadata, rotary_attention
 from carpool.models.decoder_config import DecoderConfig
 from carpool.models.llama_stack import LlamaStack
 from carpool.models.native import KernelUnavailable
@@ -54,13 +54,10 @@ class LlamaAttention(nn.Module):
         cache: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(
-            [self.h * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1
-        )
-        q, k = self.rope(q.view(t, self.h, self.d), k.view(t, self.hkv, self.d), positions)
-        out = paged_attention(q, k, v.view(t, self.hkv, self.d), cache, meta, self.scale)
-        return self.o_proj(out.view(t, self.h * self.d))
+        qkv = self.qkv_proj(x)
+        heads = (self.h, self.hkv, self.d)
+        out = rotary_attention(qkv, positions, self.rope, cache, meta, heads, self.scale)
+        return self.o_proj(out.view(x.shape[0], self.h * self.d))
 
 
 class LlamaMLP(nn.Module):

@@ -22,10 +22,114 @@ fp32. Import needs Triton; under ``TRITON_INTERPRET=1`` the kernels run on the C
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def _rotary_store_kernel(  # type: ignore[no-untyped-def]
+    qkv_ptr,
+    positions_ptr,
+    cos_ptr,
+    sin_ptr,
+    q_out_ptr,
+    cache_ptr,
+    slot_ptr,
+    stride_qkv,
+    stride_table,
+    values_offset,
+    HEADS: tl.constexpr,
+    KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEADS_P: tl.constexpr,
+    HALF_P: tl.constexpr,
+):
+    token = tl.program_id(0)
+    half = HEAD_DIM // 2
+    position = tl.load(positions_ptr + token).to(tl.int64)
+    j = tl.arange(0, HALF_P)
+    valid_j = j < half
+    # The tables hold each angle twice (for both halves): the first half is enough.
+    cos = tl.load(cos_ptr + position * stride_table + j, mask=valid_j, other=0.0).to(tl.float32)
+    sin = tl.load(sin_ptr + position * stride_table + j, mask=valid_j, other=0.0).to(tl.float32)
+    head = tl.arange(0, HEADS_P)
+    row = qkv_ptr + token.to(tl.int64) * stride_qkv
+
+    # Queries: rotated into q_out [T, HEADS, HEAD_DIM].
+    mask = (head[:, None] < HEADS) & valid_j[None, :]
+    at = head[:, None] * HEAD_DIM + j[None, :]
+    x1 = tl.load(row + at, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(row + at + half, mask=mask, other=0.0).to(tl.float32)
+    out = q_out_ptr + token.to(tl.int64) * HEADS * HEAD_DIM + at
+    dtype = q_out_ptr.dtype.element_ty
+    tl.store(out, (x1 * cos - x2 * sin).to(dtype), mask=mask)
+    tl.store(out + half, (x2 * cos + x1 * sin).to(dtype), mask=mask)
+
+    slot = tl.load(slot_ptr + token).to(tl.int64)
+    if slot >= 0:
+        # Keys rotated, values as they are, into the cache at the token's slot.
+        mask = (head[:, None] < KV_HEADS) & valid_j[None, :]
+        at = head[:, None] * HEAD_DIM + j[None, :]
+        keys = row + HEADS * HEAD_DIM + at
+        x1 = tl.load(keys, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(keys + half, mask=mask, other=0.0).to(tl.float32)
+        dest = cache_ptr + slot * KV_HEADS * HEAD_DIM + at
+        dtype = cache_ptr.dtype.element_ty
+        tl.store(dest, (x1 * cos - x2 * sin).to(dtype), mask=mask)
+        tl.store(dest + half, (x2 * cos + x1 * sin).to(dtype), mask=mask)
+        values = keys + KV_HEADS * HEAD_DIM
+        tl.store(dest + values_offset, tl.load(values, mask=mask), mask=mask)
+        tl.store(dest + values_offset + half, tl.load(values + half, mask=mask), mask=mask)
+
+
+def rotary_store(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_table: torch.Tensor,
+    sin_table: torch.Tensor,
+    cache: torch.Tensor,
+    slots: torch.Tensor,
+    heads: int,
+) -> torch.Tensor:
+    """Rotary embedding and the cache write in one kernel: ``qkv`` [T, (heads + 2 *
+    kv_heads) * head_dim] (a row's queries, keys, values); keys are rotated and,
+    with the values, stored at ``slots`` (negative: skipped); returns the rotated
+    queries [T, heads, head_dim]. ``cos_table``/``sin_table`` [positions, head_dim]
+    hold each angle for both halves (``carpool.models.rope``)."""
+    tokens, width = qkv.shape
+    kv_heads, head_dim = cache.shape[-2:]
+    if width != (heads + 2 * kv_heads) * head_dim or qkv.stride(1) != 1 or head_dim % 2:
+        raise ValueError(f"qkv {tuple(qkv.shape)} is not {heads} + 2 x {kv_heads} heads")
+    if cos_table.shape != sin_table.shape or cos_table.shape[1] != head_dim:
+        raise ValueError(f"rotary tables {tuple(cos_table.shape)} for head_dim {head_dim}")
+    if not (cos_table.is_contiguous() and sin_table.is_contiguous() and cache.is_contiguous()):
+        raise ValueError("the rotary tables and the cache must be contiguous")
+    if slots.shape != (tokens,) or positions.shape != (tokens,):
+        raise ValueError(f"positions / slots do not match {tokens} tokens")
+    q = torch.empty(tokens, heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    if tokens == 0:
+        return q
+    _rotary_store_kernel[(tokens,)](
+        qkv,
+        positions,
+        cos_table,
+        sin_table,
+        q,
+        cache,
+        slots,
+        qkv.stride(0),
+        cos_table.stride(0),
+        cache[0].numel(),
+        HEADS=heads,
+        KV_HEADS=kv_heads,
+        HEAD_DIM=head_dim,
+        HEADS_P=triton.next_power_of_2(max(heads, kv_heads)),
+        HALF_P=triton.next_power_of_2(head_dim // 2),
+    )
+    return q
 
 
 @triton.jit
@@ -79,7 +183,10 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, slots: torch
     )
 
 
-@triton.jit
+# Triton compiles a variant per integer argument's value class (1, a multiple of 16,
+# other): the block tables' row stride changes from step to step, so it is not
+# specialised (each new variant would cost a compile of about a second mid-run).
+@triton.jit(do_not_specialize=["stride_table"])
 def _paged_attention_kernel(  # type: ignore[no-untyped-def]
     q_ptr,
     out_ptr,
@@ -294,6 +401,13 @@ def paged_attention(
     return out
 
 
+class RotaryTables(Protocol):
+    """cos and sin of every position's angles (``carpool.models.rope``)."""
+
+    cos_table: torch.Tensor
+    sin_table: torch.Tensor
+
+
 @dataclass(frozen=True)
 class PagedMetadata:
     """One step's attention on the GPU (``AttentionMetadata.device``): rows grouped by
@@ -309,6 +423,23 @@ class PagedMetadata:
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, scale: float
     ) -> torch.Tensor:
         store_kv(k, v, cache, self.slot_mapping)
+        return self._attend(q, cache, scale)
+
+    def attend_rotary(
+        self,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        rope: RotaryTables,
+        cache: torch.Tensor,
+        heads: int,
+        scale: float,
+    ) -> torch.Tensor:
+        q = rotary_store(
+            qkv, positions, rope.cos_table, rope.sin_table, cache, self.slot_mapping, heads
+        )
+        return self._attend(q, cache, scale)
+
+    def _attend(self, q: torch.Tensor, cache: torch.Tensor, scale: float) -> torch.Tensor:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         return paged_attention(
             q, cache, self.block_tables, self.query_start, self.seq_lens, scale, self.tiles, out

@@ -112,7 +112,17 @@ def test_too_long_input_is_refused_unless_truncation_is_asked(minilm: EmbeddingM
         minilm.check_ids([101, 10**6])
 
 
-def test_tiny_random_bert_matches_transformers(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+        ),
+    ],
+)
+def test_tiny_random_bert_matches_transformers(tmp_path: Path, device: str) -> None:
     from transformers import BertConfig as HFConfig
     from transformers import BertModel
 
@@ -125,14 +135,15 @@ def test_tiny_random_bert_matches_transformers(tmp_path: Path) -> None:
         intermediate_size=37,
         max_position_embeddings=64,
     )
-    hf = BertModel(hf_config, add_pooling_layer=False).eval()
+    hf = BertModel(hf_config, add_pooling_layer=False).eval().to(device)
     hf.config.to_json_file(tmp_path / "config.json")
     ours = BertEncoder(BertConfig.from_hf(json.loads((tmp_path / "config.json").read_text())))
     ours.load_hf_state_dict(hf.state_dict())
+    ours.to(device)
     lengths = [5, 17, 1, 9]
-    sequences = [torch.randint(0, 99, (n,)) for n in lengths]
+    sequences = [torch.randint(0, 99, (n,), device=device) for n in lengths]
     with torch.inference_mode():
-        flat = ours(torch.cat(sequences), Ragged(lengths, torch.device("cpu")))
+        flat = ours(torch.cat(sequences), Ragged(lengths, torch.device(device)))
         offset = 0
         for seq in sequences:
             expected = hf(input_ids=seq[None]).last_hidden_state[0]

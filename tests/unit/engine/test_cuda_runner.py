@@ -1,0 +1,152 @@
+"""The GPU's runner (``CudaModelRunner``): Triton paged attention with rows in step
+order, decode steps from CUDA graphs, bfloat16 by default.
+
+Without a GPU its eager path runs on the CPU under Triton's interpreter and must
+give transformers' greedy tokens, alone and batched, with prompts prefilled in
+chunks and a prefix taken from the cache. On a GPU: the same with CUDA graphs;
+graphs and eager steps agree exactly in float32; and in bfloat16, checked by
+teacher forcing against transformers (bfloat16 and float32): every token carpool
+chose is within ``MARGIN`` nats of transformers' best at its position.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+if not CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from carpool.config import ConfigError, EngineConfig  # noqa: E402
+from carpool.engine.cuda_runner import CudaModelRunner  # noqa: E402
+from carpool.engine.engine import Engine  # noqa: E402
+from carpool.engine.model_runner import engine_for  # noqa: E402
+from carpool.engine.sampling_params import SamplingParams  # noqa: E402
+from carpool.models.causal_lm import LoadedLM, load_causal_lm  # noqa: E402
+from tests import tiny_models  # noqa: E402
+
+DEVICE = "cuda" if CUDA else "cpu"
+ONLY_CUDA = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+# Teacher forcing's bound on how far below transformers' best token carpool's
+# bfloat16 choice may be, in log-probability (nats).
+MARGIN = 0.25
+
+
+def run(engine: Engine, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    for i, prompt in enumerate(prompts):
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        engine.add_request(str(i), prompt, params)
+    done: dict[str, list[int]] = {}
+    while engine.has_work:
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out.outputs[0].token_ids
+    return [done[str(i)] for i in range(len(prompts))]
+
+
+def gpu_engine(lm: LoadedLM, graphs: bool = CUDA, **config: Any) -> Engine:
+    """An engine on ``CudaModelRunner`` (on the CPU: eager, interpreted kernels)."""
+    engine_config = EngineConfig(kv_cache_memory="32MiB", **config)
+    if CUDA:
+        return engine_for(lm, dataclasses.replace(engine_config, cuda_graphs=graphs))
+    runner = CudaModelRunner(lm, 128, 16, (), engine_config.max_num_seqs, 2048, cuda_graphs=False)
+    return Engine(runner, engine_config)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_tiny_models_match_transformers_alone_batched_and_cached(
+    arch: str, tmp_path: Path, smollm_folder: Path
+) -> None:
+    reference = tiny_models.build(arch, tmp_path, smollm_folder).to(DEVICE)
+    lm = load_causal_lm(tmp_path, progress=False, device=DEVICE)
+    rng = random.Random(arch)
+    shared = [rng.randrange(3, tiny_models.VOCAB) for _ in range(40)]
+    prompts = [[rng.randrange(3, tiny_models.VOCAB) for _ in range(n)] for n in (1, 9, 70)] + [
+        [*shared, 5, 6, 7]
+    ]
+    expected = [tiny_models.hf_greedy(reference, p, 10) for p in prompts]
+    assert [run(gpu_engine(lm), [p], 10)[0] for p in prompts] == expected
+    # Batched with a small step budget: the long prompt in chunks while others decode.
+    engine = gpu_engine(lm, max_num_batched_tokens=32)
+    assert run(engine, prompts, 10) == expected
+    # The shared prompt's first 32 tokens now come from the prefix cache.
+    hits = engine.blocks.stats.hits
+    assert run(engine, [[*shared, 9, 9]], 10) == [
+        tiny_models.hf_greedy(reference, [*shared, 9, 9], 10)
+    ]
+    assert engine.blocks.stats.hits > hits
+
+
+def test_asking_for_a_gpu_that_is_not_there_is_a_configuration_error() -> None:
+    if CUDA:
+        pytest.skip("this machine has a GPU")
+    from carpool import LLM
+
+    with pytest.raises(ConfigError, match="sees no CUDA GPU"):
+        LLM("smollm2-135m-instruct", device="cuda")
+
+
+def test_dtype_and_kv_cache_memory_auto_resolve_per_device() -> None:
+    config = EngineConfig()
+    assert config.dtype_on("cpu") == "float32" and config.dtype_on("cuda") == "bfloat16"
+    assert EngineConfig(dtype="float32").dtype_on("cuda") == "float32"
+    assert (
+        config.kv_cache_bytes is None
+        and EngineConfig(kv_cache_memory="1GiB").kv_cache_bytes == 1 << 30
+    )
+    with pytest.raises(ConfigError, match="gpu_memory_utilization"):
+        EngineConfig(gpu_memory_utilization=1.5)
+
+
+@ONLY_CUDA
+def test_graphs_and_eager_steps_give_the_same_tokens_in_float32(
+    tmp_path: Path, smollm_folder: Path
+) -> None:
+    tiny_models.build("llama", tmp_path, smollm_folder)
+    lm = load_causal_lm(tmp_path, progress=False, device="cuda")
+    rng = random.Random(1)
+    prompts = [[rng.randrange(3, tiny_models.VOCAB) for _ in range(n)] for n in range(1, 40, 3)]
+    graphed = gpu_engine(lm, graphs=True)
+    assert graphed.runner.graphs is not None  # type: ignore[attr-defined]
+    assert run(graphed, prompts, 24) == run(gpu_engine(lm, graphs=False), prompts, 24)
+
+
+@ONLY_CUDA
+def test_bfloat16_tokens_pass_teacher_forcing_alone_and_batched(smollm_folder: Path) -> None:
+    from tests.unit.models.test_causal_lm import builtin_prompts, load_hf_builtin
+
+    lm = load_causal_lm(smollm_folder, progress=False, device="cuda", dtype=torch.bfloat16)
+    prompts = builtin_prompts(lm.tokenizer)
+    batched = run(gpu_engine(lm, max_num_batched_tokens=512), prompts, 24)
+    alone = [run(gpu_engine(lm), [p], 24)[0] for p in prompts]
+    reference = load_hf_builtin().to("cuda")
+    worst = 0.0
+    for dtype in (torch.float32, torch.bfloat16):
+        model = reference.to(dtype)
+        for prompt, tokens in [
+            *zip(prompts, batched, strict=True),
+            *zip(prompts, alone, strict=True),
+        ]:
+            worst = max(worst, teacher_forcing_gap(model, prompt, tokens))
+    differ = sum(a != b for a, b in zip(alone, batched, strict=True))
+    print(f"bf16: worst gap {worst:.3f} nats; {differ} of 20 prompts differ alone vs batched")
+    assert worst <= MARGIN
+
+
+def teacher_forcing_gap(model: Any, prompt: list[int], tokens: list[int]) -> float:
+    """The largest, over ``tokens``' positions, of transformers' best log-probability
+    minus that of the token carpool chose."""
+    ids = torch.tensor([prompt + tokens], device="cuda")
+    with torch.inference_mode():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    chosen = logprobs.gather(1, torch.tensor(tokens, device="cuda")[:, None])[:, 0]
+    return float((logprobs.max(dim=-1).values - chosen).max())
