@@ -84,7 +84,8 @@ class Engine:
         limit = self.config.max_model_len or self.spec.max_position_embeddings
         self.max_model_len = min(limit, blocks * bs)
         self.scheduler = Scheduler(
-            SchedulerConfig(self.config.max_num_batched_tokens, self.config.max_num_seqs),
+            # ``engine_for`` resolves the budget for its device; a bare engine takes the CPU's.
+            SchedulerConfig(self.config.step_budget_on("cpu"), self.config.max_num_seqs),
             self.blocks,
         )
         self.stats = EngineStats()

@@ -73,6 +73,9 @@ def engine_for(
     ``cache_dir``) onto an engine of its own; raises ValueError if its vocabulary is
     not the target's."""
     config = config or EngineConfig()
+    config = dataclasses.replace(
+        config, max_num_batched_tokens=config.step_budget_on(lm.device.type)
+    )
     bs = config.block_size
     memory = _kv_cache_bytes(lm, config)
     blocks = num_blocks or ModelRunner.blocks_for_memory(lm, memory, bs)
@@ -113,7 +116,8 @@ def _kv_cache_bytes(lm: LoadedLM, config: EngineConfig) -> int:
     if room <= 0:
         raise ValueError(
             f"gpu_memory_utilization {config.gpu_memory_utilization} leaves no room for a KV "
-            f"cache on {lm.device} ({held / 2**30:.2f} GiB held, {total / 2**30:.1f} GiB in all)"
+            f"cache on {lm.device} ({held / 2**30:.2f} GiB held here, "
+            f"{used_by_others / 2**30:.2f} GiB by others, {total / 2**30:.1f} GiB in all)"
         )
     return room
 

@@ -35,6 +35,18 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
+    def add_forward(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The norm of ``x + residual``, and the sum (the next residual): one kernel
+        on a GPU (``carpool.models.triton_fused``)."""
+        if x.is_cuda:
+            from carpool.models.triton_fused import add_rms_norm
+
+            return add_rms_norm(x, residual, self.weight, self.eps)
+        summed = x + residual
+        return self(summed), summed
+
 
 class LlamaAttention(nn.Module):
     def __init__(self, cfg: DecoderConfig, rope: RotaryEmbedding) -> None:
@@ -67,7 +79,12 @@ class LlamaMLP(nn.Module):
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if gate_up.is_cuda:  # one kernel instead of two
+            from carpool.models.triton_fused import silu_and_mul
+
+            return self.down_proj(silu_and_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -82,12 +99,21 @@ class LlamaLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
+        residual: torch.Tensor | None,
         positions: torch.Tensor,
         cache: torch.Tensor,
         meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's output before its residual is added, and that residual (the
+        stream so far): the next norm adds them, fused where it can (vLLM's way).
+        ``residual`` None: ``x`` is the embedding."""
+        if residual is None:
+            h, residual = self.input_layernorm(x), x
+        else:
+            h, residual = self.input_layernorm.add_forward(x, residual)
+        h = self.self_attn(h, positions, cache, meta)
+        h, residual = self.post_attention_layernorm.add_forward(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -127,9 +153,10 @@ class LlamaForCausalLM(nn.Module):
         x = self.embed_tokens(input_ids)
         if self.stack is not None and LlamaStack.applies(x, meta):
             return self.norm(self.stack(x, positions, caches, meta))
+        residual: torch.Tensor | None = None
         for layer, cache in zip(self.layers, caches, strict=True):
-            x = layer(x, positions, cache, meta)
-        return self.norm(x)
+            x, residual = layer(x, residual, positions, cache, meta)
+        return self.norm(x) if residual is None else self.norm.add_forward(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
