@@ -150,6 +150,9 @@ def main() -> None:
     parser.add_argument("--child", dest="system", default=None)
     parser.add_argument("--single", action="store_true")
     parser.add_argument("--device", default="cpu", help="torch device for every system")
+    parser.add_argument(
+        "--carpool-only", action="store_true", help="skip transformers (its rows are 1.0x)"
+    )
     args = parser.parse_args()
     if args.system:
         child(args)
@@ -158,15 +161,17 @@ def main() -> None:
         f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
         f"torch {torch.__version__}, workload {args.workload}, device {args.device}"
     )
-    rows = {
-        "carpool LLM.generate (all at once)": measure("carpool", args),
-        f"transformers one at a time ({args.hf_single_requests} requests)": measure("hf-one", args),
-        "transformers static batches of 16": measure("hf-batch16", args),
-        "carpool, one request alone": measure("carpool", args, single=True),
-        "transformers, one request alone": measure("hf-one", args, single=True),
-    }
-    base_one = rows[f"transformers one at a time ({args.hf_single_requests} requests)"]
-    base_16 = rows["transformers static batches of 16"]
+    one_at_a_time = f"transformers one at a time ({args.hf_single_requests} requests)"
+    rows = {"carpool LLM.generate (all at once)": measure("carpool", args)}
+    if not args.carpool_only:
+        rows[one_at_a_time] = measure("hf-one", args)
+        rows["transformers static batches of 16"] = measure("hf-batch16", args)
+    rows["carpool, one request alone"] = measure("carpool", args, single=True)
+    if not args.carpool_only:
+        rows["transformers, one request alone"] = measure("hf-one", args, single=True)
+    unit = {"tokens_per_s": 1.0}
+    base_one = rows.get(one_at_a_time, unit)
+    base_16 = rows.get("transformers static batches of 16", unit)
     print(
         f"{'system':48} {'tokens':>7} {'s':>7} {'tok/s':>7} {'vs 1-at-a-time':>14} "
         f"{'vs batch16':>10} {'peak RSS MB':>11}"

@@ -178,6 +178,13 @@ class EngineConfig:
         "option of the same name.",
         default=0.9,
     )
+    num_scheduler_steps: int = _help(
+        "On a GPU: forward passes per decode step for greedy requests without penalties, "
+        "grammars or log-probabilities, each feeding the last's token back on the device, "
+        "so the host schedules and syncs once per this many tokens (vLLM's multi-step "
+        "scheduling; tokens then stream in bursts). 1: off. The CPU ignores it.",
+        default=1,
+    )
     cuda_graphs: bool = _help(
         "On a GPU: replay decode steps from CUDA graphs captured at start-up, one per "
         "batch-size bucket up to max_num_seqs (off: every step runs eagerly).",
@@ -267,6 +274,7 @@ class EngineConfig:
         _require(self.block_size in (8, 16, 32, 64, 128), "block_size must be 8, 16, 32, 64 or 128")
         _require(self.max_num_batched_tokens >= 0, "max_num_batched_tokens must be >= 0")
         _require(self.max_num_seqs >= 1, "max_num_seqs must be >= 1")
+        _require(1 <= self.num_scheduler_steps <= 64, "num_scheduler_steps must be in 1..64")
         _require(self.max_model_len >= 0, "max_model_len must be >= 0")
         _require(self.max_waiting_requests >= 1, "max_waiting_requests must be >= 1")
         _require(self.request_timeout_s > 0, "request_timeout_s must be > 0")

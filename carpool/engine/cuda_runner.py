@@ -18,7 +18,8 @@ import torch
 from carpool.engine.decode_graphs import DecodeGraphs
 from carpool.engine.model_runner import ModelRunner, StepInputs
 from carpool.engine.outputs import SchedulerOutput
-from carpool.engine.runner import SamplingRow, StepResult
+from carpool.engine.runner import Sampled, SamplingRow, StepResult
+from carpool.engine.sampler import sample
 from carpool.models.attention import AttentionMetadata
 from carpool.models.causal_lm import LoadedLM
 from carpool.models.native import PathTaken
@@ -37,17 +38,23 @@ class CudaModelRunner(ModelRunner):
         max_num_seqs: int,
         max_model_len: int,
         cuda_graphs: bool = True,
+        max_passes: int = 1,
     ) -> None:
         """``max_num_seqs`` and ``max_model_len`` bound the captured decode steps;
         ``cuda_graphs`` False runs every step eagerly (as it must on the CPU, where
-        the tests run this runner's kernels under Triton's interpreter)."""
+        the tests run this runner's kernels under Triton's interpreter).
+        ``max_passes``: the most forward passes of one decode step (multi-step
+        decoding, ``EngineConfig.num_scheduler_steps``)."""
         super().__init__(lm, num_blocks, block_size, None, paths)
         self.max_blocks = -(-max_model_len // block_size)
         self.block_q = prefill_block_q(lm.config.num_heads // lm.config.num_kv_heads)
-        self.graphs: DecodeGraphs | None = None
+        self.decode = DecodeGraphs(
+            lm, self.caches, max_num_seqs, self.max_blocks, block_size, max_passes
+        )
+        self.graphs = self.decode if cuda_graphs else None
         if cuda_graphs:
-            self.graphs = DecodeGraphs(lm, self.caches, max_num_seqs, self.max_blocks, block_size)
-            self.graphs.capture()
+            self.decode.capture()
+        self.multi_step = max_passes > 1
         self.device_seconds = 0.0
         self.steps = 0
 
@@ -76,10 +83,24 @@ class CudaModelRunner(ModelRunner):
         rows: Mapping[str, SamplingRow],
         prompt_logprobs: Mapping[str, int] | None,
     ) -> StepResult:
-        if self.graphs is not None and not prompt_logprobs and self.graphs.fits(step.chunks):
-            logits = self.graphs.run(step.chunks)
-            return StepResult(sampled=self._sample(logits, step.chunks, rows))
+        if not prompt_logprobs and self.decode.fits(step.chunks):
+            return self._decode(step, rows)
         return super().execute(step, rows, prompt_logprobs)
+
+    def _decode(self, step: SchedulerOutput, rows: Mapping[str, SamplingRow]) -> StepResult:
+        """A decode step on the persistent buffers: each chunk's sampled token, and
+        for a chunk with ``LOOKAHEAD`` placeholders the greedy tokens after it."""
+        chunks = step.chunks
+        logits, later = self.decode.run(chunks)
+        out = sample(logits, [rows[c.seq.request_id] for c in chunks])
+        more = later.tolist() if later is not None else []
+        result = StepResult()
+        for i, (chunk, token, logprobs) in enumerate(
+            zip(chunks, out.token_ids, out.logprobs, strict=True)
+        ):
+            tokens = [token, *(more[j][i] for j in range(len(chunk.draft)))]
+            result.sampled[chunk.seq.request_id] = Sampled(tokens[-1], logprobs, tuple(tokens[:-1]))
+        return result
 
     def prepare(self, step: SchedulerOutput) -> StepInputs:
         """The step's rows in its chunks' order, with the Triton kernels' metadata."""

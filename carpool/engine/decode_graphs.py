@@ -1,12 +1,17 @@
-"""Decode steps replayed from CUDA graphs, one graph per batch-size bucket.
+"""Decode steps over persistent device buffers, replayed from CUDA graphs (one graph
+per batch-size bucket), with multi-step decoding.
 
 A decode step (every sequence runs one token, none needs prompt log-probabilities)
-of n sequences runs the graph of the smallest bucket >= n: its inputs are
-persistent device buffers that the step's values are copied into (two copies, from
-pinned host memory), its padding rows store nothing (slot -1) and attend nothing
-(context 0). The graph holds the whole forward pass and the logits of every row;
-sampling stays outside (each row's own parameters). Graphs share one memory pool,
-which is safe because one runs at a time and its logits are read before the next.
+of n sequences runs at the smallest bucket >= n: its inputs are copied into
+persistent device buffers (two copies, from pinned host memory on a GPU), its padding
+rows store nothing (slot -1) and attend nothing (context 0). Each pass holds the
+whole forward pass and the logits of every row; sampling stays outside (each row's
+own parameters). A row with ``lookahead`` L runs L more passes, each fed the
+previous pass's greedy token on the device; the host sees all of them after one
+synchronisation. Graphs share one memory pool, which is safe because one runs at a
+time and its logits are read (or copied) before the next. Without graphs (``capture``
+not called: the CPU under the tests' interpreter, or graphs turned off) the same
+buffers feed an eager forward pass.
 """
 
 from __future__ import annotations
@@ -33,8 +38,8 @@ def buckets_up_to(max_batch: int) -> list[int]:
 
 
 class DecodeGraphs:
-    """Captured decode steps for up to ``max_batch`` sequences of up to
-    ``max_blocks`` KV blocks each."""
+    """Decode steps for up to ``max_batch`` sequences of up to ``max_blocks`` KV
+    blocks each, and up to ``max_passes`` passes a step."""
 
     def __init__(
         self,
@@ -43,6 +48,7 @@ class DecodeGraphs:
         max_batch: int,
         max_blocks: int,
         block_size: int,
+        max_passes: int = 1,
     ) -> None:
         device = lm.device
         self.lm = lm
@@ -50,21 +56,39 @@ class DecodeGraphs:
         self.block_size = block_size
         self.max_batch = max_batch
         self.max_blocks = max_blocks
+        self.max_passes = max_passes
         self.buckets = buckets_up_to(max_batch)
+        pinned = device.type == "cuda"
+
+        def host(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+            tensor = torch.zeros(*shape, dtype=dtype)
+            return tensor.pin_memory() if pinned else tensor
+
         # ids, positions, slots; then seq_lens and the block tables, row by row.
-        self.host_i64 = torch.zeros(3, max_batch, dtype=torch.int64).pin_memory()
-        self.host_i32 = torch.zeros(max_batch * (1 + max_blocks), dtype=torch.int32).pin_memory()
+        self.host_i64 = host(3, max_batch, dtype=torch.int64)
+        self.host_i32 = host(max_batch * (1 + max_blocks), dtype=torch.int32)
         self.dev_i64 = torch.zeros(3, max_batch, dtype=torch.int64, device=device)
         self.dev_i32 = torch.zeros(max_batch * (1 + max_blocks), dtype=torch.int32, device=device)
+        # Passes after the first: positions and slots, and seq_lens, per pass.
+        self.host_more_i64 = host(max(max_passes - 1, 1), 2, max_batch, dtype=torch.int64)
+        self.host_more_i32 = host(max(max_passes - 1, 1), max_batch, dtype=torch.int32)
+        self.dev_more_i64 = torch.zeros_like(self.host_more_i64, device=device)
+        self.dev_more_i32 = torch.zeros_like(self.host_more_i32, device=device)
         self.query_start = torch.arange(max_batch + 1, dtype=torch.int32, device=device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.capture_seconds = 0.0
 
     def fits(self, chunks: Sequence[ScheduledChunk]) -> bool:
-        """Whether a step of ``chunks`` can replay a graph."""
+        """Whether a step of ``chunks`` can run here: one own token each, sampling,
+        with no draft to verify (``LOOKAHEAD`` placeholders are fine)."""
         return (
             0 < len(chunks) <= self.max_batch
-            and all(c.num_tokens == 1 and not c.draft and c.samples for c in chunks)
+            and all(
+                c.samples
+                and c.num_tokens == 1 + len(c.draft)
+                and (not c.draft or (c.lookahead and len(c.draft) < self.max_passes))
+                for c in chunks
+            )
             and all(len(c.seq.block_table.blocks) <= self.max_blocks for c in chunks)
         )
 
@@ -97,17 +121,40 @@ class DecodeGraphs:
             grown,
         )
 
-    def run(self, chunks: Sequence[ScheduledChunk]) -> torch.Tensor:
-        """Replay the step of ``chunks`` (``fits``); the logits [len(chunks), vocab],
-        row i for chunk i."""
+    def run(self, chunks: Sequence[ScheduledChunk]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run the step of ``chunks`` (``fits``): the first pass's logits [n, vocab]
+        (row i for chunk i), and the greedy tokens of the later passes [passes - 1,
+        n] (row j - 1 for pass j; None when every chunk has no lookahead). A chunk's
+        tokens past its own lookahead are padding's, to be ignored."""
         n = len(chunks)
         size = next(b for b in self.buckets if b >= n)
+        lookahead = [len(c.draft) for c in chunks]
+        passes = 1 + max(lookahead)
         self._fill(chunks)
         self._pad(n, size)
         self._upload(size)
-        graph, logits = self.graphs[size]
-        graph.replay()
-        return logits[:n]
+        if passes > 1:
+            self._plan_passes(chunks, lookahead, passes)
+        logits = self._pass(size)[:n]
+        if passes == 1:
+            return logits, None
+        first = logits.clone()  # the next pass writes the same buffer
+        token = first.float().argmax(dim=-1)
+        later = []
+        for j in range(passes - 1):
+            self.dev_i64[0, :n].copy_(token)
+            self.dev_i64[1:].copy_(self.dev_more_i64[j])
+            self.dev_i32[: self.max_batch].copy_(self.dev_more_i32[j])
+            token = self._pass(size)[:n].float().argmax(dim=-1)
+            later.append(token)
+        return first, torch.stack(later)
+
+    def _pass(self, size: int) -> torch.Tensor:
+        if self.graphs:
+            graph, logits = self.graphs[size]
+            graph.replay()
+            return logits
+        return self._forward(size, self._meta(size))
 
     def _fill(self, chunks: Sequence[ScheduledChunk]) -> None:
         i64 = self.host_i64.numpy()
@@ -124,6 +171,28 @@ class DecodeGraphs:
             i64[2, i] = blocks[position // bs] * bs + position % bs
             lens[i] = position + 1
             tables[i, : len(blocks)] = blocks
+
+    def _plan_passes(
+        self, chunks: Sequence[ScheduledChunk], lookahead: list[int], passes: int
+    ) -> None:
+        """Each later pass's positions, slots and context lengths, uploaded at once;
+        a row past its lookahead is padding there."""
+        more_i64 = self.host_more_i64.numpy()
+        more_i32 = self.host_more_i32.numpy()
+        bs = self.block_size
+        more_i64[: passes - 1, 0] = 0
+        more_i64[: passes - 1, 1] = -1
+        more_i32[: passes - 1] = 0
+        for i, chunk in enumerate(chunks):
+            first = chunk.seq.num_computed
+            blocks = chunk.seq.block_table.blocks
+            for j in range(1, lookahead[i] + 1):
+                position = first + j
+                more_i64[j - 1, 0, i] = position
+                more_i64[j - 1, 1, i] = blocks[position // bs] * bs + position % bs
+                more_i32[j - 1, i] = position + 1
+        self.dev_more_i64[: passes - 1].copy_(self.host_more_i64[: passes - 1], non_blocking=True)
+        self.dev_more_i32[: passes - 1].copy_(self.host_more_i32[: passes - 1], non_blocking=True)
 
     def _pad(self, start: int, end: int) -> None:
         i64 = self.host_i64.numpy()

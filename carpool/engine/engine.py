@@ -17,7 +17,7 @@ from carpool.clock import Clock, MonotonicClock
 from carpool.config import EngineConfig
 from carpool.engine.block_manager import BlockManager
 from carpool.engine.detokenizer import IncrementalDetokenizer
-from carpool.engine.outputs import SchedulerOutput
+from carpool.engine.outputs import LOOKAHEAD, SchedulerOutput
 from carpool.engine.request_output import CompletionOutput, RequestOutput
 from carpool.engine.runner import Runner, Sampled, SamplingRow, StepResult, TokenLogprobs
 from carpool.engine.sampling_params import SamplingParams
@@ -52,6 +52,7 @@ class _Request:
     touched: bool = False
     num_cached_tokens: int = 0
     speculate: bool = False  # its sampling allows drafts to be verified
+    lookahead: bool = False  # its tokens may be generated several per step
     # With params.prompt_logprobs: one entry per prompt token, the first None.
     prompt_logprobs: list[TokenLogprobs | None] | None = None
 
@@ -91,6 +92,11 @@ class Engine:
         self.stats = EngineStats()
         spec = self.config.speculative_config
         self.speculator = Speculator(SpeculativeConfig.parse(spec), proposer) if spec else None
+        # Multi-step decoding, where the runner can (``Runner.multi_step``) and no
+        # speculation claims the drafts.
+        steps = self.config.num_scheduler_steps
+        multi = getattr(runner, "multi_step", False) and self.speculator is None
+        self.lookahead = steps - 1 if multi else 0
         self._requests: dict[str, _Request] = {}
         self._by_seq: dict[str, tuple[_Request, int]] = {}
 
@@ -172,6 +178,7 @@ class Engine:
         )
         req = _Request(request_id, params, prompt, arrival, [], [], [], [])
         req.speculate = self.speculator is not None and speculable(params)
+        req.lookahead = self.lookahead > 0 and params.greedy and speculable(params)
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None] * len(prompt)
         for i in range(params.n):
@@ -242,7 +249,10 @@ class Engine:
         return self._postprocess(plan, result, now)
 
     def _draft(self) -> None:
-        """Give the decoding sequences that may speculate their drafts."""
+        """Give the decoding sequences that may speculate their drafts (or, with
+        multi-step decoding, their ``LOOKAHEAD`` placeholders)."""
+        if self.lookahead:
+            self._lookahead()
         if self.speculator is None:
             return
         running = self.scheduler.running
@@ -266,6 +276,15 @@ class Engine:
         ]
         for rid, draft in self.speculator.drafts(limits).items():
             decoding[rid].draft = draft
+
+    def _lookahead(self) -> None:
+        for s in self.scheduler.running:
+            if s.num_uncomputed != 1 or not self._by_seq[s.request_id][0].lookahead:
+                s.draft = []
+                continue
+            # Room: the placeholders' tokens and the one sampled before them must fit.
+            room = min(s.max_tokens - s.num_output_tokens, self.max_model_len - s.num_tokens) - 1
+            s.draft = [LOOKAHEAD] * max(0, min(self.lookahead, room))
 
     def _run(self, plan: SchedulerOutput) -> StepResult:
         if not plan.chunks:

@@ -146,6 +146,7 @@ def _cuda_runner(lm: LoadedLM, config: EngineConfig, blocks: int) -> ModelRunner
         config.max_num_seqs,
         min(limit, blocks * config.block_size),
         config.cuda_graphs,
+        config.num_scheduler_steps,
     )
 
 

@@ -6,6 +6,11 @@ from dataclasses import dataclass, field
 
 from carpool.engine.sequence import Sequence
 
+# A draft of these is no guess to verify: the runner generates the tokens itself,
+# each pass feeding the last's token back, before the host sees any (multi-step
+# decoding, ``EngineConfig.num_scheduler_steps``).
+LOOKAHEAD = -1
+
 
 @dataclass(frozen=True)
 class ScheduledChunk:
@@ -26,6 +31,11 @@ class ScheduledChunk:
         time (the sequence moves on; the message must not)."""
         samples = seq.num_computed + num_tokens == seq.num_tokens
         return cls(seq, num_tokens + len(draft), samples, draft)
+
+    @property
+    def lookahead(self) -> bool:
+        """Whether the draft is ``LOOKAHEAD`` placeholders, not tokens to verify."""
+        return self.draft[:1] == (LOOKAHEAD,)
 
     @property
     def input_ids(self) -> list[int]:

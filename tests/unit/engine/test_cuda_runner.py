@@ -59,7 +59,16 @@ def gpu_engine(lm: LoadedLM, graphs: bool = CUDA, **config: Any) -> Engine:
     engine_config = EngineConfig(**{"kv_cache_memory": "32MiB", **config})
     if CUDA:
         return engine_for(lm, dataclasses.replace(engine_config, cuda_graphs=graphs))
-    runner = CudaModelRunner(lm, 128, 16, (), engine_config.max_num_seqs, 2048, cuda_graphs=False)
+    runner = CudaModelRunner(
+        lm,
+        128,
+        16,
+        (),
+        engine_config.max_num_seqs,
+        2048,
+        cuda_graphs=False,
+        max_passes=engine_config.num_scheduler_steps,
+    )
     return Engine(runner, engine_config)
 
 
@@ -85,6 +94,42 @@ def test_tiny_models_match_transformers_alone_batched_and_cached(
         tiny_models.hf_greedy(reference, [*shared, 9, 9], 10)
     ]
     assert engine.blocks.stats.hits > hits
+
+
+def test_multi_step_decoding_gives_the_tokens_of_one_step_at_a_time(
+    tmp_path: Path, smollm_folder: Path
+) -> None:
+    """Four passes a step: greedy rows take three tokens more per step, fed back on
+    the device; a sampled row, one that ends on EOS or its length mid-step, and one
+    with a stop string end as they do one token a step."""
+    tiny_models.build("llama", tmp_path, smollm_folder)
+    lm = load_causal_lm(tmp_path, progress=False, device=DEVICE)
+    rng = random.Random(7)
+    prompts = [[rng.randrange(3, tiny_models.VOCAB) for _ in range(n)] for n in (3, 20, 50)]
+    params = [
+        SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_tokens=13, temperature=0.0),  # may end on EOS
+        SamplingParams(max_tokens=9, temperature=0.8, seed=5),  # one token a step
+        SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, stop=["e"]),
+    ]
+    prompts.append(prompts[0])
+
+    def outputs(steps: int) -> tuple[list[tuple[list[int], str, object]], int]:
+        engine = gpu_engine(lm, num_scheduler_steps=steps, max_num_batched_tokens=64)
+        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+            engine.add_request(str(i), prompt, p)
+        done = {}
+        while engine.has_work:
+            for out in engine.step():
+                if out.finished:
+                    o = out.outputs[0]
+                    done[out.request_id] = (o.token_ids, o.text, o.finish_reason)
+        return [done[str(i)] for i in range(len(prompts))], engine.stats.snapshot().steps
+
+    one, steps_one = outputs(1)
+    four, steps_four = outputs(4)
+    assert four == one
+    assert steps_four < steps_one
 
 
 def test_asking_for_a_gpu_that_is_not_there_is_a_configuration_error() -> None:
