@@ -17,7 +17,7 @@ import torch
 
 from carpool.engine.decode_graphs import DecodeGraphs
 from carpool.engine.model_runner import ModelRunner, StepInputs
-from carpool.engine.outputs import SchedulerOutput
+from carpool.engine.outputs import ScheduledChunk, SchedulerOutput
 from carpool.engine.runner import Sampled, SamplingRow, StepResult
 from carpool.engine.sampler import sample
 from carpool.models.attention import AttentionMetadata
@@ -85,7 +85,13 @@ class CudaModelRunner(ModelRunner):
     ) -> StepResult:
         if not prompt_logprobs and self.decode.fits(step.chunks):
             return self._decode(step, rows)
-        return super().execute(step, rows, prompt_logprobs)
+        # A mixed step runs eagerly, one token for a chunk with ``LOOKAHEAD``
+        # placeholders (its extra slots stay allocated to it for later steps).
+        plain = [
+            ScheduledChunk(c.seq, c.num_tokens - len(c.draft), c.samples) if c.lookahead else c
+            for c in step.chunks
+        ]
+        return super().execute(SchedulerOutput(plain), rows, prompt_logprobs)
 
     def _decode(self, step: SchedulerOutput, rows: Mapping[str, SamplingRow]) -> StepResult:
         """A decode step on the persistent buffers: each chunk's sampled token, and
@@ -123,6 +129,10 @@ class CudaModelRunner(ModelRunner):
             query_start.append(len(ids))
             seq_lens.append(start + n)
             tables.append(blocks[: -(-(start + n) // bs)])
+        if min(ids) < 0:
+            # A placeholder (``LOOKAHEAD``) on the GPU would be a device-side assert
+            # that ends the process: refuse it here, as an exception of this step.
+            raise ValueError("a placeholder token id reached the model")
         width = max(len(t) for t in tables)
         rows_per_seq = [c.num_tokens for c in step.chunks]
         tile_seq, tile_row, tile_end = tiles_for(rows_per_seq, seq_lens, self.block_q)

@@ -12,6 +12,7 @@ chose is within ``MARGIN`` nats of transformers' best at its position.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import random
 from pathlib import Path
@@ -36,10 +37,11 @@ from tests import tiny_models  # noqa: E402
 DEVICE = "cuda" if CUDA else "cpu"
 ONLY_CUDA = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 # Teacher forcing's bound on how far below transformers' best token carpool's
-# bfloat16 choice may be, in log-probability (nats). Measured on an H100: 0.250 at
-# worst over the 20 prompts, alone and batched (bfloat16 logits move in steps of
-# 1/64 to 1/8 there, so a near-tie can cost that much).
-MARGIN = 0.5
+# bfloat16 choice may be, in log-probability (nats). Measured on an H100, worst over
+# the 20 prompts alone and batched: 0.250 with the unfused layer, 0.812 once the
+# residual add + RMSNorm and SiLU x up were fused (each rounds once where transformers
+# rounds twice), against this bound's first value of 0.5.
+MARGIN = 1.0
 
 
 def run(engine: Engine, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
@@ -97,7 +99,7 @@ def test_tiny_models_match_transformers_alone_batched_and_cached(
 
 
 def test_multi_step_decoding_gives_the_tokens_of_one_step_at_a_time(
-    tmp_path: Path, smollm_folder: Path
+    tmp_path: Path, smollm_folder: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Four passes a step: greedy rows take three tokens more per step, fed back on
     the device; a sampled row, one that ends on EOS or its length mid-step, and one
@@ -126,10 +128,15 @@ def test_multi_step_decoding_gives_the_tokens_of_one_step_at_a_time(
                     done[out.request_id] = (o.token_ids, o.text, o.finish_reason)
         return [done[str(i)] for i in range(len(prompts))], engine.stats.snapshot().steps
 
-    one, steps_one = outputs(1)
-    four, steps_four = outputs(4)
+    with caplog.at_level(logging.ERROR):
+        one, steps_one = outputs(1)
+        four, steps_four = outputs(4)
     assert four == one
     assert steps_four < steps_one
+    # Mixed steps (prompts prefilling while others decode) ran whole: none was
+    # retried chunk by chunk after a failure (placeholder ids must never reach the
+    # model: on a GPU that is a device-side assert, not an exception).
+    assert not [r for r in caplog.records if "failed" in r.getMessage()]
 
 
 def test_asking_for_a_gpu_that_is_not_there_is_a_configuration_error() -> None:
