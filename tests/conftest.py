@@ -4,6 +4,7 @@ run where torch is not installed."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,18 @@ from carpool.config import default_cache_dir
 
 if TYPE_CHECKING:
     from carpool.models.causal_lm import LoadedLM
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Without a GPU, the GPU's Triton kernels are tested under Triton's interpreter,
+    which must be chosen before anything imports triton (transformers and torch's
+    own modules may, while test modules are collected)."""
+    if importlib.util.find_spec("torch") is None:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session", autouse=True)

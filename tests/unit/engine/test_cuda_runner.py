@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import random
 from pathlib import Path
 from typing import Any
@@ -22,8 +21,6 @@ import pytest
 import torch
 
 CUDA = torch.cuda.is_available()
-if not CUDA:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
 from carpool.config import ConfigError, EngineConfig  # noqa: E402

@@ -2,19 +2,15 @@
 gathered: decode rows, prompt chunks after prefix-cached blocks, grouped-query
 heads, padding rows; the fused rotary embedding and the cache write. On a GPU the
 compiled kernels run (float32 exactly, bfloat16 within its rounding); without one,
-Triton's interpreter runs them on the CPU (set before the module is imported)."""
+Triton's interpreter runs them on the CPU (chosen in tests/conftest.py)."""
 
 from __future__ import annotations
-
-import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 CUDA = torch.cuda.is_available()
-if not CUDA:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 triton_attention = pytest.importorskip("carpool.models.triton_attention")
 
 DEVICE = "cuda" if CUDA else "cpu"

@@ -1,17 +1,13 @@
 """The GPU's fused element-wise kernels against the torch arithmetic they replace
-(compiled on a GPU; under Triton's interpreter on the CPU)."""
+(compiled on a GPU; under Triton's interpreter on the CPU, chosen in conftest.py)."""
 
 from __future__ import annotations
-
-import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 CUDA = torch.cuda.is_available()
-if not CUDA:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 triton_fused = pytest.importorskip("carpool.models.triton_fused")
 
 DEVICE = "cuda" if CUDA else "cpu"
