@@ -207,6 +207,9 @@ class EngineWorker:
         # The next turn is ready from now on, so another worker with older work runs
         # first: the runtime alternates fairly between a busy engine and a busy batcher.
         self._ready_since = self.clock.now()
+        # One wake-up per event loop per step, not one per request: a step of 64
+        # streams would otherwise cost 64 self-pipe writes and loop turns.
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[QueueSink, RequestOutput]]] = {}
         for out in outputs:
             if out.request_id not in self._started:
                 self._started.add(out.request_id)
@@ -216,8 +219,15 @@ class EngineWorker:
                 sink = self._sinks.pop(out.request_id, None)
             else:
                 sink = self._sinks.get(out.request_id)
-            if sink is not None:
+            if isinstance(sink, QueueSink):
+                batches.setdefault(sink.loop, []).append((sink, out))
+            elif sink is not None:
                 _deliver(sink, out)
+        for loop, items in batches.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except Exception:  # its loop closed: only its requests lose their outputs
+                log.exception("could not deliver %d outputs", len(items))
 
     def recover(self, error: Exception) -> None:
         """A bug escaped the engine: fail every request it holds and start empty."""
@@ -301,7 +311,7 @@ class AsyncEngine:
         for prompt, p in zip(prompts, params, strict=True):
             outputs: asyncio.Queue[RequestOutput | CarpoolError] = asyncio.Queue()
             queues.append(outputs)
-            requests.append((self.worker.new_request_id(), prompt, p, _sink(loop, outputs)))
+            requests.append((self.worker.new_request_id(), prompt, p, QueueSink(loop, outputs)))
         admitted = self.worker.submit_many(
             requests, priority=priority, timeout_s=timeout_s, max_waiting=self.max_waiting
         )
@@ -311,13 +321,22 @@ class AsyncEngine:
         ]
 
 
-def _sink(
-    loop: asyncio.AbstractEventLoop, outputs: asyncio.Queue[RequestOutput | CarpoolError]
-) -> Sink:
-    def sink(item: RequestOutput | CarpoolError) -> None:
-        loop.call_soon_threadsafe(outputs.put_nowait, item)
+@dataclass(frozen=True)
+class QueueSink:
+    """A sink into an asyncio queue of ``loop`` (any thread may call it); the engine
+    worker hands a step's outputs for one loop over in one call."""
 
-    return sink
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[RequestOutput | CarpoolError]
+
+    def __call__(self, item: RequestOutput | CarpoolError) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+def _put_all(items: list[tuple[QueueSink, RequestOutput]]) -> None:
+    """On the loop: each output into its request's queue."""
+    for sink, item in items:
+        sink.queue.put_nowait(item)
 
 
 class GenerationStream:
