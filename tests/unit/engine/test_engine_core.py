@@ -259,3 +259,35 @@ def test_no_drafts_for_sampling_that_depends_on_each_token() -> None:
     engine.add_request("a", ids(next(iter(ECHO))), greedy(max_tokens=64, presence_penalty=0.5))
     run(engine)
     assert engine.stats.snapshot().spec_drafts == 0
+
+
+def test_a_steps_outputs_reach_their_event_loop_in_one_call() -> None:
+    """The runtime thread wakes an event loop once per step, whatever the number
+    of streams; each stream's queue still gets its own outputs, in order."""
+    import asyncio
+
+    from carpool.engine.async_engine import EngineWorker, QueueSink
+
+    class CountingLoop:
+        calls = 0
+
+        def call_soon_threadsafe(self, callback: object, *args: object) -> None:
+            self.calls += 1
+            callback(*args)  # type: ignore[operator]
+
+    loop = CountingLoop()
+    worker = EngineWorker(Engine(FakeRunner({"ab": "xyz", "cd": "uvw", "ef": "st"})), "w")
+    queues: list[asyncio.Queue[object]] = [asyncio.Queue() for _ in range(3)]
+    for i, (prompt, q) in enumerate(zip(["ab", "cd", "ef"], queues, strict=True)):
+        worker.submit(f"r{i}", ids(prompt), greedy(), QueueSink(loop, q))  # type: ignore[arg-type]
+    steps = 0
+    while worker.poll(0.0).ready_since is not None:
+        worker.run_once(0.0)
+        steps += 1
+        assert loop.calls == steps  # one wake-up for the step's three outputs
+    texts = []
+    for q in queues:
+        outputs = [q.get_nowait() for _ in range(q.qsize())]
+        assert outputs[-1].finished  # type: ignore[attr-defined]
+        texts.append(outputs[-1].outputs[0].text)  # type: ignore[attr-defined]
+    assert texts == ["xyz", "uvw", "st"]
