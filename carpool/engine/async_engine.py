@@ -354,6 +354,7 @@ class GenerationStream:
         self.request_id = request_id
         self.prompt_ids = prompt_ids
         self._outputs = outputs
+        self._held: RequestOutput | CarpoolError | None = None
         self.finished = False
 
     def __aiter__(self) -> AsyncIterator[RequestOutput]:
@@ -362,7 +363,7 @@ class GenerationStream:
     async def _iterate(self) -> AsyncIterator[RequestOutput]:
         try:
             while not self.finished:
-                item = await self._outputs.get()
+                item = await self._next()
                 if isinstance(item, CarpoolError):
                     self.finished = True
                     raise item
@@ -377,6 +378,19 @@ class GenerationStream:
                 yield item
         finally:
             self.close()
+
+    async def _next(self) -> RequestOutput | CarpoolError:
+        """The next output; outputs already waiting behind it (a consumer that fell
+        behind, under load) join it, so each becomes one event, not many."""
+        item = self._held if self._held is not None else await self._outputs.get()
+        self._held = None
+        while isinstance(item, RequestOutput) and not item.finished and not self._outputs.empty():
+            following = self._outputs.get_nowait()
+            if isinstance(following, CarpoolError):
+                self._held = following
+                break
+            item = item.followed_by(following)
+        return item
 
     async def final(self) -> RequestOutput:
         """Wait for the end; the last output (which holds everything)."""

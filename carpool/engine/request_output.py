@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from carpool.engine.runner import TokenLogprobs
@@ -41,3 +42,17 @@ class RequestOutput:
     @property
     def num_generated_tokens(self) -> int:
         return sum(len(o.token_ids) for o in self.outputs)
+
+    def followed_by(self, later: RequestOutput) -> RequestOutput:
+        """One output saying what this one and ``later`` (the next of the same
+        request) say: ``later``'s state, with both steps' new pieces joined."""
+        joined = [
+            dataclasses.replace(
+                b,
+                new_text=a.new_text + b.new_text,
+                new_token_ids=a.new_token_ids + b.new_token_ids,
+                new_logprobs=a.new_logprobs + b.new_logprobs,
+            )
+            for a, b in zip(self.outputs, later.outputs, strict=True)
+        ]
+        return dataclasses.replace(later, outputs=joined)

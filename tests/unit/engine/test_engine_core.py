@@ -291,3 +291,46 @@ def test_a_steps_outputs_reach_their_event_loop_in_one_call() -> None:
         assert outputs[-1].finished  # type: ignore[attr-defined]
         texts.append(outputs[-1].outputs[0].text)  # type: ignore[attr-defined]
     assert texts == ["xyz", "uvw", "st"]
+
+
+def test_outputs_waiting_in_a_stream_join_into_one_and_an_error_still_follows() -> None:
+    """A consumer that fell behind gets the outputs waiting for it as one, their new
+    pieces joined in order; an error queued after them is raised after that one."""
+    import asyncio
+
+    import pytest
+
+    from carpool.engine.async_engine import GenerationStream
+    from carpool.engine.request_output import CompletionOutput
+    from carpool.errors import ModelExecutionError
+
+    def step(text: str, new: str, finished: bool = False) -> RequestOutput:
+        tokens = ids(text)
+        done = FinishReason.LENGTH if finished else None
+        completion = CompletionOutput(0, text, tokens, [], new, ids(new), [], done)
+        return RequestOutput("r", [1], [completion], finished)
+
+    async def read(items: list[object]) -> list[RequestOutput]:
+        queue: asyncio.Queue[object] = asyncio.Queue()
+        for item in items:
+            queue.put_nowait(item)
+        stream = GenerationStream(None, "r", [1], queue)  # type: ignore[arg-type]
+        return [out async for out in stream]
+
+    [joined] = asyncio.run(read([step("a", "a"), step("ab", "b"), step("abc", "c", True)]))
+    first = joined.outputs[0]
+    assert joined.finished and first.new_text == first.text == "abc"
+    assert first.new_token_ids == ids("abc") and first.finish_reason is FinishReason.LENGTH
+
+    seen: list[RequestOutput] = []
+
+    async def read_until_error() -> None:
+        queue: asyncio.Queue[object] = asyncio.Queue()
+        for item in (step("a", "a"), step("ab", "b"), ModelExecutionError("boom")):
+            queue.put_nowait(item)
+        async for out in GenerationStream(None, "r", [1], queue):  # type: ignore[arg-type]
+            seen.append(out)
+
+    with pytest.raises(ModelExecutionError):
+        asyncio.run(read_until_error())
+    assert [o.outputs[0].new_text for o in seen] == ["ab"]
