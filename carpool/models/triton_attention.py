@@ -1,5 +1,6 @@
 """Paged attention on the GPU: Triton kernels that read each sequence's KV blocks in
-place, and the one-kernel write of a step's keys and values into the cache.
+place, and the one-kernel write of a step's keys and values into the cache (with the
+rotary embedding of queries and keys in the same kernel, ``rotary_store``).
 
 The cache of one layer is [2, num_blocks, block_size, kv_heads, head_dim] (keys,
 then values), as on the CPU path (``carpool.models.attention``). A step's query rows
