@@ -5,7 +5,11 @@ EOS ignored, the built-in smollm2-135m-instruct in float32. Each system runs in
 its own subprocess so its peak memory is its own.
 
     python -m benchmarks.generation [--workload uniform|mixed] [--hf-single-requests 4]
-                                    [--device cpu|cuda]
+                                    [--device cpu|cuda] [--carpool-only]
+                                    [--engine '{"num_scheduler_steps": 8}']
+
+On a GPU carpool's rows also give its start-up, CUDA-graph capture time and how long
+the GPU sat idle between steps.
 
 transformers one-at-a-time runs on the first ``--hf-single-requests`` requests only
 (its rate does not depend on how many there are; all 64 would take ~10 minutes).
