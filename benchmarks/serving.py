@@ -66,6 +66,28 @@ def row(name: str, r: StreamResult) -> str:
     )
 
 
+def run_naive(
+    args: argparse.Namespace,
+    workloads: dict[int, list[tuple[list[int], int]]],
+    results: dict[tuple[str, int], StreamResult],
+) -> None:
+    """The naive one-at-a-time server at each level, into ``results``."""
+    port = free_port()
+    naive = [sys.executable, "-m", "benchmarks.naive_generation_server", "--port", str(port)]
+    process, _ = serve(naive, r"(Uvicorn running|Application startup complete)")
+    try:
+        for c in args.concurrency:
+            load = workloads[c][: args.naive_requests]
+            results[("naive", c)] = asyncio.run(
+                run_streams(f"http://127.0.0.1:{port}", MODEL, load, min(c, len(load)))
+            )
+            results[("naive", c)].concurrency = c
+            print(row("naive", results[("naive", c)]), flush=True)
+    finally:
+        process.send_signal(signal.SIGTERM)  # type: ignore[attr-defined]
+        process.wait(60)  # type: ignore[attr-defined]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=64)
@@ -120,34 +142,17 @@ def main() -> None:
         process.send_signal(signal.SIGTERM)  # type: ignore[attr-defined]
         process.wait(60)  # type: ignore[attr-defined]
 
-    if args.no_naive:
-        for c in args.concurrency:
-            r = results[("carpool", c)]
-            print(f"c={c:<3} carpool {r.tokens_per_s:7.1f} tok/s")
-        one = results.get(("carpool", 1))
-        if one is not None:
-            print(f"c=1 carpool ITL p50 / offline ITL p50 = {percentile(one.itl_s, 50) / itl:.2f}")
-        print("reproduce: python -m benchmarks.serving " + " ".join(sys.argv[1:]))
-        return
-    port = free_port()
-    naive = [sys.executable, "-m", "benchmarks.naive_generation_server", "--port", str(port)]
-    process, _ = serve(naive, r"(Uvicorn running|Application startup complete)")
-    try:
-        for c in args.concurrency:
-            load = workloads[c][: args.naive_requests]
-            results[("naive", c)] = asyncio.run(
-                run_streams(f"http://127.0.0.1:{port}", MODEL, load, min(c, len(load)))
-            )
-            results[("naive", c)].concurrency = c
-            print(row("naive", results[("naive", c)]), flush=True)
-    finally:
-        process.send_signal(signal.SIGTERM)  # type: ignore[attr-defined]
-        process.wait(60)  # type: ignore[attr-defined]
+    if not args.no_naive:
+        run_naive(args, workloads, results)
 
     print("\nside by side")
     for c in args.concurrency:
-        ours, theirs = results[("carpool", c)], results[("naive", c)]
-        print(f"c={c:<3} carpool/naive throughput {ours.tokens_per_s / theirs.tokens_per_s:6.2f}x")
+        ours, theirs = results[("carpool", c)], results.get(("naive", c))
+        if theirs is None:
+            print(f"c={c:<3} carpool {ours.tokens_per_s:7.1f} tok/s")
+        else:
+            ratio = ours.tokens_per_s / theirs.tokens_per_s
+            print(f"c={c:<3} carpool/naive throughput {ratio:6.2f}x")
     one = results.get(("carpool", 1))
     if one is not None:
         print(f"c=1 carpool ITL p50 / offline ITL p50 = {percentile(one.itl_s, 50) / itl:.2f}")

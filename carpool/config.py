@@ -293,6 +293,12 @@ class EngineConfig:
         """The KV cache's size; None for auto (the device decides)."""
         return None if self.kv_cache_memory == "auto" else parse_size(self.kv_cache_memory)
 
+    def model_len(self, context: int, kv_tokens: int) -> int:
+        """``max_model_len`` resolved for a model of ``context`` positions whose KV
+        cache holds ``kv_tokens``: 0 takes the context, and never more than the
+        cache holds (as vLLM: a longer sequence could never run)."""
+        return min(self.max_model_len or context, kv_tokens)
+
     def step_budget_on(self, device: str) -> int:
         """``max_num_batched_tokens``, 0 resolved for ``device`` (cpu or cuda)."""
         if self.max_num_batched_tokens:

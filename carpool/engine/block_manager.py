@@ -37,6 +37,12 @@ class PrefixCacheStats:
     hits: int = 0
 
 
+def slot_of(blocks: Sequence[int], position: int, block_size: int) -> int:
+    """The KV-cache slot (block * block_size + offset) of token ``position`` of a
+    sequence whose block table is ``blocks``."""
+    return blocks[position // block_size] * block_size + position % block_size
+
+
 def chain_hash(parent: bytes | None, tokens: Sequence[int]) -> bytes:
     """The hash naming a full block of ``tokens`` after the prefix named ``parent``."""
     digest = hashlib.sha256(parent or b"")

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 import torch
 
+from carpool.engine.block_manager import slot_of
 from carpool.engine.decode_graphs import DecodeGraphs
 from carpool.engine.model_runner import ModelRunner, StepInputs
 from carpool.engine.outputs import ScheduledChunk, SchedulerOutput
@@ -51,12 +52,16 @@ class CudaModelRunner(ModelRunner):
         self.decode = DecodeGraphs(
             lm, self.caches, max_num_seqs, self.max_blocks, block_size, max_passes
         )
-        self.graphs = self.decode if cuda_graphs else None
         if cuda_graphs:
             self.decode.capture()
         self.multi_step = max_passes > 1
         self.device_seconds = 0.0
         self.steps = 0
+
+    @property
+    def graphs(self) -> DecodeGraphs | None:
+        """The decode steps, where they replay captured CUDA graphs."""
+        return self.decode if self.decode.graphs else None
 
     @torch.inference_mode()
     def execute(
@@ -120,7 +125,7 @@ class CudaModelRunner(ModelRunner):
             seq, start, n = chunk.seq, chunk.seq.num_computed, chunk.num_tokens
             chunk_starts.append(len(ids))
             blocks = seq.block_table.blocks
-            slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, start + n))
+            slots.extend(slot_of(blocks, p, bs) for p in range(start, start + n))
             ids.extend(chunk.input_ids)
             positions.extend(range(start, start + n))
             if chunk.samples:
@@ -128,7 +133,7 @@ class CudaModelRunner(ModelRunner):
                 sample_index.extend(range(len(ids) - 1 - len(chunk.draft), len(ids)))
             query_start.append(len(ids))
             seq_lens.append(start + n)
-            tables.append(blocks[: -(-(start + n) // bs)])
+            tables.append(blocks[: self._blocks_covering(chunk)])
         if min(ids) < 0:
             # A placeholder (``LOOKAHEAD``) on the GPU would be a device-side assert
             # that ends the process: refuse it here, as an exception of this step.

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
+from carpool.engine.block_manager import slot_of
 from carpool.engine.outputs import ScheduledChunk
 from carpool.models.attention import AttentionMetadata
 from carpool.models.causal_lm import LoadedLM
@@ -81,15 +82,12 @@ class DecodeGraphs:
     def fits(self, chunks: Sequence[ScheduledChunk]) -> bool:
         """Whether a step of ``chunks`` can run here: one own token each, sampling,
         with no draft to verify (``LOOKAHEAD`` placeholders are fine)."""
-        return (
-            0 < len(chunks) <= self.max_batch
-            and all(
-                c.samples
-                and c.num_tokens == 1 + len(c.draft)
-                and (not c.draft or (c.lookahead and len(c.draft) < self.max_passes))
-                for c in chunks
-            )
-            and all(len(c.seq.block_table.blocks) <= self.max_blocks for c in chunks)
+        return 0 < len(chunks) <= self.max_batch and all(
+            c.samples
+            and c.num_tokens == 1 + len(c.draft)
+            and (not c.draft or (c.lookahead and len(c.draft) < self.max_passes))
+            and len(c.seq.block_table.blocks) <= self.max_blocks
+            for c in chunks
         )
 
     def capture(self) -> None:
@@ -168,7 +166,7 @@ class DecodeGraphs:
             blocks = seq.block_table.blocks
             i64[0, i] = seq.token_ids[position]
             i64[1, i] = position
-            i64[2, i] = blocks[position // bs] * bs + position % bs
+            i64[2, i] = slot_of(blocks, position, bs)
             lens[i] = position + 1
             tables[i, : len(blocks)] = blocks
 
@@ -189,7 +187,7 @@ class DecodeGraphs:
             for j in range(1, lookahead[i] + 1):
                 position = first + j
                 more_i64[j - 1, 0, i] = position
-                more_i64[j - 1, 1, i] = blocks[position // bs] * bs + position % bs
+                more_i64[j - 1, 1, i] = slot_of(blocks, position, bs)
                 more_i32[j - 1, i] = position + 1
         self.dev_more_i64[: passes - 1].copy_(self.host_more_i64[: passes - 1], non_blocking=True)
         self.dev_more_i32[: passes - 1].copy_(self.host_more_i32[: passes - 1], non_blocking=True)

@@ -81,9 +81,7 @@ class Engine:
         bs = self.config.block_size
         blocks = runner.num_blocks
         self.blocks = BlockManager(blocks, bs, prefix_caching=self.config.enable_prefix_caching)
-        # As vLLM: a sequence longer than the whole KV pool could never run.
-        limit = self.config.max_model_len or self.spec.max_position_embeddings
-        self.max_model_len = min(limit, blocks * bs)
+        self.max_model_len = self.config.model_len(self.spec.max_position_embeddings, blocks * bs)
         self.scheduler = Scheduler(
             # ``engine_for`` resolves the budget for its device; a bare engine takes the CPU's.
             SchedulerConfig(self.config.step_budget_on("cpu"), self.config.max_num_seqs),
@@ -265,15 +263,7 @@ class Engine:
             for s in running
             if s.num_uncomputed == 1 and self._by_seq[s.request_id][0].speculate
         }
-        # Room: the draft's tokens and the one sampled after them must fit.
-        limits = [
-            (
-                rid,
-                s.token_ids,
-                min(s.max_tokens - s.num_output_tokens, self.max_model_len - s.num_tokens) - 1,
-            )
-            for rid, s in decoding.items()
-        ]
+        limits = [(rid, s.token_ids, self._draft_room(s)) for rid, s in decoding.items()]
         for rid, draft in self.speculator.drafts(limits).items():
             decoding[rid].draft = draft
 
@@ -282,9 +272,12 @@ class Engine:
             if s.num_uncomputed != 1 or not self._by_seq[s.request_id][0].lookahead:
                 s.draft = []
                 continue
-            # Room: the placeholders' tokens and the one sampled before them must fit.
-            room = min(s.max_tokens - s.num_output_tokens, self.max_model_len - s.num_tokens) - 1
-            s.draft = [LOOKAHEAD] * max(0, min(self.lookahead, room))
+            s.draft = [LOOKAHEAD] * max(0, min(self.lookahead, self._draft_room(s)))
+
+    def _draft_room(self, seq: Sequence) -> int:
+        """How many draft tokens (or placeholders) ``seq`` may take: they and the one
+        sampled with them must fit its ``max_tokens`` and the model's length."""
+        return min(seq.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens) - 1
 
     def _run(self, plan: SchedulerOutput) -> StepResult:
         if not plan.chunks:

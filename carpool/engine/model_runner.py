@@ -16,6 +16,7 @@ import torch
 
 from carpool.clock import Clock
 from carpool.config import EngineConfig
+from carpool.engine.block_manager import slot_of
 from carpool.engine.draft_model import DraftModelProposer
 from carpool.engine.engine import Engine
 from carpool.engine.outputs import ScheduledChunk, SchedulerOutput
@@ -109,11 +110,12 @@ def _kv_cache_bytes(lm: LoadedLM, config: EngineConfig) -> int:
     if lm.device.type != "cuda":
         return CPU_KV_CACHE_BYTES
     free, total = torch.cuda.mem_get_info(lm.device)
-    used_by_others = total - free - torch.cuda.memory_reserved(lm.device)
-    budget = int(total * config.gpu_memory_utilization) - used_by_others
-    held = torch.cuda.memory_reserved(lm.device)
-    room = budget - held - GPU_HEADROOM_BYTES
+    # Everything in use now, this process's or another's, counts against the share;
+    # the KV cache takes what is left of it, less the headroom.
+    room = free - int(total * (1 - config.gpu_memory_utilization)) - GPU_HEADROOM_BYTES
     if room <= 0:
+        held = torch.cuda.memory_reserved(lm.device)
+        used_by_others = total - free - held
         raise ValueError(
             f"gpu_memory_utilization {config.gpu_memory_utilization} leaves no room for a KV "
             f"cache on {lm.device} ({held / 2**30:.2f} GiB held here, "
@@ -128,7 +130,6 @@ def _cuda_runner(lm: LoadedLM, config: EngineConfig, blocks: int) -> ModelRunner
         raise ValueError("attention_kernel native runs on the CPU; on a GPU attention is Triton's")
     from carpool.engine.cuda_runner import CudaModelRunner
 
-    limit = config.max_model_len or lm.config.max_position_embeddings
     paths = (
         *lm.paths,
         PathTaken(
@@ -144,7 +145,7 @@ def _cuda_runner(lm: LoadedLM, config: EngineConfig, blocks: int) -> ModelRunner
         config.block_size,
         paths,
         config.max_num_seqs,
-        min(limit, blocks * config.block_size),
+        config.model_len(lm.config.max_position_embeddings, blocks * config.block_size),
         config.cuda_graphs,
         config.num_scheduler_steps,
     )
@@ -344,7 +345,7 @@ class ModelRunner:
                 segments.append(self._segment(chunk, len(ids)))
             blocks = seq.block_table.blocks
             for pos in range(start, start + n):
-                slots.append(blocks[pos // bs] * bs + pos % bs)
+                slots.append(slot_of(blocks, pos, bs))
             ids.extend(chunk.input_ids)
             positions.extend(range(start, start + n))
             if chunk.samples:
