@@ -73,6 +73,7 @@ class SpeculativeConfig:
             "model names the draft model: required for draft_model, not used by ngram",
         )
         parse_size(self.draft_kv_cache_memory)
+        # kernels/prefill_attention.h ROWWISE_CHUNK (17) follows this bound
         _require(1 <= self.num_speculative_tokens <= 16, "num_speculative_tokens in [1, 16]")
         _require(
             1 <= self.prompt_lookup_min <= self.prompt_lookup_max <= 16,

@@ -30,7 +30,7 @@ from carpool.models.native import (
     check_tensors,
     load_library,
 )
-from carpool.models.packed_linear import BlockType, Linear
+from carpool.models.packed_linear import BlockType, Linear, check_interleaved
 
 if TYPE_CHECKING:
     from carpool.models.llama import LlamaForCausalLM, LlamaLayer
@@ -47,6 +47,9 @@ class _Matrix(ctypes.Structure):
         ("bias", ctypes.c_void_p),
         ("n", ctypes.c_int64),
         ("k", ctypes.c_int64),
+        ("iquants", ctypes.c_void_p),
+        ("iscales", ctypes.c_void_p),
+        ("iextra", ctypes.c_void_p),
     ]
 
 
@@ -109,9 +112,11 @@ def _function() -> Any:
 
 
 def _matrix(linear: Linear) -> _Matrix:
-    packed = linear.packed
+    packed, interleaved = linear.packed, linear.interleaved
     assert packed is not None
     n, k = packed.shape
+    if interleaved is not None:
+        check_interleaved(interleaved)
     return _Matrix(
         _KIND[packed.kind],
         packed.quants.data_ptr(),
@@ -120,6 +125,9 @@ def _matrix(linear: Linear) -> _Matrix:
         None if linear.bias is None else linear.bias.detach().data_ptr(),
         n,
         k,
+        None if interleaved is None else interleaved.quants.data_ptr(),
+        None if interleaved is None else interleaved.scales.data_ptr(),
+        None if interleaved is None else interleaved.extra.data_ptr(),
     )
 
 

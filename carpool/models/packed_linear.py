@@ -102,6 +102,56 @@ class PackedWeight:
         return (self.scales[..., None] * self.quants.float()).view(n, k)
 
 
+FEATURES = 16  # kernels/interleaved.h: output features interleaved together
+
+
+@dataclass(frozen=True)
+class Interleaved:
+    """A weight's blocks interleaved ``FEATURES`` output features at a time, for
+    ``--weight-kernel native-int8`` (``kernels/interleaved.h`` has the layouts): the
+    file's quants and scales in the order that lets one vector instruction advance 16
+    features' dot products."""
+
+    kind: BlockType
+    quants: torch.Tensor  # Q4_1: [n/16, k/32, 4, 16, 4] uint8; Q8_0: [n/16, k/32, 8, 16, 4] int8
+    scales: torch.Tensor  # [n/16, k/32, 16] float32
+    extra: torch.Tensor  # Q4_1: the mins, like scales; Q8_0: 128 * each block's quant sum, int32
+    shape: tuple[int, int]
+
+    @staticmethod
+    def of(packed: PackedWeight) -> Interleaved | None:
+        """``packed`` interleaved; None unless its rows are a multiple of 16."""
+        n, k = packed.shape
+        if n % FEATURES:
+            return None
+        strips, groups = n // FEATURES, k // BLOCK
+        lanes = 4 if packed.kind is BlockType.Q4_1 else 8  # 32-bit lanes a feature's block fills
+        # a feature's 4 bytes at a time (one 32-bit lane), the 16 features side by side
+        quants = packed.quants.view(strips, FEATURES, groups, lanes, 4).permute(0, 2, 3, 1, 4)
+
+        def by_strip(t: torch.Tensor) -> torch.Tensor:
+            return t.view(strips, FEATURES, groups).permute(0, 2, 1).contiguous()
+
+        if packed.kind is BlockType.Q4_1:
+            assert packed.mins is not None
+            extra = by_strip(packed.mins)
+        else:
+            extra = by_strip(128 * packed.quants.to(torch.int32).sum(-1, dtype=torch.int32))
+        return Interleaved(packed.kind, quants.contiguous(), by_strip(packed.scales), extra, (n, k))
+
+    def deinterleave(self) -> PackedWeight:
+        """The file's layout again (for tests)."""
+        n, k = self.shape
+        groups = k // BLOCK
+
+        def by_feature(t: torch.Tensor) -> torch.Tensor:
+            return t.permute(0, 2, 1).reshape(n, groups)
+
+        quants = self.quants.permute(0, 3, 1, 2, 4).reshape(n, groups, -1)
+        mins = by_feature(self.extra) if self.kind is BlockType.Q4_1 else None
+        return PackedWeight(self.kind, quants, by_feature(self.scales), mins)
+
+
 def save_packed(weights: dict[str, PackedWeight], path: Path) -> None:
     """One safetensors file: ``<name>:quants``, ``:scales`` (and ``:mins``) per weight,
     its block type in the metadata."""
@@ -138,6 +188,14 @@ class QuantizedLinearKernel:
 
     def __init__(self, library: ctypes.CDLL, int8_dots: bool = False) -> None:
         self.int8_dots = int8_dots
+        self._interleaved = library.interleaved_int8_linear
+        self._interleaved.restype = ctypes.c_int
+        self._interleaved.argtypes = (
+            [ctypes.c_int64] + [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+        )
+        vectorized = library.interleaved_vectorized
+        vectorized.restype = ctypes.c_int64
+        self.interleaved_vectorized = bool(vectorized())
         self._q4_1 = library.q4_1_linear
         self._q4_1.restype = ctypes.c_int
         self._q4_1.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4 + [ctypes.c_int]
@@ -145,12 +203,23 @@ class QuantizedLinearKernel:
         self._q8_0.restype = ctypes.c_int
         self._q8_0.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_int]
 
-    def __call__(self, x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
+    def __call__(
+        self,
+        x: torch.Tensor,
+        weight: PackedWeight,
+        interleaved: Interleaved | None = None,
+    ) -> torch.Tensor:
+        """``interleaved``: ``weight``'s interleaved copy, which int8 dot products
+        use for any number of rows."""
         n, k = weight.shape
         x = x.contiguous()
         if x.dim() != 2 or x.shape[1] != k:
             raise ValueError(f"x must be [rows, {k}], got {list(x.shape)}")
         check_tensors(x=(x, torch.float32), scales=(weight.scales, torch.float32))
+        if self.int8_dots and interleaved is not None:
+            if interleaved.shape != weight.shape or interleaved.kind is not weight.kind:
+                raise ValueError("the interleaved blocks are not this weight's")
+            return self._run_interleaved(x, interleaved)
         self._check_blocks(weight)
         y = torch.empty(x.shape[0], n, dtype=torch.float32)
         threads = torch.get_num_threads()
@@ -184,6 +253,24 @@ class QuantizedLinearKernel:
             raise MemoryError("quantized linear could not allocate its block sums")
         return y
 
+    def _run_interleaved(self, x: torch.Tensor, weight: Interleaved) -> torch.Tensor:
+        check_interleaved(weight)
+        y = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
+        failed = self._interleaved(
+            weight.kind is BlockType.Q8_0,
+            x.data_ptr(),
+            weight.quants.data_ptr(),
+            weight.scales.data_ptr(),
+            weight.extra.data_ptr(),
+            y.data_ptr(),
+            x.shape[0],
+            *weight.shape,
+            torch.get_num_threads(),
+        )
+        if failed:
+            raise MemoryError("quantized linear could not allocate its rounded rows")
+        return y
+
     @staticmethod
     def _check_blocks(weight: PackedWeight) -> None:
         """Raise ValueError unless the blocks are laid out as the C side reads them."""
@@ -201,6 +288,23 @@ class QuantizedLinearKernel:
             check_shape("mins", weight.mins, n, k // 32)
 
 
+def check_interleaved(weight: Interleaved) -> None:
+    """Raise ValueError unless ``weight`` is laid out as the C side reads it."""
+    n, k = weight.shape
+    if n % FEATURES or k % BLOCK:
+        raise ValueError(f"an interleaved weight needs n % 16 == 0 and k % 32 == 0, got {n}, {k}")
+    q4 = weight.kind is BlockType.Q4_1
+    check_tensors(
+        quants=(weight.quants, torch.uint8 if q4 else torch.int8),
+        scales=(weight.scales, torch.float32),
+        extra=(weight.extra, torch.float32 if q4 else torch.int32),
+    )
+    strips, groups = n // FEATURES, k // BLOCK
+    check_shape("quants", weight.quants, strips, groups, 4 if q4 else 8, FEATURES, 4)
+    check_shape("scales", weight.scales, strips, groups, FEATURES)
+    check_shape("extra", weight.extra, strips, groups, FEATURES)
+
+
 @functools.cache
 def quantized_linear_kernel(int8_dots: bool = False) -> QuantizedLinearKernel:
     """The kernel, built once per process; raises KernelUnavailable."""
@@ -212,25 +316,29 @@ class Linear(nn.Linear):
     packed blocks when it has them (``attach``)."""
 
     packed: PackedWeight | None = None
+    interleaved: Interleaved | None = None
     kernel: QuantizedLinearKernel | None = None
 
     def attach(self, packed: PackedWeight | None, kernel: QuantizedLinearKernel | None) -> None:
-        """Use ``packed`` for few rows; it must hold exactly this layer's weight."""
+        """Use ``packed`` for few rows; it must hold exactly this layer's weight. A
+        kernel with int8 dot products also gets the blocks interleaved."""
         if packed is not None:
             if packed.shape != tuple(self.weight.shape):
                 raise ValueError(f"packed {packed.shape} for weight {tuple(self.weight.shape)}")
             if not torch.equal(packed.dequantize(), self.weight.detach()):
                 raise ValueError("packed blocks do not hold this layer's float32 weight")
         self.packed, self.kernel = packed, kernel
+        int8 = packed is not None and kernel is not None and kernel.int8_dots
+        self.interleaved = Interleaved.of(packed) if int8 and packed is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (
             self.packed is not None
             and self.kernel is not None
             and x.dim() == 2
-            and x.shape[0] <= MAX_KERNEL_ROWS
+            and (x.shape[0] <= MAX_KERNEL_ROWS or self.interleaved is not None)
             and x.dtype == torch.float32
         ):
-            y = self.kernel(x, self.packed)
+            y = self.kernel(x, self.packed, self.interleaved)
             return y if self.bias is None else y + self.bias
         return F.linear(x, self.weight, self.bias)

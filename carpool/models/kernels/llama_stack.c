@@ -20,6 +20,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "interleaved.h"
 #include "prefill_attention.h"
 #include "quantized_linear.h"
 #include "vector_math.h"
@@ -33,6 +34,11 @@ typedef struct {
     const float *mins; /* Q4_1 only */
     const float *bias; /* NULL: none */
     int64_t n, k;
+    /* the blocks interleaved (interleaved.h), or NULL: with int8_dots every step's
+       rows use them */
+    const void *iquants;
+    const float *iscales;
+    const void *iextra;
 } Matrix;
 
 typedef struct {
@@ -60,8 +66,13 @@ int64_t llama_stack_struct_size(int64_t which) {
 
 static int linear(const Matrix *w, const float *x, float *y, int64_t rows, int64_t int8_dots,
                   int threads) {
-    const int failed = quantized_linear(w->kind == KIND_Q8_0, x, w->quants, w->scales, w->mins, y,
-                                        rows, w->n, w->k, int8_dots, threads);
+    const InterleavedWeight interleaved = {w->kind == KIND_Q8_0, w->iquants, w->iscales,
+                                           w->iextra};
+    const int failed =
+        int8_dots && w->iquants != NULL
+            ? interleaved_linear(&interleaved, x, y, rows, w->n, w->k, threads)
+            : quantized_linear(w->kind == KIND_Q8_0, x, w->quants, w->scales, w->mins, y, rows,
+                               w->n, w->k, int8_dots, threads);
     if (!failed && w->bias != NULL)
         for (int64_t r = 0; r < rows; r++)
             for (int64_t o = 0; o < w->n; o++) y[r * w->n + o] += w->bias[o];

@@ -15,8 +15,13 @@
    subtracted, float32) and the weighted sum of the values run over the keys in
    order. Nothing depends on the tile a row falls in or on the rest of the batch, so
    a prompt row's result is the same however its prompt is chunked (as long as its
-   chunk has more than one row: a lone row is attended as a decode, whose dot
-   products sum in another order). */
+   chunk has more than ROWWISE_CHUNK rows).
+
+   A chunk of at most ROWWISE_CHUNK rows is attended row by row as decodes are
+   (decode_attention.h, whose dot products sum in another order): a speculative
+   verification's rows (the last token and its draft) then get the bits that
+   decoding those tokens one at a time would, so greedy speculation keeps the tokens
+   even where a last-bit difference would move an int8 rounding (native-int8). */
 
 #ifndef CARPOOL_PREFILL_ATTENTION_H
 #define CARPOOL_PREFILL_ATTENTION_H
@@ -31,6 +36,8 @@
 #define KEY_TILE 32 /* keys scored together: four AVX2 vectors */
 #define ROW_TILE 16 /* rows of one chunk per work item */
 #define HEAD_TILE 3 /* query heads scored together */
+/* 1 + the most tokens a speculative draft has (carpool/engine/speculative.py) */
+#define ROWWISE_CHUNK 17
 
 typedef struct {
     const int64_t *table; /* its sequence's block table */
@@ -209,8 +216,8 @@ static int attend_rows(const AttentionShape *a, const float *q, const float *k_c
             end++;
         const int64_t len = context_lens[end - 1];
         if (len > longest) longest = len;
-        if (end - r == 1) {
-            items[count++] = (AttentionItem){r, 1, -1, 0};
+        if (end - r <= ROWWISE_CHUNK) {
+            for (int64_t row = r; row < end; row++) items[count++] = (AttentionItem){row, 1, -1, 0};
         } else {
             const int64_t width = (len + KEY_TILE - 1) / KEY_TILE * KEY_TILE;
             if (width > widest) widest = width;

@@ -3,6 +3,7 @@
 
 #include "abi.h"
 
+#include "interleaved.h"
 #include "quantized_linear.h"
 
 int q4_1_linear(const float *x, const uint8_t *quants, const float *scales, const float *mins,
@@ -22,3 +23,15 @@ int quantized_gemm_rows(int64_t kind_q8_0, const float *x, const void *quants,
                         int64_t n, int64_t k, int num_threads) {
     return quantized_gemm(kind_q8_0, x, quants, scales, mins, y, rows, n, k, num_threads);
 }
+
+/* Blocks interleaved (interleaved.h), int8 dot products, any number of rows; n must
+   be a multiple of 16 (the caller checks). */
+int interleaved_int8_linear(int64_t kind_q8_0, const float *x, const void *quants,
+                            const float *scales, const void *extra, float *y, int64_t rows,
+                            int64_t n, int64_t k, int num_threads) {
+    const InterleavedWeight w = {kind_q8_0, quants, scales, extra};
+    return interleaved_linear(&w, x, y, rows, n, k, num_threads);
+}
+
+/* 1 when the interleaved kernel was built with AVX-512 VNNI, 0 for its portable C. */
+int64_t interleaved_vectorized(void) { return INTERLEAVED_VNNI; }

@@ -16,7 +16,9 @@ from carpool.config import default_compiler
 from carpool.models import llama_stack, native
 from carpool.models.decode_kernel import decode_kernel_in
 from carpool.models.native import BASE_FLAGS, FLAG_LADDER, build_key, build_library
+from carpool.models.packed_linear import BlockType, Interleaved, QuantizedLinearKernel
 from tests.unit.models.test_decode_kernel import attend, paged_inputs
+from tests.unit.models.test_packed_linear import gguf_weight
 
 KERNEL = "paged_decode_attention"
 
@@ -93,6 +95,23 @@ def test_every_rung_of_the_flag_ladder_matches_torch(
         rtol=1e-5,
         atol=1e-5,
     )
+
+
+@pytest.mark.parametrize("kind", list(BlockType))
+def test_the_interleaved_int8_kernel_computes_the_same_bits_on_every_rung(
+    compiler: str, tmp_path: Path, kind: BlockType
+) -> None:
+    """Its portable C (the plain rungs, or a CPU without AVX-512 VNNI) and its vector
+    code do the same arithmetic: one result, bit for bit."""
+    packed, _ = gguf_weight(kind, 48, 128, seed=2)
+    interleaved = Interleaved.of(packed)
+    x = torch.randn(11, 128, generator=torch.Generator().manual_seed(2))
+    results = []
+    for extra in FLAG_LADDER:
+        path = build_library("quantized_linear", compiler, (*BASE_FLAGS, *extra), tmp_path)
+        kernel = QuantizedLinearKernel(ctypes.CDLL(str(path)), int8_dots=True)
+        results.append(kernel(x, packed, interleaved))
+    assert all(torch.equal(r, results[0]) for r in results[1:])
 
 
 def test_a_failing_rung_falls_to_the_next_with_a_warning(

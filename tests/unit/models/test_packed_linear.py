@@ -20,6 +20,7 @@ from carpool.models.causal_lm import LoadedLM, load_causal_lm
 from carpool.models.packed_linear import (
     MAX_KERNEL_ROWS,
     BlockType,
+    Interleaved,
     Linear,
     PackedWeight,
     load_packed,
@@ -120,9 +121,11 @@ def test_the_builtin_model_runs_its_blocks_and_keeps_its_outputs(
     assert isinstance(head, Linear) and head.kernel is not None
     real, rows = head.kernel, []
 
-    def counting(x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
+    def counting(
+        x: torch.Tensor, weight: PackedWeight, interleaved: Interleaved | None = None
+    ) -> torch.Tensor:
         rows.append(x.shape[0])
-        return real(x, weight)
+        return real(x, weight, interleaved)
 
     head.kernel = counting  # type: ignore[assignment]
     try:
@@ -189,11 +192,78 @@ def test_int8_dots_are_integer_products_of_the_rounded_rows(kind: BlockType, row
 
 
 @pytest.mark.parametrize("kind", list(BlockType))
-def test_int8_dots_leave_steps_of_more_than_8_rows_exact(kind: BlockType) -> None:
-    packed, _ = gguf_weight(kind, 64, 96, seed=9)
+def test_int8_dots_leave_steps_of_more_than_8_rows_exact_without_interleaving(
+    kind: BlockType,
+) -> None:
+    packed, _ = gguf_weight(kind, 70, 96, seed=9)  # 70 rows: not interleaved
+    assert Interleaved.of(packed) is None
     x = torch.randn(9, 96, generator=torch.Generator().manual_seed(9))
     exact = quantized_linear_kernel()(x, packed)
     assert torch.equal(quantized_linear_kernel(int8_dots=True)(x, packed), exact)
+
+
+@pytest.mark.parametrize("kind", list(BlockType))
+def test_interleaving_keeps_every_block(kind: BlockType) -> None:
+    packed, _ = gguf_weight(kind, 48, 96, seed=3)
+    interleaved = Interleaved.of(packed)
+    assert interleaved is not None
+    back = interleaved.deinterleave()
+    assert torch.equal(back.quants, packed.quants)
+    assert torch.equal(back.scales, packed.scales)
+    assert back.mins is None if packed.mins is None else torch.equal(back.mins, packed.mins)
+
+
+@pytest.mark.parametrize("kind", list(BlockType))
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 17, 40])
+def test_interleaved_int8_dots_are_integer_products_of_the_rounded_rows(
+    kind: BlockType, rows: int
+) -> None:
+    """Every row count runs the interleaved kernel, with the same arithmetic as the
+    few-rows int8 kernel's up to the order of float32 sums."""
+    packed, weight = gguf_weight(kind, 80, 160, seed=rows)
+    interleaved = Interleaved.of(packed)
+    x = torch.randn(rows, 160, generator=torch.Generator().manual_seed(rows)) * 4
+    x[0, 32:64] = 0.0  # an all-zero block: step 0
+    x[-1, 64] = 1e4  # one large element: the rest of its block rounds to few steps
+    out = quantized_linear_kernel(int8_dots=True)(x, packed, interleaved).double()
+    expected = rounded_rows_product(x, packed)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+    exact = (x @ weight.T).double()
+    assert not torch.allclose(out, exact, rtol=1e-5, atol=1e-5)  # it did round
+    assert (out - exact).norm() <= 0.02 * exact.norm()
+
+
+@pytest.mark.parametrize("kind", list(BlockType))
+def test_an_interleaved_rows_bits_do_not_depend_on_its_step(kind: BlockType) -> None:
+    """A row computed alone, in a few rows (speculative verification) or in a prompt
+    chunk gets the same bits: greedy speculation then keeps the tokens."""
+    packed, _ = gguf_weight(kind, 64, 128, seed=5)
+    interleaved = Interleaved.of(packed)
+    kernel = quantized_linear_kernel(int8_dots=True)
+    x = torch.randn(21, 128, generator=torch.Generator().manual_seed(5))
+    together = kernel(x, packed, interleaved)
+    for r in (0, 7, 8, 20):
+        assert torch.equal(kernel(x[r : r + 1], packed, interleaved)[0], together[r])
+    assert torch.equal(kernel(x[3:9], packed, interleaved), together[3:9])
+
+
+def test_interleaved_blocks_are_checked_before_the_call() -> None:
+    packed, _ = gguf_weight(BlockType.Q4_1, 32, 64, seed=1)
+    interleaved = Interleaved.of(packed)
+    assert interleaved is not None
+    kernel, x = quantized_linear_kernel(int8_dots=True), torch.randn(2, 64)
+    broken = Interleaved(
+        interleaved.kind,
+        interleaved.quants[:1],
+        interleaved.scales,
+        interleaved.extra,
+        interleaved.shape,
+    )
+    with pytest.raises(ValueError, match="quants"):
+        kernel(x, packed, broken)
+    other = Interleaved.of(gguf_weight(BlockType.Q4_1, 48, 64, seed=1)[0])
+    with pytest.raises(ValueError, match="not this weight's"):
+        kernel(x, packed, other)
 
 
 def test_int8_dots_keep_the_builtin_models_text_likelihood(
