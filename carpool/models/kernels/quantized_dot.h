@@ -293,8 +293,60 @@ static void free_rows(QuantizedRows *rows) {
     free(rows->sums);
 }
 
-/* Each block's step is amax / 127, each element x / step rounded to nearest even
-   (an all-zero block: step 0, quants 0); with_quants 0 computes the sums alone.
+/* The sum of a block of 32, in one fixed order whatever the instruction set: the
+   two halves added lane by lane, then halved again down to one (as 512-bit vectors
+   reduce), so the vector and the portable builds agree bit for bit. */
+static inline float block_sum(const float *xb) {
+    float v[16];
+    for (int i = 0; i < 16; i++) v[i] = xb[i] + xb[i + 16];
+    for (int width = 8; width >= 1; width /= 2)
+        for (int i = 0; i < width; i++) v[i] = v[i] + v[i + width];
+    return v[0];
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+/* One block: its sum (block_sum's order), and with quants its step and int8 quants */
+static inline void quantize_block(const float *xb, int with_quants, float *sum, float *step,
+                                  int8_t *quants) {
+    const __m512 a = _mm512_loadu_ps(xb), b = _mm512_loadu_ps(xb + 16);
+    const __m512 v = _mm512_add_ps(a, b);
+    const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), high);
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    *sum = _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+    if (!with_quants) return;
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    *step = amax / 127.f;
+    const float inverse = *step > 0.f ? 1.f / *step : 0.f;
+    const __m512 s = _mm512_set1_ps(inverse);
+    /* round to nearest even (the default rounding mode, as nearbyintf); a NaN (a broken
+       model's) becomes 0 */
+    const __m512 sa = _mm512_mul_ps(a, s), sb = _mm512_mul_ps(b, s);
+    const __m512i ia = _mm512_maskz_cvtps_epi32(_mm512_cmp_ps_mask(sa, sa, _CMP_ORD_Q), sa);
+    const __m512i ib = _mm512_maskz_cvtps_epi32(_mm512_cmp_ps_mask(sb, sb, _CMP_ORD_Q), sb);
+    _mm_storeu_si128((__m128i *)quants, _mm512_cvtsepi32_epi8(ia));
+    _mm_storeu_si128((__m128i *)(quants + 16), _mm512_cvtsepi32_epi8(ib));
+}
+#else
+static inline void quantize_block(const float *xb, int with_quants, float *sum, float *step,
+                                  int8_t *quants) {
+    *sum = block_sum(xb);
+    if (!with_quants) return;
+    float amax = 0.f;
+    for (int j = 0; j < BLOCK; j++) amax = fmaxf(amax, fabsf(xb[j]));
+    *step = amax / 127.f;
+    const float inverse = *step > 0.f ? 1.f / *step : 0.f;
+    for (int j = 0; j < BLOCK; j++) {
+        const float v = xb[j] * inverse;
+        /* a NaN (a broken model's) becomes 0: converting it to an integer is undefined */
+        quants[j] = (int8_t)(v == v ? nearbyintf(v) : 0.f);
+    }
+}
+#endif
+
+/* Each block's step is amax / 127, each element x / step rounded to nearest
+   even (an all-zero block: step 0, quants 0); with_quants 0 computes the sums alone.
    Returns 1 when out of memory (nothing to free then). */
 static int quantize_rows(const float *x, int64_t rows, int64_t k, int with_quants,
                          QuantizedRows *out) {
@@ -306,23 +358,10 @@ static int quantize_rows(const float *x, int64_t rows, int64_t k, int with_quant
         free_rows(out);
         return 1;
     }
-    for (int64_t b = 0; b < rows * groups; b++) {
-        const float *xb = x + b * BLOCK;
-        float sum = 0.f, amax = 0.f;
-        for (int j = 0; j < BLOCK; j++) {
-            sum += xb[j];
-            amax = fmaxf(amax, fabsf(xb[j]));
-        }
-        out->sums[b] = sum;
-        if (!with_quants) continue;
-        const float step = amax / 127.f, inverse = step > 0.f ? 1.f / step : 0.f;
-        out->scales[b] = step;
-        for (int j = 0; j < BLOCK; j++) {
-            const float v = xb[j] * inverse;
-            /* a NaN (a broken model's) becomes 0: converting it to an integer is undefined */
-            out->quants[b * BLOCK + j] = (int8_t)(v == v ? nearbyintf(v) : 0.f);
-        }
-    }
+    for (int64_t b = 0; b < rows * groups; b++)
+        quantize_block(x + b * BLOCK, with_quants, out->sums + b,
+                       with_quants ? out->scales + b : NULL,
+                       with_quants ? out->quants + b * BLOCK : NULL);
     return 0;
 }
 

@@ -269,23 +269,28 @@ def test_interleaved_blocks_are_checked_before_the_call() -> None:
 def test_int8_dots_keep_the_builtin_models_text_likelihood(
     smollm: LoadedLM, smollm_folder: Path
 ) -> None:
-    """``native-int8`` runs the fused stack and the head with int8 dot products
-    (prompt chunks of 8 rows here, as decode rows are): each token's log-likelihood of
-    a fixed text moves, a little, and the perplexity stays within 5% (BENCHMARKS.md
-    has it on a longer text)."""
+    """``native-int8`` runs the fused stack and the head with int8 dot products (every
+    row of every step): each token's log-likelihood of a fixed text moves, a little,
+    and the perplexity stays within 5% (a text of ~130 tokens; on 40 it moved 5.3%
+    once; BENCHMARKS.md has it on a longer text)."""
     int8 = load_causal_lm(smollm_folder, progress=False, weight_kernel="native-int8")
     assert "int8" in int8.paths[0].detail
     text = (
         "The river rises in the hills above the town and runs south through farmland "
         "for forty miles before it reaches the sea. In spring the snow melts and the "
-        "water comes down fast and brown; by late summer it is slow and clear."
+        "water comes down fast and brown; by late summer it is slow and clear. The "
+        "old mill by the bridge ground corn for two hundred years; it is a museum now, "
+        "and children come by the busload to watch the wheel turn. Below the mill the "
+        "valley widens, the road follows the water, and the villages grow larger until "
+        "the river meets the tide at the harbour, where fishing boats still land their "
+        "catch each morning before the market opens."
     )
     prompt = smollm.tokenizer.encode(text)
     floats, ints = (prompt_logprobs(lm, prompt) for lm in (smollm, int8))
     moved = np.abs(np.array(ints) - np.array(floats))
     assert moved.max() > 0  # the int8 path ran
-    assert moved.mean() < 0.3  # 0.16 nats here
-    assert abs(np.exp(np.mean(floats) - np.mean(ints)) - 1) < 0.05  # perplexity
+    assert moved.mean() < 0.3  # 0.14 nats here
+    assert abs(np.exp(np.mean(floats) - np.mean(ints)) - 1) < 0.05  # perplexity: +1.8% here
 
 
 def prompt_logprobs(lm: LoadedLM, prompt: list[int]) -> list[float]:
