@@ -4,8 +4,9 @@ on a fixed text, with each weight kernel, side by side in one run.
 The text is the GNU GPL version 3 as Debian and Ubuntu ship it
 (``/usr/share/common-licenses/GPL-3``), its first ``--tokens`` tokens, in windows of
 ``--window`` tokens each scored from its own start. Prompts are prefilled 8 rows a
-step, so every row goes through the few-rows kernels that decoding uses (int8 dot
-products apply to steps of up to 8 rows).
+step, as decode and verification steps are (int8 gives a row the same bits in a step
+of any size where a weight is interleaved; a weight that is not keeps int8 for steps
+of up to 8 rows only).
 
     python -m benchmarks.int8_accuracy [--tokens 2048] [--window 512]
 """

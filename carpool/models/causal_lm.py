@@ -161,7 +161,7 @@ def _attach_packed(
             if count:
                 detail = f"quantized_linear on the file's blocks, {count} layers, steps of few rows"
                 if kernel.int8_dots:
-                    detail += ", int8 dot products for up to 8 rows"
+                    detail += ", int8 dot products"
                 log.info("%d linear layers run steps of few rows on the file's blocks", count)
                 return count, PathTaken(part, True, detail)
             why = "no linear layer has all its weights in Q4_1 or Q8_0 blocks"

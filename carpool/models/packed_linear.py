@@ -182,9 +182,11 @@ def load_packed(path: Path) -> dict[str, PackedWeight]:
 
 class QuantizedLinearKernel:
     """y = x @ W^T with W in blocks, for float32 rows x [m, k]. With ``int8_dots``
-    (opt-in, ``--weight-kernel native-int8``) steps of up to 8 rows quantize x per
-    block of 32 to int8 and use integer dot products (llama.cpp's way): faster,
-    not exact; larger steps are unchanged."""
+    (opt-in, ``--weight-kernel native-int8``) x is rounded per block of 32 to int8
+    and the dot products are integer (llama.cpp's way): faster, not exact. With a
+    weight's ``Interleaved`` copy that is every row count (``kernels/interleaved.h``);
+    without one (rows not a multiple of 16), steps of up to 8 rows, larger ones
+    exact."""
 
     def __init__(self, library: ctypes.CDLL, int8_dots: bool = False) -> None:
         self.int8_dots = int8_dots

@@ -3,7 +3,9 @@
    dequantized strips of W (quantized_gemm.h: bound by arithmetic). The crossover
    was measured with SmolLM2-135M's shapes on the 2-core CI machine: at 8 rows the
    direct path was ~1.2x faster, at 16 the strips ~2x. int8_dots (quantized_dot.h)
-   applies to the direct path only: more rows stay exact. */
+   applies to the direct path only: more rows stay exact. The fused stack and
+   packed_linear.py run int8 on interleaved weights instead (interleaved.h), for any
+   number of rows, where a weight has them. */
 
 #ifndef CARPOOL_QUANTIZED_LINEAR_H
 #define CARPOOL_QUANTIZED_LINEAR_H
