@@ -88,7 +88,7 @@ def measure(
     outputs must be the same tokens (asserted, native-int8 included: a verified row
     gets its decode's bits)."""
     rows = []
-    for i, text in enumerate(prompts):
+    for text in prompts:
         prompt = chat(plain, text)
         seconds: dict[str, list[float]] = {"plain": [], "spec": []}
         tokens: dict[str, list[int]] = {}
