@@ -4,13 +4,15 @@ over HTTP at concurrency 1 (``carpool bench``, the same prompts for each server)
 carpool and ``llama-server``. Greedy, 128 tokens, EOS ignored.
 
     python -m benchmarks.single_stream --llama-bin /path/to/llama.cpp/build/bin
-                                       [--weight-kernels native native-int8]
+                                       [--rounds 1] [--weight-kernels native native-int8]
                                        [--carpool-env OMP_WAIT_POLICY=passive ...]
 
 carpool runs once per ``--weight-kernels`` choice (offline and over HTTP): native is
 exact against the file's float32 weights, native-int8 uses integer dot products.
 ``--carpool-env`` runs carpool's first HTTP case once more with those environment
-variables (to compare a setting in the same run).
+variables (to compare a setting in the same run). ``--rounds`` repeats everything and
+ends with the median of each round's ratios: this CPU drifts by ±20% within
+minutes, and one round's offline and HTTP measurements are minutes apart.
 """
 
 from __future__ import annotations
@@ -96,19 +98,9 @@ def over_http(
         stop(process)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--llama-bin", required=True, help="llama.cpp's build/bin folder")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--requests", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--weight-kernels", nargs="+", default=["native", "native-int8"])
-    parser.add_argument("--carpool-env", nargs="*", default=[], help="KEY=VALUE ...")
-    args = parser.parse_args()
-    args.gguf = builtin_gguf()
-    args.llama_server = str(Path(args.llama_bin) / "llama-server")
-    args.parallel, args.llama_port = 1, 8092
-    print("command: python -m benchmarks.single_stream " + " ".join(sys.argv[1:]))
+def one_round(args: argparse.Namespace) -> dict[str, float]:
+    """Every measurement once, in this order: llama-bench, carpool offline per kernel,
+    carpool over HTTP per kernel (and with --carpool-env), llama-server."""
     rows: dict[str, float] = {}
     rows["llama-bench tg128 (ms/token)"] = 1000 / llama_bench(
         Path(args.llama_bin) / "llama-bench", args.gguf, args.threads
@@ -131,17 +123,57 @@ def main() -> None:
     for name, r in http.items():
         rows[f"{name} HTTP c=1 ITL p50 (ms)"] = r["median_itl_ms"]
         rows[f"{name} HTTP c=1 TPOT mean (ms)"] = r["mean_tpot_ms"]
-    for name, value in rows.items():
-        print(f"{name:64} {value:8.2f}")
-    llama_itl = rows["llama-server HTTP c=1 ITL p50 (ms)"]
-    bench = rows["llama-bench tg128 (ms/token)"]
-    for kernel in kernels:
-        itl = rows[f"carpool {kernel} HTTP c=1 ITL p50 (ms)"]
-        own = rows[f"carpool {kernel} offline, one stream (ms/token)"]
-        print(
-            f"{kernel}: ITL p50 {itl / llama_itl:.2f}x llama-server's, {itl / own:.2f}x "
-            f"its offline engine; offline tokens/s {bench / own:.2f}x llama-bench's"
-        )
+    return rows
+
+
+def ratios(rows: dict[str, float], kernel: str) -> tuple[float, float, float]:
+    """ITL p50 / llama-server's, ITL p50 / the offline engine's ms a token, and
+    offline tokens/s / llama-bench's."""
+    itl = rows[f"carpool {kernel} HTTP c=1 ITL p50 (ms)"]
+    own = rows[f"carpool {kernel} offline, one stream (ms/token)"]
+    return (
+        itl / rows["llama-server HTTP c=1 ITL p50 (ms)"],
+        itl / own,
+        rows["llama-bench tg128 (ms/token)"] / own,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--llama-bin", required=True, help="llama.cpp's build/bin folder")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--requests", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--weight-kernels", nargs="+", default=["native", "native-int8"])
+    parser.add_argument("--carpool-env", nargs="*", default=[], help="KEY=VALUE ...")
+    args = parser.parse_args()
+    args.gguf = builtin_gguf()
+    args.llama_server = str(Path(args.llama_bin) / "llama-server")
+    args.parallel, args.llama_port = 1, 8092
+    print("command: python -m benchmarks.single_stream " + " ".join(sys.argv[1:]))
+    per_round: list[tuple[dict[str, float], dict[str, tuple[float, float, float]]]] = []
+    for round_ in range(args.rounds):
+        rows = one_round(args)
+        per_round.append((rows, {k: ratios(rows, k) for k in args.weight_kernels}))
+        print(f"\nround {round_ + 1}")
+        for name, value in rows.items():
+            print(f"{name:64} {value:8.2f}")
+        for kernel, (server, own, bench) in per_round[-1][1].items():
+            print(
+                f"{kernel}: ITL p50 {server:.2f}x llama-server's, {own:.2f}x its offline "
+                f"engine; offline tokens/s {bench:.2f}x llama-bench's"
+            )
+    if args.rounds > 1:
+        print(f"\nmedians of the per-round ratios ({args.rounds} rounds)")
+        for kernel in args.weight_kernels:
+            server, own, bench = (
+                statistics.median(r[1][kernel][i] for r in per_round) for i in range(3)
+            )
+            print(
+                f"{kernel}: ITL p50 {server:.2f}x llama-server's, {own:.2f}x its offline "
+                f"engine; offline tokens/s {bench:.2f}x llama-bench's"
+            )
 
 
 if __name__ == "__main__":
