@@ -238,9 +238,10 @@ class EngineConfig:
     weight_kernel: str = _help(
         "Linear layers of a GGUF model with Q4_1 or Q8_0 matrices: native (C kernels over "
         "the file's blocks, the same float32 weights; with native attention a step's whole "
-        "decoder stack runs in one C call), native-int8 (native, but every step's rows round "
-        "their activations to int8 per block of 32 and use integer dot products, as "
-        "llama.cpp does: faster, not exact; its perplexity is in BENCHMARKS.md), "
+        "decoder stack runs in one C call), native-int8 (native, but rows round their "
+        "activations to int8 per block of 32 and use integer dot products, as llama.cpp "
+        "does: every step's rows with AVX-512 VNNI, else steps of up to 8 rows; faster, not "
+        "exact; its perplexity is in BENCHMARKS.md), "
         "torch (float32 GEMM only), or auto (native where it can run).",
         default="auto",
     )

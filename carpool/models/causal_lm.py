@@ -160,8 +160,10 @@ def _attach_packed(
             count: int = model.attach_packed(packed, kernel)  # type: ignore[operator]
             if count:
                 detail = f"quantized_linear on the file's blocks, {count} layers, steps of few rows"
-                if kernel.int8_dots:
-                    detail += ", int8 dot products"
+                if kernel.int8_dots and kernel.interleaved_vectorized:
+                    detail += ", int8 dot products on interleaved blocks (AVX-512 VNNI)"
+                elif kernel.int8_dots:
+                    detail += ", int8 dot products for up to 8 rows (no AVX-512 VNNI here)"
                 log.info("%d linear layers run steps of few rows on the file's blocks", count)
                 return count, PathTaken(part, True, detail)
             why = "no linear layer has all its weights in Q4_1 or Q8_0 blocks"

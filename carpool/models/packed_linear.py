@@ -185,8 +185,8 @@ class QuantizedLinearKernel:
     (opt-in, ``--weight-kernel native-int8``) x is rounded per block of 32 to int8
     and the dot products are integer (llama.cpp's way): faster, not exact. With a
     weight's ``Interleaved`` copy that is every row count (``kernels/interleaved.h``);
-    without one (rows not a multiple of 16), steps of up to 8 rows, larger ones
-    exact."""
+    without one (no AVX-512 VNNI, or rows not a multiple of 16), steps of up to 8
+    rows, larger ones exact."""
 
     def __init__(self, library: ctypes.CDLL, int8_dots: bool = False) -> None:
         self.int8_dots = int8_dots
@@ -323,15 +323,17 @@ class Linear(nn.Linear):
 
     def attach(self, packed: PackedWeight | None, kernel: QuantizedLinearKernel | None) -> None:
         """Use ``packed`` for few rows; it must hold exactly this layer's weight. A
-        kernel with int8 dot products also gets the blocks interleaved."""
+        kernel with int8 dot products also gets the blocks interleaved where it has
+        the vector code for them (AVX-512 VNNI; elsewhere the portable C would be
+        slower than the few-rows int8 kernels, which then run instead)."""
         if packed is not None:
             if packed.shape != tuple(self.weight.shape):
                 raise ValueError(f"packed {packed.shape} for weight {tuple(self.weight.shape)}")
             if not torch.equal(packed.dequantize(), self.weight.detach()):
                 raise ValueError("packed blocks do not hold this layer's float32 weight")
         self.packed, self.kernel = packed, kernel
-        int8 = packed is not None and kernel is not None and kernel.int8_dots
-        self.interleaved = Interleaved.of(packed) if int8 and packed is not None else None
+        interleave = kernel is not None and kernel.int8_dots and kernel.interleaved_vectorized
+        self.interleaved = Interleaved.of(packed) if interleave and packed is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (
