@@ -6,7 +6,7 @@ both alike. Greedy (the outputs must be the same tokens; checked), the built-in
 model, offline engine.
 
     python -m benchmarks.speculative [--rounds 2] [--max-tokens 160]
-                                     [--weight-kernel native-int8]
+                                     [--weight-kernel native-int8] [--step-times]
 """
 
 from __future__ import annotations
@@ -115,15 +115,40 @@ def report(name: str, rows: list[tuple[int, float, int, float]]) -> None:
     )
 
 
+def step_times(prompt: str, plain: LLM, spec: LLM, params: SamplingParams) -> None:
+    """Where one request's time goes, with and without speculation: its first step
+    (the prefill and first token) and the mean of the steps after it, each
+    ``engine.step`` timed (the second of two runs, the first warming up)."""
+    print(f"\n## steps of one request: {prompt[:40]!r}...")
+    for name, llm in (("plain", plain), ("spec", spec)):
+        engine, ids = llm.engine, chat(llm, prompt)
+        for attempt in range(2):
+            engine.add_request(f"steps-{attempt}", ids, params)
+            times = []
+            while engine.has_work:
+                started = time.perf_counter()
+                engine.step()
+                times.append(time.perf_counter() - started)
+        rest = times[1:]
+        print(
+            f"{name:>6}: {sum(times) * 1e3:6.0f} ms in {len(times)} steps; first "
+            f"{times[0] * 1e3:.0f} ms, then {statistics.mean(rest) * 1e3:.2f} ms a step"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--weight-kernel", default="auto")
+    parser.add_argument(
+        "--step-times", action="store_true", help="also time the steps of the first request"
+    )
     args = parser.parse_args()
     print(
         f"command: python -m benchmarks.speculative --rounds {args.rounds} "
         f"--max-tokens {args.max_tokens} --weight-kernel {args.weight_kernel}"
+        + (" --step-times" if args.step_times else "")
     )
     print(
         f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
@@ -134,6 +159,8 @@ def main() -> None:
     plain = LLM(MODEL, **common)
     spec = LLM(MODEL, speculative_config=json.dumps(SPECULATE), **common)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+    if args.step_times:
+        step_times(REPETITIVE[0], plain, spec, params)
     report(
         "repetitive (copy, rewrite, edit code, fill JSON)",
         measure(REPETITIVE, plain, spec, params, args.rounds),
