@@ -138,6 +138,15 @@ def ratios(rows: dict[str, float], kernel: str) -> tuple[float, float, float]:
     )
 
 
+def describe(kernel: str, kernel_ratios: tuple[float, float, float]) -> str:
+    """One line for ``ratios``' three numbers."""
+    server, own, bench = kernel_ratios
+    return (
+        f"{kernel}: ITL p50 {server:.2f}x llama-server's, {own:.2f}x its offline "
+        f"engine; offline tokens/s {bench:.2f}x llama-bench's"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--llama-bin", required=True, help="llama.cpp's build/bin folder")
@@ -159,21 +168,15 @@ def main() -> None:
         print(f"\nround {round_ + 1}")
         for name, value in rows.items():
             print(f"{name:64} {value:8.2f}")
-        for kernel, (server, own, bench) in per_round[-1][1].items():
-            print(
-                f"{kernel}: ITL p50 {server:.2f}x llama-server's, {own:.2f}x its offline "
-                f"engine; offline tokens/s {bench:.2f}x llama-bench's"
-            )
+        for kernel, kernel_ratios in per_round[-1][1].items():
+            print(describe(kernel, kernel_ratios))
     if args.rounds > 1:
         print(f"\nmedians of the per-round ratios ({args.rounds} rounds)")
         for kernel in args.weight_kernels:
             server, own, bench = (
                 statistics.median(r[1][kernel][i] for r in per_round) for i in range(3)
             )
-            print(
-                f"{kernel}: ITL p50 {server:.2f}x llama-server's, {own:.2f}x its offline "
-                f"engine; offline tokens/s {bench:.2f}x llama-bench's"
-            )
+            print(describe(kernel, (server, own, bench)))
 
 
 if __name__ == "__main__":
