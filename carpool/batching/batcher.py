@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Protocol
 
-from carpool.batching.policy import SendBatch, WaitUntil, decide
+from carpool.batching.policy import Decision, SendBatch, WaitUntil, decide
 from carpool.batching.queue import PriorityQueues
 from carpool.batching.request import BatchRequest
 from carpool.clock import Clock, MonotonicClock
@@ -194,10 +194,14 @@ class DynamicBatcher:
     def poll(self, now: float) -> WorkState:
         self._drain_inbox()
         self._drop_cancelled(now)
-        self._expire(now)
         self._decision = None
-        waiting = list(self._queues.in_order())
-        decision = decide(waiting, now, self.config, self.model.ragged)
+        decision = self._decide(now)
+        # A deadline expires only the requests this chance to run passes by (held back
+        # by the queue delay or left out of the batch): one that finds the model idle
+        # runs, however short its timeout.
+        spared = decision.requests if isinstance(decision, SendBatch) else []
+        if self._expire(now, spared) and not spared:
+            decision = self._decide(now)
         deadline = self._queues.earliest_deadline()
         if decision is None:
             return IDLE
@@ -259,8 +263,14 @@ class DynamicBatcher:
             self.stats.record_outcome(Outcome.CANCELLED, now - request.arrival)
         self.stats.set_pending(self._admission.total())
 
-    def _expire(self, now: float) -> None:
-        for request in self._queues.take_if(lambda r: r.deadline <= now):
+    def _decide(self, now: float) -> Decision:
+        return decide(list(self._queues.in_order()), now, self.config, self.model.ragged)
+
+    def _expire(self, now: float, spared: list[BatchRequest]) -> bool:
+        """Time out the queued requests past their deadline but those ``spared``;
+        whether there were any."""
+        expired = self._queues.take_if(lambda r: r.deadline <= now and r not in spared)
+        for request in expired:
             self._admission.release(request.level)
             if request.future.set_running_or_notify_cancel():
                 request.future.set_exception(
@@ -272,6 +282,7 @@ class DynamicBatcher:
             else:
                 self.stats.record_outcome(Outcome.CANCELLED, now - request.arrival)
         self.stats.set_pending(self._admission.total())
+        return bool(expired)
 
     def _run_isolating(self, batch: list[BatchRequest]) -> None:
         """Run ``batch``; on a model error re-run it in halves until the failing

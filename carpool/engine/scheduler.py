@@ -7,7 +7,8 @@ streams already decoding; waiting sequences then fill what budget is left, in
 priority then arrival order. When the KV blocks run out, the running sequence
 that sorts last (lowest priority, most recently arrived) is preempted: its blocks
 are freed and it goes back to the head of the waiting queue to be recomputed.
-A waiting sequence whose deadline passes is finished with a timeout; ``abort``
+A sequence still waiting to start when a step passes it by after its deadline is
+finished with a timeout (one that starts has met its deadline); ``abort``
 finishes a sequence and frees its blocks at the next ``schedule``.
 
 No torch and no threads: the engine calls ``schedule`` and ``update`` on its own
@@ -60,7 +61,6 @@ class Scheduler:
     def schedule(self, now: float) -> SchedulerOutput:
         out = SchedulerOutput()
         self._finish_aborted(out)
-        self._expire_waiting(now, out)
         budget = self.config.max_num_batched_tokens
         for seq in sorted(self.running, key=lambda s: s.order):
             if budget == 0:
@@ -86,9 +86,13 @@ class Scheduler:
             seq.num_computed = cached
             self.waiting.pop(0)
             seq.status = SequenceStatus.RUNNING
+            seq.deadline = None  # it has started: a later preemption does not expire it
             self.running.append(seq)
             out.chunks.append(ScheduledChunk.of(seq, n))
             budget -= n
+        # After admission: a deadline expires only a request this opportunity to start
+        # passed by, so one that finds the engine idle starts however short its timeout.
+        self._expire_waiting(now, out)
         return out
 
     def _take_draft(self, seq: Sequence, budget: int) -> tuple[int, ...]:

@@ -200,6 +200,23 @@ def _remember_url(server: Server) -> Iterator[None]:
     still_serving(server)
 
 
+@pytest.mark.parametrize("timeout", [5e-324, 1e-40, 1e-6])
+def test_a_timeout_too_short_to_wait_still_runs_on_an_idle_server(
+    server: Server, timeout: float
+) -> None:
+    """A deadline only expires a request the server passed by: an idle one starts it."""
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        for path in ("/v1/completions", "/v1/chat/completions"):
+            response = send(c, path, {**VALID[path], "max_tokens": 1, "timeout": timeout})
+            assert response.status_code == 200, (path, response.text)
+        for path in ("/v1/embeddings",):
+            response = send(c, path, {**VALID[path], "timeout": timeout})
+            assert response.status_code == 200, (path, response.text)
+        v2 = {**VALID[f"/v2/models/{EMBED}/infer"], "parameters": {"timeout": 1}}
+        response = send(c, f"/v2/models/{EMBED}/infer", v2)
+        assert response.status_code == 200, response.text
+
+
 def test_openapi_operations_never_fail_the_server(server: Server) -> None:
     """schemathesis generates requests for every operation in our OpenAPI document
     (driven directly: its lazy pytest fixture loader does not run on this pytest)."""

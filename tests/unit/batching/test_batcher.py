@@ -139,6 +139,18 @@ def test_request_still_queued_at_its_deadline_times_out_and_never_runs() -> None
     assert h.batcher.stats.snapshot().outcomes[Outcome.TIMEOUT] == 2
 
 
+def test_a_deadline_expires_only_the_requests_a_batch_leaves_behind() -> None:
+    h = Harness(BatchingConfig(max_batch_size=1))
+    first = h.submit(1, timeout_s=0.5)
+    second = h.submit(2, timeout_s=0.5)
+    h.clock.advance(0.5)
+    assert h.step()
+    assert first.result() == 2
+    with pytest.raises(QueueTimeout):
+        second.result()
+    assert h.model.batches == [[1]]
+
+
 def test_a_request_may_only_shorten_its_timeout_and_only_if_allowed() -> None:
     h = Harness(
         BatchingConfig(max_queue_delay_ms=10_000, queue_policy=QueuePolicy(default_timeout_s=1.0))

@@ -118,6 +118,24 @@ def test_waiting_past_its_deadline_times_out() -> None:
     assert late in out.finished and late.finish_reason is FinishReason.TIMEOUT
 
 
+def test_a_deadline_already_past_still_starts_on_an_idle_engine() -> None:
+    h = Harness()
+    hasty = h.add("hasty", 2, deadline=0.0)
+    out = h.step()
+    assert [c.seq for c in out.chunks] == [hasty] and not out.finished
+
+
+def test_a_started_request_preempted_past_its_deadline_resumes() -> None:
+    h = Harness(tokens=64, blocks=4, block_size=4)
+    h.add("urgent", 4, max_tokens=8, priority=-1)
+    relaxed = h.add("relaxed", 4, max_tokens=8, priority=5, deadline=2.0)
+    assert step_until_preemption(h) is relaxed
+    h.now = 100.0
+    while relaxed.status is not SequenceStatus.FINISHED:
+        h.step()
+    assert relaxed.finish_reason is FinishReason.LENGTH and len(relaxed.output_ids) == 8
+
+
 def test_abort_frees_everything_at_the_next_step() -> None:
     h = Harness()
     seq = h.add("gone", 9, max_tokens=50)
