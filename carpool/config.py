@@ -190,6 +190,14 @@ class EngineConfig:
         "batch-size bucket up to max_num_seqs (off: every step runs eagerly).",
         default=True,
     )
+    async_scheduling: bool = _help(
+        "Plan and launch each engine step before the last one's tokens are back, so the "
+        "host's work (scheduling, detokenizing, stop strings) overlaps the device's (vLLM's "
+        "option of the same name); a request with penalties, a grammar, log-probabilities "
+        "or prompt log-probabilities runs in steps that wait. Pays on a GPU, where a step "
+        "runs asynchronously; not with speculative_config or num_scheduler_steps > 1.",
+        default=False,
+    )
     block_size: int = _help("Tokens per KV-cache block.", default=16)
     max_num_batched_tokens: int = _help(
         "Token budget of one engine step (decodes plus prompt chunks); a longer prompt is "
@@ -282,6 +290,11 @@ class EngineConfig:
         _require(
             self.dtype in ("auto", "float32", "bfloat16", "float16"),
             f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}",
+        )
+        drafts = bool(self.speculative_config) or self.num_scheduler_steps > 1
+        _require(
+            not (self.async_scheduling and drafts),
+            "async_scheduling does not combine with speculative_config or num_scheduler_steps > 1",
         )
         if self.speculative_config:
             # Imported here: the speculative module builds on this one.

@@ -17,9 +17,15 @@ import torch
 
 from carpool.engine.block_manager import slot_of
 from carpool.engine.decode_graphs import DecodeGraphs
-from carpool.engine.model_runner import ModelRunner, StepInputs
+from carpool.engine.model_runner import (
+    Chosen,
+    ModelRunner,
+    StepInputs,
+    check_ids,
+    pending_tokens,
+)
 from carpool.engine.outputs import ScheduledChunk, SchedulerOutput
-from carpool.engine.runner import Sampled, SamplingRow, StepResult
+from carpool.engine.runner import Launch, Sampled, SamplingRow, StepResult
 from carpool.engine.sampler import sample
 from carpool.models.attention import AttentionMetadata
 from carpool.models.causal_lm import LoadedLM
@@ -113,7 +119,38 @@ class CudaModelRunner(ModelRunner):
             result.sampled[chunk.seq.request_id] = Sampled(tokens[-1], logprobs, tuple(tokens[:-1]))
         return result
 
-    def prepare(self, step: SchedulerOutput) -> StepInputs:
+    def _launch_forward(
+        self, step: SchedulerOutput, after: Launch | None
+    ) -> tuple[torch.Tensor, list[ScheduledChunk]]:
+        if self.decode.fits(step.chunks):
+            logits, _ = self.decode.run(step.chunks, pending_tokens(after))
+            return logits, list(step.chunks)
+        return super()._launch_forward(step, after)
+
+    def _event(self) -> torch.cuda.Event | None:
+        if self.device.type != "cuda":
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _hand_off(self, tokens: torch.Tensor, start: torch.cuda.Event | None) -> Chosen:
+        """Queue the tokens' copy to pinned host memory and an event after it, so
+        landing waits for this step alone, not for one launched after it."""
+        if start is None:
+            return Chosen(tokens, tokens)
+        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        host.copy_(tokens, non_blocking=True)
+        return Chosen(tokens, host, start, self._event())
+
+    def _wait(self, chosen: Chosen) -> list[int]:
+        if chosen.start is not None and chosen.end is not None:
+            chosen.end.synchronize()
+            self.device_seconds += chosen.start.elapsed_time(chosen.end) / 1000
+            self.steps += 1
+        return super()._wait(chosen)
+
+    def prepare(self, step: SchedulerOutput, after: Launch | None = None) -> StepInputs:
         """The step's rows in its chunks' order, with the Triton kernels' metadata."""
         bs = self.block_size
         tokens: list[list[int]] = [[], [], []]  # ids, positions, slots
@@ -134,10 +171,7 @@ class CudaModelRunner(ModelRunner):
             query_start.append(len(ids))
             seq_lens.append(start + n)
             tables.append(blocks[: self._blocks_covering(chunk)])
-        if min(ids) < 0:
-            # A placeholder (``LOOKAHEAD``) on the GPU would be a device-side assert
-            # that ends the process: refuse it here, as an exception of this step.
-            raise ValueError("a placeholder token id reached the model")
+        check_ids(ids, after)
         width = max(len(t) for t in tables)
         rows_per_seq = [c.num_tokens for c in step.chunks]
         tile_seq, tile_row, tile_end = tiles_for(rows_per_seq, seq_lens, self.block_q)

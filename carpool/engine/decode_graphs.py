@@ -31,6 +31,15 @@ from carpool.models.triton_attention import PagedMetadata
 log = logging.getLogger(__name__)
 
 
+def resolve_pending(ids: torch.Tensor, tokens: torch.Tensor) -> None:
+    """Put, in place and on the device, row r of ``tokens`` wherever ``ids`` holds
+    ``outputs.pending(r)`` (the host has checked every such r < len(tokens))."""
+    if len(tokens) == 0:
+        return
+    refs = (-2 - ids).clamp(0, len(tokens) - 1)
+    ids.copy_(torch.where(ids <= -2, tokens[refs], ids))
+
+
 def buckets_up_to(max_batch: int) -> list[int]:
     """vLLM's sizes: 1, 2, 4, 8, then every 8 up to 64, every 16 after; and
     ``max_batch`` itself."""
@@ -65,9 +74,19 @@ class DecodeGraphs:
             tensor = torch.zeros(*shape, dtype=dtype)
             return tensor.pin_memory() if pinned else tensor
 
-        # ids, positions, slots; then seq_lens and the block tables, row by row.
-        self.host_i64 = host(3, max_batch, dtype=torch.int64)
-        self.host_i32 = host(max_batch * (1 + max_blocks), dtype=torch.int32)
+        # ids, positions, slots; then seq_lens and the block tables, row by row. Two
+        # sets, used in turn: with asynchronous scheduling a step is filled while the
+        # last one's upload may still wait in the stream (``_staged`` waits for the
+        # upload before last, long done).
+        self.staging = [
+            (
+                host(3, max_batch, dtype=torch.int64),
+                host(max_batch * (1 + max_blocks), dtype=torch.int32),
+            )
+            for _ in range(2)
+        ]
+        self.uploads: list[torch.cuda.Event | None] = [None, None]
+        self.host_i64, self.host_i32 = self.staging[0]
         self.dev_i64 = torch.zeros(3, max_batch, dtype=torch.int64, device=device)
         self.dev_i32 = torch.zeros(max_batch * (1 + max_blocks), dtype=torch.int32, device=device)
         # Passes after the first: positions and slots, and seq_lens, per pass.
@@ -119,18 +138,24 @@ class DecodeGraphs:
             grown,
         )
 
-    def run(self, chunks: Sequence[ScheduledChunk]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(
+        self, chunks: Sequence[ScheduledChunk], pending: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run the step of ``chunks`` (``fits``): the first pass's logits [n, vocab]
         (row i for chunk i), and the greedy tokens of the later passes [passes - 1,
         n] (row j - 1 for pass j; None when every chunk has no lookahead). A chunk's
-        tokens past its own lookahead are padding's, to be ignored."""
+        tokens past its own lookahead are padding's, to be ignored. ``pending``: the
+        tokens of the step in flight, which an input id ``pending(row)`` stands for."""
         n = len(chunks)
         size = next(b for b in self.buckets if b >= n)
         lookahead = [len(c.draft) for c in chunks]
         passes = 1 + max(lookahead)
+        self._staged()
         self._fill(chunks)
         self._pad(n, size)
         self._upload(size)
+        if pending is not None:
+            resolve_pending(self.dev_i64[0, :n], pending)
         if passes > 1:
             self._plan_passes(chunks, lookahead, passes)
         logits = self._pass(size)[:n]
@@ -198,10 +223,22 @@ class DecodeGraphs:
         i64[2, start:end] = -1
         self.host_i32.numpy()[start:end] = 0
 
+    def _staged(self) -> None:
+        """Take the staging set not used last, once its last upload has left it."""
+        self.staging.reverse()
+        self.uploads.reverse()
+        self.host_i64, self.host_i32 = self.staging[0]
+        if self.uploads[0] is not None:
+            self.uploads[0].synchronize()
+
     def _upload(self, size: int) -> None:
         self.dev_i64.copy_(self.host_i64, non_blocking=True)
         used = self.max_batch + size * self.max_blocks
         self.dev_i32[:used].copy_(self.host_i32[:used], non_blocking=True)
+        if self.dev_i64.is_cuda:
+            event = torch.cuda.Event()
+            event.record()
+            self.uploads[0] = event
 
     def _meta(self, size: int) -> AttentionMetadata:
         tables = self.dev_i32[self.max_batch :].view(self.max_batch, self.max_blocks)

@@ -11,15 +11,23 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from carpool.clock import Clock, MonotonicClock
 from carpool.config import EngineConfig
 from carpool.engine.block_manager import BlockManager
 from carpool.engine.detokenizer import IncrementalDetokenizer
-from carpool.engine.outputs import LOOKAHEAD, SchedulerOutput
+from carpool.engine.outputs import LOOKAHEAD, SchedulerOutput, pending
 from carpool.engine.request_output import CompletionOutput, RequestOutput
-from carpool.engine.runner import Runner, Sampled, SamplingRow, StepResult, TokenLogprobs
+from carpool.engine.runner import (
+    Launch,
+    LaunchingRunner,
+    Runner,
+    Sampled,
+    SamplingRow,
+    StepResult,
+    TokenLogprobs,
+)
 from carpool.engine.sampling_params import SamplingParams
 from carpool.engine.scheduler import Scheduler, SchedulerConfig
 from carpool.engine.sequence import FinishReason, Sequence, SequenceStatus
@@ -52,6 +60,7 @@ class _Request:
     touched: bool = False
     num_cached_tokens: int = 0
     speculate: bool = False  # its sampling allows drafts to be verified
+    overlap: bool = False  # its steps may be launched before the last one lands
     lookahead: bool = False  # its tokens may be generated several per step
     # With params.prompt_logprobs: one entry per prompt token, the first None.
     prompt_logprobs: list[TokenLogprobs | None] | None = None
@@ -59,6 +68,16 @@ class _Request:
     @property
     def finished(self) -> bool:
         return all(s.status is SequenceStatus.FINISHED for s in self.seqs)
+
+
+@dataclass
+class _Flight:
+    """A step launched and not landed: its plan, the runner's launch, and where each
+    sampling sequence's ``pending`` token sits in its ``token_ids``."""
+
+    plan: SchedulerOutput
+    launch: Launch
+    at: dict[str, int]
 
 
 class Engine:
@@ -95,6 +114,11 @@ class Engine:
         steps = self.config.num_scheduler_steps
         multi = getattr(runner, "multi_step", False) and self.speculator is None
         self.lookahead = steps - 1 if multi else 0
+        # Asynchronous scheduling, where the runner launches steps; the config refuses
+        # it beside speculation and multi-step decoding.
+        launches = self.config.async_scheduling and isinstance(runner, LaunchingRunner)
+        self._launcher = runner if launches else None
+        self._flight: _Flight | None = None
         self._requests: dict[str, _Request] = {}
         self._by_seq: dict[str, tuple[_Request, int]] = {}
 
@@ -177,6 +201,7 @@ class Engine:
         req = _Request(request_id, params, prompt, arrival, [], [], [], [])
         req.speculate = self.speculator is not None and speculable(params)
         req.lookahead = self.lookahead > 0 and params.greedy and speculable(params)
+        req.overlap = self._launcher is not None and speculable(params)
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None] * len(prompt)
         for i in range(params.n):
@@ -224,13 +249,14 @@ class Engine:
             RequestOutput(r.request_id, r.prompt_ids, [], finished=True, error=r.error)
             for r in self._requests.values()
         ]
+        self._flight = None
         self._requests.clear()
         self._by_seq.clear()
         return finals
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work
+        return self.scheduler.has_work or self._flight is not None
 
     @property
     def num_unfinished(self) -> int:
@@ -243,8 +269,114 @@ class Engine:
         now = self.clock.now()
         self._draft()
         plan = self.scheduler.schedule(now)
-        result = self._run(plan)
-        return self._postprocess(plan, result, now)
+        if self._flight is None and not self._overlaps(plan):
+            return self._postprocess(plan, self._run(plan), now)
+        return self._overlapped(plan, now)
+
+    # -- asynchronous scheduling -------------------------------------------------------
+
+    def _overlaps(self, plan: SchedulerOutput) -> bool:
+        """Whether ``plan`` may be launched before the step in flight lands and stay
+        in flight itself: every sampling chunk plain, of a request that allows it."""
+        return (
+            self._launcher is not None
+            and bool(plan.chunks)
+            and all(
+                not c.draft and self._by_seq[c.seq.request_id][0].overlap
+                for c in plan.chunks
+                if c.samples
+            )
+            and not self._prompt_logprobs_wanted(plan)
+        )
+
+    def _overlapped(self, plan: SchedulerOutput, now: float) -> list[RequestOutput]:
+        """Launch ``plan`` (reading the tokens of the step in flight on the device),
+        then land that step and report it; ``plan`` stays in flight, its sequences
+        advanced with ``pending`` tokens. A plan that may not overlap runs once the
+        step in flight has landed, as a step without overlap does."""
+        flight, self._flight = self._flight, None
+        launcher = cast(LaunchingRunner, self._launcher)  # a flight or overlap needs one
+        launch = self._launch(launcher, plan, flight) if self._overlaps(plan) else None
+        if flight is not None:
+            self._land(launcher, flight)
+        if launch is None:
+            # The flight's stops are known now: its finished sequences run no more.
+            plan.chunks[:] = [c for c in plan.chunks if c.seq.status is SequenceStatus.RUNNING]
+            return self._postprocess(plan, self._run(plan), now)
+        for seq in plan.finished:  # aborted or timed out while planning
+            self._by_seq[seq.request_id][0].touched = True
+        outputs = self._collect()
+        # After the report: a sequence this advance ends by its length must not be
+        # reported finished before its last token lands.
+        self._flight = self._advance(plan, launch, now)
+        return outputs
+
+    def _launch(
+        self, launcher: LaunchingRunner, plan: SchedulerOutput, flight: _Flight | None
+    ) -> Launch | None:
+        rows = {c.seq.request_id: self._row(c.seq) for c in plan.chunks if c.samples}
+        try:
+            return launcher.launch(plan, rows, None if flight is None else flight.launch)
+        except Exception:
+            log.exception("launching an engine step failed; running it step by step")
+            return None
+
+    def _advance(self, plan: SchedulerOutput, launch: Launch, now: float) -> _Flight:
+        """Move ``plan``'s sequences on as if its tokens were known: each sampling one
+        takes ``pending(row)`` in its token's place (a length ends it now; a stop
+        token or string when the token lands)."""
+        at: dict[str, int] = {}
+        tokens: dict[str, list[int]] = {}
+        for chunk in plan.chunks:
+            seq = chunk.seq
+            if chunk.samples and seq.status is SequenceStatus.RUNNING:
+                at[seq.request_id] = seq.num_tokens
+                tokens[seq.request_id] = [pending(launch.rows[seq.request_id])]
+        self.scheduler.update(plan, tokens)
+        self._started(plan, now)
+        self._record_step(plan, now, 0)
+        return _Flight(plan, launch, at)
+
+    def _land(self, launcher: LaunchingRunner, flight: _Flight) -> None:
+        """Wait for the step in flight; put each token in its ``pending`` place and
+        emit it (a stop token or string ends its sequence now)."""
+        try:
+            result = launcher.land(flight.launch)
+        except Exception:
+            log.exception("an engine step failed on the device")
+            for rid in flight.at:
+                req, i = self._by_seq[rid]
+                self._fail(req.seqs[i], "the model failed on this request")
+            return
+        generated = 0
+        for chunk in flight.plan.chunks:
+            seq, rid = chunk.seq, chunk.seq.request_id
+            if rid not in flight.at:
+                continue
+            token = result.sampled[rid].token_id
+            seq.token_ids[flight.at[rid]] = token
+            if seq.finish_reason in (FinishReason.ABORT, FinishReason.TIMEOUT):
+                continue
+            if token in seq.stop_token_ids:
+                self._stop_on_token(seq)
+            req, i = self._by_seq[rid]
+            req.touched = True
+            generated += 1
+            try:
+                self._emit(req, i, token, None)
+            except Exception:
+                log.exception("processing %s's output failed", rid)
+                self._fail(seq, "processing this request's output failed")
+        with self.stats.update() as s:
+            s.generation_tokens += generated
+
+    def _stop_on_token(self, seq: Sequence) -> None:
+        """A landed token ends ``seq`` (which its length may already have ended: a stop
+        token takes precedence, as when the token is known at once)."""
+        if seq.status is SequenceStatus.FINISHED:
+            seq.finish_reason = FinishReason.STOP
+        else:
+            self.scheduler.finish(seq, FinishReason.STOP)
 
     def _draft(self) -> None:
         """Give the decoding sequences that may speculate their drafts (or, with
@@ -337,15 +469,10 @@ class Engine:
             self._by_seq[seq.request_id][0].touched = True
         before = {c.seq.request_id: c.seq.num_tokens for c in plan.chunks if c.samples}
         self.scheduler.update(plan, {rid: s.tokens for rid, s in sampled.items()})
+        self._started(plan, now)
         generated = 0
         for chunk in plan.chunks:
             req, i = self._by_seq[chunk.seq.request_id]
-            req.touched = True
-            if req.started_at is None:
-                req.started_at = now
-                req.num_cached_tokens = chunk.seq.num_computed - chunk.num_tokens
-                with self.stats.update() as s:
-                    s.prompt_tokens += len(req.prompt_ids)
             rid = chunk.seq.request_id
             if chunk.samples and rid in sampled:
                 new = chunk.seq.token_ids[before[rid] :]
@@ -361,6 +488,21 @@ class Engine:
                     self._fail(chunk.seq, "processing this request's output failed")
         self._record_step(plan, now, generated)
         return self._collect()
+
+    def _started(self, plan: SchedulerOutput, now: float) -> None:
+        """After ``plan``'s update: touch each chunk's request; note when a request
+        first ran and how much of its prompt the prefix cache held."""
+        for chunk in plan.chunks:
+            found = self._by_seq.get(chunk.seq.request_id)
+            if found is None:  # reported finished since it was planned (overlap)
+                continue
+            req = found[0]
+            req.touched = True
+            if req.started_at is None:
+                req.started_at = now
+                req.num_cached_tokens = chunk.seq.num_computed - chunk.num_tokens
+                with self.stats.update() as s:
+                    s.prompt_tokens += len(req.prompt_ids)
 
     def _speculated(self, seq: Sequence, draft: tuple[int, ...], sampled: Sampled) -> None:
         if not draft or self.speculator is None:

@@ -11,16 +11,19 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 
 from carpool.clock import Clock
 from carpool.config import EngineConfig
 from carpool.engine.block_manager import slot_of
+from carpool.engine.decode_graphs import resolve_pending
 from carpool.engine.draft_model import DraftModelProposer
 from carpool.engine.engine import Engine
 from carpool.engine.outputs import ScheduledChunk, SchedulerOutput
 from carpool.engine.runner import (
+    Launch,
     ModelSpec,
     PromptLogprobs,
     Sampled,
@@ -28,7 +31,7 @@ from carpool.engine.runner import (
     StepResult,
     TokenLogprobs,
 )
-from carpool.engine.sampler import make_generator, sample, verify
+from carpool.engine.sampler import choose, make_generator, sample, verify
 from carpool.engine.sampling_params import Grammar
 from carpool.engine.speculative import SpeculativeConfig
 from carpool.engine.structured import GrammarConstraint, Grammars
@@ -59,6 +62,33 @@ class StepInputs:
     sample_index: torch.Tensor  # rows of the hidden states that produce logits
     sampling_chunks: list[ScheduledChunk]
     chunk_starts: list[int]  # each chunk's first row, in step.chunks order
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """A launched step's tokens: on the device (what the next step's pending ids
+    read), their copy for the host, and on a GPU the events around the step."""
+
+    tokens: torch.Tensor
+    host: torch.Tensor
+    start: torch.cuda.Event | None = None
+    end: torch.cuda.Event | None = None
+
+
+def pending_tokens(after: Launch | None) -> torch.Tensor | None:
+    """The device tokens a step's pending ids refer to (those of ``after``)."""
+    return None if after is None else cast(Chosen, after.handle).tokens
+
+
+def check_ids(ids: list[int], after: Launch | None) -> None:
+    """Refuse, as an exception of this step, an id the model may not see: a
+    ``LOOKAHEAD`` placeholder, or a pending id not of a row of ``after``. On a GPU
+    either would be a device-side assert that ends the process."""
+    if min(ids, default=0) >= 0:
+        return
+    rows = 0 if after is None else len(after.rows)
+    if any(t < 0 and not 0 <= -2 - t < rows for t in ids):
+        raise ValueError("a placeholder token id reached the model")
 
 
 def engine_for(
@@ -271,6 +301,52 @@ class ModelRunner:
         result.sampled = self._sample(logits, inputs.sampling_chunks, rows)
         return result
 
+    @torch.inference_mode()
+    def launch(
+        self, step: SchedulerOutput, rows: Mapping[str, SamplingRow], after: Launch | None
+    ) -> Launch:
+        """``LaunchingRunner.launch``: the forward pass and the choice of each sampling
+        chunk's token are queued (on the CPU they have run when this returns)."""
+        start = self._event()
+        logits, chunks = self._launch_forward(step, after)
+        if not chunks:
+            tokens = torch.empty(0, dtype=torch.long, device=self.device)
+        else:
+            tokens = choose(logits, [rows[c.seq.request_id] for c in chunks])
+        order = {c.seq.request_id: j for j, c in enumerate(chunks)}
+        return Launch(order, self._hand_off(tokens, start))
+
+    def land(self, launch: Launch) -> StepResult:
+        """``LaunchingRunner.land``: the launched step's tokens, by sequence."""
+        tokens = self._wait(cast(Chosen, launch.handle))
+        return StepResult({rid: Sampled(tokens[j], None) for rid, j in launch.rows.items()})
+
+    def _launch_forward(
+        self, step: SchedulerOutput, after: Launch | None
+    ) -> tuple[torch.Tensor, list[ScheduledChunk]]:
+        """The step's sampling rows' logits, and their chunks in that order."""
+        inputs = self.prepare(step, after)
+        pending = pending_tokens(after)
+        if pending is not None:
+            resolve_pending(inputs.input_ids, pending)
+        hidden = self.lm.model(inputs.input_ids, inputs.positions, self.caches, inputs.meta)
+        if not inputs.sampling_chunks:
+            return hidden[:0], []
+        logits = self.lm.model.compute_logits(hidden[inputs.sample_index])
+        return logits, inputs.sampling_chunks
+
+    def _event(self) -> torch.cuda.Event | None:
+        """An event recorded now on a GPU's stream (the CPU runs in order: None)."""
+        return None
+
+    def _hand_off(self, tokens: torch.Tensor, start: torch.cuda.Event | None) -> Chosen:
+        """Start the tokens' way to the host (the CPU has them already)."""
+        return Chosen(tokens, tokens)
+
+    def _wait(self, chosen: Chosen) -> list[int]:
+        result: list[int] = chosen.host.tolist()
+        return result
+
     @staticmethod
     def _sample(
         logits: torch.Tensor, chunks: list[ScheduledChunk], rows: Mapping[str, SamplingRow]
@@ -325,7 +401,9 @@ class ModelRunner:
             found[seq.request_id] = PromptLogprobs(first, entries)
         return found
 
-    def prepare(self, step: SchedulerOutput) -> StepInputs:
+    def prepare(self, step: SchedulerOutput, after: Launch | None = None) -> StepInputs:
+        """The step's tensors; its input ids may hold pending ids of ``after``
+        (``check_ids``), which the caller resolves on the device."""
         singles = sorted(
             (c for c in step.chunks if c.num_tokens == 1), key=lambda c: c.seq.num_computed
         )
@@ -352,6 +430,7 @@ class ModelRunner:
                 # The last own token's row, then one row per draft token.
                 sample_index.extend(range(len(ids) - 1 - len(chunk.draft), len(ids)))
                 sampling.append(chunk)
+        check_ids(ids, after)
         native = None
         groups: tuple[SingleGroup, ...] = ()
         if self.decode_kernel is not None:

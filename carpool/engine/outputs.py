@@ -12,6 +12,12 @@ from carpool.engine.sequence import Sequence
 LOOKAHEAD = -1
 
 
+def pending(row: int) -> int:
+    """The id standing, until its step lands, for the token sampled in ``row`` of the
+    step in flight (asynchronous scheduling): the runner reads it on the device."""
+    return -2 - row
+
+
 @dataclass(frozen=True)
 class ScheduledChunk:
     """Run ``num_tokens`` tokens of ``seq`` starting at ``seq.num_computed``: its

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from carpool.engine.outputs import SchedulerOutput
 from carpool.engine.sampling_params import Grammar, SamplingParams
@@ -93,6 +93,16 @@ class StepResult:
 
 
 @dataclass(frozen=True)
+class Launch:
+    """A step sent to the device and not yet landed (``LaunchingRunner.launch``): the row of
+    each sampling sequence's token among the step's sampled tokens (what
+    ``outputs.pending(row)`` stands for), and the runner's own handle."""
+
+    rows: dict[str, int]
+    handle: Any
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """What the engine knows of the model it drives."""
 
@@ -134,4 +144,23 @@ class Runner(Protocol):
         """Run ``step``; sample one token for each chunk that reaches its sequence's
         end (``rows`` holds their rows by sequence id), and give the prompt
         log-probabilities asked for in ``prompt_logprobs`` (sequence id -> top k)."""
+        ...
+
+
+@runtime_checkable
+class LaunchingRunner(Protocol):
+    """What a ``Runner`` adds whose steps can be in flight while the host plans the next
+    (``EngineConfig.async_scheduling``): the engine launches step N + 1, then lands
+    step N. Only steps whose sampling chunks have no draft and whose rows need no
+    history on the host (``engine.speculable``) are launched."""
+
+    def launch(
+        self, step: SchedulerOutput, rows: Mapping[str, SamplingRow], after: Launch | None
+    ) -> Launch:
+        """Start ``step``; its input ids may hold ``pending(row)`` for the tokens of
+        ``after``, the step still in flight, which the runner reads on the device."""
+        ...
+
+    def land(self, launch: Launch) -> StepResult:
+        """Wait for ``launch``'s sampled tokens (not for any step launched after it)."""
         ...

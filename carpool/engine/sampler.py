@@ -35,14 +35,21 @@ def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Gener
 
 def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleOutput:
     """``logits``: [len(rows), vocab]."""
-    if logits.dim() != 2 or logits.shape[0] != len(rows):
-        raise ValueError(f"logits of shape {tuple(logits.shape)} for {len(rows)} rows")
-    logits = logits.float()
     raw = (
-        torch.log_softmax(logits, dim=-1)
+        torch.log_softmax(logits.float(), dim=-1)
         if any(r.params.logprobs is not None for r in rows)
         else None
     )
+    tokens: list[int] = choose(logits, rows).tolist()
+    return SampleOutput(tokens, _logprobs(raw, tokens, rows))
+
+
+def choose(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """Each row's token, as a tensor on the logits' device: nothing here waits for
+    the device, so a step's tokens can be chosen before its forward pass has run."""
+    if logits.dim() != 2 or logits.shape[0] != len(rows):
+        raise ValueError(f"logits of shape {tuple(logits.shape)} for {len(rows)} rows")
+    logits = logits.float()
     penalised = any(_penalised(r) for r in rows)
     biased = any(r.params.logit_bias for r in rows)
     constrained = [i for i, r in enumerate(rows) if r.constraint is not None]
@@ -59,8 +66,7 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleOutput:
     drawn = [i for i, r in enumerate(rows) if not r.params.greedy]
     if drawn:
         chosen[drawn] = _draw(logits[drawn], [rows[i] for i in drawn])
-    tokens: list[int] = chosen.tolist()
-    return SampleOutput(tokens, _logprobs(raw, tokens, rows))
+    return chosen
 
 
 def verify(logits: torch.Tensor, draft: Sequence[int], row: SamplingRow) -> tuple[list[int], int]:

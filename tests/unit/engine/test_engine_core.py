@@ -16,7 +16,7 @@ from carpool.config import EngineConfig
 from carpool.engine.engine import Engine
 from carpool.engine.outputs import SchedulerOutput
 from carpool.engine.request_output import RequestOutput
-from carpool.engine.runner import ModelSpec, Sampled, SamplingRow, StepResult
+from carpool.engine.runner import Launch, ModelSpec, Sampled, SamplingRow, StepResult
 from carpool.engine.sampling_params import SamplingParams
 from carpool.engine.sequence import FinishReason
 
@@ -84,6 +84,37 @@ class FakeRunner:
         return reply[done] if done < len(reply) else EOS
 
 
+class LaunchingFakeRunner(FakeRunner):
+    """A ``FakeRunner`` whose steps are launched and landed (asynchronous
+    scheduling). It reads each pending id from the step it names, and records every
+    (position, id) it ran per sequence so a test can check they were the real ones."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.ran: dict[str, dict[int, int]] = {}
+        self.launched = 0
+
+    def launch(
+        self, step: SchedulerOutput, rows: Mapping[str, SamplingRow], after: Launch | None
+    ) -> Launch:
+        tokens: list[int] = [] if after is None else after.handle
+        for chunk in step.chunks:
+            seen = self.ran.setdefault(chunk.seq.request_id, {})
+            for pos, token in enumerate(chunk.input_ids, chunk.seq.num_computed):
+                if token < 0:
+                    assert 0 <= -2 - token < len(tokens), "a pending id of no step in flight"
+                    token = tokens[-2 - token]
+                seen[pos] = token
+        result = self.execute(step, rows)
+        self.launched += 1
+        order = {rid: j for j, rid in enumerate(result.sampled)}
+        return Launch(order, [s.token_id for s in result.sampled.values()])
+
+    def land(self, launch: Launch) -> StepResult:
+        tokens = launch.handle
+        return StepResult({rid: Sampled(tokens[j], None) for rid, j in launch.rows.items()})
+
+
 def run(engine: Engine, abort_after: Mapping[str, int] | None = None) -> dict[str, RequestOutput]:
     """Step until idle, checking the invariants after every step; each request's
     final output (exactly one per request). ``abort_after``: abort a request after
@@ -102,6 +133,7 @@ def run(engine: Engine, abort_after: Mapping[str, int] | None = None) -> dict[st
                 engine.abort(rid)
         engine.scheduler.check(every)
     assert engine.blocks.num_free == engine.blocks.num_blocks, "blocks leaked"
+    assert all(t >= 0 for s in every for t in s.token_ids), "a pending id never landed"
     return finals
 
 
@@ -185,21 +217,23 @@ REPLIES = {
     budget=st.sampled_from([8, 16, 64]),
     blocks=st.sampled_from([8, 16, 64]),
     aborts=st.dictionaries(st.sampled_from(sorted(REPLIES)), st.integers(1, 12), max_size=3),
-    speculate=st.booleans(),
+    mode=st.sampled_from(["plain", "speculate", "overlap"]),
 )
 def test_random_load_with_chunking_preemption_and_aborts_gives_each_its_own_answer(
-    order: list[str], budget: int, blocks: int, aborts: dict[str, int], speculate: bool
+    order: list[str], budget: int, blocks: int, aborts: dict[str, int], mode: str
 ) -> None:
     """Small token budgets chunk the prompts, few blocks force preemption, drafts
-    come and go; every request not aborted gets exactly the text it gets alone, and
-    ends once."""
+    come and go, or each step is launched before the last one lands; every request
+    not aborted gets exactly the text it gets alone, and ends once."""
     config = EngineConfig(
         block_size=8,
         max_num_batched_tokens=budget,
         max_num_seqs=6,
-        speculative_config=SPECULATE if speculate else "",
+        speculative_config=SPECULATE if mode == "speculate" else "",
+        async_scheduling=mode == "overlap",
     )
-    engine = Engine(FakeRunner(REPLIES, num_blocks=blocks), config)
+    runner = (LaunchingFakeRunner if mode == "overlap" else FakeRunner)(REPLIES, num_blocks=blocks)
+    engine = Engine(runner, config)
     for prompt in order:
         engine.add_request(prompt, ids(prompt), greedy(max_tokens=30))
     finals = run(engine, abort_after=aborts)
@@ -210,6 +244,88 @@ def test_random_load_with_chunking_preemption_and_aborts_gives_each_its_own_answ
         if prompt in aborts and out.outputs[0].finish_reason is FinishReason.ABORT:
             continue
         assert out.outputs[0].text == REPLIES[prompt], prompt
+    if isinstance(runner, LaunchingFakeRunner):
+        assert runner.launched > 0
+        assert_ran_the_real_tokens(runner, engine, order)
+
+
+def assert_ran_the_real_tokens(
+    runner: LaunchingFakeRunner, engine: Engine, prompts: list[str]
+) -> None:
+    """Every id the runner ran at a position is the token the request has there (its
+    prompt, then its output; past its end, a token computed before its stop landed)."""
+    for prompt, ran in runner.ran.items():
+        rid = prompt.removesuffix("#0")
+        real = [*ids(rid), *ids(REPLIES.get(rid, ""))]
+        for pos, token in ran.items():
+            if pos < len(real):
+                assert token == real[pos], (rid, pos)
+            else:
+                assert token == EOS, (rid, pos)
+
+
+def test_launched_steps_end_as_waiting_ones_do() -> None:
+    """Asynchronous scheduling against steps that wait: the same texts, tokens,
+    finish and stop reasons and counts, with stops found one step late (stop
+    strings, stop tokens, a length ending a sequence while its token is in flight,
+    seeded ``n``), and a penalised request's steps waiting."""
+    dot = ALPHABET.index(".")
+    requests = {
+        "string": ("q", greedy(stop=("r, t",))),
+        "token": ("x", greedy(stop_token_ids=(dot,))),
+        "length": ("x", greedy(max_tokens=3)),
+        "one": ("q", greedy(max_tokens=1)),
+        "past-eos": ("x", greedy(max_tokens=9, ignore_eos=True)),
+        "seeded": ("ab", SamplingParams(n=2, max_tokens=6, seed=7)),
+        "eos": ("hi", greedy()),
+    }
+    replies = {"q": "the answer, then more", "x": "abc.def", "hi": "hello there"}
+    finals, stats = {}, {}
+    for overlap in (False, True):
+        runner = (LaunchingFakeRunner if overlap else FakeRunner)(replies)
+        engine = Engine(runner, EngineConfig(block_size=8, async_scheduling=overlap))
+        for rid, (prompt, params) in requests.items():
+            engine.add_request(rid, ids(prompt), params)
+        finals[overlap] = run(engine)
+        stats[overlap] = engine.stats.snapshot()
+        if overlap:
+            assert isinstance(runner, LaunchingFakeRunner) and runner.launched > 5
+            assert runner.steps == runner.launched  # every step launched
+    for rid in requests:
+        pairs = zip(finals[False][rid].outputs, finals[True][rid].outputs, strict=True)
+        for alone, launched in pairs:
+            assert launched.text == alone.text and launched.token_ids == alone.token_ids, rid
+            assert launched.finish_reason is alone.finish_reason, rid
+            assert launched.stop_reason == alone.stop_reason, rid
+    assert stats[True].generation_tokens == stats[False].generation_tokens
+    assert stats[True].prompt_tokens == stats[False].prompt_tokens
+    assert stats[True].finished == stats[False].finished
+
+
+def test_a_request_that_needs_its_history_makes_its_steps_wait() -> None:
+    runner = LaunchingFakeRunner({"q": "the answer", "x": "abcdef"})
+    engine = Engine(runner, EngineConfig(block_size=8, async_scheduling=True))
+    engine.add_request("plain", ids("q"), greedy())
+    engine.add_request("penalised", ids("x"), greedy(max_tokens=3, presence_penalty=0.5))
+    finals = run(engine)
+    assert finals["plain"].outputs[0].text == "the answer"
+    assert finals["penalised"].outputs[0].text == "abc"
+    # The three steps with the penalised request waited; the plain one's later ones
+    # were launched.
+    assert runner.steps - runner.launched == 3 and runner.launched > 0
+
+
+def test_a_launch_that_fails_runs_its_step_chunk_by_chunk() -> None:
+    bad = ALPHABET.index("z")
+    runner = LaunchingFakeRunner({"ok": "fine"}, fail_on=bad)
+    engine = Engine(runner, EngineConfig(block_size=8, async_scheduling=True))
+    engine.add_request("good", ids("ok"), greedy())
+    engine.step()
+    engine.step()
+    engine.add_request("bad", ids("zz"), greedy())
+    finals = run(engine)
+    assert finals["bad"].error is not None and finals["good"].error is None
+    assert finals["good"].outputs[0].text == "fine"
 
 
 # Drafts of up to 4 tokens, in batches of up to 8 sequences.
