@@ -189,6 +189,7 @@ class EngineStatsData:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     steps: int = 0
+    launched_steps: int = 0  # of ``steps``, those launched before the last one landed
     preemptions: int = 0
     prefix_queries: int = 0
     prefix_hits: int = 0

@@ -335,6 +335,8 @@ class Engine:
         self.scheduler.update(plan, tokens)
         self._started(plan, now)
         self._record_step(plan, now, 0)
+        with self.stats.update() as s:
+            s.launched_steps += 1
         return _Flight(plan, launch, at)
 
     def _land(self, launcher: LaunchingRunner, flight: _Flight) -> None:

@@ -136,6 +136,47 @@ def test_multi_step_decoding_gives_the_tokens_of_one_step_at_a_time(
     assert not [r for r in caplog.records if "failed" in r.getMessage()]
 
 
+def test_launched_steps_give_the_tokens_of_steps_that_wait(
+    tmp_path: Path, smollm_folder: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Asynchronous scheduling: each step launched before the last one's tokens are
+    back (decode steps and mixed ones, each reading the tokens in flight on the
+    device), with stops found a step late; the same tokens, texts and reasons as
+    steps that wait, and a penalised request's steps waiting beside them."""
+    tiny_models.build("llama", tmp_path, smollm_folder)
+    lm = load_causal_lm(tmp_path, progress=False, device=DEVICE)
+    rng = random.Random(11)
+    prompts = [[rng.randrange(3, tiny_models.VOCAB) for _ in range(n)] for n in (3, 20, 50, 7)]
+    params = [
+        SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_tokens=13, temperature=0.0),  # may end on EOS
+        SamplingParams(max_tokens=9, temperature=0.8, seed=5),
+        SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, stop=["e"]),
+        SamplingParams(max_tokens=6, temperature=0.0, repetition_penalty=1.3),
+    ]
+    prompts.append(prompts[0])
+
+    def outputs(overlap: bool) -> tuple[list[tuple[list[int], str, object]], int]:
+        engine = gpu_engine(lm, async_scheduling=overlap, max_num_batched_tokens=32)
+        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+            engine.add_request(str(i), prompt, p)
+        done = {}
+        while engine.has_work:
+            for out in engine.step():
+                if out.finished:
+                    o = out.outputs[0]
+                    done[out.request_id] = (o.token_ids, o.text, o.finish_reason)
+        ran = [done[str(i)] for i in range(len(prompts))]
+        return ran, engine.stats.snapshot().launched_steps
+
+    with caplog.at_level(logging.ERROR):
+        waiting, _ = outputs(False)
+        launched, count = outputs(True)
+    assert launched == waiting
+    assert count >= 5  # once the penalised request is done, every step
+    assert not [r for r in caplog.records if "failed" in r.getMessage()]
+
+
 def test_asking_for_a_gpu_that_is_not_there_is_a_configuration_error() -> None:
     if CUDA:
         pytest.skip("this machine has a GPU")

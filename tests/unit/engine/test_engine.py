@@ -48,12 +48,16 @@ def alone(lm: LoadedLM, prompt: list[int], params: SamplingParams) -> list[int]:
     return run(engine)["x"].outputs[0].token_ids
 
 
-def test_100_random_requests_with_aborts_and_preemption(tiny: LoadedLM) -> None:
+@pytest.mark.parametrize("overlap", [False, True], ids=["waiting", "launched"])
+def test_100_random_requests_with_aborts_and_preemption(tiny: LoadedLM, overlap: bool) -> None:
+    """(``launched``: with asynchronous scheduling, each step launched before the
+    last one lands: the same outputs as alone, without it.)"""
     rng = random.Random(7)
     # 40 blocks of 16 tokens: far less than the requests need together.
-    engine = engine_for(
-        tiny, EngineConfig(block_size=16, max_num_batched_tokens=96, max_num_seqs=16), num_blocks=40
+    config = EngineConfig(
+        block_size=16, max_num_batched_tokens=96, max_num_seqs=16, async_scheduling=overlap
     )
+    engine = engine_for(tiny, config, num_blocks=40)
     requests: dict[str, tuple[list[int], SamplingParams]] = {}
     aborted: set[str] = set()
     final: dict[str, RequestOutput] = {}
@@ -82,6 +86,7 @@ def test_100_random_requests_with_aborts_and_preemption(tiny: LoadedLM) -> None:
     assert engine.scheduler.num_preemptions > 0, "the pool was meant to force preemption"
     assert engine.blocks.num_free == engine.blocks.num_blocks
     assert engine.num_unfinished == 0
+    assert (engine.stats.snapshot().launched_steps > 100) is overlap
     for rid, out in final.items():
         prompt, params = requests[rid]
         reason = out.outputs[0].finish_reason
