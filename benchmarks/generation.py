@@ -9,7 +9,8 @@ its own subprocess so its peak memory is its own.
                                     [--engine '{"num_scheduler_steps": 8}']
 
 On a GPU carpool's rows also give its start-up, CUDA-graph capture time and how long
-the GPU sat idle between steps.
+the GPU sat idle between steps (compare ``--engine '{"async_scheduling": true}'``,
+which launches each step before the last one's tokens are back).
 
 transformers one-at-a-time runs on the first ``--hf-single-requests`` requests only
 (its rate does not depend on how many there are; all 64 would take ~10 minutes).

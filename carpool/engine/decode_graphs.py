@@ -23,21 +23,13 @@ from collections.abc import Sequence
 import torch
 
 from carpool.engine.block_manager import slot_of
+from carpool.engine.model_runner import resolve_pending
 from carpool.engine.outputs import ScheduledChunk
 from carpool.models.attention import AttentionMetadata
 from carpool.models.causal_lm import LoadedLM
 from carpool.models.triton_attention import PagedMetadata
 
 log = logging.getLogger(__name__)
-
-
-def resolve_pending(ids: torch.Tensor, tokens: torch.Tensor) -> None:
-    """Put, in place and on the device, row r of ``tokens`` wherever ``ids`` holds
-    ``outputs.pending(r)`` (the host has checked every such r < len(tokens))."""
-    if len(tokens) == 0:
-        return
-    refs = (-2 - ids).clamp(0, len(tokens) - 1)
-    ids.copy_(torch.where(ids <= -2, tokens[refs], ids))
 
 
 def buckets_up_to(max_batch: int) -> list[int]:

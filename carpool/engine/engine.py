@@ -2,7 +2,9 @@
 
 ``step`` reads as three verbs over plain data: the scheduler plans the step, the
 model runner runs it and samples, and ``_postprocess`` feeds the tokens back,
-detokenizes and reports. Single-threaded: the device runtime's thread calls
+detokenizes and reports. With asynchronous scheduling the middle verb splits in two:
+step N + 1 is launched, then step N lands and is reported while the device runs
+N + 1 (``_overlapped``). Single-threaded: the device runtime's thread calls
 ``add_request``, ``abort`` and ``step`` (``AsyncEngine`` posts them there).
 """
 

@@ -18,7 +18,6 @@ import torch
 from carpool.clock import Clock
 from carpool.config import EngineConfig
 from carpool.engine.block_manager import slot_of
-from carpool.engine.decode_graphs import resolve_pending
 from carpool.engine.draft_model import DraftModelProposer
 from carpool.engine.engine import Engine
 from carpool.engine.outputs import ScheduledChunk, SchedulerOutput
@@ -78,6 +77,15 @@ class Chosen:
 def pending_tokens(after: Launch | None) -> torch.Tensor | None:
     """The device tokens a step's pending ids refer to (those of ``after``)."""
     return None if after is None else cast(Chosen, after.handle).tokens
+
+
+def resolve_pending(ids: torch.Tensor, tokens: torch.Tensor) -> None:
+    """Put, in place and on the device, row r of ``tokens`` wherever ``ids`` holds
+    ``outputs.pending(r)`` (``check_ids`` has seen every such r < len(tokens))."""
+    if len(tokens) == 0:
+        return
+    refs = (-2 - ids).clamp(0, len(tokens) - 1)
+    ids.copy_(torch.where(ids <= -2, tokens[refs], ids))
 
 
 def check_ids(ids: list[int], after: Launch | None) -> None:

@@ -228,3 +228,21 @@ def test_a_model_failure_fails_only_its_request(tiny: LoadedLM) -> None:
         assert final[rid].error is None
         assert final[rid].outputs[0].token_ids == alone(tiny, prompt, params)
     assert engine.blocks.num_free == engine.blocks.num_blocks
+
+
+def test_ids_the_model_may_not_see_are_refused_before_it_runs() -> None:
+    from carpool.engine.model_runner import check_ids
+    from carpool.engine.outputs import LOOKAHEAD, pending
+    from carpool.engine.runner import Launch
+
+    in_flight = Launch({"a": 0, "b": 1}, None)
+    check_ids([5, 6, 7], None)
+    check_ids([5, pending(0), pending(1)], in_flight)
+    for ids, after in (
+        ([5, LOOKAHEAD], in_flight),
+        ([5, pending(2)], in_flight),
+        ([pending(0)], None),
+        ([-(2**40)], in_flight),
+    ):
+        with pytest.raises(ValueError, match="placeholder"):
+            check_ids(ids, after)
