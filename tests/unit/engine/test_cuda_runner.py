@@ -53,6 +53,23 @@ def run(engine: Engine, prompts: list[list[int]], max_tokens: int) -> list[list[
     return [done[str(i)] for i in range(len(prompts))]
 
 
+# A request's final tokens, text and finish reason.
+Final = tuple[list[int], str, object]
+
+
+def finals(engine: Engine, prompts: list[list[int]], params: list[SamplingParams]) -> list[Final]:
+    """Run each prompt with its parameters together; each request's ``Final``."""
+    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+        engine.add_request(str(i), prompt, p)
+    done = {}
+    while engine.has_work:
+        for out in engine.step():
+            if out.finished:
+                o = out.outputs[0]
+                done[out.request_id] = (o.token_ids, o.text, o.finish_reason)
+    return [done[str(i)] for i in range(len(prompts))]
+
+
 def gpu_engine(lm: LoadedLM, graphs: bool = CUDA, **config: Any) -> Engine:
     """An engine on ``CudaModelRunner`` (on the CPU: eager, interpreted kernels)."""
     engine_config = EngineConfig(**{"kv_cache_memory": "32MiB", **config})
@@ -113,17 +130,9 @@ def test_multi_step_decoding_gives_the_tokens_of_one_step_at_a_time(
     ]
     prompts.append(prompts[0])
 
-    def outputs(steps: int) -> tuple[list[tuple[list[int], str, object]], int]:
+    def outputs(steps: int) -> tuple[list[Final], int]:
         engine = gpu_engine(lm, num_scheduler_steps=steps, max_num_batched_tokens=64)
-        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
-            engine.add_request(str(i), prompt, p)
-        done = {}
-        while engine.has_work:
-            for out in engine.step():
-                if out.finished:
-                    o = out.outputs[0]
-                    done[out.request_id] = (o.token_ids, o.text, o.finish_reason)
-        return [done[str(i)] for i in range(len(prompts))], engine.stats.snapshot().steps
+        return finals(engine, prompts, params), engine.stats.snapshot().steps
 
     with caplog.at_level(logging.ERROR):
         one, steps_one = outputs(1)
@@ -156,18 +165,9 @@ def test_launched_steps_give_the_tokens_of_steps_that_wait(
     ]
     prompts.append(prompts[0])
 
-    def outputs(overlap: bool) -> tuple[list[tuple[list[int], str, object]], int]:
+    def outputs(overlap: bool) -> tuple[list[Final], int]:
         engine = gpu_engine(lm, async_scheduling=overlap, max_num_batched_tokens=32)
-        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
-            engine.add_request(str(i), prompt, p)
-        done = {}
-        while engine.has_work:
-            for out in engine.step():
-                if out.finished:
-                    o = out.outputs[0]
-                    done[out.request_id] = (o.token_ids, o.text, o.finish_reason)
-        ran = [done[str(i)] for i in range(len(prompts))]
-        return ran, engine.stats.snapshot().launched_steps
+        return finals(engine, prompts, params), engine.stats.snapshot().launched_steps
 
     with caplog.at_level(logging.ERROR):
         waiting, _ = outputs(False)
