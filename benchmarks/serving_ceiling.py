@@ -7,6 +7,13 @@ machine); their ratio bounds what over-HTTP/offline ratio any model could reach 
 this machine's CPU, whatever its accelerator.
 
     python -m benchmarks.serving_ceiling [--concurrency 64] [--requests 64]
+                                         [--device-ms 2.3] [--async-scheduling]
+
+``--device-ms``: each step takes that long on a simulated device (a sleep, which
+holds no GIL, as a GPU's step does not), whatever its size; steps queue on it in
+order as on a CUDA stream, so with ``--async-scheduling`` the host's work for the
+next step overlaps the device's, as it would on a GPU. The offline and HTTP figures
+then bound what a GPU with that step time allows on this host.
 """
 
 from __future__ import annotations
@@ -39,15 +46,17 @@ TEXT = (
 
 class InstantRunner:
     """A ``Runner`` with no model: each sampling chunk's next token is the next of
-    ``tokens`` (by how many the sequence has), at once. Grammars and generators are
-    the real runner's."""
+    ``tokens`` (by how many the sequence has), after ``device_s`` on a simulated
+    device (0: at once). Grammars and generators are the real runner's."""
 
-    def __init__(self, real: Any, tokens: list[int]) -> None:
+    def __init__(self, real: Any, tokens: list[int], device_s: float = 0.0) -> None:
         self.real = real
         self.spec = real.spec
         self.num_blocks = real.num_blocks
         self.paths = real.paths
         self.tokens = tokens
+        self.device_s = device_s
+        self.device_free_at = 0.0  # when the simulated device has run what it was given
 
     def make_generator(self, seed: int) -> Any:
         return self.real.make_generator(seed)
@@ -64,6 +73,23 @@ class InstantRunner:
         rows: Mapping[str, SamplingRow],
         prompt_logprobs: Mapping[str, int] | None = None,
     ) -> StepResult:
+        result = self._answer(step, rows)
+        self._wait_until(self._queue())
+        return result
+
+    def launch(self, step: SchedulerOutput, rows: Mapping[str, SamplingRow], after: Any) -> Any:
+        from carpool.engine.runner import Launch
+
+        result = self._answer(step, rows)
+        order = {rid: j for j, rid in enumerate(result.sampled)}
+        return Launch(order, (result, self._queue()))
+
+    def land(self, launch: Any) -> StepResult:
+        result, ready_at = launch.handle
+        self._wait_until(ready_at)
+        return result  # type: ignore[no-any-return]
+
+    def _answer(self, step: SchedulerOutput, rows: Mapping[str, SamplingRow]) -> StepResult:
         result = StepResult()
         for chunk in step.chunks:
             if chunk.samples:
@@ -72,6 +98,17 @@ class InstantRunner:
                     self.tokens[n % len(self.tokens)], None
                 )
         return result
+
+    def _queue(self) -> float:
+        """Give the simulated device a step: when it will have run it."""
+        self.device_free_at = max(time.perf_counter(), self.device_free_at) + self.device_s
+        return self.device_free_at
+
+    @staticmethod
+    def _wait_until(ready_at: float) -> None:
+        delay = ready_at - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
 
 
 def text_tokens() -> list[int]:
@@ -86,11 +123,11 @@ def text_tokens() -> list[int]:
     return tokens
 
 
-def offline(workload: list[tuple[list[int], int]]) -> float:
+def offline(workload: list[tuple[list[int], int]], device_s: float, overlap: bool) -> float:
     from carpool import LLM, SamplingParams
 
-    llm = LLM(MODEL)
-    llm.engine.runner = InstantRunner(llm.engine.runner, text_tokens())
+    llm = LLM(MODEL, async_scheduling=overlap)
+    llm.engine = instant_engine(llm.engine, text_tokens(), device_s)
     params = SamplingParams(max_tokens=workload[0][1], temperature=0.0, ignore_eos=True)
     started = time.perf_counter()
     outputs = llm.generate([p for p, _ in workload], params, use_tqdm=False)
@@ -98,7 +135,14 @@ def offline(workload: list[tuple[list[int], int]]) -> float:
     return sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed
 
 
-def serve(argv: list[str]) -> None:
+def instant_engine(engine: Any, tokens: list[int], device_s: float) -> Any:
+    """An engine like ``engine`` (its config) on an ``InstantRunner``."""
+    from carpool.engine.engine import Engine
+
+    return Engine(InstantRunner(engine.runner, tokens, device_s), engine.config)
+
+
+def serve(argv: list[str], device_s: float) -> None:
     """``carpool serve`` with every generation engine's runner made instant."""
     from carpool import cli
     from carpool.server import bootstrap
@@ -107,9 +151,7 @@ def serve(argv: list[str]) -> None:
     tokens = text_tokens()
 
     def instant_engine_for(*args: Any, **kwargs: Any) -> Any:
-        engine = real_engine_for(*args, **kwargs)
-        engine.runner = InstantRunner(engine.runner, tokens)
-        return engine
+        return instant_engine(real_engine_for(*args, **kwargs), tokens, device_s)
 
     bootstrap.engine_for = instant_engine_for  # type: ignore[assignment]
     sys.exit(cli.main(["serve", *argv]))
@@ -119,17 +161,24 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--device-ms", type=float, default=0.0, help="a step's simulated time")
+    parser.add_argument("--async-scheduling", action="store_true")
     parser.add_argument("--serve", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    device_s = args.device_ms / 1000
     if args.serve is not None:
-        serve(args.serve)
+        serve(args.serve, device_s)
         return
     workload = [(p, 128) for p in token_prompts(args.requests, 32, 256, 49152, seed=3)]
-    print(f"# {platform.machine()}, {os.cpu_count()} cores, instant runner, {MODEL} tokenizer")
-    alone = offline(workload)
+    device = f"{args.device_ms} ms a step on a simulated device" if device_s else "instant runner"
+    steps = "async scheduling" if args.async_scheduling else "steps that wait"
+    print(f"# {platform.machine()}, {os.cpu_count()} cores, {device}, {steps}, {MODEL} tokenizer")
+    alone = offline(workload, device_s, args.async_scheduling)
     print(f"offline engine, no model: {alone:9.0f} tok/s")
-    command = [sys.executable, "-m", "benchmarks.serving_ceiling", "--serve"]
-    command += ["--port", "0", "--model", MODEL]
+    command = [sys.executable, "-m", "benchmarks.serving_ceiling", "--device-ms"]
+    command += [str(args.device_ms), "--serve", "--port", "0", "--model", MODEL]
+    if args.async_scheduling:
+        command.append("--async-scheduling")
     process, match, _ = spawn(command, re.compile(r"carpool ready on (http://\S+)"), 300.0)
     try:
         result = asyncio.run(run_streams(match.group(1), MODEL, workload, args.concurrency))
