@@ -116,6 +116,12 @@ class EngineCollector(Collector):
             "steps": CounterMetricFamily(
                 "carpool_engine_steps", "Engine steps that ran the model.", labels=labels
             ),
+            "launched_steps": CounterMetricFamily(
+                "carpool_engine_launched_steps",
+                "Of the engine steps, those launched before the last one landed (async "
+                "scheduling).",
+                labels=labels,
+            ),
             "preemptions": CounterMetricFamily(
                 "carpool_num_preemptions",
                 "Sequences preempted for lack of KV blocks.",

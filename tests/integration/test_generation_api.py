@@ -18,9 +18,12 @@ EMBED = "all-minilm-l6-v2"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
-    s = start_server("--max-model-len", "1024", "--kv-cache-memory", "256MiB")
+@pytest.fixture(scope="module", params=["waiting", "launched"])
+def server(request: pytest.FixtureRequest) -> Iterator[Server]:
+    """The server twice: with steps that wait, and with each step launched before the
+    last one lands (``--async-scheduling``); every test of it passes on both."""
+    launched = ["--async-scheduling"] if request.param == "launched" else []
+    s = start_server("--max-model-len", "1024", "--kv-cache-memory", "256MiB", *launched)
     yield s
     assert stop_server(s) == 0
 
@@ -173,6 +176,7 @@ def test_tokenize_and_detokenize_round_trip(server: Server) -> None:
 
 def test_concurrent_streams_share_engine_steps(server: Server) -> None:
     steps_before = server.metric("carpool_engine_steps_total", model=CHAT)
+    launched_before = server.metric("carpool_engine_launched_steps_total", model=CHAT)
     tokens_before = server.metric("carpool_generation_tokens_total", model=CHAT)
 
     async def one(c: httpx.AsyncClient, i: int) -> int:
@@ -201,6 +205,11 @@ def test_concurrent_streams_share_engine_steps(server: Server) -> None:
     assert tokens == 8 * 12
     # Alone, each token would need its own step: 96 steps. Shared, far fewer.
     assert steps < tokens / 2
+    launched = server.metric("carpool_engine_launched_steps_total", model=CHAT) - launched_before
+    if "--async-scheduling" in server.process.args:
+        assert launched >= steps / 2
+    else:
+        assert launched == 0
 
 
 def test_a_client_that_leaves_mid_stream_frees_its_blocks(server: Server) -> None:
