@@ -347,9 +347,12 @@ class Engine:
         try:
             result = launcher.land(flight.launch)
         except Exception:
+            # The step's sequences have moved past it: it cannot be re-run chunk by
+            # chunk as a launch that failed is, so every sequence in it fails.
             log.exception("an engine step failed on the device")
-            for rid in flight.at:
+            for rid, at in flight.at.items():
                 req, i = self._by_seq[rid]
+                del req.seqs[i].token_ids[at:]
                 self._fail(req.seqs[i], "the model failed on this request")
             return
         generated = 0

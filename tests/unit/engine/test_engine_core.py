@@ -91,6 +91,7 @@ class LaunchingFakeRunner(FakeRunner):
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.fail_landing_on = -1  # a sampled token that makes its step fail to land
         self.ran: dict[str, dict[int, int]] = {}
         self.launched = 0
 
@@ -112,6 +113,8 @@ class LaunchingFakeRunner(FakeRunner):
 
     def land(self, launch: Launch) -> StepResult:
         tokens = launch.handle
+        if self.fail_landing_on in tokens:
+            raise RuntimeError("the step failed on the device")
         return StepResult({rid: Sampled(tokens[j], None) for rid, j in launch.rows.items()})
 
 
@@ -326,6 +329,20 @@ def test_a_launch_that_fails_runs_its_step_chunk_by_chunk() -> None:
     finals = run(engine)
     assert finals["bad"].error is not None and finals["good"].error is None
     assert finals["good"].outputs[0].text == "fine"
+
+
+def test_a_step_that_fails_to_land_fails_its_sequences_and_the_engine_goes_on() -> None:
+    runner = LaunchingFakeRunner({"ok": "fine", "no": "aab", "hi": "later"})
+    runner.fail_landing_on = ALPHABET.index("b")
+    engine = Engine(runner, EngineConfig(block_size=8, async_scheduling=True))
+    engine.add_request("innocent", ids("ok"), greedy())
+    engine.add_request("bad", ids("no"), greedy())
+    finals = run(engine)
+    # Both were in the step whose token "b" failed to land; what came before stays.
+    assert finals["bad"].error is not None and finals["innocent"].error is not None
+    assert finals["innocent"].outputs[0].text == "fi" and finals["bad"].outputs[0].text == "aa"
+    engine.add_request("later", ids("hi"), greedy())
+    assert run(engine)["later"].outputs[0].text == "later"
 
 
 # Drafts of up to 4 tokens, in batches of up to 8 sequences.
