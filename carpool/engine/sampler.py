@@ -45,8 +45,10 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleOutput:
 
 
 def choose(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """Each row's token, as a tensor on the logits' device: nothing here waits for
-    the device, so a step's tokens can be chosen before its forward pass has run."""
+    """Each row's token, as a tensor on the logits' device. For rows without
+    penalties, biases or grammars nothing here waits for the device (the small
+    tensors of per-row parameters go up with ``_upload``), so a step's tokens can be
+    chosen while the step before it still runs."""
     if logits.dim() != 2 or logits.shape[0] != len(rows):
         raise ValueError(f"logits of shape {tuple(logits.shape)} for {len(rows)} rows")
     logits = logits.float()
@@ -65,8 +67,18 @@ def choose(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     chosen = logits.argmax(dim=-1)
     drawn = [i for i, r in enumerate(rows) if not r.params.greedy]
     if drawn:
-        chosen[drawn] = _draw(logits[drawn], [rows[i] for i in drawn])
+        index = _upload(drawn, torch.long, logits.device)
+        chosen[index] = _draw(logits[index], [rows[i] for i in drawn])
     return chosen
+
+
+def _upload(
+    values: list[int] | list[float], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """``values`` as a tensor on ``device``, copied without waiting for the work
+    queued there (``torch.tensor(..., device=...)`` copies blocking: on a GPU it would
+    wait for the step in flight)."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
 def verify(logits: torch.Tensor, draft: Sequence[int], row: SamplingRow) -> tuple[list[int], int]:
@@ -124,7 +136,7 @@ def _probs(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     device = logits.device
 
     def column(values: list[float]) -> torch.Tensor:
-        return torch.tensor(values, device=device, dtype=torch.float32)[:, None]
+        return _upload(values, torch.float32, device)[:, None]
 
     scaled = logits / column([r.params.temperature for r in rows])
     if any(r.params.top_k or r.params.top_p < 1.0 or r.params.min_p > 0.0 for r in rows):
@@ -203,7 +215,7 @@ def _filter(
 ) -> torch.Tensor:
     vocab = logits.shape[1]
     ordered, _ = logits.sort(dim=-1, descending=True)
-    k = torch.tensor([kk if 0 < kk < vocab else vocab for kk in top_k], device=logits.device)
+    k = _upload([kk if 0 < kk < vocab else vocab for kk in top_k], torch.long, logits.device)
     kth = ordered.gather(1, (k - 1)[:, None])
     logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
