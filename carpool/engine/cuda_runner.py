@@ -123,6 +123,7 @@ class CudaModelRunner(ModelRunner):
         self, step: SchedulerOutput, after: Launch | None
     ) -> tuple[torch.Tensor, list[ScheduledChunk]]:
         if self.decode.fits(step.chunks):
+            check_ids([c.seq.token_ids[c.seq.num_computed] for c in step.chunks], after)
             logits, _ = self.decode.run(step.chunks, pending_tokens(after))
             return logits, list(step.chunks)
         return super()._launch_forward(step, after)
