@@ -11,7 +11,9 @@ from carpool.engine.sequence import FinishReason
 
 @dataclass
 class CompletionOutput:
-    """One of a request's ``n`` sequences: everything so far, and what this step added."""
+    """One of a request's ``n`` sequences: everything so far, and what this step added
+    (``new_*``). Before the last output of a ``RequestOutputKind.DELTA`` request,
+    ``token_ids`` and ``logprobs`` are empty."""
 
     index: int
     text: str = ""
