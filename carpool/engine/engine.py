@@ -30,7 +30,7 @@ from carpool.engine.runner import (
     StepResult,
     TokenLogprobs,
 )
-from carpool.engine.sampling_params import RequestOutputKind, SamplingParams
+from carpool.engine.sampling_params import SamplingParams
 from carpool.engine.scheduler import Scheduler, SchedulerConfig
 from carpool.engine.sequence import FinishReason, Sequence, SequenceStatus
 from carpool.engine.speculative import Proposer, SpeculativeConfig, Speculator
@@ -572,11 +572,10 @@ class Engine:
                 out.new_text += detok.flush()
                 out.finish_reason = seq.finish_reason
             out.text += out.new_text
-        cumulative = finished or req.params.output_kind is RequestOutputKind.CUMULATIVE
         output = RequestOutput(
             req.request_id,
             req.prompt_ids,
-            [_snapshot(o, cumulative) for o in req.outputs],
+            [_snapshot(o) for o in req.outputs],
             finished=finished,
             error=req.error,
             num_cached_tokens=req.num_cached_tokens,
@@ -640,17 +639,15 @@ def speculable(params: SamplingParams) -> bool:
     )
 
 
-def _snapshot(out: CompletionOutput, cumulative: bool) -> CompletionOutput:
-    """``out`` as it is now, for another thread; without the token ids and
-    log-probabilities so far unless ``cumulative`` (copying them is O(length) a step)."""
+def _snapshot(out: CompletionOutput) -> CompletionOutput:
     return CompletionOutput(
         out.index,
         out.text,
-        list(out.token_ids) if cumulative else [],
-        list(out.logprobs) if cumulative else [],
+        list(out.token_ids),
+        list(out.logprobs),
         out.new_text,
-        out.new_token_ids,  # the engine starts new ones after each report: no copy
-        out.new_logprobs,
+        list(out.new_token_ids),
+        list(out.new_logprobs),
         out.finish_reason,
         out.stop_reason,
     )

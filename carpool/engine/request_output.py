@@ -11,9 +11,7 @@ from carpool.engine.sequence import FinishReason
 
 @dataclass
 class CompletionOutput:
-    """One of a request's ``n`` sequences: everything so far, and what this step added
-    (``new_*``). Before the last output of a ``RequestOutputKind.DELTA`` request,
-    ``token_ids`` and ``logprobs`` are empty."""
+    """One of a request's ``n`` sequences: everything so far, and what this step added."""
 
     index: int
     text: str = ""

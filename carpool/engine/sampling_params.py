@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
 
 from carpool.errors import InvalidRequest
 
@@ -17,19 +16,6 @@ PENALTY_MIN = 1e-3
 
 LOGIT_BIAS_MAX = 100.0  # OpenAI's range: -100 bans a token, 100 all but forces it
 GRAMMAR_KINDS = ("json_schema", "regex", "choice", "lark")
-
-
-class RequestOutputKind(Enum):
-    """What a request's outputs before its last carry (vLLM's names).
-
-    ``CUMULATIVE``: everything so far, and what the step added (``new_*``).
-    ``DELTA``: what the step added (``new_*``, and ``text`` so far, which costs
-    nothing to share), with ``token_ids`` and ``logprobs`` empty rather than copied
-    every step; a stream needs no more. The last output carries everything in
-    either kind."""
-
-    CUMULATIVE = "cumulative"
-    DELTA = "delta"
 
 
 @dataclass(frozen=True)
@@ -56,8 +42,7 @@ class SamplingParams:
     token. ``logprobs`` is how many top alternatives to report per token (None:
     none). ``truncate_prompt_tokens`` keeps only the prompt's last
     that many tokens. ``logit_bias`` adds each bias to its token's logit (OpenAI's
-    meaning); ``grammar`` constrains the output; ``output_kind`` says what the
-    outputs before the last carry (``RequestOutputKind``). Invalid values raise
+    meaning); ``grammar`` constrains the output. Invalid values raise
     ``InvalidRequest`` naming the parameter.
     """
 
@@ -81,7 +66,6 @@ class SamplingParams:
     truncate_prompt_tokens: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     grammar: Grammar | None = None
-    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
         if self.top_k == -1:

@@ -10,7 +10,6 @@ stream that is left (client gone) aborts its request.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -22,7 +21,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from carpool.engine.async_engine import GenerationStream
 from carpool.engine.request_output import RequestOutput
-from carpool.engine.sampling_params import RequestOutputKind, SamplingParams
+from carpool.engine.sampling_params import SamplingParams
 from carpool.errors import CarpoolError, InvalidRequest
 from carpool.server.errors import error_body, status_of
 from carpool.server.generation_inputs import (
@@ -157,13 +156,9 @@ class _Call:
         request: Request,
     ) -> Response:
         per_prompt = params if isinstance(params, list) else [params] * len(prompts)
-        if self.body.stream:
-            # The stream sends what each step added; the last output still has it all.
-            delta = RequestOutputKind.DELTA
-            per_prompt = [dataclasses.replace(p, output_kind=delta) for p in per_prompt]
-            streams = self._start(prompts, per_prompt)
-            return EventSourceResponse(self._events(streams), ping=15, sep="\n")
         streams = self._start(prompts, per_prompt)
+        if self.body.stream:
+            return EventSourceResponse(self._events(streams), ping=15, sep="\n")
         try:
             finals = await unless_disconnected(
                 request, gather_or_cancel([asyncio.ensure_future(s.final()) for s in streams])

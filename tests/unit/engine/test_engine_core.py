@@ -17,7 +17,7 @@ from carpool.engine.engine import Engine
 from carpool.engine.outputs import SchedulerOutput
 from carpool.engine.request_output import RequestOutput
 from carpool.engine.runner import Launch, ModelSpec, Sampled, SamplingRow, StepResult
-from carpool.engine.sampling_params import RequestOutputKind, SamplingParams
+from carpool.engine.sampling_params import SamplingParams
 from carpool.engine.sequence import FinishReason
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz ,."
@@ -343,24 +343,6 @@ def test_a_step_that_fails_to_land_fails_its_sequences_and_the_engine_goes_on() 
     assert finals["innocent"].outputs[0].text == "fi" and finals["bad"].outputs[0].text == "aa"
     engine.add_request("later", ids("hi"), greedy())
     assert run(engine)["later"].outputs[0].text == "later"
-
-
-def test_delta_outputs_carry_the_steps_pieces_and_the_last_carries_everything() -> None:
-    engine = Engine(FakeRunner({"hi": "hello there"}), EngineConfig(block_size=8))
-    delta = RequestOutputKind.DELTA
-    engine.add_request("d", ids("hi"), greedy(output_kind=delta))
-    engine.add_request("c", ids("hi"), greedy())
-    seen: dict[str, list[RequestOutput]] = {"d": [], "c": []}
-    while engine.has_work:
-        for out in engine.step():
-            seen[out.request_id].append(out)
-    *before, last = seen["d"]
-    assert before and all(not o.outputs[0].token_ids for o in before)
-    assert [t for o in seen["d"] for t in o.outputs[0].new_token_ids] == last.outputs[0].token_ids
-    assert last.outputs[0].text == "hello there" and last.num_generated_tokens == 12
-    # Cumulative outputs, as before: each holds everything so far.
-    assert [len(o.outputs[0].token_ids) for o in seen["c"]] == list(range(1, 13))
-    assert seen["c"][-1].outputs[0] == last.outputs[0]
 
 
 # Drafts of up to 4 tokens, in batches of up to 8 sequences.
