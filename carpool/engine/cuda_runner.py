@@ -76,16 +76,9 @@ class CudaModelRunner(ModelRunner):
         rows: Mapping[str, SamplingRow],
         prompt_logprobs: Mapping[str, int] | None = None,
     ) -> StepResult:
-        if self.device.type != "cuda":  # the tests' interpreted kernels on the CPU
-            return self._execute(step, rows, prompt_logprobs)
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
+        start = self._event()  # None on the CPU: the tests' interpreted kernels
         result = self._execute(step, rows, prompt_logprobs)
-        end.record()
-        end.synchronize()
-        self.device_seconds += start.elapsed_time(end) / 1000
-        self.steps += 1
+        self._account(start, self._event())
         return result
 
     def _execute(
@@ -145,11 +138,17 @@ class CudaModelRunner(ModelRunner):
         return Chosen(tokens, host, start, self._event())
 
     def _wait(self, chosen: Chosen) -> list[int]:
-        if chosen.start is not None and chosen.end is not None:
-            chosen.end.synchronize()
-            self.device_seconds += chosen.start.elapsed_time(chosen.end) / 1000
-            self.steps += 1
+        self._account(chosen.start, chosen.end)
         return super()._wait(chosen)
+
+    def _account(self, start: torch.cuda.Event | None, end: torch.cuda.Event | None) -> None:
+        """Wait for a step's ``end`` and add its busy time, ``start`` to ``end`` on the
+        device (nothing on the CPU, where both are None)."""
+        if start is None or end is None:
+            return
+        end.synchronize()
+        self.device_seconds += start.elapsed_time(end) / 1000
+        self.steps += 1
 
     def prepare(self, step: SchedulerOutput, after: Launch | None = None) -> StepInputs:
         """The step's rows in its chunks' order, with the Triton kernels' metadata."""

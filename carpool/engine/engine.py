@@ -271,9 +271,10 @@ class Engine:
         now = self.clock.now()
         self._draft()
         plan = self.scheduler.schedule(now)
-        if self._flight is None and not self._overlaps(plan):
+        overlaps = self._overlaps(plan)
+        if self._flight is None and not overlaps:
             return self._postprocess(plan, self._run(plan), now)
-        return self._overlapped(plan, now)
+        return self._overlapped(plan, now, overlaps)
 
     # -- asynchronous scheduling -------------------------------------------------------
 
@@ -291,14 +292,14 @@ class Engine:
             and not self._prompt_logprobs_wanted(plan)
         )
 
-    def _overlapped(self, plan: SchedulerOutput, now: float) -> list[RequestOutput]:
+    def _overlapped(self, plan: SchedulerOutput, now: float, overlaps: bool) -> list[RequestOutput]:
         """Launch ``plan`` (reading the tokens of the step in flight on the device),
         then land that step and report it; ``plan`` stays in flight, its sequences
-        advanced with ``pending`` tokens. A plan that may not overlap runs once the
-        step in flight has landed, as a step without overlap does."""
+        advanced with ``pending`` tokens. A plan that may not overlap (``overlaps``
+        false) runs once the step in flight has landed, as a step without overlap does."""
         flight, self._flight = self._flight, None
         launcher = cast(LaunchingRunner, self._launcher)  # a flight or overlap needs one
-        launch = self._launch(launcher, plan, flight) if self._overlaps(plan) else None
+        launch = self._launch(launcher, plan, flight) if overlaps else None
         if flight is not None:
             self._land(launcher, flight)
         if launch is None:
@@ -342,8 +343,8 @@ class Engine:
         return _Flight(plan, launch, at)
 
     def _land(self, launcher: LaunchingRunner, flight: _Flight) -> None:
-        """Wait for the step in flight; put each token in its ``pending`` place and
-        emit it (a stop token or string ends its sequence now)."""
+        """Wait for the step in flight; put each token in its ``pending`` place
+        (``Scheduler.land``) and emit it (a stop token or string ends its sequence now)."""
         try:
             result = launcher.land(flight.launch)
         except Exception:
@@ -361,11 +362,9 @@ class Engine:
             if rid not in flight.at:
                 continue
             token = result.sampled[rid].token_id
-            seq.token_ids[flight.at[rid]] = token
+            self.scheduler.land(seq, flight.at[rid], token)
             if seq.finish_reason in (FinishReason.ABORT, FinishReason.TIMEOUT):
                 continue
-            if token in seq.stop_token_ids:
-                self._stop_on_token(seq)
             req, i = self._by_seq[rid]
             req.touched = True
             generated += 1
@@ -376,14 +375,6 @@ class Engine:
                 self._fail(seq, "processing this request's output failed")
         with self.stats.update() as s:
             s.generation_tokens += generated
-
-    def _stop_on_token(self, seq: Sequence) -> None:
-        """A landed token ends ``seq`` (which its length may already have ended: a stop
-        token takes precedence, as when the token is known at once)."""
-        if seq.status is SequenceStatus.FINISHED:
-            seq.finish_reason = FinishReason.STOP
-        else:
-            self.scheduler.finish(seq, FinishReason.STOP)
 
     def _draft(self) -> None:
         """Give the decoding sequences that may speculate their drafts (or, with

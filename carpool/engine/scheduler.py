@@ -151,6 +151,19 @@ class Scheduler:
         """End ``seq`` now (a stop string matched by the detokenizer, say)."""
         self._finish(seq, reason)
 
+    def land(self, seq: Sequence, index: int, token: int) -> None:
+        """Put ``token``, sampled by a step the host ran ahead of (asynchronous
+        scheduling), in its pending place ``token_ids[index]``; a stop token ends
+        ``seq`` as ``update`` would have, STOP even over the length that ended it when
+        the step was planned."""
+        seq.token_ids[index] = token
+        if token not in seq.stop_token_ids:
+            return
+        if seq.finish_reason is FinishReason.LENGTH:
+            seq.finish_reason = FinishReason.STOP
+        elif seq.status is not SequenceStatus.FINISHED:
+            self._finish(seq, FinishReason.STOP)
+
     def _grow_or_preempt(self, seq: Sequence, n: int, out: SchedulerOutput) -> bool:
         """Give ``seq`` room for ``n`` more tokens, preempting the last-ordered running
         sequences while blocks are short. False if ``seq`` itself was preempted."""

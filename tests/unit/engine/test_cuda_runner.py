@@ -41,20 +41,14 @@ ONLY_CUDA = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 MARGIN = 1.0
 
 
-def run(engine: Engine, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    for i, prompt in enumerate(prompts):
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-        engine.add_request(str(i), prompt, params)
-    done: dict[str, list[int]] = {}
-    while engine.has_work:
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out.outputs[0].token_ids
-    return [done[str(i)] for i in range(len(prompts))]
-
-
 # A request's final tokens, text and finish reason.
 Final = tuple[list[int], str, object]
+
+
+def run(engine: Engine, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Each prompt's greedy tokens, ``max_tokens`` of them, run together."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    return [tokens for tokens, _, _ in finals(engine, prompts, [params] * len(prompts))]
 
 
 def finals(engine: Engine, prompts: list[list[int]], params: list[SamplingParams]) -> list[Final]:

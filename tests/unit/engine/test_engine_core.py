@@ -277,6 +277,7 @@ def test_launched_steps_end_as_waiting_ones_do() -> None:
         "string": ("q", greedy(stop=("r, t",))),
         "token": ("x", greedy(stop_token_ids=(dot,))),
         "length": ("x", greedy(max_tokens=3)),
+        "stop-at-length": ("x", greedy(max_tokens=4, stop_token_ids=(dot,))),
         "one": ("q", greedy(max_tokens=1)),
         "past-eos": ("x", greedy(max_tokens=9, ignore_eos=True)),
         "seeded": ("ab", SamplingParams(n=2, max_tokens=6, seed=7)),
