@@ -25,6 +25,7 @@ from carpool.config import (
     EngineConfig,
     QueuePolicy,
     ReplicasConfig,
+    RepositoryConfig,
     RuntimeConfig,
     ServerConfig,
     field_help,
@@ -41,6 +42,7 @@ _SECTIONS: list[tuple[str, type[Any]]] = [
     ("queue_policy", QueuePolicy),
     ("engine", EngineConfig),
     ("replicas", ReplicasConfig),
+    ("repository", RepositoryConfig),
 ]
 
 
@@ -114,6 +116,8 @@ def build_config(args: argparse.Namespace) -> CarpoolConfig:
         raise ConfigError("--replicas must be at least 1 (leave it out to serve from one process)")
     if given["replicas"] and not given["replicas"].get("replicas"):
         raise ConfigError(f"--{next(iter(given['replicas'])).replace('_', '-')} needs --replicas")
+    if given["repository"].get("model_repository") and "models" not in given["server"]:
+        given["server"]["models"] = ()  # a repository alone: only its models
     if "api_key" not in given["server"] and os.environ.get("CARPOOL_API_KEY"):
         given["server"]["api_key"] = os.environ["CARPOOL_API_KEY"]
     return CarpoolConfig(
@@ -122,6 +126,7 @@ def build_config(args: argparse.Namespace) -> CarpoolConfig:
         batching=from_dict(BatchingConfig, batching),
         engine=from_dict(EngineConfig, given["engine"]),
         replicas=from_dict(ReplicasConfig, given["replicas"]),
+        repository=from_dict(RepositoryConfig, given["repository"]),
         model_batching=model_batching,
     )
 
@@ -324,7 +329,9 @@ def serve(config: CarpoolConfig) -> int:
         return 1
     host, port = sock.getsockname()[:2]
     for served in bundle.models.all():
-        log.info("%s runs: %s", served.name, "; ".join(map(str, served.paths)))
+        paths = getattr(served, "paths", ())
+        if paths:
+            log.info("%s runs: %s", served.name, "; ".join(map(str, paths)))
     names = ", ".join(m.name for m in bundle.models.all())
     ready_line = (
         f"carpool ready on http://{host}:{port} serving {names} "

@@ -357,7 +357,6 @@ class ServerConfig:
     def __post_init__(self) -> None:
         _require(self.shutdown_timeout_s >= 0, "shutdown_timeout_s must be >= 0")
         _require(0 <= self.port <= 65535, "port must be between 0 and 65535")
-        _require(len(self.models) >= 1, "at least one model must be served")
         _require(
             self.log_level in ("debug", "info", "warning", "error"),
             f"log_level must be debug, info, warning or error, got {self.log_level!r}",
@@ -421,6 +420,52 @@ class ReplicasConfig:
         return parse_size(self.ray_object_store_memory)
 
 
+MODEL_CONTROL_MODES = ("none", "explicit", "poll")
+
+
+@dataclass(frozen=True)
+class RepositoryConfig:
+    """User models from a model repository (Triton's layout or carpool.toml)."""
+
+    model_repository: str = _help(
+        "Folder of user models, one sub-folder each: Triton's layout (config.pbtxt and "
+        "<version>/model.py) or carpool's (carpool.toml). Without --model, only these "
+        "models are served.",
+        default="",
+    )
+    model_control_mode: str = _help(
+        "Triton's model control: none (load every repository model at start; no "
+        "load/unload), explicit (load the --load-model ones at start; load and unload "
+        "through /v2/repository) or poll (load every model; follow the folder's changes "
+        "every --repository-poll-secs).",
+        default="none",
+    )
+    load_model: tuple[str, ...] = _help(
+        "Explicit mode: repository models to load at start ('*' for all).", default=()
+    )
+    repository_poll_secs: float = _help(
+        "Poll mode: seconds between scans of the repository.", default=15.0
+    )
+    model_execution_timeout_s: float = _help(
+        "Seconds one batch of a user model may run; past it the batch fails and the model "
+        "is marked unready (a process-isolated one is restarted). 0: no limit. A model's "
+        "own execution_timeout_s wins.",
+        default=60.0,
+    )
+
+    def __post_init__(self) -> None:
+        _require(
+            self.model_control_mode in MODEL_CONTROL_MODES,
+            f"model_control_mode must be one of {', '.join(MODEL_CONTROL_MODES)}",
+        )
+        _require(self.repository_poll_secs > 0, "repository_poll_secs must be > 0")
+        _require(self.model_execution_timeout_s >= 0, "model_execution_timeout_s must be >= 0")
+        _require(
+            not self.load_model or self.model_control_mode == "explicit",
+            "load_model needs model_control_mode explicit",
+        )
+
+
 @dataclass(frozen=True)
 class CarpoolConfig:
     """Everything `carpool serve` needs."""
@@ -430,7 +475,14 @@ class CarpoolConfig:
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     replicas: ReplicasConfig = field(default_factory=ReplicasConfig)
+    repository: RepositoryConfig = field(default_factory=RepositoryConfig)
     model_batching: Mapping[str, BatchingConfig] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _require(
+            bool(self.server.models) or bool(self.repository.model_repository),
+            "at least one model must be served (--model or --model-repository)",
+        )
 
     def batching_for(self, model: str) -> BatchingConfig:
         """The batching config of ``model``: its own section, else the shared one."""

@@ -50,6 +50,16 @@ class ModelExecutionError(CarpoolError):
     """The model failed on this request. The message is short; the log has the trace."""
 
 
+class BatchFailed(ModelExecutionError):
+    """The model failed as a whole on a batch (it hung past its execution timeout, or
+    its worker process died): every request in the batch fails, none is retried."""
+
+
+class ModelUnavailable(Overloaded):
+    """The model is loaded but takes no requests now (unloading, or marked unready
+    after it hung); retrying later may find it back."""
+
+
 class ServerShuttingDown(Overloaded):
     """The server is draining and takes no new work."""
 

@@ -17,8 +17,10 @@ then every worker fails its outstanding requests and ``on_death`` is called.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -85,6 +87,10 @@ class DeviceRuntime:
         self._clock = clock or MonotonicClock()
         self._on_death = on_death
         self._workers: list[Worker] = []
+        # Workers added or removed while running; the runtime thread applies them.
+        self._changes: queue.SimpleQueue[tuple[Worker, Future[None] | None]] = (
+            queue.SimpleQueue()
+        )
         self._wakeup = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
@@ -97,6 +103,32 @@ class DeviceRuntime:
             raise RuntimeError("register workers before starting the runtime")
         worker.attach(self.notify)
         self._workers.append(worker)
+
+    def add(self, worker: Worker) -> None:
+        """Add a worker while running (a model loaded at runtime); any thread. It is
+        polled from the runtime's next turn on."""
+        worker.attach(self.notify)
+        self._changes.put((worker, None))
+        self.notify()
+
+    def remove(self, worker: Worker) -> Future[None]:
+        """Stop driving ``worker`` (a model unloaded); any thread. The returned future
+        is done once the runtime thread has dropped it: no unit of it runs after that.
+        The caller drains the worker first; anything still queued in it stays there."""
+        done: Future[None] = Future()
+        if not self._thread.is_alive():
+            if worker in self._workers:
+                self._workers.remove(worker)
+            done.set_result(None)
+            return done
+        self._changes.put((worker, done))
+        self.notify()
+        return done
+
+    @property
+    def workers(self) -> list[str]:
+        """Names of the workers driven now (a snapshot)."""
+        return [w.name for w in list(self._workers)]
 
     @property
     def alive(self) -> bool:
@@ -133,6 +165,7 @@ class DeviceRuntime:
         # Clear before polling: a notify that lands after the poll keeps the event
         # set, so the wait below returns at once instead of missing the work.
         self._wakeup.clear()
+        self._apply_changes()
         now = self._clock.now()
         best: tuple[int, float, Worker] | None = None
         wake_at: float | None = None
@@ -158,6 +191,19 @@ class DeviceRuntime:
             return
         timeout = None if wake_at is None else max(0.0, wake_at - self._clock.now())
         self._wakeup.wait(timeout)
+
+    def _apply_changes(self) -> None:
+        while True:
+            try:
+                worker, removed = self._changes.get_nowait()
+            except queue.Empty:
+                return
+            if removed is None:
+                self._workers.append(worker)
+                continue
+            if worker in self._workers:
+                self._workers.remove(worker)
+            removed.set_result(None)
 
     def _contain(self, worker: Worker, exc: Exception) -> None:
         log.error("worker %s failed; failing the requests it holds", worker.name, exc_info=exc)

@@ -11,16 +11,17 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from typing import Any, Protocol
 
-from carpool.batching.policy import Decision, SendBatch, WaitUntil, decide
+from carpool.batching.policy import Decision, SendBatch, WaitUntil, decide, slots
 from carpool.batching.queue import PriorityQueues
-from carpool.batching.request import BatchRequest
+from carpool.batching.request import BatchRequest, Failed
 from carpool.clock import Clock, MonotonicClock
 from carpool.config import BatchingConfig
 from carpool.errors import (
+    BatchFailed,
     CarpoolError,
     InvalidRequest,
     ModelExecutionError,
@@ -126,10 +127,15 @@ class DynamicBatcher:
         *,
         level: int | None = None,
         timeout_s: float | None = None,
+        size: int = 1,
+        group: Hashable | None = None,
     ) -> Future[Any]:
         """Queue one input; its future ends with the output or a ``CarpoolError``.
-        Raises as ``submit_many``."""
-        return self.submit_many([(payload, cost)], level=level, timeout_s=timeout_s)[0]
+        ``size``: batch slots it takes; ``group``: only inputs of equal group share a
+        batch (``BatchRequest``). Raises as ``submit_many``."""
+        return self.submit_many(
+            [(payload, cost)], level=level, timeout_s=timeout_s, size=size, group=group
+        )[0]
 
     def submit_many(
         self,
@@ -137,6 +143,8 @@ class DynamicBatcher:
         *,
         level: int | None = None,
         timeout_s: float | None = None,
+        size: int = 1,
+        group: Hashable | None = None,
     ) -> list[Future[Any]]:
         """Queue one request's inputs (payload, cost) all together; one future each.
 
@@ -174,7 +182,9 @@ class DynamicBatcher:
             )
         now = self._clock.now()
         requests = [
-            BatchRequest(payload, cost, level, arrival=now, deadline=now + timeout)
+            BatchRequest(
+                payload, cost, level, arrival=now, deadline=now + timeout, size=size, group=group
+            )
             for payload, cost in inputs
         ]
         for request in requests:
@@ -286,9 +296,15 @@ class DynamicBatcher:
 
     def _run_isolating(self, batch: list[BatchRequest]) -> None:
         """Run ``batch``; on a model error re-run it in halves until the failing
-        requests are isolated, so only they get the error."""
+        requests are isolated, so only they get the error. A ``BatchFailed`` (the model
+        hung or its process died) fails the whole batch: re-running could not isolate
+        anything."""
         try:
             outputs = self._execute(batch)
+        except BatchFailed as exc:
+            for request in batch:
+                self._fail(request, exc)
+            return
         except Exception as exc:
             if len(batch) == 1:
                 self._fail(batch[0], exc)
@@ -300,6 +316,9 @@ class DynamicBatcher:
             return
         end = self._clock.now()
         for request, output in zip(batch, outputs, strict=True):
+            if isinstance(output, Failed):
+                self._fail(request, output.error)
+                continue
             request.future.set_result(output)
             self.stats.record_outcome(Outcome.SUCCESS, end - request.arrival)
 
@@ -313,7 +332,7 @@ class DynamicBatcher:
         t3 = self._clock.now()
         if len(results) != len(batch):
             raise RuntimeError(f"model returned {len(results)} outputs for {len(batch)} inputs")
-        self.stats.record_execution(len(batch), t1 - t0, t2 - t1, t3 - t2, int(time.time() * 1000))
+        self.stats.record_execution(slots(batch), t1 - t0, t2 - t1, t3 - t2, int(time.time() * 1000))
         return results
 
     def _fail(self, request: BatchRequest, exc: Exception) -> None:

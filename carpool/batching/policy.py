@@ -3,9 +3,11 @@
 Semantics after Triton's dynamic batcher:
 - the best-priority, oldest request (the anchor) always goes in the next batch, so
   nothing starves;
-- a batch holds at most ``max_batch_size`` requests and ``max_batch_tokens`` tokens
-  (padded models pay for their longest input times the batch size, ragged ones for
-  the sum of lengths);
+- a batch holds at most ``max_batch_size`` slots (a request takes as many as its
+  ``size``, its batch dimension) and ``max_batch_tokens`` tokens (padded models pay
+  for their longest input times the batch size, ragged ones for the sum of lengths);
+- only requests of the anchor's ``group`` join it (Triton: inputs of different
+  shapes share a batch only where the model takes ragged batches);
 - the other members are the requests closest in length to the anchor, best
   priority first: that keeps padding small, and even a ragged model runs a
   batch of similar lengths faster;
@@ -58,23 +60,33 @@ def select(
     if not waiting:
         return [], False
     anchor = waiting[0]
-    others = list(waiting[1:])
+    others = [r for r in waiting[1:] if r.group == anchor.group]
     others.sort(key=lambda r: (r.level, abs(r.cost - anchor.cost), r.arrival))
     chosen = [anchor]
     costs = [anchor.cost]
+    used = anchor.size
     full = False
     for request in others:
-        if len(chosen) >= config.max_batch_size:
+        if used >= config.max_batch_size:
             full = True
             break
+        if used + request.size > config.max_batch_size:
+            full = True
+            continue
         if batch_cost([*costs, request.cost], ragged) > config.max_batch_tokens:
             full = True
             continue
         chosen.append(request)
         costs.append(request.cost)
-    if len(chosen) >= config.max_batch_size:
+        used += request.size
+    if used >= config.max_batch_size:
         full = True
     return chosen, full
+
+
+def slots(requests: Sequence[BatchRequest]) -> int:
+    """Batch slots ``requests`` take together."""
+    return sum(r.size for r in requests)
 
 
 def decide(
@@ -88,7 +100,21 @@ def decide(
     oldest = min(r.arrival for r in waiting)
     if delay_s == 0 or full or now - oldest >= delay_s:
         return SendBatch(chosen)
-    preferred = [p for p in config.preferred_batch_sizes if p <= len(chosen)]
+    preferred = _preferred_prefix(chosen, config.preferred_batch_sizes)
     if preferred:
-        return SendBatch(chosen[: preferred[-1]])
+        return SendBatch(preferred)
     return WaitUntil(oldest + delay_s)
+
+
+def _preferred_prefix(
+    chosen: list[BatchRequest], preferred_sizes: Sequence[int]
+) -> list[BatchRequest]:
+    """The longest prefix of ``chosen`` whose slots are exactly a preferred batch
+    size; empty if none is."""
+    best: list[BatchRequest] = []
+    taken = 0
+    for i, request in enumerate(chosen):
+        taken += request.size
+        if taken in preferred_sizes:
+            best = chosen[: i + 1]
+    return best

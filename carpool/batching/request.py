@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from collections.abc import Hashable
 from typing import Any
 
 _ids = itertools.count()
@@ -19,6 +20,11 @@ class BatchRequest:
     which it must have started, else it times out. The ``future`` carries its one
     terminal outcome back to whoever submitted it; cancelling the future before the
     request runs drops it.
+
+    ``size`` is how many of the batch's ``max_batch_size`` slots it takes (a tensor
+    request's batch dimension; 1 for one text). ``group``: only requests of equal
+    group share a batch (Triton's rule for inputs of different shapes); None
+    batches with anything.
     """
 
     payload: Any
@@ -26,5 +32,16 @@ class BatchRequest:
     level: int
     arrival: float
     deadline: float
+    size: int = 1
+    group: Hashable | None = None
     future: Future[Any] = field(default_factory=Future)
     id: int = field(default_factory=lambda: next(_ids))
+
+
+@dataclass(frozen=True)
+class Failed:
+    """What a model's ``split`` returns in place of an output for one request that
+    failed on its own (a Triton response carrying an error): that request ends with
+    ``error``, its neighbours with their outputs."""
+
+    error: Exception

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Response
 
@@ -13,9 +15,11 @@ from carpool.server import (
     generation_routes,
     metrics,
     openai_routes,
+    repository_routes,
     v2_routes,
 )
 from carpool.server.guards import guard
+from carpool.server.model_control import ModelControl
 from carpool.server.served import ClientDisconnected, ServedModels
 from carpool.stats import RuntimeStats
 
@@ -27,16 +31,30 @@ def create_app(
     max_body_bytes: int,
     api_key: str = "",
     runtime_stats: RuntimeStats | None = None,
+    control: ModelControl | None = None,
 ) -> FastAPI:
     """The ASGI app serving ``models``; ``is_ready`` says whether the runtime is alive;
     ``runtime_stats`` are the device runtime's (its choice of model, in /metrics and
-    the dashboard)."""
-    app = FastAPI(title="carpool", version=__version__)
+    the dashboard); ``control`` loads and unloads repository models (and, in poll
+    mode, follows the repository while the app runs)."""
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        poller = None
+        if control is not None and control.mode == "poll":
+            poller = asyncio.create_task(control.poll())
+        yield
+        if poller is not None:
+            poller.cancel()
+
+    app = FastAPI(title="carpool", version=__version__, lifespan=lifespan)
     errors.install(app)
     guard(app, max_body_bytes=max_body_bytes, api_key=api_key)
     app.include_router(openai_routes.router(models))
     app.include_router(generation_routes.router(models))
     app.include_router(v2_routes.router(models, is_ready))
+    if control is not None:
+        app.include_router(repository_routes.router(control))
     dashboard.install(app, models, runtime_stats)
     collectors = [
         metrics.BatcherCollector(models),

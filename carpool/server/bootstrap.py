@@ -20,9 +20,11 @@ from carpool.models import registry
 from carpool.models.causal_lm import LoadedLM
 from carpool.models.openmp import release_thread_team
 from carpool.models.registry import LoadOptions, Task
+from carpool.repository.repository import ModelRepository
 from carpool.runtime import DeviceRuntime
 from carpool.server.app import create_app
 from carpool.server.drain import DrainingServer
+from carpool.server.model_control import ModelControl
 from carpool.server.served import ServedEmbedding, ServedGenerator, ServedModels
 
 log = logging.getLogger("carpool")
@@ -35,11 +37,23 @@ class ServerBundle:
     config: CarpoolConfig
     models: ServedModels
     runtime: DeviceRuntime = field(init=False)
+    control: ModelControl = field(init=False)
     exit_code: int = 0
     _server: DrainingServer | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.runtime = DeviceRuntime(on_death=self.on_runtime_death)
+        repo = self.config.repository
+        repository = (
+            ModelRepository(
+                Path(repo.model_repository),
+                self.config.runtime.device,
+                execution_timeout_s=repo.model_execution_timeout_s,
+            )
+            if repo.model_repository
+            else None
+        )
+        self.control = ModelControl(repository, repo, self.models, self.runtime)
 
     def on_runtime_death(self, exc: BaseException) -> None:
         """The runtime thread died: exit non-zero so a supervisor restarts us (on Ray
@@ -57,6 +71,7 @@ class ServerBundle:
             max_body_bytes=self.config.server.max_body_bytes,
             api_key=self.config.server.api_key,
             runtime_stats=self.runtime.stats,
+            control=self.control,
         )
 
     async def run(self, sock: socket.socket, ready_line: str) -> None:
@@ -100,6 +115,7 @@ def build_server(config: CarpoolConfig) -> ServerBundle:
             batcher = DynamicBatcher(source.name, model, config.batching_for(source.name))
             served.append(ServedEmbedding(source.name, model, batcher))
     bundle = ServerBundle(config, ServedModels(served, generators))
+    bundle.control.load_at_start(bundle.control.initial_models(config.repository))
     for s in served:
         bundle.runtime.register(s.batcher)
     for g in generators:

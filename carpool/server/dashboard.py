@@ -30,7 +30,7 @@ def reading(models: ServedModels) -> Reading:
     return Reading(
         engines={name: e.stats.snapshot() for name, e in engines.items()},
         block_sizes={name: e.blocks.block_size for name, e in engines.items()},
-        batchers={m.name: m.batcher.stats.snapshot() for m in models},
+        batchers={m.name: m.batcher.stats.snapshot() for m in models.batched()},
     )
 
 

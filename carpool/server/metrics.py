@@ -59,7 +59,7 @@ class BatcherCollector(Collector):
         sizes = HistogramMetricFamily(
             "carpool_batch_size", "Requests in each executed batch.", labels=["model"]
         )
-        for served in self._models:
+        for served in self._models.batched():
             s = served.batcher.stats.snapshot()
             name = served.name
             for outcome, count in s.outcomes.items():

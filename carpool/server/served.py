@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 from starlette.requests import Request
@@ -19,6 +19,9 @@ from carpool.models.causal_lm import LoadedLM
 from carpool.models.embedding import EmbeddingModel
 from carpool.models.native import PathTaken
 from carpool.server.preprocess import Preprocessor
+
+if TYPE_CHECKING:
+    from carpool.server.served_user import ServedUserModel
 
 T = TypeVar("T")
 
@@ -139,22 +142,61 @@ class ServedGenerator:
         )
 
 
+class Batched(Protocol):
+    """Whatever runs behind a dynamic batcher (metrics and the dashboard read these)."""
+
+    name: str
+    batcher: DynamicBatcher
+
+
 class ServedModels:
-    """Name -> served model, of either kind. Iterating yields the embedding models
-    (the dynamic-batched ones); ``all`` yields every model."""
+    """Name -> served model, of every kind: embedders, generators and repository
+    models (user models, added and removed at runtime by model control, on the event
+    loop). Iterating yields the embedding models; ``all`` yields every model."""
 
     def __init__(
         self, models: list[ServedEmbedding], generators: list[ServedGenerator] | None = None
     ) -> None:
         self._models = {m.name: m for m in models}
         self._generators = {g.name: g for g in generators or []}
+        self._user: dict[str, ServedUserModel] = {}
         self.preprocess = Preprocessor()
 
     def __iter__(self) -> Iterator[ServedEmbedding]:
         return iter(self._models.values())
 
-    def all(self) -> list[ServedEmbedding | ServedGenerator]:
-        return [*self._generators.values(), *self._models.values()]
+    def all(self) -> list[ServedEmbedding | ServedGenerator | ServedUserModel]:
+        return [*self._generators.values(), *self._models.values(), *self._user.values()]
+
+    def batched(self) -> list[Batched]:
+        """Every dynamic-batched model: embedders and each repository model's newest
+        version (a snapshot: model control may change the set)."""
+        return [*self._models.values(), *(u.latest for u in list(self._user.values()))]
+
+    @property
+    def user_models(self) -> dict[str, ServedUserModel]:
+        """The repository models served now, by name."""
+        return dict(self._user)
+
+    def add_user(self, model: ServedUserModel) -> None:
+        if model.name in self._models or model.name in self._generators:
+            raise InvalidRequest(
+                f"model '{model.name}' is already served as a built-in model", param="model"
+            )
+        self._user[model.name] = model
+
+    def remove_user(self, name: str) -> None:
+        self._user.pop(name, None)
+
+    def user(self, name: str) -> ServedUserModel:
+        """The repository model ``name``."""
+        model = self._user.get(name)
+        if model is None:
+            raise self._unknown(name)
+        return model
+
+    def is_user(self, name: str) -> bool:
+        return name in self._user
 
     @property
     def generators(self) -> list[ServedGenerator]:
@@ -164,9 +206,9 @@ class ServedModels:
         served = ", ".join(m.name for m in self.all())
         return ModelNotFound(f"model {name!r} is not served here; served: {served}", param="model")
 
-    def any(self, name: str) -> ServedEmbedding | ServedGenerator:
+    def any(self, name: str) -> ServedEmbedding | ServedGenerator | ServedUserModel:
         """The model ``name``, of either kind."""
-        model = self._models.get(name) or self._generators.get(name)
+        model = self._models.get(name) or self._generators.get(name) or self._user.get(name)
         if model is None:
             raise self._unknown(name)
         return model
@@ -181,7 +223,15 @@ class ServedModels:
                 f"model {name!r} generates text; it does not compute embeddings or tensors",
                 param="model",
             )
+        self._refuse_user(name)
         raise self._unknown(name)
+
+    def _refuse_user(self, name: str) -> None:
+        if name in self._user:
+            raise InvalidRequest(
+                f"model {name!r} is a repository model; call it at /v2/models/{name}/infer",
+                param="model",
+            )
 
     def generator(self, name: str) -> ServedGenerator:
         """The generation model ``name``."""
@@ -192,4 +242,5 @@ class ServedModels:
             raise InvalidRequest(
                 f"model {name!r} computes embeddings; it does not generate text", param="model"
             )
+        self._refuse_user(name)
         raise self._unknown(name)

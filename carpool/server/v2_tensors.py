@@ -12,7 +12,8 @@ import numpy as np
 import orjson
 from pydantic import ValidationError
 
-from carpool.errors import InvalidRequest
+from carpool.errors import InvalidRequest, ModelExecutionError
+from carpool.repository.datatypes import DATATYPES, datatype_of, numpy_dtype
 from carpool.server.schemas import V2InferRequest, V2Tensor
 from carpool.server.unicode_check import refuse_invalid_unicode
 
@@ -124,24 +125,139 @@ def _unpack_bytes(blob: bytes, name: str) -> list[bytes]:
     return items
 
 
-def encode_response(
-    header: dict[str, Any], outputs: list[tuple[dict[str, Any], np.ndarray[Any, Any], bool]]
-) -> tuple[bytes, int | None]:
-    """The response body and, if any output is binary, the JSON header's length.
+def decode_tensor(tensor: V2Tensor, blob: bytes | None) -> np.ndarray[Any, Any]:
+    """Any datatype's tensor as the numpy array a model sees (BYTES: an object array of
+    ``bytes``), from JSON data or binary data. Raises ``InvalidRequest`` naming it."""
+    name = tensor.name
+    if tensor.datatype not in DATATYPES:
+        raise InvalidRequest(
+            f"input '{name}' has datatype {tensor.datatype!r}; one of {', '.join(DATATYPES)} "
+            "is expected",
+            param=name,
+        )
+    shape = tuple(tensor.shape)
+    count = math.prod(shape)
+    if tensor.datatype == "BYTES":
+        items = _unpack_bytes(blob, name) if blob is not None else _json_items(tensor)
+        _check_count(name, len(items), shape, count)
+        return np.array([_as_bytes(v, name) for v in items] or [], dtype=np.object_).reshape(shape)
+    dtype = numpy_dtype(tensor.datatype)
+    if blob is not None:
+        if len(blob) != count * dtype.itemsize:
+            raise InvalidRequest(
+                f"input '{name}' has {len(blob)} bytes of data but shape {list(shape)} of "
+                f"{tensor.datatype} needs {count * dtype.itemsize}",
+                param=name,
+            )
+        if tensor.datatype == "BOOL" and bool((np.frombuffer(blob, np.uint8) > 1).any()):
+            raise InvalidRequest(f"input '{name}' holds BOOL bytes other than 0 and 1", param=name)
+        return np.frombuffer(blob, dtype.newbyteorder("<")).astype(dtype).reshape(shape)
+    items = _json_items(tensor)
+    _check_count(name, len(items), shape, count)
+    return _json_array(items, tensor.datatype, dtype, name).reshape(shape)
 
-    ``outputs``: (output JSON without data, array, as_binary) per output.
-    """
-    blobs = []
-    entries = []
-    for meta, array, as_binary in outputs:
-        entry = dict(meta)
-        if as_binary:
-            raw = np.ascontiguousarray(array, dtype="<f4").tobytes()
-            entry["parameters"] = {"binary_data_size": len(raw)}
-            blobs.append(raw)
+
+def _json_items(tensor: V2Tensor) -> list[Any]:
+    if tensor.data is None:
+        raise InvalidRequest(
+            f"input '{tensor.name}' has neither data nor binary_data_size", param=tensor.name
+        )
+    return _flatten(tensor.data)
+
+
+def _check_count(name: str, found: int, shape: tuple[int, ...], count: int) -> None:
+    if found != count:
+        raise InvalidRequest(
+            f"input '{name}' has {found} elements but shape {list(shape)} needs {count}",
+            param=name,
+        )
+
+
+def _as_bytes(item: Any, name: str) -> bytes:
+    if isinstance(item, bytes):
+        return item
+    if isinstance(item, str):
+        return item.encode("utf-8")
+    raise InvalidRequest(
+        f"input '{name}' must hold strings, found {type(item).__name__}", param=name
+    )
+
+
+def _json_array(
+    items: list[Any], datatype: str, dtype: np.dtype[Any], name: str
+) -> np.ndarray[Any, Any]:
+    if datatype == "BOOL":
+        if not all(isinstance(v, bool) for v in items):
+            raise InvalidRequest(f"input '{name}' must hold true or false", param=name)
+        return np.array(items, dtype=np.bool_)
+    if dtype.kind in "iu":
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in items):
+            raise InvalidRequest(f"input '{name}' must hold integers", param=name)
+        info = np.iinfo(dtype)
+        if items and not info.min <= min(items) <= max(items) <= info.max:
+            raise InvalidRequest(
+                f"input '{name}' holds a value outside {datatype}'s range "
+                f"{info.min}..{info.max}",
+                param=name,
+            )
+        return np.array(items, dtype=dtype)
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in items):
+        raise InvalidRequest(f"input '{name}' must hold numbers", param=name)
+    with np.errstate(over="ignore"):
+        return np.array(items, dtype=np.float64).astype(dtype)
+
+
+def pack_bytes(array: np.ndarray[Any, Any]) -> bytes:
+    """A BYTES tensor in the binary extension's form: each element's 4-byte
+    little-endian length, then its bytes."""
+    parts = []
+    for item in array.reshape(-1):
+        raw = item if isinstance(item, bytes) else str(item).encode("utf-8")
+        parts.append(struct.pack("<I", len(raw)))
+        parts.append(raw)
+    return b"".join(parts)
+
+
+def output_entry(
+    name: str, array: np.ndarray[Any, Any], as_binary: bool
+) -> tuple[dict[str, Any], bytes | None]:
+    """One output's JSON entry and, if binary, its bytes (any datatype)."""
+    datatype = datatype_of(array) or "BYTES"
+    entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+    if as_binary:
+        if datatype == "BYTES":
+            raw = pack_bytes(array)
         else:
-            entry["data"] = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
+            raw = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tobytes()
+        entry["parameters"] = {"binary_data_size": len(raw)}
+        return entry, raw
+    flat = array.reshape(-1)
+    if datatype == "BYTES":
+        try:
+            entry["data"] = [
+                v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in flat
+            ]
+        except UnicodeDecodeError:
+            raise ModelExecutionError(
+                f"output '{name}' holds bytes that are not UTF-8; ask for it as binary data"
+            ) from None
+    elif datatype == "BF16":
+        entry["data"] = flat.astype(np.float32)
+    else:
+        entry["data"] = np.ascontiguousarray(flat)
+    return entry, None
+
+
+def encode_outputs(header: dict[str, Any], outputs: list[tuple[str, np.ndarray[Any, Any], bool]]) -> tuple[bytes, int | None]:
+    """The response body for named outputs of any datatype and, if any is binary, the
+    JSON header's length."""
+    entries = []
+    blobs = []
+    for name, array, as_binary in outputs:
+        entry, raw = output_entry(name, array, as_binary)
         entries.append(entry)
+        if raw is not None:
+            blobs.append(raw)
     head = orjson.dumps({**header, "outputs": entries}, option=orjson.OPT_SERIALIZE_NUMPY)
     if not blobs:
         return head, None

@@ -1,0 +1,213 @@
+"""The code a repository model runs: one class per source kind, each a ``Backend``.
+
+A backend is one instance of the user's model. ``execute`` takes a batch of request
+payloads and returns, per request, its outputs (name -> array) or ``Failed``. It runs
+user code and trusts nothing about it beyond what ``user_model`` checks afterwards.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Protocol
+
+import numpy as np
+
+from carpool.batching.request import Failed
+from carpool.errors import ModelExecutionError
+from carpool.repository import pb_utils
+from carpool.repository.errors import RepositoryError
+from carpool.repository.payload import TensorPayload
+from carpool.repository.spec import ModelSpec
+
+Outputs = dict[str, np.ndarray[Any, Any]]
+
+
+class Backend(Protocol):
+    """One loaded instance of a user's model."""
+
+    def execute(self, payloads: list[TensorPayload]) -> list[Outputs | Failed]:
+        """Run one batch; one result per payload, in order."""
+
+    def finalize(self) -> None:
+        """Release the model (unload)."""
+
+
+@contextmanager
+def _on_path(folder: Path) -> Iterator[None]:
+    """``folder`` first on ``sys.path`` while a model's code is imported, so it can
+    import the modules beside it."""
+    sys.path.insert(0, str(folder))
+    try:
+        yield
+    finally:
+        try:
+            sys.path.remove(str(folder))
+        except ValueError:
+            pass
+
+
+def _import_file(path: Path, module_name: str) -> ModuleType:
+    # Python-backend models import the shim by Triton's name.
+    sys.modules.setdefault("triton_python_backend_utils", pb_utils)
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise RepositoryError(f"{path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    with _on_path(path.parent):
+        spec.loader.exec_module(module)
+    return module
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class TritonPythonBackend:
+    """A ``TritonPythonModel`` from a Python-backend ``model.py``."""
+
+    def __init__(self, spec: ModelSpec, instance: int, device: str) -> None:
+        path = Path(spec.source.path)
+        where = f"model '{spec.name}' version {spec.version}"
+        try:
+            module = _import_file(path, f"carpool_user_{spec.name}_{spec.version}_{instance}")
+            model_class = module.TritonPythonModel
+        except Exception as exc:
+            raise RepositoryError(f"{where}: importing {path} failed: {_describe(exc)}") from exc
+        self.spec = spec
+        self.model = model_class()
+        kind = "GPU" if device.startswith("cuda") else "CPU"
+        args = {
+            "model_config": json.dumps(spec.model_config),
+            "model_instance_kind": kind,
+            "model_instance_name": f"{spec.name}_0_{instance}",
+            "model_instance_device_id": device.partition(":")[2] or "0",
+            "model_repository": str(path.parent.parent),
+            "model_version": str(spec.version),
+            "model_name": spec.name,
+        }
+        initialize = getattr(self.model, "initialize", None)
+        if initialize is not None:
+            try:
+                initialize(args)
+            except Exception as exc:
+                raise RepositoryError(f"{where}: initialize failed: {_describe(exc)}") from exc
+
+    def execute(self, payloads: list[TensorPayload]) -> list[Outputs | Failed]:
+        requests = [
+            pb_utils.InferenceRequest(
+                [pb_utils.Tensor(name, array) for name, array in p.inputs.items()],
+                list(p.outputs) or [t.name for t in self.spec.outputs],
+                request_id=p.request_id,
+                parameters=p.parameters,
+                model_name=self.spec.name,
+            )
+            for p in payloads
+        ]
+        responses = self.model.execute(requests)
+        if not isinstance(responses, list | tuple) or len(responses) != len(requests):
+            got = len(responses) if isinstance(responses, list | tuple) else type(responses).__name__
+            raise ModelExecutionError(
+                f"model '{self.spec.name}' returned {got} responses for {len(requests)} requests"
+            )
+        return [_outputs_of(r, self.spec.name) for r in responses]
+
+    def finalize(self) -> None:
+        finalize = getattr(self.model, "finalize", None)
+        if finalize is not None:
+            finalize()
+
+
+def _outputs_of(response: Any, model: str) -> Outputs | Failed:
+    if not isinstance(response, pb_utils.InferenceResponse):
+        return Failed(
+            ModelExecutionError(
+                f"model '{model}' returned a {type(response).__name__} where an "
+                "InferenceResponse belongs"
+            )
+        )
+    error = response.error()
+    if error is not None:
+        message = error.message() if isinstance(error, pb_utils.TritonError) else str(error)
+        return Failed(ModelExecutionError(message))
+    return {t.name(): t.as_numpy() for t in response.output_tensors()}
+
+
+class PythonClassBackend:
+    """carpool's own interface: a class named ``module:Class`` in ``carpool.toml``.
+
+    The class may define ``setup(device)``; it must define ``predict``. Without
+    ``collate``, ``predict`` takes a list of input dicts (name -> array, the request's
+    batch dimension first) and returns one output dict per input. With ``collate``
+    and ``split``: ``predict(collate(inputs))`` and ``split(output, inputs)`` gives
+    the per-input dicts. ``teardown()`` runs at unload.
+    """
+
+    def __init__(self, spec: ModelSpec, instance: int, device: str) -> None:
+        module_name, _, class_name = spec.source.target.partition(":")
+        where = f"model '{spec.name}'"
+        try:
+            with _on_path(Path(spec.source.path)):
+                module = importlib.import_module(module_name)
+            model_class = getattr(module, class_name)
+            self.model = model_class(**dict(spec.source.options))
+        except Exception as exc:
+            raise RepositoryError(
+                f"{where}: loading {spec.source.target} failed: {_describe(exc)}"
+            ) from exc
+        if not callable(getattr(self.model, "predict", None)):
+            raise RepositoryError(f"{where}: {spec.source.target} has no predict method")
+        self.spec = spec
+        setup: Callable[[str], None] | None = getattr(self.model, "setup", None)
+        if setup is not None:
+            try:
+                setup(device)
+            except Exception as exc:
+                raise RepositoryError(f"{where}: setup failed: {_describe(exc)}") from exc
+
+    def execute(self, payloads: list[TensorPayload]) -> list[Outputs | Failed]:
+        inputs = [dict(p.inputs) for p in payloads]
+        collate = getattr(self.model, "collate", None)
+        if collate is not None:
+            results = self.model.split(self.model.predict(collate(inputs)), inputs)
+        else:
+            results = self.model.predict(inputs)
+        if not isinstance(results, list | tuple) or len(results) != len(inputs):
+            got = len(results) if isinstance(results, list | tuple) else type(results).__name__
+            raise ModelExecutionError(
+                f"model '{self.spec.name}' returned {got} outputs for {len(inputs)} inputs"
+            )
+        return [
+            r if isinstance(r, dict) else Failed(
+                ModelExecutionError(
+                    f"model '{self.spec.name}' returned a {type(r).__name__} where a dict of "
+                    "outputs belongs"
+                )
+            )
+            for r in results
+        ]
+
+    def finalize(self) -> None:
+        teardown = getattr(self.model, "teardown", None)
+        if teardown is not None:
+            teardown()
+
+
+BACKENDS: dict[str, Callable[[ModelSpec, int, str], Backend]] = {
+    "triton_python": TritonPythonBackend,
+    "python_class": PythonClassBackend,
+}
+
+
+def create_backend(spec: ModelSpec, instance: int, device: str) -> Backend:
+    """Load instance ``instance`` of ``spec``'s model; ``RepositoryError`` if it fails."""
+    factory = BACKENDS.get(spec.source.kind)
+    if factory is None:
+        raise RepositoryError(f"model '{spec.name}': unknown source kind '{spec.source.kind}'")
+    return factory(spec, instance, device)

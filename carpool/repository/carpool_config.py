@@ -1,0 +1,151 @@
+"""carpool's own model layout: ``NAME/carpool.toml`` (read with the standard library's
+``tomllib``), with the same knobs as Triton's config under carpool's names.
+
+```toml
+max_batch_size = 32
+execution_timeout_s = 30
+source = { kind = "python_class", target = "model:Classifier" }
+batching = { max_queue_delay_ms = 2, preferred_batch_sizes = [8, 16] }
+inputs = [{ name = "x", datatype = "FP32", dims = [4] }]
+outputs = [{ name = "probs", datatype = "FP32", dims = [3] }]
+```
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from carpool.config import BatchingConfig, ConfigError, from_dict
+from carpool.repository.datatypes import DATATYPES, config_name
+from carpool.repository.errors import RepositoryError
+from carpool.repository.spec import ModelSpec, Source, TensorSpec
+
+CONFIG_FILE = "carpool.toml"
+SOURCE_KINDS = ("python_class",)
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One input or output in ``carpool.toml``."""
+
+    name: str
+    datatype: str
+    dims: tuple[int, ...] = ()
+    allow_ragged_batch: bool = False
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class SourceEntry:
+    """Where the model's code is: ``kind`` (python_class), ``target`` (module:Class,
+    imported from the model's folder) and ``options`` (keyword arguments of the class)."""
+
+    kind: str
+    target: str = ""
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """The whole of ``carpool.toml``."""
+
+    source: SourceEntry
+    inputs: tuple[TensorEntry, ...]
+    outputs: tuple[TensorEntry, ...]
+    max_batch_size: int = 8
+    version: int = 1
+    instance_count: int = 1
+    execution_timeout_s: float = 0.0
+    batching: Mapping[str, Any] = field(default_factory=dict)
+
+
+def is_carpool_model(folder: Path) -> bool:
+    return (folder / CONFIG_FILE).is_file()
+
+
+def read_carpool_model(folder: Path) -> list[ModelSpec]:
+    """The model in ``folder``'s ``carpool.toml``; ``RepositoryError`` naming the key."""
+    where = str(folder / CONFIG_FILE)
+    try:
+        data = tomllib.loads((folder / CONFIG_FILE).read_text())
+        entry = from_dict(ModelFile, data)
+        batching = from_dict(BatchingConfig, {"max_batch_tokens": 1 << 62, **entry.batching})
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, ConfigError) as exc:
+        raise RepositoryError(f"{where}: {exc}") from None
+    if entry.source.kind not in SOURCE_KINDS:
+        raise RepositoryError(
+            f"{where}: source.kind '{entry.source.kind}' is not one of {', '.join(SOURCE_KINDS)}"
+        )
+    if ":" not in entry.source.target:
+        raise RepositoryError(f"{where}: source.target must be 'module:Class'")
+    if entry.max_batch_size < 0 or entry.instance_count < 1 or entry.execution_timeout_s < 0:
+        raise RepositoryError(
+            f"{where}: max_batch_size must be >= 0, instance_count >= 1, execution_timeout_s >= 0"
+        )
+    if not entry.inputs or not entry.outputs:
+        raise RepositoryError(f"{where}: a model needs at least one input and one output")
+    inputs = tuple(_tensor(t, where) for t in entry.inputs)
+    outputs = tuple(_tensor(t, where) for t in entry.outputs)
+    batching = replace(batching, max_batch_size=max(1, entry.max_batch_size))
+    return [
+        ModelSpec(
+            name=folder.name,
+            version=entry.version,
+            max_batch_size=entry.max_batch_size,
+            inputs=inputs,
+            outputs=outputs,
+            batching=batching,
+            source=Source(entry.source.kind, str(folder), entry.source.target, entry.source.options),
+            instance_count=entry.instance_count,
+            execution_timeout_s=entry.execution_timeout_s,
+            model_config=_triton_view(folder.name, entry, batching),
+        )
+    ]
+
+
+def _tensor(entry: TensorEntry, where: str) -> TensorSpec:
+    if entry.datatype not in DATATYPES:
+        raise RepositoryError(
+            f"{where}: tensor '{entry.name}': datatype '{entry.datatype}' is not one of "
+            f"{', '.join(DATATYPES)}"
+        )
+    if any(d < -1 or d == 0 for d in entry.dims):
+        raise RepositoryError(f"{where}: tensor '{entry.name}': dims must be -1 or positive")
+    return TensorSpec(
+        entry.name, entry.datatype, tuple(entry.dims), entry.allow_ragged_batch, entry.optional
+    )
+
+
+def _triton_view(name: str, entry: ModelFile, batching: BatchingConfig) -> dict[str, Any]:
+    """The config in Triton's JSON shape (``GET /v2/models/NAME/config``)."""
+
+    def tensors(items: tuple[TensorEntry, ...]) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": t.name,
+                "data_type": config_name(t.datatype),
+                "dims": list(t.dims),
+                **({"allow_ragged_batch": True} if t.allow_ragged_batch else {}),
+                **({"optional": True} if t.optional else {}),
+            }
+            for t in items
+        ]
+
+    return {
+        "name": name,
+        "backend": "carpool",
+        "max_batch_size": entry.max_batch_size,
+        "input": tensors(entry.inputs),
+        "output": tensors(entry.outputs),
+        "instance_group": [{"name": name, "kind": "KIND_CPU", "count": entry.instance_count}],
+        "dynamic_batching": {
+            "preferred_batch_size": list(batching.preferred_batch_sizes),
+            "max_queue_delay_microseconds": int(batching.max_queue_delay_ms * 1000),
+            "priority_levels": batching.priority_levels,
+            "default_priority_level": batching.default_priority_level,
+        },
+    }

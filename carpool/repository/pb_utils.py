@@ -1,0 +1,220 @@
+"""A compatible ``triton_python_backend_utils``: the parts Python-backend models use.
+
+A Triton Python-backend ``model.py`` does ``import triton_python_backend_utils as
+pb_utils``; carpool puts this module under that name before it imports a model, so
+the file is served unchanged. Tensors live on the host as numpy arrays (DLPack
+round-trips through torch where a model asks for it). Decoupled models, BLS
+(``InferenceRequest.exec``) and the response sender are not provided: a model that
+uses them fails at that call with a ``TritonModelException`` saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from tritonclient.utils import np_to_triton_dtype, triton_to_np_dtype
+
+log = logging.getLogger("carpool.user_model")
+
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+
+
+class TritonModelException(Exception):
+    """Raised by the shim for what carpool does not provide; a model may raise it too."""
+
+
+class TritonError:
+    """An error a model puts in a response: that request fails with ``message``."""
+
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+    def __init__(self, message: str, code: int = INTERNAL) -> None:
+        self._message = str(message)
+        self._code = code
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> int:
+        return self._code
+
+    def __repr__(self) -> str:
+        return f"TritonError({self._message!r})"
+
+
+class Tensor:
+    """A named tensor; ``as_numpy`` is the data."""
+
+    def __init__(self, name: str, data: Any) -> None:
+        if not isinstance(name, str):
+            raise TritonModelException("Tensor name must be a string")
+        array = np.asarray(data)
+        if array.dtype.kind == "U":
+            array = np.vectorize(lambda s: s.encode("utf-8"), otypes=[np.object_])(array)
+        self._name = name
+        self._array = array
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray[Any, Any]:
+        return self._array
+
+    def shape(self) -> list[int]:
+        return list(self._array.shape)
+
+    def triton_dtype(self) -> str:
+        return str(np_to_triton_dtype(self._array.dtype))
+
+    def is_cpu(self) -> bool:
+        return True
+
+    def to_dlpack(self) -> Any:
+        import torch
+
+        return torch.utils.dlpack.to_dlpack(torch.from_numpy(np.ascontiguousarray(self._array)))
+
+    @staticmethod
+    def from_dlpack(name: str, capsule: Any) -> Tensor:
+        import torch
+
+        tensor = torch.utils.dlpack.from_dlpack(capsule)
+        return Tensor(name, tensor.detach().cpu().numpy())
+
+    def __repr__(self) -> str:
+        return f"Tensor({self._name!r}, shape={list(self._array.shape)}, dtype={self._array.dtype})"
+
+
+class InferenceRequest:
+    """One client request as a model's ``execute`` receives it."""
+
+    def __init__(
+        self,
+        inputs: list[Tensor],
+        requested_output_names: list[str],
+        request_id: str = "",
+        parameters: Mapping[str, Any] | None = None,
+        model_name: str = "",
+        correlation_id: int | str = 0,
+        flags: int = 0,
+    ) -> None:
+        self._inputs = inputs
+        self._outputs = requested_output_names
+        self._id = request_id
+        self._parameters = dict(parameters or {})
+        self._model_name = model_name
+        self._correlation_id = correlation_id
+        self._flags = flags
+
+    def inputs(self) -> list[Tensor]:
+        return list(self._inputs)
+
+    def requested_output_names(self) -> list[str]:
+        return list(self._outputs)
+
+    def request_id(self) -> str:
+        return self._id
+
+    def correlation_id(self) -> int | str:
+        return self._correlation_id
+
+    def flags(self) -> int:
+        return self._flags
+
+    def parameters(self) -> str:
+        """The request's parameters as a JSON string (Triton's form)."""
+        return json.dumps(self._parameters)
+
+    def model_name(self) -> str:
+        return self._model_name
+
+    def is_cancelled(self) -> bool:
+        return False
+
+    def get_response_sender(self) -> Any:
+        raise TritonModelException("decoupled models (response senders) are not supported by carpool")
+
+    def exec(self, *args: Any, **kwargs: Any) -> Any:
+        raise TritonModelException("BLS requests (InferenceRequest.exec) are not supported by carpool")
+
+    async_exec = exec
+
+
+class InferenceResponse:
+    """A model's answer to one request: output tensors, or an error."""
+
+    def __init__(self, output_tensors: list[Tensor] | None = None, error: TritonError | None = None) -> None:
+        self._outputs = list(output_tensors or [])
+        self._error = error
+
+    def output_tensors(self) -> list[Tensor]:
+        return list(self._outputs)
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+
+def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:
+    return next((t for t in request.inputs() if t.name() == name), None)
+
+
+def get_output_tensor_by_name(response: InferenceResponse, name: str) -> Tensor | None:
+    return next((t for t in response.output_tensors() if t.name() == name), None)
+
+
+def get_input_config_by_name(model_config: Mapping[str, Any], name: str) -> dict[str, Any] | None:
+    return next((dict(t) for t in model_config.get("input", []) if t.get("name") == name), None)
+
+
+def get_output_config_by_name(model_config: Mapping[str, Any], name: str) -> dict[str, Any] | None:
+    return next((dict(t) for t in model_config.get("output", []) if t.get("name") == name), None)
+
+
+def triton_string_to_numpy(triton_type_string: str) -> Any:
+    """``TYPE_FP32`` -> ``numpy.float32`` (and ``TYPE_STRING`` -> ``numpy.object_``)."""
+    name = triton_type_string.removeprefix("TYPE_")
+    return triton_to_np_dtype("BYTES" if name == "STRING" else name)
+
+
+def numpy_to_triton_type(data_type: Any) -> str:
+    return str(np_to_triton_dtype(np.dtype(data_type)))
+
+
+class Logger:
+    """Triton's model logger, onto carpool's log."""
+
+    @staticmethod
+    def log(message: str, level: int = logging.INFO) -> None:
+        log.log(level, "%s", message)
+
+    @staticmethod
+    def log_info(message: str) -> None:
+        log.info("%s", message)
+
+    @staticmethod
+    def log_warn(message: str) -> None:
+        log.warning("%s", message)
+
+    @staticmethod
+    def log_error(message: str) -> None:
+        log.error("%s", message)
+
+    @staticmethod
+    def log_verbose(message: str) -> None:
+        log.debug("%s", message)

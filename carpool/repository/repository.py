@@ -1,0 +1,90 @@
+"""A model repository folder: which models it holds, reading and loading them.
+
+Each sub-folder is a model, in Triton's layout (``config.pbtxt``) or carpool's
+(``carpool.toml``). Reading checks the config only; loading imports the user's code
+and initialises every instance, so a model that fails to load raises here and
+nothing of it is left running.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from carpool.repository.backends import Backend, create_backend
+from carpool.repository.carpool_config import is_carpool_model, read_carpool_model
+from carpool.repository.errors import RepositoryError
+from carpool.repository.spec import ModelSpec
+from carpool.repository.triton_config import is_triton_model, read_triton_model
+from carpool.repository.user_model import UserBatchModel
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoadedVersion:
+    """One served version of a repository model."""
+
+    spec: ModelSpec
+    model: UserBatchModel
+
+
+class ModelRepository:
+    """The models under ``root``, for a runtime on ``device``."""
+
+    def __init__(self, root: Path, device: str = "cpu", execution_timeout_s: float = 0.0) -> None:
+        if not root.is_dir():
+            raise RepositoryError(f"model repository {root} is not a folder")
+        self.root = root
+        self.device = device
+        self.execution_timeout_s = execution_timeout_s
+
+    def names(self) -> list[str]:
+        """Every model folder's name, sorted."""
+        return sorted(
+            p.name
+            for p in self.root.iterdir()
+            if p.is_dir() and (is_triton_model(p) or is_carpool_model(p))
+        )
+
+    def read(self, name: str) -> list[ModelSpec]:
+        """The versions of ``name`` its config serves; ``RepositoryError`` if unusable."""
+        folder = self.root / name
+        if "/" in name or name.startswith(".") or not folder.is_dir():
+            raise RepositoryError(f"no model '{name}' in the repository {self.root}")
+        if is_triton_model(folder) and is_carpool_model(folder):
+            raise RepositoryError(f"{folder}: holds both config.pbtxt and carpool.toml; keep one")
+        if is_triton_model(folder):
+            return read_triton_model(folder, self.device)
+        if is_carpool_model(folder):
+            return read_carpool_model(folder)
+        raise RepositoryError(f"{folder}: holds neither config.pbtxt nor carpool.toml")
+
+    def load(self, name: str) -> list[LoadedVersion]:
+        """Read ``name`` and load every instance of every version it serves."""
+        loaded: list[LoadedVersion] = []
+        try:
+            for spec in self.read(name):
+                instances: list[Backend] = []
+                try:
+                    for i in range(spec.instance_count):
+                        instances.append(create_backend(spec, i, self.device))
+                except BaseException:
+                    for instance in instances:
+                        _finalize_quietly(instance, name)
+                    raise
+                timeout = spec.execution_timeout_s or self.execution_timeout_s
+                loaded.append(LoadedVersion(spec, UserBatchModel(spec, instances, timeout)))
+        except BaseException:
+            for version in loaded:
+                version.model.finalize()
+            raise
+        return loaded
+
+
+def _finalize_quietly(instance: Backend, name: str) -> None:
+    try:
+        instance.finalize()
+    except Exception:
+        log.exception("model %s: finalize after a failed load failed", name)

@@ -1,0 +1,159 @@
+"""A repository model as the dynamic batcher's ``BatchModel``.
+
+Each instance of the user's model (``instance_group`` count) has its own thread;
+the runtime thread hands a batch to the next instance and waits at most the
+model's execution timeout. What comes back is checked against the config: one
+result per request, every requested output there, with its declared datatype and
+shape and the request's batch size. A wrong output fails that request with a
+message that says what was wrong. A batch that outlives the timeout fails whole;
+an in-process model is then marked unready (its thread cannot be taken back), a
+process-isolated one has its worker restarted.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from carpool.batching.request import Failed
+from carpool.errors import BatchFailed, ModelExecutionError, ModelUnavailable
+from carpool.repository.backends import Backend, Outputs
+from carpool.repository.datatypes import datatype_of
+from carpool.repository.payload import TensorPayload
+from carpool.repository.spec import ModelSpec
+
+log = logging.getLogger(__name__)
+
+Batch = tuple[list[TensorPayload], list[Outputs | Failed]]
+
+
+class UserBatchModel:
+    """Runs batches of ``TensorPayload`` on the user's model instances."""
+
+    def __init__(self, spec: ModelSpec, instances: Sequence[Backend], timeout_s: float) -> None:
+        if not instances:
+            raise ValueError("a model needs at least one instance")
+        self.spec = spec
+        self.ragged = spec.ragged
+        self.timeout_s = timeout_s
+        self.unready_reason = ""
+        self._instances = list(instances)
+        self._threads = [
+            concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"carpool-{spec.name}-{i}")
+            for i in range(len(instances))
+        ]
+        self._next = 0
+
+    @property
+    def ready(self) -> bool:
+        return not self.unready_reason
+
+    # --- BatchModel (runtime thread) ---------------------------------------------
+
+    def collate(self, payloads: list[TensorPayload]) -> list[TensorPayload]:
+        return payloads
+
+    def forward(self, payloads: list[TensorPayload]) -> Batch:
+        if self.unready_reason:
+            raise BatchFailed(self.unready_reason)
+        index = self._next
+        self._next = (index + 1) % len(self._instances)
+        instance = self._instances[index]
+        future = self._threads[index].submit(instance.execute, payloads)
+        try:
+            return payloads, future.result(self.timeout_s or None)
+        except concurrent.futures.TimeoutError:
+            return payloads, self._timed_out(instance)
+
+    def split(self, output: Batch, count: int) -> list[Any]:
+        payloads, results = output
+        return [self._check(p, r) for p, r in zip(payloads, results, strict=True)]
+
+    # --- control ------------------------------------------------------------------
+
+    def finalize(self) -> None:
+        """Release every instance; their threads end once idle (a hung one never does)."""
+        for instance, thread in zip(self._instances, self._threads, strict=True):
+            try:
+                instance.finalize()
+            except Exception:
+                log.exception("model %s: finalize failed", self.spec.name)
+            thread.shutdown(wait=False, cancel_futures=True)
+
+    def _timed_out(self, instance: Backend) -> list[Outputs | Failed]:
+        message = (
+            f"model '{self.spec.name}' did not finish a batch within its execution timeout "
+            f"of {self.timeout_s:g}s"
+        )
+        restart = getattr(instance, "restart", None)
+        if restart is not None:
+            log.error("%s; restarting its worker process", message)
+            restart()
+        else:
+            log.error("%s; the model is marked unready (unload and load it to recover)", message)
+            self.unready_reason = f"model '{self.spec.name}' is unready: it hung past its execution timeout"
+        raise BatchFailed(message)
+
+    def _check(self, payload: TensorPayload, result: Outputs | Failed) -> Any:
+        if isinstance(result, Failed):
+            return result
+        wanted = payload.outputs or tuple(t.name for t in self.spec.outputs)
+        size = _batch_size(self.spec, payload)
+        checked: dict[str, np.ndarray[Any, Any]] = {}
+        for name in wanted:
+            error = self._output_error(name, result.get(name), size)
+            if error:
+                log.error("%s", error)
+                return Failed(ModelExecutionError(error))
+            checked[name] = _as_array(result[name])
+        return checked
+
+    def _output_error(self, name: str, value: Any, size: int | None) -> str:
+        spec = self.spec.output(name)
+        model = self.spec.name
+        if spec is None:
+            return f"model '{model}' has no output '{name}'"
+        if value is None:
+            return f"model '{model}' returned no output '{name}'"
+        if not isinstance(value, np.ndarray):
+            return f"model '{model}' returned output '{name}' as {type(value).__name__}, not a numpy array"
+        datatype = datatype_of(value)
+        if datatype != spec.datatype:
+            return (
+                f"model '{model}' returned output '{name}' as {datatype or value.dtype}, "
+                f"where its config declares {spec.datatype}"
+            )
+        shape = tuple(value.shape)
+        if size is not None:
+            if not shape or shape[0] != size:
+                return (
+                    f"model '{model}' returned output '{name}' with shape {list(shape)} for a "
+                    f"request of batch size {size}"
+                )
+            shape = shape[1:]
+        if not spec.shape_fits(shape):
+            return (
+                f"model '{model}' returned output '{name}' with shape {list(value.shape)}, "
+                f"where its config declares {list(spec.dims)}"
+            )
+        return ""
+
+
+def _batch_size(spec: ModelSpec, payload: TensorPayload) -> int | None:
+    if spec.max_batch_size == 0:
+        return None
+    return next(iter(payload.inputs.values())).shape[0] if payload.inputs else None
+
+
+def _as_array(value: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    if value.dtype.kind == "U":
+        return np.vectorize(lambda s: s.encode("utf-8"), otypes=[np.object_])(value)
+    return value
+
+
+def unavailable(spec: ModelSpec, reason: str) -> ModelUnavailable:
+    return ModelUnavailable(reason or f"model '{spec.name}' is not ready", retry_after_s=1.0)

@@ -1,0 +1,130 @@
+"""A repository model as the server serves it: its versions, each behind a dynamic
+batcher on the device runtime, and the state model control moves it through."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from starlette.requests import Request
+
+from carpool.batching import DynamicBatcher
+from carpool.errors import ModelNotFound, ModelUnavailable
+from carpool.repository.payload import TensorPayload
+from carpool.repository.repository import LoadedVersion
+from carpool.repository.spec import CheckedRequest, ModelSpec
+from carpool.repository.user_model import UserBatchModel
+from carpool.server.served import unless_disconnected
+
+
+class ModelState(enum.Enum):
+    """Triton's model states, as the repository index reports them."""
+
+    READY = "READY"
+    UNLOADING = "UNLOADING"
+    UNAVAILABLE = "UNAVAILABLE"
+    LOADING = "LOADING"
+
+
+@dataclass
+class ServedVersion:
+    """One version of a repository model behind its batcher."""
+
+    spec: ModelSpec
+    model: UserBatchModel
+    batcher: DynamicBatcher
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+@dataclass
+class ServedUserModel:
+    """A repository model: every version its policy serves, the newest the default.
+
+    Owned by the event loop: ``infer`` counts requests in flight so that unloading
+    can wait for them (``drained``)."""
+
+    name: str
+    versions: dict[int, ServedVersion]
+    state: ModelState = ModelState.READY
+    created: int = field(default_factory=lambda: int(time.time()))
+    _in_flight: int = 0
+    _idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @classmethod
+    def from_loaded(cls, loaded: list[LoadedVersion]) -> ServedUserModel:
+        versions = {
+            v.spec.version: ServedVersion(
+                v.spec, v.model, DynamicBatcher(v.spec.name, v.model, v.spec.batching)
+            )
+            for v in loaded
+        }
+        served = cls(loaded[0].spec.name, versions)
+        served._idle.set()
+        return served
+
+    @property
+    def latest(self) -> ServedVersion:
+        return self.versions[max(self.versions)]
+
+    @property
+    def ready(self) -> bool:
+        return self.state is ModelState.READY and all(v.model.ready for v in self.versions.values())
+
+    def version(self, version: str | None) -> ServedVersion:
+        """The version named (the newest when ``None`` or empty)."""
+        if not version:
+            return self.latest
+        if not version.isdigit() or int(version) not in self.versions:
+            served = ", ".join(str(v) for v in sorted(self.versions))
+            raise ModelNotFound(
+                f"model '{self.name}' has no version {version!r}; served: {served}",
+                param="version",
+            )
+        return self.versions[int(version)]
+
+    async def infer(
+        self,
+        served: ServedVersion,
+        checked: CheckedRequest,
+        payload: TensorPayload,
+        *,
+        priority: int | None,
+        timeout_s: float | None,
+        request: Request | None,
+    ) -> dict[str, np.ndarray[Any, Any]]:
+        """Run one request through the version's batcher; its outputs by name."""
+        if self.state is not ModelState.READY:
+            raise ModelUnavailable(f"model '{self.name}' is unloading", retry_after_s=1.0)
+        if not served.model.ready:
+            raise ModelUnavailable(served.model.unready_reason, retry_after_s=1.0)
+        future = served.batcher.submit(
+            payload,
+            checked.cost,
+            level=priority,
+            timeout_s=timeout_s,
+            size=checked.size,
+            group=checked.group,
+        )
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            result: dict[str, np.ndarray[Any, Any]] = await unless_disconnected(
+                request, asyncio.wrap_future(future)
+            )
+            return result
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+
+    async def drained(self) -> None:
+        """Once every request in flight has finished (new ones are refused while
+        ``state`` is not READY)."""
+        await self._idle.wait()

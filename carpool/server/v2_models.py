@@ -1,0 +1,295 @@
+"""Each served kind as the Open Inference Protocol sees it: metadata, config,
+readiness, statistics and inference. The routes in ``v2_routes`` only pick the
+model's adapter; what differs between kinds lives here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+from starlette.requests import Request
+
+from carpool.errors import InvalidRequest
+from carpool.repository.payload import TensorPayload
+from carpool.repository.spec import TensorSpec, check_inputs
+from carpool.server.openai_routes import check_input_count, tokenize_texts
+from carpool.server.schemas import V2InferRequest
+from carpool.server.served import ServedEmbedding, ServedModels
+from carpool.server.served_user import ServedUserModel
+from carpool.server.v2_tensors import decode_bytes_tensor, decode_tensor
+from carpool.stats import BatcherStats, BatcherStatsData, Duration
+
+EMBEDDING_INPUT = "text"
+EMBEDDING_OUTPUT = "embedding"
+EMBEDDING_VERSION = "1"
+
+Output = tuple[str, np.ndarray[Any, Any]]
+
+
+class V2Model(Protocol):
+    """One served model behind the /v2 routes."""
+
+    name: str
+
+    def metadata(self, version: str | None) -> dict[str, Any]: ...
+
+    def config(self) -> dict[str, Any]: ...
+
+    def ready(self, version: str | None) -> bool: ...
+
+    def stats(self, version: str | None) -> list[dict[str, Any]]: ...
+
+    def version_of(self, version: str | None) -> str: ...
+
+    async def infer(
+        self, body: V2InferRequest, blobs: dict[str, bytes], request: Request, version: str | None
+    ) -> list[Output]:
+        """The outputs the request asked for (all, when it named none), in order."""
+
+
+def adapter(models: ServedModels, name: str, runtime_alive: Callable[[], bool]) -> V2Model:
+    """The /v2 view of the model ``name``."""
+    if models.is_user(name):
+        return UserV2(models.user(name), runtime_alive)
+    return EmbeddingV2(models.get(name), models, runtime_alive)
+
+
+def request_param(params: dict[str, Any], key: str, kind: type, default: Any) -> Any:
+    """A request parameter of type ``kind``; ``InvalidRequest`` naming it otherwise."""
+    value = params.get(key, default)
+    if value is default:
+        return value
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise InvalidRequest(f"parameter '{key}' must be {kind.__name__}", param=key)
+    return value
+
+
+def priority_and_timeout(params: dict[str, Any]) -> tuple[int | None, float | None]:
+    """Triton's request parameters: ``priority`` (0: the model's default level) and
+    ``timeout`` in microseconds (0: the model's default)."""
+    priority = request_param(params, "priority", int, None)
+    timeout_us = request_param(params, "timeout", int, None)
+    if timeout_us is not None and timeout_us < 0:
+        raise InvalidRequest("parameter 'timeout' must be >= 0", param="timeout")
+    return priority or None, (timeout_us / 1e6 if timeout_us else None)
+
+
+class EmbeddingV2:
+    """The built-in embedder: one BYTES input of texts, one FP32 output."""
+
+    def __init__(
+        self, served: ServedEmbedding, models: ServedModels, runtime_alive: Callable[[], bool]
+    ) -> None:
+        self.served = served
+        self.name = served.name
+        self._models = models
+        self._alive = runtime_alive
+
+    def version_of(self, version: str | None) -> str:
+        if version and version != EMBEDDING_VERSION:
+            raise InvalidRequest(
+                f"model '{self.name}' has only version {EMBEDDING_VERSION}", param="version"
+            )
+        return EMBEDDING_VERSION
+
+    def metadata(self, version: str | None) -> dict[str, Any]:
+        self.version_of(version)
+        return {
+            "name": self.name,
+            "versions": [EMBEDDING_VERSION],
+            "platform": "pytorch",
+            "inputs": [{"name": EMBEDDING_INPUT, "datatype": "BYTES", "shape": [-1]}],
+            "outputs": [
+                {
+                    "name": EMBEDDING_OUTPUT,
+                    "datatype": "FP32",
+                    "shape": [-1, self.served.model.dimensions],
+                }
+            ],
+            # Not in the v2 protocol (clients ignore it): which code runs the model.
+            "parameters": {"execution": [str(p) for p in self.served.paths]},
+        }
+
+    def config(self) -> dict[str, Any]:
+        cfg = self.served.batcher.config
+        return {
+            "name": self.name,
+            "platform": "pytorch",
+            "max_batch_size": cfg.max_batch_size,
+            "input": [{"name": EMBEDDING_INPUT, "data_type": "TYPE_STRING", "dims": [1]}],
+            "output": [
+                {
+                    "name": EMBEDDING_OUTPUT,
+                    "data_type": "TYPE_FP32",
+                    "dims": [self.served.model.dimensions],
+                }
+            ],
+            "dynamic_batching": {
+                "preferred_batch_size": list(cfg.preferred_batch_sizes),
+                "max_queue_delay_microseconds": int(cfg.max_queue_delay_ms * 1000),
+                "priority_levels": cfg.priority_levels,
+                "default_priority_level": cfg.default_priority_level,
+                "default_queue_policy": {
+                    "max_queue_size": cfg.queue_policy.max_queue_size,
+                    "default_timeout_microseconds": int(cfg.queue_policy.default_timeout_s * 1e6),
+                    "allow_timeout_override": cfg.queue_policy.allow_timeout_override,
+                },
+            },
+        }
+
+    def ready(self, version: str | None) -> bool:
+        self.version_of(version)
+        return self._alive()
+
+    def stats(self, version: str | None) -> list[dict[str, Any]]:
+        return [model_stats(self.name, self.version_of(version), self.served.batcher.stats)]
+
+    async def infer(
+        self, body: V2InferRequest, blobs: dict[str, bytes], request: Request, version: str | None
+    ) -> list[Output]:
+        self.version_of(version)
+        params = body.parameters or {}
+        _check_outputs(body, {EMBEDDING_OUTPUT})
+        if len(body.inputs) != 1 or body.inputs[0].name != EMBEDDING_INPUT:
+            raise InvalidRequest(f"expected exactly one input named '{EMBEDDING_INPUT}'")
+        texts = decode_bytes_tensor(body.inputs[0], blobs.get(EMBEDDING_INPUT))
+        if not texts:
+            raise InvalidRequest(f"input '{EMBEDDING_INPUT}' is empty")
+        truncate = request_param(params, "truncate", bool, False)
+        check_input_count(self.served, len(texts))
+        ids = await self._models.preprocess.run(
+            tokenize_texts, self.served.model, texts, truncate, EMBEDDING_INPUT + "[{}]"
+        )
+        priority, timeout_s = priority_and_timeout(params)
+        vectors = await self.served.embed(
+            ids, priority=priority, timeout_s=timeout_s, request=request
+        )
+        array = np.stack(vectors) if vectors else np.zeros((0, self.served.model.dimensions), np.float32)
+        return [(EMBEDDING_OUTPUT, array)]
+
+
+class UserV2:
+    """A repository model: the tensors its config declares."""
+
+    def __init__(self, served: ServedUserModel, runtime_alive: Callable[[], bool]) -> None:
+        self.served = served
+        self.name = served.name
+        self._alive = runtime_alive
+
+    def version_of(self, version: str | None) -> str:
+        return str(self.served.version(version).spec.version)
+
+    def metadata(self, version: str | None) -> dict[str, Any]:
+        spec = self.served.version(version).spec
+        batch = [-1] if spec.max_batch_size > 0 else []
+        return {
+            "name": self.name,
+            "versions": [str(v) for v in sorted(self.served.versions)],
+            "platform": spec.model_config.get("backend", "python"),
+            "inputs": [_tensor_metadata(t, batch) for t in spec.inputs],
+            "outputs": [_tensor_metadata(t, batch) for t in spec.outputs],
+        }
+
+    def config(self) -> dict[str, Any]:
+        return dict(self.served.latest.spec.model_config)
+
+    def ready(self, version: str | None) -> bool:
+        return self._alive() and self.served.ready and self.served.version(version).model.ready
+
+    def stats(self, version: str | None) -> list[dict[str, Any]]:
+        chosen = [self.served.version(version)] if version else list(self.served.versions.values())
+        return [model_stats(self.name, str(v.spec.version), v.batcher.stats) for v in chosen]
+
+    async def infer(
+        self, body: V2InferRequest, blobs: dict[str, bytes], request: Request, version: str | None
+    ) -> list[Output]:
+        served = self.served.version(version)
+        spec = served.spec
+        names = [t.name for t in body.inputs]
+        duplicate = next((n for n in names if names.count(n) > 1), None)
+        if duplicate is not None:
+            raise InvalidRequest(f"input '{duplicate}' is given twice", param=duplicate)
+        arrays = {t.name: decode_tensor(t, blobs.get(t.name)) for t in body.inputs}
+        checked = check_inputs(spec, arrays)
+        wanted = _check_outputs(body, {t.name for t in spec.outputs})
+        params = body.parameters or {}
+        priority, timeout_s = priority_and_timeout(params)
+        payload = TensorPayload(
+            checked.arrays,
+            tuple(wanted),
+            request_id=body.id or "",
+            parameters={k: v for k, v in params.items() if isinstance(v, str | int | float | bool)},
+        )
+        outputs = await self.served.infer(
+            served, checked, payload, priority=priority, timeout_s=timeout_s, request=request
+        )
+        order = wanted or [t.name for t in spec.outputs]
+        return [(name, outputs[name]) for name in order]
+
+
+def _tensor_metadata(tensor: TensorSpec, batch: list[int]) -> dict[str, Any]:
+    return {"name": tensor.name, "datatype": tensor.datatype, "shape": [*batch, *tensor.dims]}
+
+
+def _check_outputs(body: V2InferRequest, known: set[str]) -> list[str]:
+    """The outputs the request names (empty: all); ``InvalidRequest`` for an unknown one."""
+    names = [o.name for o in body.outputs or []]
+    for name in names:
+        if name not in known:
+            raise InvalidRequest(
+                f"unknown output '{name}'; this model has {', '.join(sorted(known))}", param=name
+            )
+    return names
+
+
+def binary_outputs(body: V2InferRequest) -> dict[str, bool]:
+    """Per named output, whether it is asked for as binary data; ``""`` holds the
+    request-wide default (``binary_data_output``)."""
+    params = body.parameters or {}
+    default = request_param(params, "binary_data_output", bool, False)
+    chosen = {"": default}
+    for output in body.outputs or []:
+        value = (output.parameters or {}).get("binary_data", default)
+        if not isinstance(value, bool):
+            raise InvalidRequest(
+                f"output '{output.name}': parameter 'binary_data' must be bool", param=output.name
+            )
+        chosen[output.name] = value
+    return chosen
+
+
+def _duration(d: Duration) -> dict[str, int]:
+    return {"count": d.count, "ns": d.ns}
+
+
+def model_stats(name: str, version: str, stats: BatcherStats) -> dict[str, Any]:
+    """One model version's statistics in Triton's statistics-extension shape."""
+    s: BatcherStatsData = stats.snapshot()
+    zero = {"count": 0, "ns": 0}
+    return {
+        "name": name,
+        "version": version,
+        "last_inference": s.last_inference_ms,
+        "inference_count": s.inference_count,
+        "execution_count": s.execution_count,
+        "inference_stats": {
+            "success": _duration(s.success),
+            "fail": _duration(s.fail),
+            "queue": _duration(s.queue),
+            "compute_input": _duration(s.compute_input),
+            "compute_infer": _duration(s.compute_infer),
+            "compute_output": _duration(s.compute_output),
+            "cache_hit": zero,
+            "cache_miss": zero,
+        },
+        "batch_stats": [
+            {
+                "batch_size": size,
+                "compute_input": _duration(b.compute_input),
+                "compute_infer": _duration(b.compute_infer),
+                "compute_output": _duration(b.compute_output),
+            }
+            for size, b in sorted(s.batch_sizes.items())
+        ],
+    }
