@@ -88,9 +88,7 @@ class DeviceRuntime:
         self._on_death = on_death
         self._workers: list[Worker] = []
         # Workers added or removed while running; the runtime thread applies them.
-        self._changes: queue.SimpleQueue[tuple[Worker, Future[None] | None]] = (
-            queue.SimpleQueue()
-        )
+        self._changes: queue.SimpleQueue[tuple[Worker, Future[None] | None]] = queue.SimpleQueue()
         self._wakeup = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)

@@ -332,7 +332,9 @@ class DynamicBatcher:
         t3 = self._clock.now()
         if len(results) != len(batch):
             raise RuntimeError(f"model returned {len(results)} outputs for {len(batch)} inputs")
-        self.stats.record_execution(slots(batch), t1 - t0, t2 - t1, t3 - t2, int(time.time() * 1000))
+        self.stats.record_execution(
+            slots(batch), t1 - t0, t2 - t1, t3 - t2, int(time.time() * 1000)
+        )
         return results
 
     def _fail(self, request: BatchRequest, exc: Exception) -> None:

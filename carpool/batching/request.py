@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from collections.abc import Hashable
 from typing import Any
 
 _ids = itertools.count()

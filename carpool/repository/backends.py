@@ -12,7 +12,7 @@ import importlib.util
 import json
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
@@ -47,10 +47,8 @@ def _on_path(folder: Path) -> Iterator[None]:
     try:
         yield
     finally:
-        try:
+        with suppress(ValueError):
             sys.path.remove(str(folder))
-        except ValueError:
-            pass
 
 
 def _import_file(path: Path, module_name: str) -> ModuleType:
@@ -112,7 +110,9 @@ class TritonPythonBackend:
         ]
         responses = self.model.execute(requests)
         if not isinstance(responses, list | tuple) or len(responses) != len(requests):
-            got = len(responses) if isinstance(responses, list | tuple) else type(responses).__name__
+            got = (
+                len(responses) if isinstance(responses, list | tuple) else type(responses).__name__
+            )
             raise ModelExecutionError(
                 f"model '{self.spec.name}' returned {got} responses for {len(requests)} requests"
             )
@@ -184,7 +184,9 @@ class PythonClassBackend:
                 f"model '{self.spec.name}' returned {got} outputs for {len(inputs)} inputs"
             )
         return [
-            r if isinstance(r, dict) else Failed(
+            r
+            if isinstance(r, dict)
+            else Failed(
                 ModelExecutionError(
                     f"model '{self.spec.name}' returned a {type(r).__name__} where a dict of "
                     "outputs belongs"

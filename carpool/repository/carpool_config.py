@@ -99,7 +99,9 @@ def read_carpool_model(folder: Path) -> list[ModelSpec]:
             inputs=inputs,
             outputs=outputs,
             batching=batching,
-            source=Source(entry.source.kind, str(folder), entry.source.target, entry.source.options),
+            source=Source(
+                entry.source.kind, str(folder), entry.source.target, entry.source.options
+            ),
             instance_count=entry.instance_count,
             execution_timeout_s=entry.execution_timeout_s,
             model_config=_triton_view(folder.name, entry, batching),

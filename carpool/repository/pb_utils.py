@@ -145,10 +145,14 @@ class InferenceRequest:
         return False
 
     def get_response_sender(self) -> Any:
-        raise TritonModelException("decoupled models (response senders) are not supported by carpool")
+        raise TritonModelException(
+            "decoupled models (response senders) are not supported by carpool"
+        )
 
     def exec(self, *args: Any, **kwargs: Any) -> Any:
-        raise TritonModelException("BLS requests (InferenceRequest.exec) are not supported by carpool")
+        raise TritonModelException(
+            "BLS requests (InferenceRequest.exec) are not supported by carpool"
+        )
 
     async_exec = exec
 
@@ -156,7 +160,9 @@ class InferenceRequest:
 class InferenceResponse:
     """A model's answer to one request: output tensors, or an error."""
 
-    def __init__(self, output_tensors: list[Tensor] | None = None, error: TritonError | None = None) -> None:
+    def __init__(
+        self, output_tensors: list[Tensor] | None = None, error: TritonError | None = None
+    ) -> None:
         self._outputs = list(output_tensors or [])
         self._error = error
 

@@ -143,7 +143,8 @@ def check_inputs(spec: ModelSpec, arrays: Mapping[str, np.ndarray[Any, Any]]) ->
         if not tensor.shape_fits(shape):
             raise InvalidRequest(
                 f"input '{tensor.name}' has shape {list(shape)} where the model expects "
-                f"{list(tensor.dims)}" + (" after the batch dimension" if spec.max_batch_size else ""),
+                f"{list(tensor.dims)}"
+                + (" after the batch dimension" if spec.max_batch_size else ""),
                 param=tensor.name,
             )
         if not tensor.allow_ragged_batch:

@@ -216,8 +216,11 @@ def _instances(config: dict[str, Any], where: str, device: str) -> int:
     if count < 1:
         raise RepositoryError(f"{where}: instance_group count must be >= 1")
     config["instance_group"] = [
-        {"name": g.get("name", f"{config['name']}_{i}"), "kind": g.get("kind", "KIND_CPU"),
-         "count": int(g.get("count", 1))}
+        {
+            "name": g.get("name", f"{config['name']}_{i}"),
+            "kind": g.get("kind", "KIND_CPU"),
+            "count": int(g.get("count", 1)),
+        }
         for i, g in enumerate(groups)
     ]
     return count
@@ -267,7 +270,9 @@ def _float_parameter(parameters: dict[str, str], key: str, where: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise RepositoryError(f"{where}: parameter '{key}' must be a number, got {text!r}") from None
+        raise RepositoryError(
+            f"{where}: parameter '{key}' must be a number, got {text!r}"
+        ) from None
     if not value >= 0:
         raise RepositoryError(f"{where}: parameter '{key}' must be >= 0")
     return value
@@ -275,7 +280,9 @@ def _float_parameter(parameters: dict[str, str], key: str, where: str) -> float:
 
 def _versions(folder: Path, config: dict[str, Any], filename: str, where: str) -> list[int]:
     present = sorted(
-        int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit() and (p / filename).is_file()
+        int(p.name)
+        for p in folder.iterdir()
+        if p.is_dir() and p.name.isdigit() and (p / filename).is_file()
     )
     policy = config.get("version_policy", {"latest": {"num_versions": 1}})
     if "all" in policy:

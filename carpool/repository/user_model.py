@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from carpool.batching.request import Failed
-from carpool.errors import BatchFailed, ModelExecutionError, ModelUnavailable
+from carpool.errors import BatchFailed, ModelExecutionError
 from carpool.repository.backends import Backend, Outputs
 from carpool.repository.datatypes import datatype_of
 from carpool.repository.payload import TensorPayload
@@ -95,7 +95,9 @@ class UserBatchModel:
             restart()
         else:
             log.error("%s; the model is marked unready (unload and load it to recover)", message)
-            self.unready_reason = f"model '{self.spec.name}' is unready: it hung past its execution timeout"
+            self.unready_reason = (
+                f"model '{self.spec.name}' is unready: it hung past its execution timeout"
+            )
         raise BatchFailed(message)
 
     def _check(self, payload: TensorPayload, result: Outputs | Failed) -> Any:
@@ -120,7 +122,8 @@ class UserBatchModel:
         if value is None:
             return f"model '{model}' returned no output '{name}'"
         if not isinstance(value, np.ndarray):
-            return f"model '{model}' returned output '{name}' as {type(value).__name__}, not a numpy array"
+            kind = type(value).__name__
+            return f"model '{model}' returned output '{name}' as {kind}, not a numpy array"
         datatype = datatype_of(value)
         if datatype != spec.datatype:
             return (
@@ -153,7 +156,3 @@ def _as_array(value: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     if value.dtype.kind == "U":
         return np.vectorize(lambda s: s.encode("utf-8"), otypes=[np.object_])(value)
     return value
-
-
-def unavailable(spec: ModelSpec, reason: str) -> ModelUnavailable:
-    return ModelUnavailable(reason or f"model '{spec.name}' is not ready", retry_after_s=1.0)

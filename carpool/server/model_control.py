@@ -177,7 +177,9 @@ class ModelControl:
         if self._models.is_user(name):
             await self._unload(name)
         self._install(name, loaded)
-        log.info("model %s loaded (versions %s)", name, ", ".join(str(v.spec.version) for v in loaded))
+        log.info(
+            "model %s loaded (versions %s)", name, ", ".join(str(v.spec.version) for v in loaded)
+        )
 
     def _install(self, name: str, loaded: list[LoadedVersion]) -> None:
         served = ServedUserModel.from_loaded(loaded)

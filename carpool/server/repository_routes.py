@@ -24,8 +24,12 @@ def router(control: ModelControl) -> APIRouter:
         if not isinstance(ready, bool):
             raise InvalidRequest("'ready' must be a boolean", param="ready")
         return [
-            {"name": e.name, **({"version": e.version} if e.version else {}), "state": e.state,
-             **({"reason": e.reason} if e.reason else {})}
+            {
+                "name": e.name,
+                **({"version": e.version} if e.version else {}),
+                "state": e.state,
+                **({"reason": e.reason} if e.reason else {}),
+            }
             for e in control.index(ready_only=ready)
         ]
 

@@ -145,8 +145,11 @@ class ServedGenerator:
 class Batched(Protocol):
     """Whatever runs behind a dynamic batcher (metrics and the dashboard read these)."""
 
-    name: str
-    batcher: DynamicBatcher
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def batcher(self) -> DynamicBatcher: ...
 
 
 class ServedModels:

@@ -165,7 +165,11 @@ class EmbeddingV2:
         vectors = await self.served.embed(
             ids, priority=priority, timeout_s=timeout_s, request=request
         )
-        array = np.stack(vectors) if vectors else np.zeros((0, self.served.model.dimensions), np.float32)
+        array = (
+            np.stack(vectors)
+            if vectors
+            else np.zeros((0, self.served.model.dimensions), np.float32)
+        )
         return [(EMBEDDING_OUTPUT, array)]
 
 

@@ -196,8 +196,7 @@ def _json_array(
         info = np.iinfo(dtype)
         if items and not info.min <= min(items) <= max(items) <= info.max:
             raise InvalidRequest(
-                f"input '{name}' holds a value outside {datatype}'s range "
-                f"{info.min}..{info.max}",
+                f"input '{name}' holds a value outside {datatype}'s range {info.min}..{info.max}",
                 param=name,
             )
         return np.array(items, dtype=dtype)
@@ -234,9 +233,7 @@ def output_entry(
     flat = array.reshape(-1)
     if datatype == "BYTES":
         try:
-            entry["data"] = [
-                v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in flat
-            ]
+            entry["data"] = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in flat]
         except UnicodeDecodeError:
             raise ModelExecutionError(
                 f"output '{name}' holds bytes that are not UTF-8; ask for it as binary data"
@@ -248,7 +245,9 @@ def output_entry(
     return entry, None
 
 
-def encode_outputs(header: dict[str, Any], outputs: list[tuple[str, np.ndarray[Any, Any], bool]]) -> tuple[bytes, int | None]:
+def encode_outputs(
+    header: dict[str, Any], outputs: list[tuple[str, np.ndarray[Any, Any], bool]]
+) -> tuple[bytes, int | None]:
     """The response body for named outputs of any datatype and, if any is binary, the
     JSON header's length."""
     entries = []
