@@ -446,6 +446,12 @@ class RepositoryConfig:
     repository_poll_secs: float = _help(
         "Poll mode: seconds between scans of the repository.", default=15.0
     )
+    model_isolation: str = _help(
+        "Where user model instances run: thread (in the server's process) or process "
+        "(a worker process each, as Triton's Python stub: a crash fails only the batch "
+        "in flight and the worker is restarted). A model's own isolation wins.",
+        default="thread",
+    )
     model_execution_timeout_s: float = _help(
         "Seconds one batch of a user model may run; past it the batch fails and the model "
         "is marked unready (a process-isolated one is restarted). 0: no limit. A model's "
@@ -457,6 +463,10 @@ class RepositoryConfig:
         _require(
             self.model_control_mode in MODEL_CONTROL_MODES,
             f"model_control_mode must be one of {', '.join(MODEL_CONTROL_MODES)}",
+        )
+        _require(
+            self.model_isolation in ("thread", "process"),
+            "model_isolation must be thread or process",
         )
         _require(self.repository_poll_secs > 0, "repository_poll_secs must be > 0")
         _require(self.model_execution_timeout_s >= 0, "model_execution_timeout_s must be >= 0")

@@ -4,6 +4,7 @@
 ```toml
 max_batch_size = 32
 execution_timeout_s = 30
+isolation = "process"        # or "thread" (the default: --model-isolation)
 source = { kind = "python_class", target = "model:Classifier" }
 batching = { max_queue_delay_ms = 2, preferred_batch_sizes = [8, 16] }
 inputs = [{ name = "x", datatype = "FP32", dims = [4] }]
@@ -22,7 +23,7 @@ from typing import Any
 from carpool.config import BatchingConfig, ConfigError, from_dict
 from carpool.repository.datatypes import DATATYPES, config_name
 from carpool.repository.errors import RepositoryError
-from carpool.repository.spec import ModelSpec, Source, TensorSpec
+from carpool.repository.spec import ISOLATIONS, ModelSpec, Source, TensorSpec
 
 CONFIG_FILE = "carpool.toml"
 SOURCE_KINDS = ("python_class",)
@@ -60,6 +61,7 @@ class ModelFile:
     version: int = 1
     instance_count: int = 1
     execution_timeout_s: float = 0.0
+    isolation: str = ""
     batching: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -86,6 +88,8 @@ def read_carpool_model(folder: Path) -> list[ModelSpec]:
         raise RepositoryError(
             f"{where}: max_batch_size must be >= 0, instance_count >= 1, execution_timeout_s >= 0"
         )
+    if entry.isolation not in ISOLATIONS:
+        raise RepositoryError(f"{where}: isolation must be thread or process")
     if not entry.inputs or not entry.outputs:
         raise RepositoryError(f"{where}: a model needs at least one input and one output")
     inputs = tuple(_tensor(t, where) for t in entry.inputs)
@@ -104,6 +108,7 @@ def read_carpool_model(folder: Path) -> list[ModelSpec]:
             ),
             instance_count=entry.instance_count,
             execution_timeout_s=entry.execution_timeout_s,
+            isolation=entry.isolation,
             model_config=_triton_view(folder.name, entry, batching),
         )
     ]

@@ -15,6 +15,7 @@ from pathlib import Path
 from carpool.repository.backends import Backend, create_backend
 from carpool.repository.carpool_config import is_carpool_model, read_carpool_model
 from carpool.repository.errors import RepositoryError
+from carpool.repository.process import ProcessBackend
 from carpool.repository.spec import ModelSpec
 from carpool.repository.triton_config import is_triton_model, read_triton_model
 from carpool.repository.user_model import UserBatchModel
@@ -33,12 +34,19 @@ class LoadedVersion:
 class ModelRepository:
     """The models under ``root``, for a runtime on ``device``."""
 
-    def __init__(self, root: Path, device: str = "cpu", execution_timeout_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        root: Path,
+        device: str = "cpu",
+        execution_timeout_s: float = 0.0,
+        isolation: str = "thread",
+    ) -> None:
         if not root.is_dir():
             raise RepositoryError(f"model repository {root} is not a folder")
         self.root = root
         self.device = device
         self.execution_timeout_s = execution_timeout_s
+        self.isolation = isolation
 
     def names(self) -> list[str]:
         """Every model folder's name, sorted."""
@@ -69,7 +77,7 @@ class ModelRepository:
                 instances: list[Backend] = []
                 try:
                     for i in range(spec.instance_count):
-                        instances.append(create_backend(spec, i, self.device))
+                        instances.append(self._instance(spec, i))
                 except BaseException:
                     for instance in instances:
                         _finalize_quietly(instance, name)
@@ -81,6 +89,11 @@ class ModelRepository:
                 version.model.finalize()
             raise
         return loaded
+
+    def _instance(self, spec: ModelSpec, index: int) -> Backend:
+        if (spec.isolation or self.isolation) == "process":
+            return ProcessBackend(spec, index, self.device)
+        return create_backend(spec, index, self.device)
 
 
 def _finalize_quietly(instance: Backend, name: str) -> None:

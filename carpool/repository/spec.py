@@ -18,6 +18,9 @@ from carpool.config import BatchingConfig
 from carpool.errors import InvalidRequest
 from carpool.repository.datatypes import numpy_dtype
 
+# Where a model instance runs: in the server's process, or a worker process of its own.
+ISOLATIONS = ("", "thread", "process")
+
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -58,8 +61,10 @@ class ModelSpec:
     ``max_batch_size`` 0 means the model does not batch: requests carry no batch
     dimension and run one at a time (Triton's meaning). Without ``dynamic_batching``
     requests carry a batch dimension but each runs alone, as under Triton's
-    default scheduler. ``model_config`` is the
-    config as JSON (Triton's ``args["model_config"]`` and ``GET .../config``).
+    default scheduler. ``model_config`` is the config as JSON (Triton's
+    ``args["model_config"]`` and ``GET .../config``). ``isolation``: ``thread`` (in the
+    server's process) or ``process`` (a worker process per instance); empty: the
+    server's default.
     """
 
     name: str
@@ -72,6 +77,7 @@ class ModelSpec:
     dynamic_batching: bool = True
     instance_count: int = 1
     execution_timeout_s: float = 0.0
+    isolation: str = ""
     model_config: Mapping[str, Any] = field(default_factory=dict)
 
     @property

@@ -21,7 +21,7 @@ from google.protobuf.message import Message
 from carpool.config import BatchingConfig, ConfigError, QueuePolicy
 from carpool.repository.datatypes import from_config_name
 from carpool.repository.errors import RepositoryError
-from carpool.repository.spec import ModelSpec, Source, TensorSpec
+from carpool.repository.spec import ISOLATIONS, ModelSpec, Source, TensorSpec
 
 CONFIG_FILE = "config.pbtxt"
 DEFAULT_MODEL_FILE = "model.py"
@@ -157,6 +157,11 @@ def read_triton_model(folder: Path, device: str = "cpu") -> list[ModelSpec]:
     batching = _batching(config, max_batch_size, where)
     parameters = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
     timeout = _float_parameter(parameters, "execution_timeout_s", where)
+    isolation = parameters.get("isolation", "")
+    if isolation not in ISOLATIONS:
+        raise RepositoryError(
+            f"{where}: parameter 'isolation' must be thread or process, got {isolation!r}"
+        )
     filename = config.get("default_model_filename") or DEFAULT_MODEL_FILE
     specs = []
     for version in _versions(folder, config, filename, where):
@@ -172,6 +177,7 @@ def read_triton_model(folder: Path, device: str = "cpu") -> list[ModelSpec]:
                 source=Source("triton_python", str(folder / str(version) / filename)),
                 instance_count=count,
                 execution_timeout_s=timeout,
+                isolation=isolation,
                 model_config=config,
             )
         )

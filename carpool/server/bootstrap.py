@@ -49,6 +49,7 @@ class ServerBundle:
                 Path(repo.model_repository),
                 self.config.runtime.device,
                 execution_timeout_s=repo.model_execution_timeout_s,
+                isolation=repo.model_isolation,
             )
             if repo.model_repository
             else None

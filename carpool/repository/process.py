@@ -1,0 +1,170 @@
+"""Process isolation (as Triton's Python stub): a model instance in its own process.
+
+The worker process loads the user's model with the in-process backend and answers
+batches over a pipe (payloads and results are pickled: numpy arrays and plain
+objects). If the process dies (a crash, ``os._exit``, a signal) the batch in flight
+fails with ``BatchFailed`` and a new process is started in the background; the next
+batch waits for it. A batch past the execution timeout kills the process the same
+way. The server itself never runs the user's code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import threading
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from carpool.batching.request import Failed
+from carpool.errors import BatchFailed
+from carpool.repository.backends import Outputs, create_backend
+from carpool.repository.errors import RepositoryError
+from carpool.repository.payload import TensorPayload
+from carpool.repository.spec import ModelSpec
+
+log = logging.getLogger(__name__)
+START_TIMEOUT_S = 300.0
+
+
+def _worker_main(conn: Connection, spec: ModelSpec, instance: int, device: str) -> None:
+    """The worker process: load, say so, then run every batch it is sent."""
+    try:
+        backend = create_backend(spec, instance, device)
+    except Exception as exc:
+        conn.send(("error", str(exc)))
+        return
+    conn.send(("ready", None))
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            break
+        if message is None:
+            break
+        try:
+            conn.send(("ok", backend.execute(message)))
+        except Exception as exc:
+            conn.send(("raise", f"{type(exc).__name__}: {exc}"))
+    try:
+        backend.finalize()
+    finally:
+        conn.close()
+
+
+class ModelProcessFailed(RuntimeError):
+    """The user's code raised inside the worker process (its message travels back)."""
+
+
+class ProcessBackend:
+    """One model instance in a worker process; a ``Backend`` with ``restart``."""
+
+    def __init__(self, spec: ModelSpec, instance: int, device: str) -> None:
+        self.spec = spec
+        self._instance = instance
+        self._device = device
+        self._context = multiprocessing.get_context("spawn")
+        self._lock = threading.Lock()
+        self._process: BaseProcess | None = None
+        self._conn: Connection | None = None
+        self._ready = threading.Event()
+        self._start_error = ""
+        self.restarts = 0
+        self._start()
+        self._ready.wait()
+        if self._start_error:
+            raise RepositoryError(self._start_error)
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    def _start(self) -> None:
+        """Start a worker and wait for it to load (on the calling thread)."""
+        self._ready.clear()
+        parent, child = self._context.Pipe()
+        process = self._context.Process(
+            target=_worker_main,
+            args=(child, self.spec, self._instance, self._device),
+            name=f"carpool-model-{self.spec.name}-{self._instance}",
+            daemon=True,
+        )
+        process.start()
+        child.close()
+        self._start_error = ""
+        try:
+            if not parent.poll(START_TIMEOUT_S):
+                raise EOFError
+            status, detail = parent.recv()
+        except EOFError:
+            status, detail = "error", f"worker process exited with code {process.exitcode}"
+        if status != "ready":
+            process.join(5)
+            self._start_error = f"model '{self.spec.name}': {detail}"
+        else:
+            self._process, self._conn = process, parent
+        self._ready.set()
+
+    def execute(self, payloads: list[TensorPayload]) -> list[Outputs | Failed]:
+        self._ready.wait()
+        with self._lock:
+            conn = self._conn
+        if conn is None:
+            raise BatchFailed(
+                f"model '{self.spec.name}' has no worker process: {self._start_error}"
+            )
+        try:
+            conn.send(payloads)
+            status, result = conn.recv()
+        except (EOFError, OSError, BrokenPipeError):
+            code = self._process.exitcode if self._process is not None else None
+            self._restart_in_background()
+            raise BatchFailed(
+                f"model '{self.spec.name}': its worker process died (exit code {code}); "
+                "it is being restarted"
+            ) from None
+        if status == "raise":
+            raise ModelProcessFailed(result)
+        return list(result)
+
+    def restart(self) -> None:
+        """Kill the worker (a batch outlived its timeout) and start another; the batch
+        waiting on it fails as for a crash."""
+        self._kill()
+
+    def _kill(self) -> None:
+        with self._lock:
+            process = self._process
+        if process is not None and process.is_alive():
+            process.kill()
+
+    def _restart_in_background(self) -> None:
+        with self._lock:
+            if not self._ready.is_set():
+                return
+            self._ready.clear()
+            old, self._process, self._conn = self._process, None, None
+        if old is not None:
+            old.join(5)
+        self.restarts += 1
+        log.warning("model %s: restarting its worker process", self.spec.name)
+        threading.Thread(target=self._start, name="carpool-model-restart", daemon=True).start()
+
+    def finalize(self) -> None:
+        self._ready.wait(START_TIMEOUT_S)
+        with self._lock:
+            process, conn = self._process, self._conn
+            self._process, self._conn = None, None
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                conn.send(None)
+        if process is not None:
+            process.join(10)
+            if process.is_alive():
+                process.kill()
+                process.join(5)
+
+    def __getstate__(self) -> Any:
+        raise TypeError("a ProcessBackend stays in the process that made it")
