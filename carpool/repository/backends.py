@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from carpool.batching.request import Failed
-from carpool.errors import ModelExecutionError
+from carpool.errors import InvalidRequest, ModelExecutionError
 from carpool.repository import pb_utils
 from carpool.repository.errors import RepositoryError
 from carpool.repository.payload import TensorPayload
@@ -61,6 +61,16 @@ def _import_file(path: Path, module_name: str) -> ModuleType:
     with _on_path(path.parent):
         spec.loader.exec_module(module)
     return module
+
+
+def _import_module(folder: Path, module_name: str, model: str) -> ModuleType:
+    """``module_name`` from the model's folder, under a name of its own (two models'
+    ``model.py`` must not share ``sys.modules["model"]``); else an installed module."""
+    path = folder.joinpath(*module_name.split(".")).with_suffix(".py")
+    if path.is_file():
+        return _import_file(path, f"carpool_user_{model}_{module_name}")
+    with _on_path(folder):
+        return importlib.import_module(module_name)
 
 
 def _describe(exc: BaseException) -> str:
@@ -133,10 +143,14 @@ def _outputs_of(response: Any, model: str) -> Outputs | Failed:
             )
         )
     error = response.error()
-    if error is not None:
-        message = error.message() if isinstance(error, pb_utils.TritonError) else str(error)
-        return Failed(ModelExecutionError(message))
-    return {t.name(): t.as_numpy() for t in response.output_tensors()}
+    if error is None:
+        return {t.name(): t.as_numpy() for t in response.output_tensors()}
+    if not isinstance(error, pb_utils.TritonError):
+        return Failed(ModelExecutionError(str(error)))
+    # Triton answers a model's INVALID_ARG as the client's error (400), the rest as 500.
+    if error.code() == pb_utils.TritonError.INVALID_ARG:
+        return Failed(InvalidRequest(error.message()))
+    return Failed(ModelExecutionError(error.message()))
 
 
 class PythonClassBackend:
@@ -153,8 +167,7 @@ class PythonClassBackend:
         module_name, _, class_name = spec.source.target.partition(":")
         where = f"model '{spec.name}'"
         try:
-            with _on_path(Path(spec.source.path)):
-                module = importlib.import_module(module_name)
+            module = _import_module(Path(spec.source.path), module_name, spec.name)
             model_class = getattr(module, class_name)
             self.model = model_class(**dict(spec.source.options))
         except Exception as exc:

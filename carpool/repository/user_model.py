@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-from collections.abc import Sequence
-from typing import Any
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -28,6 +31,7 @@ from carpool.repository.spec import ModelSpec
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 Batch = tuple[list[TensorPayload], list[Outputs | Failed]]
 
 
@@ -42,10 +46,7 @@ class UserBatchModel:
         self.timeout_s = timeout_s
         self.unready_reason = ""
         self._instances = list(instances)
-        self._threads = [
-            concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"carpool-{spec.name}-{i}")
-            for i in range(len(instances))
-        ]
+        self._threads = [InstanceThread(f"carpool-{spec.name}-{i}") for i in range(len(instances))]
         self._next = 0
 
     @property
@@ -82,7 +83,7 @@ class UserBatchModel:
                 instance.finalize()
             except Exception:
                 log.exception("model %s: finalize failed", self.spec.name)
-            thread.shutdown(wait=False, cancel_futures=True)
+            thread.stop()
 
     def _timed_out(self, instance: Backend) -> list[Outputs | Failed]:
         message = (
@@ -144,6 +145,35 @@ class UserBatchModel:
                 f"where its config declares {list(spec.dims)}"
             )
         return ""
+
+
+class InstanceThread:
+    """One model instance's own daemon thread: it runs what it is handed, in order. A
+    daemon, so an instance hung in user code never holds up the server's exit."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        threading.Thread(target=self._main, name=name, daemon=True).start()
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        future: Future[T] = Future()
+        self._jobs.put((lambda: fn(*args), future))
+        return future
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+
+    def _main(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            work, future = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(work())
+            except BaseException as exc:
+                future.set_exception(exc)
 
 
 def _batch_size(spec: ModelSpec, payload: TensorPayload) -> int | None:

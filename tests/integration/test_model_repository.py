@@ -1,0 +1,363 @@
+"""A model repository served live: Triton Python-backend models unchanged and
+carpool.toml classes, through tritonclient and httpx (issue 26)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import ml_dtypes
+import numpy as np
+import pytest
+import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
+
+from tests.integration.conftest import Server, start_server, stop_server
+from tests.repository_models.builder import DATATYPES, add_broken, build
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(tmp_path_factory.mktemp("repository"))
+
+
+@pytest.fixture(scope="module")
+def server(repository: Path) -> Iterator[Server]:
+    s = start_server("--model-repository", str(repository))
+    yield s
+    assert stop_server(s) == 0
+
+
+def client(server: Server, concurrency: int = 1) -> triton.InferenceServerClient:
+    return triton.InferenceServerClient(
+        server.url.removeprefix("http://"), concurrency=concurrency, network_timeout=120
+    )
+
+
+def infer_x(
+    c: triton.InferenceServerClient, model: str, x: np.ndarray[Any, Any]
+) -> triton.InferResult:
+    tensor = triton.InferInput("x", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x.astype(np.float32))
+    return c.infer(model, [tensor])
+
+
+def together(model: str, server: Server, arrays: list[np.ndarray[Any, Any]]) -> list[Any]:
+    """Send every array at once (one thread each); the results or exceptions, in order."""
+
+    def one(x: np.ndarray[Any, Any]) -> Any:
+        try:
+            return infer_x(client(server), model, x)
+        except InferenceServerException as exc:
+            return exc
+
+    with ThreadPoolExecutor(len(arrays)) as pool:
+        return list(pool.map(one, arrays))
+
+
+def batch_sizes(server: Server, model: str) -> dict[int, int]:
+    stats = client(server).get_inference_statistics(model)["model_stats"][0]
+    return {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
+
+
+def test_triton_example_served_unchanged(server: Server) -> None:
+    c = client(server)
+    assert c.is_model_ready("python_batched_service")
+    config = c.get_model_config("python_batched_service")
+    assert config["max_batch_size"] == 16
+    assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 500000
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    tensor = triton.InferInput("input_field", [2, 3], "FP32")
+    tensor.set_data_from_numpy(x)
+    result = c.infer("python_batched_service", [tensor])
+    np.testing.assert_array_equal(result.as_numpy("output_field"), x * 2)
+    metadata = c.get_model_metadata("python_batched_service")
+    assert metadata["inputs"] == [{"name": "input_field", "datatype": "FP32", "shape": [-1, -1]}]
+
+
+def test_equal_shapes_share_a_batch_and_different_ones_do_not(server: Server) -> None:
+    arrays = [np.ones((1, 3)), np.ones((1, 5)), np.ones((1, 3)), np.ones((1, 5))]
+    results = together("equal_shapes", server, arrays)
+    for x, result in zip(arrays, results, strict=True):
+        assert result.as_numpy("count").tolist() == [[2]]  # two requests in its batch
+        assert result.as_numpy("shapes").tolist() == [[1]]  # of one shape
+        assert result.as_numpy("total").tolist() == [[x.sum()]]
+    assert batch_sizes(server, "equal_shapes") == {2: 2}
+
+
+def test_ragged_inputs_share_a_batch(server: Server) -> None:
+    arrays = [np.full((1, n), n) for n in (1, 2, 3, 4)]
+    results = together("ragged", server, arrays)
+    for x, result in zip(arrays, results, strict=True):
+        assert result.as_numpy("count").tolist() == [[4]]
+        assert result.as_numpy("shapes").tolist() == [[4]]  # four shapes in one batch
+        assert result.as_numpy("total").tolist() == [[x.sum()]]
+    assert batch_sizes(server, "ragged") == {4: 1}
+
+
+def test_a_request_batch_dimension_takes_as_many_slots(server: Server) -> None:
+    arrays = [np.ones((3, 2)), np.ones((1, 2))]  # 4 slots: the preferred batch size
+    results = together("ragged", server, arrays)
+    assert [r.as_numpy("count").tolist() for r in results] == [[[2]] * 3, [[2]]]
+    assert batch_sizes(server, "ragged")[4] == 2
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_every_datatype_round_trips(server: Server, binary: bool) -> None:
+    c = client(server)
+    for datatype in DATATYPES:
+        if datatype == "BF16" and not binary:
+            continue  # tritonclient sends BF16 as binary only
+        array = _sample(datatype)
+        tensor = triton.InferInput(f"in_{datatype}", list(array.shape), datatype)
+        tensor.set_data_from_numpy(array, binary_data=binary)
+        wanted = triton.InferRequestedOutput(f"out_{datatype}", binary_data=binary)
+        result = c.infer("echo", [tensor], outputs=[wanted])
+        back = result.as_numpy(f"out_{datatype}")
+        assert back.dtype == array.dtype, datatype
+        assert back.shape == array.shape, datatype
+        expected = array
+        if datatype == "BYTES" and not binary:  # JSON carries strings; tritonclient keeps them
+            expected = np.vectorize(bytes.decode, otypes=[np.object_])(array)
+        assert back.tolist() == expected.tolist(), datatype
+
+
+def _sample(datatype: str) -> np.ndarray[Any, Any]:
+    if datatype == "BYTES":
+        return np.array([[b"carpool", "é".encode(), b""]], dtype=np.object_)
+    if datatype == "BOOL":
+        return np.array([[True, False, True]])
+    if datatype == "BF16":
+        return np.array([[1.5, -2.0, 0.25]], dtype=ml_dtypes.bfloat16)
+    dtype = np.dtype(triton.triton_to_np_dtype(datatype))
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return np.array([[info.min, 0, info.max]], dtype=dtype)
+    return np.array([[1.5, -2.25, 1e3]], dtype=dtype)
+
+
+def test_outputs_selection_returns_only_those_asked(server: Server) -> None:
+    x = np.ones((1, 2), np.float32)
+    tensor = triton.InferInput("x", [1, 2], "FP32")
+    tensor.set_data_from_numpy(x)
+    result = client(server).infer(
+        "equal_shapes", [tensor], outputs=[triton.InferRequestedOutput("total")]
+    )
+    assert [o["name"] for o in result.get_response()["outputs"]] == ["total"]
+
+
+def test_a_failing_request_fails_alone(server: Server) -> None:
+    # 13 raises in execute, -1 gets a TritonError response: only they fail.
+    results = together("faulty", server, [np.full((1, 1), v) for v in (1, 13, -1, 2)])
+    assert results[0].as_numpy("total").tolist() == [[1.0]]
+    assert results[3].as_numpy("total").tolist() == [[2.0]]
+    assert isinstance(results[1], InferenceServerException)
+    assert results[1].status() == "500"
+    assert isinstance(results[2], InferenceServerException)
+    assert "negative one" in results[2].message()
+
+
+def test_wrong_outputs_fail_their_request_with_a_clear_error(server: Server) -> None:
+    # 7: count as FP64 where INT32 is declared; 8: one row too many.
+    results = together("faulty", server, [np.full((1, 1), v) for v in (7, 8, 3, 4)])
+    assert "FP64" in results[0].message() and "INT32" in results[0].message()
+    assert "shape [2, 1]" in results[1].message()
+    assert results[2].as_numpy("total").tolist() == [[3.0]]
+    assert results[3].as_numpy("total").tolist() == [[4.0]]
+
+
+def test_wrong_number_of_responses_fails_the_request(server: Server) -> None:
+    with pytest.raises(InferenceServerException) as caught:
+        infer_x(client(server), "miscount", np.ones((1, 1)))
+    assert caught.value.status() == "500"
+
+
+@pytest.mark.parametrize(
+    ("tensor", "where"),
+    [
+        ({"name": "x", "shape": [1, 2], "datatype": "INT32", "data": [1, 2]}, "x"),
+        ({"name": "x", "shape": [2], "datatype": "FP32", "data": [1, 2]}, "x"),  # no batch dim
+        ({"name": "x", "shape": [9, 1], "datatype": "FP32", "data": [1] * 9}, "x"),  # > 8
+        ({"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 2]}, "x"),
+        ({"name": "y", "shape": [1, 1], "datatype": "FP32", "data": [1]}, "y"),
+        ({"name": "x", "shape": [1, 1], "datatype": "FP32", "data": ["a"]}, "x"),
+        ({"name": "x", "shape": [1, 1], "datatype": "COMPLEX", "data": [1]}, "x"),
+    ],
+)
+def test_bad_inputs_are_400_naming_the_input(
+    server: Server, tensor: dict[str, Any], where: str
+) -> None:
+    with server.client() as c:
+        response = c.post("/v2/models/faulty/infer", json={"inputs": [tensor]})
+    assert response.status_code == 400, response.text
+    assert f"'{where}'" in response.json()["error"]
+
+
+def test_unknown_model_version_and_output(server: Server) -> None:
+    body = {"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1]}]}
+    with server.client() as c:
+        assert c.post("/v2/models/nothing/infer", json=body).status_code == 404
+        assert c.post("/v2/models/faulty/versions/2/infer", json=body).status_code == 404
+        wrong = c.post("/v2/models/faulty/infer", json={**body, "outputs": [{"name": "zzz"}]})
+    assert wrong.status_code == 400
+    assert "'zzz'" in wrong.json()["error"]
+
+
+def test_a_hung_model_fails_its_requests_and_goes_unready(server: Server) -> None:
+    c = client(server)
+    assert infer_x(c, "hangs", np.ones((1, 1))).as_numpy("total").tolist() == [[1.0]]
+    with pytest.raises(InferenceServerException) as caught:
+        infer_x(c, "hangs", np.full((1, 1), 77))
+    assert caught.value.status() == "500"
+    assert "execution timeout" in caught.value.message()
+    assert not c.is_model_ready("hangs")
+    with server.client() as h:
+        body = {"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1]}]}
+        refused = h.post("/v2/models/hangs/infer", json=body)
+    assert refused.status_code == 503
+    assert "retry-after" in refused.headers
+    # Everything else still serves.
+    assert infer_x(c, "equal_shapes", np.ones((2, 7))).as_numpy("total").tolist() == [[7], [7]]
+
+
+def test_a_crashing_isolated_model_is_restarted(server: Server) -> None:
+    c = client(server)
+    before = int(infer_x(c, "crashes", np.ones((1, 1))).as_numpy("pid")[0, 0])
+    with pytest.raises(InferenceServerException) as caught:
+        infer_x(c, "crashes", np.full((1, 1), 99))  # os._exit in the model
+    assert caught.value.status() == "500"
+    after = int(infer_x(c, "crashes", np.ones((1, 1))).as_numpy("pid")[0, 0])
+    assert after != before
+    assert c.is_server_live()
+
+
+def test_python_class_model(server: Server) -> None:
+    features = np.random.default_rng(0).random((5, 16), dtype=np.float32)
+    tensor = triton.InferInput("features", [5, 16], "FP32")
+    tensor.set_data_from_numpy(features)
+    result = client(server).infer("mlp_classifier", [tensor])
+    probabilities = result.as_numpy("probabilities")
+    assert probabilities.shape == (5, 4)
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, rtol=1e-5)
+    assert result.as_numpy("label").tolist() == probabilities.argmax(axis=1).tolist()
+
+
+def test_repository_index_and_control_mode_none(server: Server) -> None:
+    c = client(server)
+    index = {m["name"]: m for m in c.get_model_repository_index()}
+    assert index["python_batched_service"]["state"] == "READY"
+    with pytest.raises(InferenceServerException) as caught:
+        c.unload_model("python_batched_service")
+    assert caught.value.status() == "400"
+    assert c.is_model_ready("python_batched_service")
+
+
+def test_statistics_and_metrics_list_repository_models(server: Server) -> None:
+    names = {s["name"] for s in client(server).get_inference_statistics()["model_stats"]}
+    assert {"python_batched_service", "equal_shapes", "echo"} <= names
+    assert server.metric("carpool_batches_total", model="equal_shapes") >= 2
+
+
+# --- explicit model control -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def explicit(repository: Path) -> Iterator[Server]:
+    add_broken(repository)
+    s = start_server(
+        "--model-repository",
+        str(repository),
+        "--model-control-mode",
+        "explicit",
+        "--load-model",
+        "slow_double",
+    )
+    yield s
+    assert stop_server(s) == 0
+
+
+def test_load_and_unload_at_runtime(explicit: Server) -> None:
+    c = client(explicit)
+    index = {m["name"]: m["state"] for m in c.get_model_repository_index()}
+    assert index["slow_double"] == "READY"
+    assert index["echo"] == "UNAVAILABLE"
+    assert not c.is_model_ready("echo") if _exists(c, "echo") else True
+    c.load_model("echo")
+    tensor = triton.InferInput("in_INT8", [1, 2], "INT8")
+    tensor.set_data_from_numpy(np.array([[1, -1]], np.int8))
+    out = c.infer("echo", [tensor], outputs=[triton.InferRequestedOutput("out_INT8")])
+    assert out.as_numpy("out_INT8").tolist() == [[1, -1]]
+    c.unload_model("echo")
+    with pytest.raises(InferenceServerException) as gone:
+        c.infer("echo", [tensor])
+    assert gone.value.status() == "404"
+
+
+def _exists(c: triton.InferenceServerClient, name: str) -> bool:
+    try:
+        c.get_model_metadata(name)
+    except InferenceServerException:
+        return False
+    return True
+
+
+def test_a_failed_load_leaves_the_rest_serving(explicit: Server) -> None:
+    c = client(explicit)
+    with pytest.raises(InferenceServerException) as caught:
+        c.load_model("broken")
+    assert caught.value.status() == "400"
+    assert "this_module_does_not_exist" in caught.value.message()
+    index = {m["name"]: m for m in c.get_model_repository_index()}
+    assert index["broken"]["state"] == "UNAVAILABLE"
+    assert "this_module_does_not_exist" in index["broken"]["reason"]
+    x = np.ones((1, 2), np.float32)
+    tensor = triton.InferInput("x", [1, 2], "FP32")
+    tensor.set_data_from_numpy(x)
+    assert c.infer("slow_double", [tensor]).as_numpy("y").tolist() == [[2.0, 2.0]]
+
+
+def test_unload_under_load_loses_nothing(explicit: Server) -> None:
+    body = {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
+    statuses: list[int] = []
+    lock = threading.Lock()
+    started = threading.Barrier(9)
+
+    def hammer() -> None:
+        with httpx.Client(base_url=explicit.url, timeout=60) as h:
+            started.wait()
+            while True:
+                response = h.post("/v2/models/slow_double/infer", json=body)
+                with lock:
+                    statuses.append(response.status_code)
+                if response.status_code == 200:
+                    assert response.json()["outputs"][0]["data"] == [2.0, 4.0]
+                    continue
+                assert response.status_code in (503, 404), response.text
+                if response.status_code == 503:
+                    assert "retry-after" in response.headers
+                return
+
+    threads = [threading.Thread(target=hammer) for _ in range(8)]
+    for t in threads:
+        t.start()
+    started.wait()
+    c = client(explicit)
+    while True:  # let some requests through before unloading
+        with lock:
+            if statuses.count(200) >= 16:
+                break
+    c.unload_model("slow_double")
+    for t in threads:
+        t.join()
+    assert len(statuses) >= 16
+    assert set(statuses) <= {200, 503, 404}
+    assert statuses.count(200) >= 16
+    c.load_model("slow_double")
+    x = np.ones((1, 2), np.float32)
+    tensor = triton.InferInput("x", [1, 2], "FP32")
+    tensor.set_data_from_numpy(x)
+    assert c.infer("slow_double", [tensor]).as_numpy("y").tolist() == [[2.0, 2.0]]

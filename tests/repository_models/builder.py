@@ -1,0 +1,208 @@
+"""Writes test model repositories: each model a config and its code."""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "model_repository"
+DATATYPES = (
+    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+    "FP16", "BF16", "FP32", "FP64", "BYTES",
+)  # fmt: skip
+
+
+def triton_model(root: Path, name: str, config: str, code: str, version: int = 1) -> None:
+    """``root/name/config.pbtxt`` and ``root/name/<version>/model.py``."""
+    folder = root / name
+    (folder / str(version)).mkdir(parents=True, exist_ok=True)
+    (folder / "config.pbtxt").write_text(textwrap.dedent(config))
+    (folder / str(version) / "model.py").write_text(textwrap.dedent(code))
+
+
+def carpool_model(root: Path, name: str, toml: str, code: str) -> None:
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "carpool.toml").write_text(textwrap.dedent(toml))
+    (folder / "model.py").write_text(textwrap.dedent(code))
+
+
+BATCH_REPORT = """
+    import os
+    import time
+
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            inputs = [pb_utils.get_input_tensor_by_name(r, "x").as_numpy() for r in requests]
+            widths = len({x.shape[1:] for x in inputs})
+            out = []
+            for x in inputs:
+                value = int(x.reshape(-1)[0]) if x.size else 0
+                if value == 13:
+                    raise ValueError("13 is unlucky")
+                if value == 99:
+                    os._exit(3)
+                if value == 77:
+                    time.sleep(3600)
+                if value == -1:
+                    error = pb_utils.TritonError("negative one")
+                    out.append(pb_utils.InferenceResponse(error=error))
+                    continue
+                rows = x.shape[0]
+                count = np.full((rows, 1), len(requests), np.int32)
+                if value == 7:
+                    count = count.astype(np.float64)
+                if value == 8:
+                    count = np.zeros((rows + 1, 1), np.int32)
+                tensors = [
+                    pb_utils.Tensor("count", count),
+                    pb_utils.Tensor("shapes", np.full((rows, 1), widths, np.int32)),
+                    pb_utils.Tensor("total", x.reshape(rows, -1).sum(axis=1, keepdims=True)),
+                    pb_utils.Tensor("pid", np.full((rows, 1), os.getpid(), np.int64)),
+                ]
+                out.append(pb_utils.InferenceResponse(output_tensors=tensors))
+            return out
+"""
+
+
+def batch_report_config(name: str, ragged: bool, extra: str = "", batching: str = "") -> str:
+    ragged_text = str(ragged).lower()
+    return f"""
+        name: "{name}"
+        backend: "python"
+        max_batch_size: 8
+        dynamic_batching {{
+          {batching or "preferred_batch_size: [ 4 ]  max_queue_delay_microseconds: 30000000"}
+        }}
+        input [
+          {{ name: "x" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: {ragged_text} }}
+        ]
+        output [
+          {{ name: "count" data_type: TYPE_INT32 dims: [ 1 ] }},
+          {{ name: "shapes" data_type: TYPE_INT32 dims: [ 1 ] }},
+          {{ name: "total" data_type: TYPE_FP32 dims: [ 1 ] }},
+          {{ name: "pid" data_type: TYPE_INT64 dims: [ 1 ] }}
+        ]
+        {extra}
+    """
+
+
+ECHO_TOML = (
+    "max_batch_size = 4\n"
+    'source = { kind = "python_class", target = "model:Echo" }\n'
+    "inputs = [\n"
+    + "".join(
+        f'  {{ name = "in_{d}", datatype = "{d}", dims = [-1], optional = true }},\n'
+        for d in DATATYPES
+    )
+    + "]\noutputs = [\n"
+    + "".join(f'  {{ name = "out_{d}", datatype = "{d}", dims = [-1] }},\n' for d in DATATYPES)
+    + "]\n"
+)
+ECHO_CODE = """
+    class Echo:
+        def predict(self, inputs):
+            return [{"out_" + k[3:]: v for k, v in i.items()} for i in inputs]
+"""
+
+BROKEN_CODE = """
+    import this_module_does_not_exist
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            return []
+"""
+
+MISCOUNT_CODE = """
+    class TritonPythonModel:
+        def execute(self, requests):
+            return []
+"""
+
+SLOW_DOUBLE_CODE = """
+    import time
+
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            time.sleep(0.02)
+            return [
+                pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy() * 2)]
+                )
+                for r in requests
+            ]
+"""
+
+SLOW_DOUBLE_CONFIG = """
+    backend: "python"
+    max_batch_size: 8
+    dynamic_batching { }
+    input [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]
+    output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]
+"""
+
+
+def build(root: Path) -> Path:
+    """The repository every live test uses."""
+    shutil.copytree(EXAMPLES, root, dirs_exist_ok=True)
+    triton_model(
+        root,
+        "equal_shapes",
+        batch_report_config(
+            "equal_shapes",
+            False,
+            batching="preferred_batch_size: [ 2 ]  max_queue_delay_microseconds: 30000000",
+        ),
+        BATCH_REPORT,
+    )
+    triton_model(root, "ragged", batch_report_config("ragged", True), BATCH_REPORT)
+    triton_model(
+        root,
+        "faulty",
+        batch_report_config("faulty", False),
+        BATCH_REPORT,
+    )
+    triton_model(
+        root,
+        "hangs",
+        batch_report_config(
+            "hangs",
+            False,
+            'parameters { key: "execution_timeout_s" value: { string_value: "1" } }',
+            batching="max_queue_delay_microseconds: 0",
+        ),
+        BATCH_REPORT,
+    )
+    triton_model(
+        root,
+        "crashes",
+        batch_report_config(
+            "crashes",
+            False,
+            'parameters { key: "isolation" value: { string_value: "process" } }',
+            batching="max_queue_delay_microseconds: 0",
+        ),
+        BATCH_REPORT,
+    )
+    triton_model(
+        root,
+        "miscount",
+        batch_report_config("miscount", False, batching="max_queue_delay_microseconds: 0"),
+        MISCOUNT_CODE,
+    )
+    carpool_model(root, "echo", ECHO_TOML, ECHO_CODE)
+    triton_model(root, "slow_double", SLOW_DOUBLE_CONFIG, SLOW_DOUBLE_CODE)
+    return root
+
+
+def add_broken(root: Path) -> None:
+    triton_model(root, "broken", SLOW_DOUBLE_CONFIG, BROKEN_CODE)
