@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -74,9 +74,21 @@ def read_carpool_model(folder: Path) -> list[ModelSpec]:
     where = str(folder / CONFIG_FILE)
     try:
         data = tomllib.loads((folder / CONFIG_FILE).read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise RepositoryError(f"{where}: {exc}") from None
+    if "max_batch_size" in (data.get("batching") or {}):
+        raise RepositoryError(f"{where}: set max_batch_size at the top level, not in batching")
+    try:
         entry = from_dict(ModelFile, data)
-        batching = from_dict(BatchingConfig, {"max_batch_tokens": 1 << 62, **entry.batching})
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, ConfigError) as exc:
+        batching = from_dict(
+            BatchingConfig,
+            {
+                "max_batch_tokens": 1 << 62,
+                **entry.batching,
+                "max_batch_size": max(1, entry.max_batch_size),
+            },
+        )
+    except ConfigError as exc:
         raise RepositoryError(f"{where}: {exc}") from None
     if entry.source.kind not in SOURCE_KINDS:
         raise RepositoryError(
@@ -94,7 +106,6 @@ def read_carpool_model(folder: Path) -> list[ModelSpec]:
         raise RepositoryError(f"{where}: a model needs at least one input and one output")
     inputs = tuple(_tensor(t, where) for t in entry.inputs)
     outputs = tuple(_tensor(t, where) for t in entry.outputs)
-    batching = replace(batching, max_batch_size=max(1, entry.max_batch_size))
     return [
         ModelSpec(
             name=folder.name,

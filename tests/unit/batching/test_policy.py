@@ -82,3 +82,34 @@ def test_best_priority_first_then_lower_levels_fill() -> None:
     low_newer = req(5, 6.0, level=2)
     chosen, _ = select(ordered([low_old, high_new, low_newer]), cfg, ragged=True)
     assert chosen == [high_new, low_old]
+
+
+def sized(size: int, arrival: float, group: object = None) -> BatchRequest:
+    return BatchRequest(
+        payload=None, cost=1, level=1, arrival=arrival, deadline=arrival + 100, size=size,
+        group=group,
+    )  # fmt: skip
+
+
+def test_only_the_anchors_group_joins_its_batch() -> None:
+    cfg = BatchingConfig(max_queue_delay_ms=0, max_batch_size=8)
+    a1, b1, a2, b2 = sized(1, 0, "a"), sized(1, 1, "b"), sized(1, 2, "a"), sized(1, 3, "b")
+    decision = decide([a1, b1, a2, b2], 5.0, cfg, ragged=False)
+    assert isinstance(decision, SendBatch)
+    assert decision.requests == [a1, a2]
+
+
+def test_a_request_takes_as_many_slots_as_its_batch_dimension() -> None:
+    cfg = BatchingConfig(max_queue_delay_ms=0, max_batch_size=4)
+    first, second, third = sized(3, 0), sized(2, 1), sized(1, 2)
+    chosen, full = select([first, second, third], cfg, ragged=True)
+    assert chosen == [first, third]  # 3 + 2 would be 5 slots
+    assert full
+
+
+def test_preferred_sizes_count_slots() -> None:
+    cfg = BatchingConfig(max_queue_delay_ms=1000, max_batch_size=8, preferred_batch_sizes=(4,))
+    three, one = sized(3, 0.0), sized(1, 0.1)
+    assert isinstance(decide([three], 0.2, cfg, ragged=True), WaitUntil)
+    decision = decide([three, one], 0.2, cfg, ragged=True)
+    assert isinstance(decision, SendBatch) and decision.requests == [three, one]

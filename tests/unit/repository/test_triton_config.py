@@ -1,0 +1,119 @@
+"""Triton's config.pbtxt read into a ModelSpec: the knobs honoured, the rest refused
+by name."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from carpool.repository.errors import RepositoryError
+from carpool.repository.triton_config import NO_TIMEOUT_S, UNLIMITED_QUEUE, read_triton_model
+
+BASE = """
+    name: "m"
+    backend: "python"
+    max_batch_size: 16
+    input [ { name: "x" data_type: TYPE_FP32 dims: [ -1, 4 ] } ]
+    output [ { name: "y" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
+
+
+def model(tmp_path: Path, config: str, versions: tuple[int, ...] = (1,)) -> Path:
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.pbtxt").write_text(textwrap.dedent(config))
+    for v in versions:
+        (folder / str(v)).mkdir()
+        (folder / str(v) / "model.py").write_text("")
+    return folder
+
+
+def test_every_dynamic_batching_knob(tmp_path: Path) -> None:
+    folder = model(
+        tmp_path,
+        BASE
+        + """
+        dynamic_batching {
+          preferred_batch_size: [ 4, 8 ]
+          max_queue_delay_microseconds: 1500
+          priority_levels: 3
+          default_priority_level: 2
+          default_queue_policy { max_queue_size: 7 default_timeout_microseconds: 2000000
+                                 allow_timeout_override: true timeout_action: REJECT }
+          priority_queue_policy { key: 1 value: { max_queue_size: 0 } }
+        }
+        instance_group [ { count: 2 kind: KIND_CPU }, { count: 1 } ]
+        """,
+    )
+    [spec] = read_triton_model(folder)
+    b = spec.batching
+    assert (b.max_batch_size, b.preferred_batch_sizes, b.max_queue_delay_ms) == (16, (4, 8), 1.5)
+    assert (b.priority_levels, b.default_priority_level) == (3, 2)
+    assert b.queue_policy.max_queue_size == 7
+    assert b.queue_policy.default_timeout_s == 2.0
+    assert b.queue_policy.allow_timeout_override
+    assert b.priority_queue_policy[1].max_queue_size == UNLIMITED_QUEUE
+    assert b.priority_queue_policy[1].default_timeout_s == NO_TIMEOUT_S
+    assert spec.instance_count == 3
+    assert spec.inputs[0].dims == (-1, 4)
+    assert spec.outputs[0].datatype == "BYTES"
+    assert spec.model_config["input"][0]["dims"] == [-1, 4]  # ints, as Triton's JSON
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ("sequence_batching { }", "sequence_batching"),
+        ("ensemble_scheduling { }", "ensemble_scheduling"),
+        ("model_warmup [ { name: \"w\" } ]", "model_warmup"),
+        ("response_cache { enable: true }", "response_cache"),
+        ("instance_group [ { count: 1 kind: KIND_GPU } ]", "KIND_GPU"),
+        ("dynamic_batching { default_queue_policy { timeout_action: DELAY } }", "DELAY"),
+        ("input [ { name: \"z\" data_type: TYPE_FP32 dims: [ 1 ] reshape { shape: [ ] } } ]",
+         "input.reshape"),
+        ("output [ { name: \"w\" data_type: TYPE_FP32 dims: [ 1 ] label_filename: \"l\" } ]",
+         "output.label_filename"),
+    ],
+)  # fmt: skip
+def test_unsupported_fields_are_named(tmp_path: Path, extra: str, named: str) -> None:
+    folder = model(tmp_path, BASE + extra)
+    with pytest.raises(RepositoryError, match=named):
+        read_triton_model(folder)
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (BASE.replace('backend: "python"', 'backend: "onnxruntime"'), "onnxruntime"),
+        (BASE.replace('name: "m"', 'name: "other"'), "differs from its folder"),
+        (BASE + "dynamic_batching { preferred_batch_size: [ 32 ] }", "preferred batch size"),
+        (BASE.replace("TYPE_FP32", "TYPE_COMPLEX"), "TYPE_COMPLEX"),
+        (BASE + "max_batch_sise: 3", "max_batch_sise"),  # a typo: the parser's own error
+        (BASE.replace("dims: [ -1, 4 ]", "dims: [ 0 ]"), "dims"),
+    ],
+)
+def test_bad_configs_are_refused(tmp_path: Path, config: str, message: str) -> None:
+    with pytest.raises(RepositoryError, match=message):
+        read_triton_model(model(tmp_path, config))
+
+
+def test_version_policies(tmp_path: Path) -> None:
+    folder = model(tmp_path, BASE, versions=(1, 2, 3))
+    assert [s.version for s in read_triton_model(folder)] == [3]
+    config = folder / "config.pbtxt"
+    config.write_text(config.read_text() + "version_policy { all { } }")
+    assert [s.version for s in read_triton_model(folder)] == [1, 2, 3]
+    config.write_text(BASE + "version_policy { specific { versions: [ 1, 3 ] } }")
+    assert [s.version for s in read_triton_model(folder)] == [1, 3]
+    config.write_text(BASE + "version_policy { latest { num_versions: 2 } }")
+    assert [s.version for s in read_triton_model(folder)] == [2, 3]
+    config.write_text(BASE + "version_policy { specific { versions: [ 4 ] } }")
+    with pytest.raises(RepositoryError, match="version 4"):
+        read_triton_model(folder)
+
+
+def test_without_dynamic_batching_each_request_runs_alone(tmp_path: Path) -> None:
+    [spec] = read_triton_model(model(tmp_path, BASE))
+    assert not spec.dynamic_batching
