@@ -23,6 +23,11 @@ from carpool.batching.request import Failed
 from carpool.errors import InvalidRequest, ModelExecutionError
 from carpool.repository import pb_utils
 from carpool.repository.errors import RepositoryError
+from carpool.repository.library_models import (
+    CrossEncoderBackend,
+    PipelineBackend,
+    SentenceTransformerBackend,
+)
 from carpool.repository.payload import TensorPayload
 from carpool.repository.spec import ModelSpec
 
@@ -217,6 +222,9 @@ class PythonClassBackend:
 BACKENDS: dict[str, Callable[[ModelSpec, int, str], Backend]] = {
     "triton_python": TritonPythonBackend,
     "python_class": PythonClassBackend,
+    "pipeline": PipelineBackend,
+    "cross_encoder": CrossEncoderBackend,
+    "sentence_transformer": SentenceTransformerBackend,
 }
 
 

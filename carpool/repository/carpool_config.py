@@ -23,10 +23,12 @@ from typing import Any
 from carpool.config import BatchingConfig, ConfigError, from_dict
 from carpool.repository.datatypes import DATATYPES, config_name
 from carpool.repository.errors import RepositoryError
+from carpool.repository.library_models import PIPELINE_TASKS, signature
 from carpool.repository.spec import ISOLATIONS, ModelSpec, Source, TensorSpec
 
 CONFIG_FILE = "carpool.toml"
-SOURCE_KINDS = ("python_class",)
+SOURCE_KINDS = ("python_class", "pipeline", "cross_encoder", "sentence_transformer")
+LIBRARY_KINDS = SOURCE_KINDS[1:]
 
 
 @dataclass(frozen=True)
@@ -42,11 +44,16 @@ class TensorEntry:
 
 @dataclass(frozen=True)
 class SourceEntry:
-    """Where the model's code is: ``kind`` (python_class), ``target`` (module:Class,
-    imported from the model's folder) and ``options`` (keyword arguments of the class)."""
+    """Where the model's code is. ``kind``: python_class (``target`` is module:Class,
+    imported from the model's folder; ``options`` its keyword arguments), pipeline
+    (a transformers pipeline: ``task`` on the model folder ``path``), cross_encoder or
+    sentence_transformer (a sentence-transformers folder ``path``). ``path`` is
+    relative to the model's own folder."""
 
     kind: str
     target: str = ""
+    path: str = ""
+    task: str = ""
     options: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -55,8 +62,8 @@ class ModelFile:
     """The whole of ``carpool.toml``."""
 
     source: SourceEntry
-    inputs: tuple[TensorEntry, ...]
-    outputs: tuple[TensorEntry, ...]
+    inputs: tuple[TensorEntry, ...] = ()
+    outputs: tuple[TensorEntry, ...] = ()
     max_batch_size: int = 8
     version: int = 1
     instance_count: int = 1
@@ -94,14 +101,16 @@ def read_carpool_model(folder: Path) -> list[ModelSpec]:
         raise RepositoryError(
             f"{where}: source.kind '{entry.source.kind}' is not one of {', '.join(SOURCE_KINDS)}"
         )
-    if ":" not in entry.source.target:
-        raise RepositoryError(f"{where}: source.target must be 'module:Class'")
     if entry.max_batch_size < 0 or entry.instance_count < 1 or entry.execution_timeout_s < 0:
         raise RepositoryError(
             f"{where}: max_batch_size must be >= 0, instance_count >= 1, execution_timeout_s >= 0"
         )
     if entry.isolation not in ISOLATIONS:
         raise RepositoryError(f"{where}: isolation must be thread or process")
+    if entry.source.kind in LIBRARY_KINDS:
+        return [_library_model(folder, entry, batching, where)]
+    if ":" not in entry.source.target:
+        raise RepositoryError(f"{where}: source.target must be 'module:Class'")
     if not entry.inputs or not entry.outputs:
         raise RepositoryError(f"{where}: a model needs at least one input and one output")
     inputs = tuple(_tensor(t, where) for t in entry.inputs)
@@ -123,6 +132,48 @@ def read_carpool_model(folder: Path) -> list[ModelSpec]:
             model_config=_triton_view(folder.name, entry, batching),
         )
     ]
+
+
+def _library_model(
+    folder: Path, entry: ModelFile, batching: BatchingConfig, where: str
+) -> ModelSpec:
+    """A pipeline, cross-encoder or embedder: its tensors are the kind's own."""
+    source = entry.source
+    if entry.inputs or entry.outputs:
+        raise RepositoryError(
+            f"{where}: a {source.kind} model's inputs and outputs are its kind's own; "
+            "leave them out"
+        )
+    if not source.path:
+        raise RepositoryError(f"{where}: source.path must name the model's folder")
+    path = (folder / source.path).resolve()
+    if not path.exists():
+        raise RepositoryError(f"{where}: source.path {path} does not exist")
+    if source.kind == "pipeline" and source.task not in PIPELINE_TASKS:
+        raise RepositoryError(
+            f"{where}: source.task '{source.task}' is not one of {', '.join(PIPELINE_TASKS)}"
+        )
+    inputs, outputs = signature(source.kind, source.task)
+    view = ModelFile(
+        source=source,
+        inputs=tuple(TensorEntry(t.name, t.datatype, t.dims, t.allow_ragged_batch) for t in inputs),
+        outputs=tuple(TensorEntry(t.name, t.datatype, t.dims) for t in outputs),
+        max_batch_size=entry.max_batch_size,
+        instance_count=entry.instance_count,
+    )
+    return ModelSpec(
+        name=folder.name,
+        version=entry.version,
+        max_batch_size=max(1, entry.max_batch_size),
+        inputs=inputs,
+        outputs=outputs,
+        batching=batching,
+        source=Source(source.kind, str(path), source.task, {**source.options, "task": source.task}),
+        instance_count=entry.instance_count,
+        execution_timeout_s=entry.execution_timeout_s,
+        isolation=entry.isolation,
+        model_config=_triton_view(folder.name, view, batching),
+    )
 
 
 def _tensor(entry: TensorEntry, where: str) -> TensorSpec:

@@ -16,6 +16,7 @@ from carpool.server import (
     metrics,
     openai_routes,
     repository_routes,
+    task_routes,
     v2_routes,
 )
 from carpool.server.guards import guard
@@ -53,6 +54,7 @@ def create_app(
     app.include_router(openai_routes.router(models))
     app.include_router(generation_routes.router(models))
     app.include_router(v2_routes.router(models, is_ready))
+    app.include_router(task_routes.router(models))
     if control is not None:
         app.include_router(repository_routes.router(control))
     dashboard.install(app, models, runtime_stats)

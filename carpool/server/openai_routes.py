@@ -14,6 +14,7 @@ from carpool.models.embedding import EmbeddingModel
 from carpool.server.preprocess import Keep, Preprocessor, TooManyTokens, encode_within
 from carpool.server.schemas import EmbeddingRequest
 from carpool.server.served import ServedEmbedding, ServedModels
+from carpool.server.task_routes import model_for, run_rows
 from carpool.server.unicode_check import UnicodeCheckedRoute
 
 MAX_INPUTS = 2048
@@ -39,6 +40,8 @@ def router(models: ServedModels) -> APIRouter:
 
     @api.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
+        if models.is_user(body.model):
+            return await _user_embeddings(models, body, request)
         served = models.get(body.model)
         if body.dimensions is not None and body.dimensions != served.model.dimensions:
             raise InvalidRequest(
@@ -66,6 +69,37 @@ def router(models: ServedModels) -> APIRouter:
         )
 
     return api
+
+
+async def _user_embeddings(
+    models: ServedModels, body: EmbeddingRequest, request: Request
+) -> Response:
+    """/v1/embeddings on a repository embedder (sentence-transformers): texts only."""
+    served = model_for(models, body.model, "embed")
+    items = [body.input] if isinstance(body.input, str) else body.input
+    texts = [t for t in items if isinstance(t, str) and t]
+    if not texts or len(texts) != len(items):
+        raise InvalidRequest(
+            f"model {body.model!r} takes a text or a list of non-empty texts", param="input"
+        )
+    if body.dimensions is not None:
+        raise InvalidRequest("this model does not take 'dimensions'", param="dimensions")
+    out = await run_rows(
+        served,
+        {"text": texts},
+        priority=body.priority,
+        timeout_s=body.timeout,
+        request=request,
+    )
+    data = [
+        {"object": "embedding", "index": i, "embedding": encode(v, body.encoding_format)}
+        for i, v in enumerate(out["embedding"])
+    ]
+    # No usage: the embedder tokenizes inside its library, so carpool has no count to give.
+    payload = {"object": "list", "data": data, "model": served.name}
+    return Response(
+        orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json"
+    )
 
 
 async def tokenize_inputs(

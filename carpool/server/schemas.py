@@ -275,3 +275,56 @@ class TokenizeRequest(_Strict):
 class DetokenizeRequest(_Strict):
     model: StrictStr
     tokens: TokenIds
+
+
+# --- task endpoints over repository models (rerank, score, classify, predict) -----------
+
+MAX_TASK_ITEMS = 1024
+TaskText = Annotated[StrictStr, Field(min_length=1)]
+
+
+class RerankDocument(_Strict):
+    text: TaskText
+
+
+class RerankRequest(_Strict):
+    """Cohere's / Jina's / vLLM's rerank request."""
+
+    model: StrictStr
+    query: TaskText
+    documents: list[TaskText | RerankDocument] = Field(min_length=1, max_length=MAX_TASK_ITEMS)
+    top_n: Annotated[StrictInt, Field(ge=1)] | None = None
+    return_documents: StrictBool = True
+    priority: StrictInt | None = None
+    timeout: float | None = Field(default=None, gt=0)
+
+
+TextOrTexts = TaskText | Annotated[list[TaskText], Field(min_length=1, max_length=MAX_TASK_ITEMS)]
+
+
+class ScoreRequest(_Strict):
+    """vLLM's score request: ``text_1`` against each of ``text_2`` (or pairwise)."""
+
+    model: StrictStr
+    text_1: TextOrTexts
+    text_2: TextOrTexts
+    priority: StrictInt | None = None
+    timeout: float | None = Field(default=None, gt=0)
+
+
+class ClassifyRequest(_Strict):
+    """vLLM's classify request."""
+
+    model: StrictStr
+    input: TextOrTexts
+    priority: StrictInt | None = None
+    timeout: float | None = Field(default=None, gt=0)
+
+
+class PredictRequest(_Strict):
+    """TEI's predict request (``model`` is carpool's: which classifier, when several)."""
+
+    inputs: TextOrTexts
+    model: StrictStr | None = None
+    raw_scores: StrictBool = False
+    truncate: StrictBool = False

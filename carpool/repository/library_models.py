@@ -1,0 +1,251 @@
+"""Models from well-kept libraries, served without a line of user code: Hugging Face
+pipelines, sentence-transformers CrossEncoders (reranking) and embedders.
+
+Each kind declares its own tensors (``signature``), one row per text (or pair, or
+image), so requests of any size share batches row by row. The library is imported
+only when such a model loads; a missing one is a load error that says what to install.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from carpool.batching.request import Failed
+from carpool.repository.errors import RepositoryError
+from carpool.repository.payload import TensorPayload
+from carpool.repository.spec import ModelSpec, TensorSpec
+
+Outputs = dict[str, np.ndarray[Any, Any]]
+
+PIPELINE_TASKS = (
+    "text-classification",
+    "token-classification",
+    "fill-mask",
+    "zero-shot-classification",
+    "feature-extraction",
+    "image-classification",
+)
+_CLASSIFY_OUTPUTS = (
+    TensorSpec("label", "BYTES", (1,)),
+    TensorSpec("score", "FP32", (1,)),
+    TensorSpec("scores", "FP32", (-1,)),
+    TensorSpec("labels", "BYTES", (-1,)),
+)
+_JSON_OUTPUT = (TensorSpec("result", "BYTES", (1,)),)
+_TEXT = (TensorSpec("text", "BYTES", (1,)),)
+
+
+def signature(kind: str, task: str) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    """The inputs and outputs of a library model of ``kind`` (and pipeline ``task``)."""
+    if kind == "sentence_transformer":
+        return _TEXT, (TensorSpec("embedding", "FP32", (-1,)),)
+    if kind == "cross_encoder":
+        pair = (TensorSpec("query", "BYTES", (1,)), TensorSpec("document", "BYTES", (1,)))
+        return pair, (TensorSpec("score", "FP32", (1,)),)
+    if task in ("text-classification",):
+        return _TEXT, _CLASSIFY_OUTPUTS
+    if task == "image-classification":
+        return (TensorSpec("image", "BYTES", (1,)),), _CLASSIFY_OUTPUTS
+    if task == "zero-shot-classification":
+        labels = TensorSpec("candidate_labels", "BYTES", (-1,), allow_ragged_batch=True)
+        outs = (TensorSpec("labels", "BYTES", (-1,)), TensorSpec("scores", "FP32", (-1,)))
+        return (_TEXT[0], labels), outs
+    return _TEXT, _JSON_OUTPUT
+
+
+def _rows(payloads: list[TensorPayload], name: str) -> tuple[list[bytes], list[int]]:
+    """Every row of input ``name`` across the batch, and how many each request brought."""
+    rows: list[bytes] = []
+    counts = []
+    for p in payloads:
+        column = p.inputs[name].reshape(len(p.inputs[name]), -1)[:, 0]
+        rows.extend(column.tolist())
+        counts.append(len(column))
+    return rows, counts
+
+
+def _texts(rows: list[bytes], name: str) -> list[str]:
+    try:
+        return [r.decode("utf-8") for r in rows]
+    except UnicodeDecodeError:
+        from carpool.errors import InvalidRequest
+
+        raise InvalidRequest(f"input '{name}' holds bytes that are not UTF-8", param=name) from None
+
+
+def _split(values: dict[str, np.ndarray[Any, Any]], counts: list[int]) -> list[Outputs | Failed]:
+    out: list[Outputs | Failed] = []
+    start = 0
+    for count in counts:
+        out.append({k: v[start : start + count] for k, v in values.items()})
+        start += count
+    return out
+
+
+def _require(module: str, kind: str) -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise RepositoryError(
+            f"a {kind} model needs the '{module}' package: pip install {module.replace('_', '-')}"
+        ) from None
+
+
+def _torch_device(device: str) -> Any:
+    return device if device.startswith("cuda") else "cpu"
+
+
+class SentenceTransformerBackend:
+    """Embeddings from a sentence-transformers model folder."""
+
+    def __init__(self, spec: ModelSpec, instance: int, device: str) -> None:
+        library = _require("sentence_transformers", "sentence_transformer")
+        self.model = library.SentenceTransformer(spec.source.path, device=_torch_device(device))
+        self.normalize = bool(spec.source.options.get("normalize", False))
+
+    def execute(self, payloads: list[TensorPayload]) -> list[Outputs | Failed]:
+        rows, counts = _rows(payloads, "text")
+        vectors = self.model.encode(
+            _texts(rows, "text"),
+            batch_size=max(1, len(rows)),
+            convert_to_numpy=True,
+            normalize_embeddings=self.normalize,
+        )
+        return _split({"embedding": np.asarray(vectors, np.float32)}, counts)
+
+    def finalize(self) -> None:
+        del self.model
+
+
+class CrossEncoderBackend:
+    """Relevance scores of (query, document) pairs from a sentence-transformers
+    CrossEncoder folder (rerankers)."""
+
+    def __init__(self, spec: ModelSpec, instance: int, device: str) -> None:
+        library = _require("sentence_transformers", "cross_encoder")
+        self.model = library.CrossEncoder(spec.source.path, device=_torch_device(device))
+
+    def execute(self, payloads: list[TensorPayload]) -> list[Outputs | Failed]:
+        queries, counts = _rows(payloads, "query")
+        documents, _ = _rows(payloads, "document")
+        pairs = list(zip(_texts(queries, "query"), _texts(documents, "document"), strict=True))
+        scores = self.model.predict(pairs, batch_size=max(1, len(pairs)), convert_to_numpy=True)
+        return _split({"score": np.asarray(scores, np.float32).reshape(-1, 1)}, counts)
+
+    def finalize(self) -> None:
+        del self.model
+
+
+class PipelineBackend:
+    """A transformers pipeline (``task`` on a local folder), batched by carpool."""
+
+    def __init__(self, spec: ModelSpec, instance: int, device: str) -> None:
+        transformers = _require("transformers", "pipeline")
+        self.task = spec.source.options.get("task", "")
+        if self.task not in PIPELINE_TASKS:
+            raise RepositoryError(
+                f"model '{spec.name}': pipeline task '{self.task}' is not one of "
+                f"{', '.join(PIPELINE_TASKS)}"
+            )
+        self.pipe = transformers.pipeline(
+            self.task, model=spec.source.path, device=_torch_device(device)
+        )
+        self._run: Callable[[list[TensorPayload]], list[Outputs | Failed]] = {
+            "text-classification": self._classify,
+            "image-classification": self._classify,
+            "zero-shot-classification": self._zero_shot,
+        }.get(self.task, self._as_json)
+
+    def execute(self, payloads: list[TensorPayload]) -> list[Outputs | Failed]:
+        return self._run(payloads)
+
+    def _call(self, inputs: list[Any], **kwargs: Any) -> list[Any]:
+        """One answer per input. A pipeline given a list of one answers as for that one
+        input alone in some tasks and as a list of one in others: one input is passed
+        alone and its answer wrapped."""
+        if len(inputs) == 1:
+            return [self.pipe(inputs[0], **kwargs)]
+        return list(self.pipe(inputs, batch_size=len(inputs), **kwargs))
+
+    def _inputs(self, payloads: list[TensorPayload]) -> tuple[list[Any], list[int]]:
+        if self.task == "image-classification":
+            from PIL import Image
+
+            rows, counts = _rows(payloads, "image")
+            return [Image.open(io.BytesIO(r)).convert("RGB") for r in rows], counts
+        rows, counts = _rows(payloads, "text")
+        return _texts(rows, "text"), counts
+
+    def _classify(self, payloads: list[TensorPayload]) -> list[Outputs | Failed]:
+        inputs, counts = self._inputs(payloads)
+        answers = self._call(inputs, top_k=None)
+        labels = self.pipe.model.config.id2label
+        order = [labels[i] for i in sorted(labels)]
+        scores = np.array(
+            [
+                [{a["label"]: a["score"] for a in answer}[label] for label in order]
+                for answer in answers
+            ],
+            np.float32,
+        )
+        best = scores.argmax(axis=1)
+        values = {
+            "label": np.array([[order[i].encode()] for i in best], np.object_),
+            "score": scores.max(axis=1, keepdims=True),
+            "scores": scores,
+            "labels": np.array([[label.encode() for label in order]] * len(scores), np.object_),
+        }
+        return _split(values, counts)
+
+    def _zero_shot(self, payloads: list[TensorPayload]) -> list[Outputs | Failed]:
+        results: list[Outputs | Failed] = []
+        for p in payloads:  # the pipeline takes one label set per call: one row at a time
+            texts = _texts(p.inputs["text"].reshape(-1).tolist(), "text")
+            label_rows = p.inputs["candidate_labels"].reshape(len(texts), -1).tolist()
+            answers = [
+                self.pipe(text, candidate_labels=_texts(labels, "candidate_labels"))
+                for text, labels in zip(texts, label_rows, strict=True)
+            ]
+            results.append(
+                {
+                    "labels": np.array(
+                        [[a.encode() for a in x["labels"]] for x in answers], np.object_
+                    ),
+                    "scores": np.array([x["scores"] for x in answers], np.float32),
+                }
+            )
+        return results
+
+    def _as_json(self, payloads: list[TensorPayload]) -> list[Outputs | Failed]:
+        inputs, counts = self._inputs(payloads)
+        answers = self._call(inputs)
+        if self.task == "feature-extraction":
+            # A batch is padded to its longest text: each answer keeps its own tokens,
+            # as when the text runs alone.
+            lengths = [len(ids) for ids in self.pipe.tokenizer(inputs)["input_ids"]]
+            answers = [[a[0][:n]] for a, n in zip(answers, lengths, strict=True)]
+        encoded = [[json.dumps(_plain(a)).encode()] for a in answers]
+        return _split({"result": np.array(encoded, np.object_)}, counts)
+
+    def finalize(self) -> None:
+        del self.pipe
+
+
+def _plain(value: Any) -> Any:
+    """A pipeline's answer as JSON-ready values (numpy scalars and arrays included)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value

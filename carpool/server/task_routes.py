@@ -1,0 +1,166 @@
+"""Task endpoints users already call, over repository models that do the task:
+``/rerank`` and ``/v1/rerank`` (Cohere / Jina / vLLM), ``/v1/score`` and ``/score``
+(vLLM), ``/classify`` (vLLM), TEI's ``/predict``, and ``/v1/embeddings`` for a
+sentence-transformers embedder (``openai_routes`` hands it here).
+
+Each is a thin adapter: it turns the body into rows of the model's tensors, runs
+them through the model's batcher like any /v2 request (split into requests of at
+most ``max_batch_size`` rows), and shapes the response with ``task_shaping``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request
+
+from carpool.errors import InvalidRequest
+from carpool.repository.payload import TensorPayload
+from carpool.repository.spec import check_inputs
+from carpool.server.schemas import ClassifyRequest, PredictRequest, RerankRequest, ScoreRequest
+from carpool.server.served import ServedModels, gather_or_cancel
+from carpool.server.served_user import ServedUserModel
+from carpool.server.task_shaping import (
+    classify_body,
+    predict_body,
+    rerank_body,
+    score_body,
+    score_pairs,
+)
+from carpool.server.unicode_check import UnicodeCheckedRoute
+
+# What each task needs of a model: its source kind (and pipeline task).
+TASKS = {
+    "rerank": {("cross_encoder", "")},
+    "classify": {("pipeline", "text-classification")},
+    "embed": {("sentence_transformer", "")},
+}
+
+
+def model_for(models: ServedModels, name: str, task: str) -> ServedUserModel:
+    """The repository model ``name`` if it does ``task``; else ``InvalidRequest``."""
+    served = models.user(name)
+    if not _does(served, task):
+        raise InvalidRequest(f"model '{name}' does not do {task}", param="model")
+    return served
+
+
+async def run_rows(
+    served: ServedUserModel,
+    columns: dict[str, list[str]],
+    *,
+    priority: int | None = None,
+    timeout_s: float | None = None,
+    request: Request | None = None,
+) -> dict[str, np.ndarray[Any, Any]]:
+    """Run rows of text columns (one row per item) through the model; every output,
+    its rows in order."""
+    version = served.latest
+    count = len(next(iter(columns.values())))
+    step = max(1, version.spec.max_batch_size)
+    parts = []
+    for start in range(0, count, step):
+        arrays = {
+            name: np.array([[t.encode()] for t in texts[start : start + step]], np.object_)
+            for name, texts in columns.items()
+        }
+        checked = check_inputs(version.spec, arrays)
+        payload = TensorPayload(checked.arrays)
+        parts.append(
+            served.infer(
+                version, checked, payload, priority=priority, timeout_s=timeout_s, request=request
+            )
+        )
+    results = await gather_or_cancel([asyncio.ensure_future(p) for p in parts])
+    return {name: np.concatenate([r[name] for r in results]) for name in results[0]}
+
+
+def _texts(documents: list[Any]) -> list[str]:
+    return [d if isinstance(d, str) else d.text for d in documents]
+
+
+def router(models: ServedModels) -> APIRouter:
+    api = APIRouter(route_class=UnicodeCheckedRoute)
+
+    @api.post("/rerank")
+    @api.post("/v1/rerank")
+    async def rerank(body: RerankRequest, request: Request) -> dict[str, Any]:
+        served = model_for(models, body.model, "rerank")
+        documents = _texts(body.documents)
+        out = await run_rows(
+            served,
+            {"query": [body.query] * len(documents), "document": documents},
+            priority=body.priority,
+            timeout_s=body.timeout,
+            request=request,
+        )
+        scores = out["score"].reshape(-1).tolist()
+        return rerank_body(served.name, documents, scores, body.top_n, body.return_documents)
+
+    @api.post("/score")
+    @api.post("/v1/score")
+    async def score(body: ScoreRequest, request: Request) -> dict[str, Any]:
+        served = model_for(models, body.model, "rerank")
+        try:
+            pairs = score_pairs(body.text_1, body.text_2)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), param="text_2") from None
+        out = await run_rows(
+            served,
+            {"query": [a for a, _ in pairs], "document": [b for _, b in pairs]},
+            priority=body.priority,
+            timeout_s=body.timeout,
+            request=request,
+        )
+        return score_body(served.name, out["score"].reshape(-1).tolist())
+
+    @api.post("/classify")
+    @api.post("/v1/classify")
+    async def classify(body: ClassifyRequest, request: Request) -> dict[str, Any]:
+        served = model_for(models, body.model, "classify")
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        out = await run_rows(
+            served, {"text": texts}, priority=body.priority, timeout_s=body.timeout, request=request
+        )
+        return classify_body(served.name, _labels(out), out["scores"].tolist())
+
+    @api.post("/predict")
+    async def predict(body: PredictRequest, request: Request) -> list[Any]:
+        if body.raw_scores:
+            raise InvalidRequest(
+                "raw_scores is not supported: carpool returns probabilities", param="raw_scores"
+            )
+        served = _the_classifier(models, body.model)
+        texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+        out = await run_rows(served, {"text": texts}, request=request)
+        return predict_body(_labels(out), out["scores"].tolist(), isinstance(body.inputs, str))
+
+    return api
+
+
+def _labels(out: dict[str, np.ndarray[Any, Any]]) -> list[str]:
+    return [label.decode() for label in out["labels"][0]]
+
+
+def _the_classifier(models: ServedModels, name: str | None) -> ServedUserModel:
+    if name is not None:
+        return model_for(models, name, "classify")
+    classifiers = [n for n in models.user_models if _does(models.user_models[n], "classify")]
+    if len(classifiers) != 1:
+        raise InvalidRequest(
+            "name the classifier with 'model'"
+            + (
+                f": this server has {', '.join(sorted(classifiers))}"
+                if classifiers
+                else ": this server serves none"
+            ),
+            param="model",
+        )
+    return models.user(classifiers[0])
+
+
+def _does(served: ServedUserModel, task: str) -> bool:
+    source = served.latest.spec.source
+    return (source.kind, source.options.get("task", "")) in TASKS[task]
