@@ -150,6 +150,12 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also build (or find cached) every native kernel and say which run here",
     )
+    models.add_argument(
+        "--repository",
+        default=None,
+        metavar="DIR",
+        help="list the models of this model repository instead (each checked, none loaded)",
+    )
     bench = sub.add_parser(
         "bench",
         help="benchmark any OpenAI-compatible server (closed or open loop, sweeps)",
@@ -190,6 +196,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "models":
+        if args.repository is not None:
+            return list_repository(Path(args.repository))
         return list_models(args.verbose)
     if args.command == "generate":
         return generate(args)
@@ -222,6 +230,42 @@ def list_models(verbose: bool = False) -> int:
         for line in kernel_report():
             print(f"  {line}")
     return 0
+
+
+def list_repository(root: Path) -> int:
+    """``carpool models --repository DIR``: every model found, its layout, versions,
+    batching and tensors, or why it cannot load. Exit 1 if any cannot."""
+    from carpool.repository.errors import RepositoryError
+    from carpool.repository.repository import ModelRepository
+
+    try:
+        repository = ModelRepository(root)
+    except RepositoryError as exc:
+        print(f"carpool: {exc}", file=sys.stderr)
+        return 2
+    failed = 0
+    for name in repository.names():
+        try:
+            specs = repository.read(name)
+        except RepositoryError as exc:
+            failed += 1
+            print(f"{name:24} UNUSABLE  {exc}")
+            continue
+        spec = specs[-1]
+        versions = ",".join(str(s.version) for s in specs)
+        b = spec.batching
+        print(
+            f"{name:24} {spec.source.kind:20} versions {versions}  max_batch_size "
+            f"{spec.max_batch_size}  queue delay {b.max_queue_delay_ms:g} ms  instances "
+            f"{spec.instance_count}"
+        )
+        for kind, tensors in (("in ", spec.inputs), ("out", spec.outputs)):
+            for t in tensors:
+                flags = " ragged" * t.allow_ragged_batch + " optional" * t.optional
+                print(f"{'':24}   {kind} {t.name}: {t.datatype} {list(t.dims)}{flags}")
+    if not repository.names():
+        print(f"no models in {root} (a model is a folder with config.pbtxt or carpool.toml)")
+    return 1 if failed else 0
 
 
 def bench(args: argparse.Namespace) -> int:

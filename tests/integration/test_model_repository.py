@@ -79,6 +79,18 @@ def test_triton_example_served_unchanged(server: Server) -> None:
     assert metadata["inputs"] == [{"name": "input_field", "datatype": "FP32", "shape": [-1, -1]}]
 
 
+def test_the_examples_reranker_and_pipeline(server: Server) -> None:
+    with server.client() as c:
+        ranked = c.post(
+            "/v1/rerank", json={"model": "reranker", "query": "q", "documents": ["a", "b", "c"]}
+        )
+        classified = c.post("/classify", json={"model": "sentiment", "input": ["good", "bad"]})
+    assert sorted(r["index"] for r in ranked.json()["results"]) == [0, 1, 2]
+    data = classified.json()["data"]
+    assert [d["num_classes"] for d in data] == [2, 2]
+    assert {d["label"] for d in data} <= {"negative", "positive"}
+
+
 def test_equal_shapes_share_a_batch_and_different_ones_do_not(server: Server) -> None:
     arrays = [np.ones((1, 3)), np.ones((1, 5)), np.ones((1, 3)), np.ones((1, 5))]
     results = together("equal_shapes", server, arrays)

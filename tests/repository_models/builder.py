@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import runpy
 import shutil
 import textwrap
 from pathlib import Path
@@ -153,7 +154,8 @@ SLOW_DOUBLE_CONFIG = """
 
 def build(root: Path) -> Path:
     """The repository every live test uses."""
-    shutil.copytree(EXAMPLES, root, dirs_exist_ok=True)
+    shutil.copytree(EXAMPLES, root, dirs_exist_ok=True, ignore=shutil.ignore_patterns("weights"))
+    runpy.run_path(str(EXAMPLES / "make_weights.py"))["main"](root)
     triton_model(
         root,
         "equal_shapes",

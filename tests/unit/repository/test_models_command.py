@@ -1,0 +1,26 @@
+"""``carpool models --repository DIR`` lists what it finds, and what cannot load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from carpool.cli import main
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "model_repository"
+
+
+def test_lists_the_example_repository(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["models", "--repository", str(EXAMPLES)]) == 0
+    out = capsys.readouterr().out
+    assert "python_batched_service   triton_python" in out
+    assert "in  input_field: FP32 [-1]" in out
+    assert "mlp_classifier           python_class" in out
+
+
+def test_names_a_model_that_cannot_load(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.pbtxt").write_text('backend: "python"\nsequence_batching { }\n')
+    assert main(["models", "--repository", str(tmp_path)]) == 1
+    assert "UNUSABLE" in capsys.readouterr().out
