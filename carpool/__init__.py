@@ -1,7 +1,8 @@
 """carpool: an inference server in which requests share the ride.
 
-``carpool.LLM`` and ``carpool.SamplingParams`` are the offline API; they are
-imported on first use, so ``import carpool`` stays cheap (no torch).
+``carpool.LLM`` and ``carpool.SamplingParams`` are the offline API;
+``carpool.batched`` and ``carpool.serve`` serve a plain Python function, batched.
+Each is imported on first use, so ``import carpool`` stays cheap (no torch).
 """
 
 from __future__ import annotations
@@ -9,11 +10,37 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "__version__"]
+__all__ = ["LLM", "SamplingParams", "__version__", "batched", "serve"]
 
 if TYPE_CHECKING:
     from carpool.engine.llm import LLM
     from carpool.engine.sampling_params import SamplingParams
+    from carpool.repository.function_model import FunctionModel, batched
+
+
+def serve(
+    *functions: FunctionModel, host: str = "127.0.0.1", port: int = 8000, **flags: Any
+) -> int:
+    """Serve ``carpool.batched`` functions over HTTP (/v2, tritonclient) until a
+    signal; ``flags`` are ``carpool serve``'s (``model=[...]`` to serve built-in models
+    beside them, ``model_repository=...``). Returns the exit code."""
+    from carpool.cli import build_config, parser
+    from carpool.cli import serve as serve_config
+
+    argv = ["serve", "--host", host, "--port", str(port)]
+    for key, value in flags.items():
+        flag = "--" + key.replace("_", "-")
+        values = value if isinstance(value, list | tuple) else [value]
+        if isinstance(value, bool):
+            argv.append(flag if value else "--no-" + key.replace("_", "-"))
+            continue
+        for item in values:
+            argv += [flag, str(item)]
+    args = parser().parse_args(argv)
+    if "model" not in flags and args.__dict__.get("server.models") is None:
+        args.__dict__["server.models"] = ()
+    config = build_config(args, allow_empty=bool(functions))
+    return serve_config(config, functions)
 
 
 def __getattr__(name: str) -> Any:
@@ -25,4 +52,8 @@ def __getattr__(name: str) -> Any:
         from carpool.engine.sampling_params import SamplingParams
 
         return SamplingParams
+    if name == "batched":
+        from carpool.repository.function_model import batched
+
+        return batched
     raise AttributeError(f"module 'carpool' has no attribute {name!r}")

@@ -14,9 +14,9 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from carpool.config import (
     BatchingConfig,
@@ -32,6 +32,9 @@ from carpool.config import (
     from_dict,
     load_model_batching,
 )
+
+if TYPE_CHECKING:
+    from carpool.repository.function_model import FunctionModel
 
 log = logging.getLogger("carpool")
 
@@ -99,8 +102,9 @@ def _element_type(annotation: str) -> type:
     return int
 
 
-def build_config(args: argparse.Namespace) -> CarpoolConfig:
-    """The validated config from parsed flags; raises ``ConfigError``."""
+def build_config(args: argparse.Namespace, allow_empty: bool = False) -> CarpoolConfig:
+    """The validated config from parsed flags; raises ``ConfigError``. ``allow_empty``:
+    no model flags is fine (``carpool.serve`` brings functions of its own)."""
     given: dict[str, dict[str, Any]] = {name: {} for name, _ in _SECTIONS}
     for key, value in vars(args).items():
         if "." in key and value is not None:
@@ -120,6 +124,9 @@ def build_config(args: argparse.Namespace) -> CarpoolConfig:
         given["server"]["models"] = ()  # a repository alone: only its models
     if "api_key" not in given["server"] and os.environ.get("CARPOOL_API_KEY"):
         given["server"]["api_key"] = os.environ["CARPOOL_API_KEY"]
+    no_models = given["server"].get("models") == ()
+    if no_models and not given["repository"].get("model_repository") and not allow_empty:
+        raise ConfigError("at least one model must be served (--model or --model-repository)")
     return CarpoolConfig(
         server=from_dict(ServerConfig, given["server"]),
         runtime=from_dict(RuntimeConfig, given["runtime"]),
@@ -342,8 +349,9 @@ def generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def serve(config: CarpoolConfig) -> int:
-    """Load the models, start the runtime and the HTTP server; return the exit code."""
+def serve(config: CarpoolConfig, functions: Sequence[FunctionModel] = ()) -> int:
+    """Load the models (and serve ``functions``, from ``carpool.serve``), start the
+    runtime and the HTTP server; return the exit code."""
     logging.basicConfig(
         level=config.server.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -359,7 +367,7 @@ def serve(config: CarpoolConfig) -> int:
 
     started = time.monotonic()
     try:
-        bundle = build_server(config)
+        bundle = build_server(config, functions)
     except Exception as exc:
         log.error("cannot start: %s", exc)
         return 1

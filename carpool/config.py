@@ -488,12 +488,6 @@ class CarpoolConfig:
     repository: RepositoryConfig = field(default_factory=RepositoryConfig)
     model_batching: Mapping[str, BatchingConfig] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        _require(
-            bool(self.server.models) or bool(self.repository.model_repository),
-            "at least one model must be served (--model or --model-repository)",
-        )
-
     def batching_for(self, model: str) -> BatchingConfig:
         """The batching config of ``model``: its own section, else the shared one."""
         return self.model_batching.get(model, self.batching)

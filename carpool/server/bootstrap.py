@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from carpool.models import registry
 from carpool.models.causal_lm import LoadedLM
 from carpool.models.openmp import release_thread_team
 from carpool.models.registry import LoadOptions, Task
+from carpool.repository.function_model import FunctionModel
 from carpool.repository.repository import ModelRepository
 from carpool.runtime import DeviceRuntime
 from carpool.server.app import create_app
@@ -87,8 +89,9 @@ class ServerBundle:
         await self._server.serve(sock, ready_line)
 
 
-def build_server(config: CarpoolConfig) -> ServerBundle:
-    """Load every model and register it with a fresh (started) device runtime."""
+def build_server(config: CarpoolConfig, functions: Sequence[FunctionModel] = ()) -> ServerBundle:
+    """Load every model (and ``functions``, from ``carpool.serve``) and register it
+    with a fresh (started) device runtime."""
     if config.runtime.threads:
         import torch
 
@@ -117,6 +120,8 @@ def build_server(config: CarpoolConfig) -> ServerBundle:
             served.append(ServedEmbedding(source.name, model, batcher))
     bundle = ServerBundle(config, ServedModels(served, generators))
     bundle.control.load_at_start(bundle.control.initial_models(config.repository))
+    for function in functions:
+        bundle.control.install_function(function)
     for s in served:
         bundle.runtime.register(s.batcher)
     for g in generators:

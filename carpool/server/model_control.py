@@ -19,7 +19,9 @@ from pathlib import Path
 from carpool.config import RepositoryConfig
 from carpool.errors import InvalidRequest, ModelNotFound
 from carpool.repository.errors import RepositoryError
+from carpool.repository.function_model import FunctionBackend, FunctionModel
 from carpool.repository.repository import LoadedVersion, ModelRepository
+from carpool.repository.user_model import UserBatchModel
 from carpool.runtime import DeviceRuntime
 from carpool.server.served import ServedModels
 from carpool.server.served_user import ModelState, ServedUserModel
@@ -49,6 +51,7 @@ class ModelControl:
     ) -> None:
         self.repository = repository
         self.mode = config.model_control_mode
+        self.timeout_s = config.model_execution_timeout_s
         self.poll_s = config.repository_poll_secs
         self._models = models
         self._runtime = runtime
@@ -81,6 +84,14 @@ class ModelControl:
             except RepositoryError as exc:
                 self._failures[name] = str(exc)
                 log.error("model %s failed to load: %s", name, exc)
+
+    def install_function(self, function: FunctionModel) -> None:
+        """Serve a ``carpool.batched`` function (before serving; not unloadable)."""
+        spec = function.spec
+        model = UserBatchModel(
+            spec, [FunctionBackend(function)], spec.execution_timeout_s or self.timeout_s
+        )
+        self._install(spec.name, [LoadedVersion(spec, model)])
 
     # --- the repository API (event loop) ------------------------------------------
 

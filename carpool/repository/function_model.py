@@ -1,0 +1,145 @@
+"""A plain Python function as a served model, batched by carpool's policy (in the
+spirit of PyTriton's ``@batch`` and LitServe's ``LitAPI``).
+
+```python
+import numpy as np
+import carpool
+
+@carpool.batched(inputs={"x": ("FP32", [4])}, outputs={"y": ("FP32", [4])},
+                 max_batch_size=64, max_queue_delay_ms=2)
+def double(x: np.ndarray) -> dict[str, np.ndarray]:
+    return {"y": x * 2}          # x: every request's rows, stacked
+
+carpool.serve(double)            # /v2/models/double/infer, tritonclient works
+```
+
+The function gets each input as one array, the requests of the batch stacked along
+the first axis (only equal shapes share a batch), and returns a dict of arrays with
+as many rows; carpool hands each request its rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from carpool.batching.request import Failed
+from carpool.config import BatchingConfig
+from carpool.errors import ModelExecutionError
+from carpool.repository.datatypes import DATATYPES, config_name
+from carpool.repository.payload import TensorPayload
+from carpool.repository.spec import ModelSpec, Source, TensorSpec
+
+Outputs = dict[str, np.ndarray[Any, Any]]
+TensorDecl = Mapping[str, tuple[str, Sequence[int]]]
+
+
+@dataclass(frozen=True)
+class FunctionModel:
+    """A function and how it is served; what ``batched`` returns, what ``serve`` takes."""
+
+    fn: Callable[..., Mapping[str, np.ndarray[Any, Any]]]
+    spec: ModelSpec
+
+    def __call__(self, **inputs: np.ndarray[Any, Any]) -> Mapping[str, np.ndarray[Any, Any]]:
+        return self.fn(**inputs)
+
+
+def _tensors(declared: TensorDecl, where: str) -> tuple[TensorSpec, ...]:
+    specs = []
+    for name, (datatype, dims) in declared.items():
+        if datatype not in DATATYPES:
+            raise ValueError(f"{where} '{name}': datatype {datatype!r} is not one of {DATATYPES}")
+        specs.append(TensorSpec(name, datatype, tuple(int(d) for d in dims)))
+    if not specs:
+        raise ValueError(f"a batched function needs at least one {where}")
+    return tuple(specs)
+
+
+def batched(
+    *,
+    inputs: TensorDecl,
+    outputs: TensorDecl,
+    name: str | None = None,
+    max_batch_size: int = 64,
+    max_queue_delay_ms: float = 0.0,
+    preferred_batch_sizes: Sequence[int] = (),
+    execution_timeout_s: float = 0.0,
+) -> Callable[[Callable[..., Any]], FunctionModel]:
+    """Declare a function's tensors (name -> (datatype, dims without the batch
+    dimension)) and batching; the decorated function becomes a ``FunctionModel``."""
+
+    def wrap(fn: Callable[..., Any]) -> FunctionModel:
+        model_name = name or fn.__name__
+        ins, outs = _tensors(inputs, "input"), _tensors(outputs, "output")
+        batching = BatchingConfig(
+            max_batch_size=max_batch_size,
+            max_queue_delay_ms=max_queue_delay_ms,
+            preferred_batch_sizes=tuple(preferred_batch_sizes),
+            max_batch_tokens=1 << 62,
+        )
+        config = {
+            "name": model_name,
+            "backend": "carpool-function",
+            "max_batch_size": max_batch_size,
+            "input": [{"name": t.name, "data_type": config_name(t.datatype), "dims": list(t.dims)}
+                      for t in ins],
+            "output": [{"name": t.name, "data_type": config_name(t.datatype), "dims": list(t.dims)}
+                       for t in outs],
+            "dynamic_batching": {
+                "max_queue_delay_microseconds": int(max_queue_delay_ms * 1000),
+                "preferred_batch_size": list(batching.preferred_batch_sizes),
+            },
+        }  # fmt: skip
+        spec = ModelSpec(
+            name=model_name,
+            version=1,
+            max_batch_size=max_batch_size,
+            inputs=ins,
+            outputs=outs,
+            batching=batching,
+            source=Source("function", ""),
+            execution_timeout_s=execution_timeout_s,
+            isolation="thread",
+            model_config=config,
+        )
+        return FunctionModel(fn, spec)
+
+    return wrap
+
+
+class FunctionBackend:
+    """Runs a ``FunctionModel`` on a stacked batch and cuts its rows back apart."""
+
+    def __init__(self, model: FunctionModel) -> None:
+        self.model = model
+
+    def execute(self, payloads: list[TensorPayload]) -> list[Outputs | Failed]:
+        names = [t.name for t in self.model.spec.inputs]
+        rows = [len(next(iter(p.inputs.values()))) for p in payloads]
+        stacked = {n: np.concatenate([p.inputs[n] for p in payloads]) for n in names}
+        result = self.model.fn(**stacked)
+        if not isinstance(result, Mapping):
+            raise ModelExecutionError(
+                f"function '{self.model.spec.name}' returned a {type(result).__name__}, "
+                "not a dict of arrays"
+            )
+        total = sum(rows)
+        out: list[Outputs | Failed] = []
+        start = 0
+        for count in rows:
+            out.append(
+                {
+                    k: v[start : start + count]
+                    for k, v in result.items()
+                    if isinstance(v, np.ndarray) and len(v) == total
+                }
+            )
+            start += count
+        return out
+
+    def finalize(self) -> None:
+        return None
