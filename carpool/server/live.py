@@ -194,8 +194,8 @@ def _series(points: list[dict[str, Any]], keys: Iterable[str]) -> dict[str, list
 
 
 def view(samples: Sequence[Sample], window_s: float = WINDOW_S) -> dict[str, Any]:
-    """What the dashboard shows, from samples oldest first (at least one), every
-    sample holding the same models."""
+    """What the dashboard shows, from samples oldest first (at least one). A model
+    loaded or unloaded meanwhile has points only where two samples in a row hold it."""
     last = samples[-1]
     baseline = next((s for s in samples[:-1] if s.t >= last.t - window_s), None)
     pairs = list(pairwise(samples))
@@ -203,21 +203,29 @@ def view(samples: Sequence[Sample], window_s: float = WINDOW_S) -> dict[str, Any
     models: dict[str, Any] = {}
     for name, stats in last.engines.items():
         old = baseline.engines.get(name) if baseline else None
-        points = [engine_point(b.engines[name], a.engines[name], b.t - a.t) for a, b in pairs]
+        held = [(a, b) for a, b in pairs if name in a.engines]
+        points = [engine_point(b.engines[name], a.engines[name], b.t - a.t) for a, b in held]
         models[name] = {
             "kind": "generation",
             "totals": engine_totals(stats, last.block_sizes[name]),
             "window": engine_window(stats, old),
-            "series": {"t": times, **_series(points, engine_point(stats, stats, 1.0))},
+            "series": {
+                "t": [b.t for _, b in held],
+                **_series(points, engine_point(stats, stats, 1.0)),
+            },
         }
     for name, bstats in last.batchers.items():
         bold = baseline.batchers.get(name) if baseline else None
-        points = [batcher_point(b.batchers[name], a.batchers[name], b.t - a.t) for a, b in pairs]
+        held = [(a, b) for a, b in pairs if name in a.batchers]
+        points = [batcher_point(b.batchers[name], a.batchers[name], b.t - a.t) for a, b in held]
         models[name] = {
             "kind": "embedding",
             "totals": batcher_totals(bstats),
             "window": batcher_window(bstats, bold),
-            "series": {"t": times, **_series(points, batcher_point(bstats, bstats, 1.0))},
+            "series": {
+                "t": [b.t for _, b in held],
+                **_series(points, batcher_point(bstats, bstats, 1.0)),
+            },
         }
     shares = [runtime_point(b.runtime, a.runtime, b.t - a.t) for a, b in pairs]
     workers = sorted(last.runtime.units)

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from carpool.errors import InvalidRequest, ModelExecutionError
 from carpool.repository.datatypes import DATATYPES, datatype_of, numpy_dtype
 from carpool.server.schemas import V2InferRequest, V2Tensor
-from carpool.server.unicode_check import refuse_invalid_unicode
+from carpool.server.unicode_check import may_hold_surrogates, refuse_invalid_unicode
 
 HEADER_LENGTH = "inference-header-content-length"
 
@@ -31,15 +31,7 @@ def parse_request(
             raise InvalidRequest(f"bad Inference-Header-Content-Length {header_length!r}")
         split = int(header_length)
         json_part, binary = body[:split], body[split:]
-    try:
-        # The standard parser, not pydantic's: it reads JSON's \ud800 escapes, so the
-        # check below can say which string is not valid Unicode.
-        data = json.loads(json_part)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise InvalidRequest("request body is nested too deeply") from None
-    refuse_invalid_unicode(json_part, data)
+    data = _parse_json(json_part)
     try:
         request = V2InferRequest.model_validate(data)
     except ValidationError as exc:
@@ -59,6 +51,25 @@ def parse_request(
     if offset != len(binary):
         raise InvalidRequest("request body has binary data that no input claims")
     return request, blobs
+
+
+def _parse_json(text: bytes) -> Any:
+    """The body's JSON: orjson (several times faster on numbers) when the body holds no
+    escaped surrogate; else the standard parser, which reads JSON's \\ud800 escapes so
+    that the check can say which string is not valid Unicode."""
+    if not may_hold_surrogates(text):
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass  # the standard parser's message says where
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidRequest("request body is nested too deeply") from None
+    refuse_invalid_unicode(text, data)
+    return data
 
 
 def decode_bytes_tensor(tensor: V2Tensor, blob: bytes | None) -> list[str]:
@@ -190,20 +201,31 @@ def _json_array(
         if not all(isinstance(v, bool) for v in items):
             raise InvalidRequest(f"input '{name}' must hold true or false", param=name)
         return np.array(items, dtype=np.bool_)
+    # numpy reads the list in C and its dtype says what the elements were; JSON's
+    # true and false (which numpy would take as 1 and 0) are looked for separately.
+    try:
+        parsed = np.array(items) if items else np.zeros(0, dtype)
+    except (ValueError, OverflowError):
+        parsed = np.array(items, dtype=np.object_)
+    has_bool = parsed.dtype.kind == "b" or any(v is True or v is False for v in items)
     if dtype.kind in "iu":
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in items):
+        if has_bool or parsed.dtype.kind not in "iu":
+            if parsed.dtype.kind == "O" and all(type(v) is int for v in items):
+                raise InvalidRequest(_out_of_range(name, datatype, dtype), param=name)
             raise InvalidRequest(f"input '{name}' must hold integers", param=name)
         info = np.iinfo(dtype)
-        if items and not info.min <= min(items) <= max(items) <= info.max:
-            raise InvalidRequest(
-                f"input '{name}' holds a value outside {datatype}'s range {info.min}..{info.max}",
-                param=name,
-            )
-        return np.array(items, dtype=dtype)
-    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in items):
+        if parsed.size and not (info.min <= parsed.min() and parsed.max() <= info.max):
+            raise InvalidRequest(_out_of_range(name, datatype, dtype), param=name)
+        return parsed.astype(dtype)
+    if has_bool or parsed.dtype.kind not in "iuf":
         raise InvalidRequest(f"input '{name}' must hold numbers", param=name)
     with np.errstate(over="ignore"):
-        return np.array(items, dtype=np.float64).astype(dtype)
+        return parsed.astype(dtype)
+
+
+def _out_of_range(name: str, datatype: str, dtype: np.dtype[Any]) -> str:
+    info = np.iinfo(dtype)
+    return f"input '{name}' holds a value outside {datatype}'s range {info.min}..{info.max}"
 
 
 def pack_bytes(array: np.ndarray[Any, Any]) -> bytes:

@@ -135,3 +135,17 @@ def test_samples_are_taken_only_when_asked_and_shared_by_close_viewers() -> None
     clock.t += KEEP_S + 1
     v = live.view()  # older samples dropped: this one stands alone
     assert v["window_s"] is None and v["models"]["embed"]["series"]["t"] == []
+
+
+def test_a_model_loaded_meanwhile_has_points_from_when_it_came() -> None:
+    empty = RuntimeStatsData()
+    samples = [
+        Sample(100.0, {}, {}, {}, empty),
+        Sample(101.0, {}, {}, {"user": batcher(0, 0)}, empty),
+        Sample(102.0, {}, {}, {"user": batcher(6, 2)}, empty),
+        Sample(103.0, {}, {}, {"user": batcher(8, 3), "later": batcher(0, 0)}, empty),
+    ]
+    v = view(samples)
+    assert v["models"]["user"]["series"]["t"] == [102.0, 103.0]
+    assert v["models"]["user"]["series"]["requests_per_s"] == [6.0, 2.0]
+    assert v["models"]["later"]["series"]["t"] == []

@@ -1,0 +1,322 @@
+"""User models served by carpool and by LitServe, Ray Serve (@serve.batch) and PyTriton,
+side by side in one run, against the same models' in-process ceilings (issue 26).
+
+Two models (benchmarks/user_model_peers/models.py): a torch MLP on 256 random
+features, and a MiniLM-L6-sized CrossEncoder (random weights) on (query, document)
+pairs. One request is one row (one pair), sent as JSON; each server batches up to 64
+with its own dynamic batching (carpool: no queue delay, its default; the peers: 2 ms,
+their batch timeout). Each peer runs from a virtual environment of its own, made with
+its PyPI package and torch 2.13.0:
+
+    python3.11 -m venv /tmp/peers/litserve && /tmp/peers/litserve/bin/pip install \\
+        torch==2.13.0 litserve sentence-transformers       # likewise ray[serve]==2.60.0,
+                                                            # nvidia-pytriton
+    python -m benchmarks.user_models --litserve /tmp/peers/litserve/bin/python \\
+        --rayserve /tmp/peers/rayserve/bin/python --pytriton /tmp/peers/pytriton/bin/python
+
+A peer whose server does not come up is reported with its error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import orjson
+
+from benchmarks.loadgen import LoadResult
+from benchmarks.user_model_peers.models import BATCH, FEATURES, Mlp, Reranker, make_reranker
+from carpool.models.registry import BUILTIN_MODELS
+from carpool.testing import free_port
+
+PEERS = Path(__file__).parent / "user_model_peers"
+
+
+@dataclass(frozen=True)
+class Workload:
+    model: str
+    rows: list[Any]
+
+
+def workloads(count: int) -> dict[str, Workload]:
+    rng = np.random.default_rng(0)
+    words = [
+        "the",
+        "capital",
+        "of",
+        "france",
+        "is",
+        "paris",
+        "a",
+        "city",
+        "on",
+        "the",
+        "seine",
+        "river",
+        "known",
+        "for",
+        "art",
+    ]
+    sentence = random.Random(0)
+    pairs = [
+        (
+            " ".join(sentence.choices(words, k=8)),
+            " ".join(sentence.choices(words, k=sentence.randint(12, 40))),
+        )
+        for _ in range(count)
+    ]
+    return {
+        "mlp": Workload("mlp", rng.random((count, FEATURES), dtype=np.float32).tolist()),
+        "reranker": Workload("reranker", pairs),
+    }
+
+
+def v2_body(model: str, row: Any) -> tuple[str, dict[str, Any]]:
+    if model == "mlp":
+        inputs = [{"name": "x", "shape": [1, FEATURES], "datatype": "FP32", "data": row}]
+    else:
+        inputs = [
+            {"name": "query", "shape": [1, 1], "datatype": "BYTES", "data": [row[0]]},
+            {"name": "document", "shape": [1, 1], "datatype": "BYTES", "data": [row[1]]},
+        ]
+    return f"/v2/models/{model}/infer", {"inputs": inputs}
+
+
+def plain_body(model: str, row: Any) -> tuple[str, dict[str, Any]]:
+    if model == "mlp":
+        return "/predict", {"x": row}
+    return "/predict", {"query": row[0], "document": row[1]}
+
+
+async def closed_loop(url: str, bodies: list[tuple[str, dict[str, Any]]], concurrency: int,
+                      limit_s: float) -> LoadResult:  # fmt: skip
+    latencies: list[float] = []
+    errors = 0
+    index = 0
+    deadline = time.monotonic() + limit_s
+    # Encoded once, before the clock starts: the client shares this machine's cores.
+    encoded = [(path, orjson.dumps(body)) for path, body in bodies]
+    headers = {"Content-Type": "application/json"}
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        nonlocal index, errors
+        while index < len(bodies) and time.monotonic() < deadline:
+            path, data = encoded[index]
+            index += 1
+            t0 = time.perf_counter()
+            async with session.post(url + path, data=data, headers=headers) as response:
+                await response.read()
+                ok = response.status == 200
+            latencies.append(time.perf_counter() - t0)
+            errors += not ok
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=120)
+    ) as session:
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+        return LoadResult(len(latencies), errors, time.perf_counter() - started, latencies)
+
+
+def wait_ready(url: str, path: str, body: dict[str, Any], process: subprocess.Popen[bytes],
+               timeout_s: float = 300) -> None:  # fmt: skip
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"exited with code {process.returncode}")
+        try:
+            if httpx.post(url + path, json=body, timeout=10).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError("not ready in time")
+
+
+def carpool_repository(root: Path, reranker: Path, isolation: str) -> Path:
+    (root / "mlp").mkdir(parents=True, exist_ok=True)
+    (root / "mlp" / "carpool.toml").write_text(
+        textwrap.dedent(
+            f"""
+            max_batch_size = {BATCH}
+            isolation = "{isolation}"
+            source = {{ kind = "python_class", target = "model:MlpModel" }}
+            inputs = [{{ name = "x", datatype = "FP32", dims = [{FEATURES}] }}]
+            outputs = [{{ name = "y", datatype = "FP32", dims = [-1] }}]
+            """
+        )
+    )
+    (root / "mlp" / "model.py").write_text(
+        textwrap.dedent(
+            """
+            import numpy as np
+
+            from benchmarks.user_model_peers.models import Mlp
+
+
+            class MlpModel:
+                def setup(self, device):
+                    self.model = Mlp()
+
+                def collate(self, inputs):
+                    return np.concatenate([i["x"] for i in inputs])
+
+                def predict(self, rows):
+                    return self.model(rows)
+
+                def split(self, output, inputs):
+                    return [{"y": output[i : i + 1]} for i in range(len(inputs))]
+            """
+        )
+    )
+    (root / "reranker").mkdir(exist_ok=True)
+    (root / "reranker" / "carpool.toml").write_text(
+        f'max_batch_size = {BATCH}\nisolation = "{isolation}"\n'
+        f'source = {{ kind = "cross_encoder", path = "{reranker}" }}\n'
+    )
+    return root
+
+
+def start(peer: str, model: str, port: int, python: str, reranker: Path,
+          tmp: Path) -> subprocess.Popen[bytes]:  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+    log = open(tmp / f"{peer}-{model}.log", "wb")  # noqa: SIM115 (the process keeps it)
+    if peer.startswith("carpool"):
+        isolation = "process" if peer.endswith("process") else "thread"
+        repo = carpool_repository(tmp / f"repo-{isolation}", reranker, isolation)
+        command = [sys.executable, "-m", "carpool.cli", "serve", "--port", str(port),
+                   "--model-repository", str(repo), "--log-level", "warning"]  # fmt: skip
+        cwd = str(Path.cwd())
+    else:
+        command = [python, f"{peer}_server.py", model, str(port), str(reranker)]
+        cwd = str(PEERS)
+    return subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
+
+
+def in_process(reranker: Path, work: dict[str, Workload]) -> dict[str, tuple[float, float]]:
+    """Per model: (rows/s in batches of 64, median seconds of a one-row call)."""
+    out = {}
+    models: dict[str, Callable[[Any], Any]] = {"mlp": Mlp(), "reranker": Reranker(reranker)}
+    for name, model in models.items():
+        rows = work[name].rows[: BATCH * 20]
+        prepared = (
+            [np.asarray(rows[i : i + BATCH], np.float32) for i in range(0, len(rows), BATCH)]
+            if name == "mlp"
+            else [rows[i : i + BATCH] for i in range(0, len(rows), BATCH)]
+        )
+        model(prepared[0])
+        t0 = time.perf_counter()
+        for batch in prepared:
+            model(batch)
+        ceiling = len(rows) / (time.perf_counter() - t0)
+        singles = []
+        for row in rows[:200]:
+            one = np.asarray([row], np.float32) if name == "mlp" else [row]
+            s = time.perf_counter()
+            model(one)
+            singles.append(time.perf_counter() - s)
+        out[name] = (ceiling, statistics.median(singles))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--litserve", default="/tmp/peers/litserve/bin/python")
+    parser.add_argument("--rayserve", default="/tmp/peers/rayserve/bin/python")
+    parser.add_argument("--pytriton", default="/tmp/peers/pytriton/bin/python")
+    every = ["carpool", "carpool-process", "litserve", "rayserve", "pytriton"]
+    parser.add_argument("--peers", nargs="+", default=every)
+    parser.add_argument("--models", nargs="+", default=["mlp", "reranker"])
+    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--single", type=int, default=300, help="requests at concurrency 1")
+    parser.add_argument("--limit-s", type=float, default=60.0)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="carpool-user-models-"))
+    reranker = tmp / "reranker-weights"
+    make_reranker(reranker, BUILTIN_MODELS["all-minilm-l6-v2"].locate())
+    work = workloads(args.requests)
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus; "
+          f"logs in {tmp}")  # fmt: skip
+    ceilings = in_process(reranker, work)
+    for name, (ceiling, single) in ceilings.items():
+        print(f"in-process {name}: {ceiling:.0f} rows/s in batches of {BATCH}; "
+              f"one-row call p50 {single * 1e3:.2f} ms")  # fmt: skip
+    results: dict[tuple[str, str], dict[str, Any]] = {}
+    for model in args.models:
+        for peer in args.peers:
+            python = getattr(args, peer.split("-")[0], sys.executable)
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            shape = v2_body if peer.startswith(("carpool", "pytriton")) else plain_body
+            bodies = [shape(model, row) for row in work[model].rows]
+            process = start(peer, model, port, python, reranker, tmp)
+            try:
+                wait_ready(url, *bodies[0], process)
+                asyncio.run(closed_loop(url, bodies[:200], 16, args.limit_s))  # warm up
+                one = asyncio.run(closed_loop(url, bodies[: args.single], 1, args.limit_s))
+                many = asyncio.run(closed_loop(url, bodies, 64, args.limit_s))
+                results[(model, peer)] = {"c1": one.summary(), "c64": many.summary()}
+            except Exception as exc:
+                results[(model, peer)] = {"error": str(exc)}
+            finally:
+                stop(process)
+            print(model, peer, json.dumps(results[(model, peer)]), flush=True)
+    print()
+    print("| model | server | c=1 p50 ms | c=64 rows/s | c=64 p50 ms | c=64 p99 ms | errors |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for (model, peer), r in results.items():
+        if "error" in r:
+            print(f"| {model} | {peer} | did not run: {r['error']} | | | | |")
+            continue
+        print(f"| {model} | {peer} | {r['c1']['p50'] * 1e3:.2f} | {r['c64']['rps']:.0f} | "
+              f"{r['c64']['p50'] * 1e3:.1f} | {r['c64']['p99'] * 1e3:.1f} | "
+              f"{int(r['c1']['errors'] + r['c64']['errors'])} |")  # fmt: skip
+    for model in args.models:
+        ours = results.get((model, "carpool"), {})
+        if "c64" not in ours:
+            continue
+        peers = [r for (m, p), r in results.items() if m == model and not p.startswith("carpool")
+                 and "c64" in r]  # fmt: skip
+        ceiling, single = ceilings[model]
+        line = (f"{model}: carpool c=64 = {ours['c64']['rps'] / ceiling:.2f}x the in-process "
+                f"ceiling; c=1 p50 = in-process single call + "
+                f"{(ours['c1']['p50'] - single) * 1e3:.2f} ms")  # fmt: skip
+        if peers:
+            best = max(peers, key=lambda r: r["c64"]["rps"])
+            line += (f"; {ours['c64']['rps'] / best['c64']['rps']:.2f}x the best peer's "
+                     f"throughput, p99 {ours['c64']['p99'] * 1e3:.1f} vs "
+                     f"{best['c64']['p99'] * 1e3:.1f} ms")  # fmt: skip
+        print(line)
+    print("\nreproduce: python -m benchmarks.user_models " + " ".join(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()
