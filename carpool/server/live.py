@@ -164,10 +164,13 @@ def batcher_totals(s: BatcherStatsData) -> dict[str, Any]:
 def batcher_point(new: BatcherStatsData, old: BatcherStatsData, dt: float) -> dict[str, Any]:
     batches = new.execution_count - old.execution_count
     inferences = new.inference_count - old.inference_count
+    queued = new.queue.count - old.queue.count
+    queue_s = _ratio((new.queue.ns - old.queue.ns) / 1e9, queued)
     return {
         "pending": new.pending,
         "requests_per_s": _rate(new.inference_count, old.inference_count, dt),
         "batch_size": _ratio(inferences, batches),
+        "queue_ms": None if queue_s is None else queue_s * 1000,
     }
 
 

@@ -19,6 +19,7 @@ from playwright.sync_api import Browser, Page, sync_playwright
 from tests.integration.conftest import CHAT, MODEL, Server, greedy_body, start_server, stop_server
 
 KEY = "dashboard-key-5531"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "model_repository"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 CHROMIUM_FLAGS = [
     "--headless",
@@ -33,16 +34,26 @@ CHROMIUM_FLAGS = [
 ARTIFACTS = Path(
     os.environ.get("CARPOOL_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts")
 )
-GENERATIONS, EMBEDDINGS = 12, 12
+GENERATIONS, EMBEDDINGS, USER_REQUESTS = 12, 12, 12
 WAIT_MS = 60_000
 MAX_ROUNDS = 20
 # A sample of at least two requests running together (what the requests chart must show).
 SAW_RUNNING = "(m) => window.carpoolDashboard.last?.models[m].series.running.some((x) => x >= 2)"
 
 
+USER = "mlp_classifier"  # a repository model beside the built-in ones
+IDLE = "python_batched_service"  # one that no test sends a request
+SPAN_S = 120  # the charts' time axis: the last two minutes
+
+
 @pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
-    s = start_server("--api-key", KEY)
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    repository = tmp_path_factory.mktemp("dashboard-repository")
+    shutil.copytree(EXAMPLES / USER, repository / USER)
+    shutil.copytree(EXAMPLES / IDLE, repository / IDLE)
+    s = start_server(
+        "--api-key", KEY, "--model", CHAT, "--model", MODEL, "--model-repository", str(repository)
+    )
     yield s
     assert stop_server(s) == 0
 
@@ -58,19 +69,22 @@ def browser() -> Iterator[Browser]:
 
 
 def load(server: Server) -> None:
-    """Generation and embedding requests at once, six at a time."""
+    """Generation, embedding and repository-model requests at once, six at a time."""
 
     def one(i: int) -> None:
         with httpx.Client(base_url=server.url, headers=AUTH, timeout=120) as c:
             if i < GENERATIONS:
                 body = greedy_body(f"Request {i}: tell me a story about a carpool.", 24)
                 c.post("/v1/completions", json=body).raise_for_status()
-            else:
+            elif i < GENERATIONS + EMBEDDINGS:
                 body = {"model": MODEL, "input": [f"sentence {i} {j}" for j in range(3)]}
                 c.post("/v1/embeddings", json=body).raise_for_status()
+            else:
+                x = {"name": "features", "shape": [2, 16], "datatype": "FP32", "data": [0.5] * 32}
+                c.post(f"/v2/models/{USER}/infer", json={"inputs": [x]}).raise_for_status()
 
     with ThreadPoolExecutor(6) as pool:
-        list(pool.map(one, range(GENERATIONS + EMBEDDINGS)))
+        list(pool.map(one, range(GENERATIONS + EMBEDDINGS + USER_REQUESTS)))
 
 
 def metric_sum(server: Server, name: str, **labels: str) -> int:
@@ -115,8 +129,29 @@ def drawn(page: Page, owner: str) -> list[dict[str, Any]]:
     return result
 
 
+def chart_state(page: Page) -> list[dict[str, Any]]:
+    """What uPlot holds for every chart: its owner and id, the x scale's range, the
+    length of each data array, how many points the server sent and the sample's time."""
+    result: list[dict[str, Any]] = page.evaluate(
+        """() => {
+            const d = window.carpoolDashboard;
+            return Object.entries(d.charts).flatMap(([owner, charts]) => charts.map((c) => ({
+                owner: owner,
+                id: c.plot.root.parentElement.dataset.chart,
+                xmin: c.plot.scales.x.min,
+                xmax: c.plot.scales.x.max,
+                lengths: c.plot.data.map((line) => line.length),
+                sent: (owner === "runtime" ? d.last.runtime : d.last.models[owner]).series.t.length,
+                time: d.last.time,
+                empty: !c.empty.hidden,
+            })));
+        }"""
+    )
+    return result
+
+
 def test_under_load_the_charts_fill_and_the_numbers_match_metrics(
-    server: Server, browser: Browser
+    server: Server, browser: Browser, tmp_path: Path
 ) -> None:
     page = browser.new_page(viewport={"width": 1400, "height": 1200})
     page.goto(f"{server.url}/dashboard#key={KEY}")
@@ -161,13 +196,28 @@ def test_under_load_the_charts_fill_and_the_numbers_match_metrics(
     assert chat["requests"]["max"][0] >= 2 and chat["kv"]["max"][0] > 0
     embed = {c["id"]: c for c in drawn(page, MODEL)}
     assert embed["rate"]["max"][0] > 0 and embed["batch"]["max"][0] >= 1
+    user = {c["id"]: c for c in drawn(page, USER)}
+    assert user["rate"]["max"][0] > 0 and user["batch"]["max"][0] >= 2  # rows of 2
+    assert user["queue"]["max"][0] > 0
     [share] = drawn(page, "runtime")
-    assert all(top > 0 for top in share["max"]) and len(share["max"]) == 2
+    assert all(top > 0 for top in share["max"]) and len(share["max"]) == 3
+    # What is drawn: every chart spans the last two minutes of clock time, in seconds,
+    # ending at the sample, with one point per sample pair the server sent.
+    frames = page.evaluate("window.carpoolDashboard.frames")
+    page.wait_for_function("(n) => window.carpoolDashboard.frames > n", arg=frames)
+    charts = chart_state(page)
+    assert {(c["owner"], c["id"]) for c in charts} >= {(USER, "queue"), (CHAT, "tokens")}
+    for chart in charts:
+        assert chart["xmax"] == pytest.approx(chart["time"]), chart
+        assert chart["xmax"] - chart["xmin"] == pytest.approx(SPAN_S), chart
+        assert chart["sent"] >= 3, chart
+        assert set(chart["lengths"]) == {chart["sent"]}, chart
+        assert chart["empty"] == (chart["owner"] == IDLE and chart["id"] == "queue"), chart
     assert page.inner_text("#status").startswith("updated")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    shot = ARTIFACTS / "dashboard.png"
-    page.screenshot(path=str(shot), full_page=True)
-    assert shot.stat().st_size > 20_000
+    for shot in (ARTIFACTS / "dashboard.png", tmp_path / "dashboard.png"):
+        page.screenshot(path=str(shot), full_page=True)
+        assert shot.stat().st_size > 20_000
     page.close()
 
 
@@ -189,3 +239,22 @@ def test_without_the_key_the_page_asks_for_it_and_the_key_stays_out_of_the_log(
     assert shown(page, CHAT, "running") != "–"
     page.close()
     assert not any(KEY in line for line in server.log)
+
+
+def test_an_empty_chart_says_why(server: Server, browser: Browser) -> None:
+    page = browser.new_page()
+    page.goto(f"{server.url}/dashboard#key={KEY}")
+    page.wait_for_function(
+        "(m) => window.carpoolDashboard.last?.models[m]?.series.t.length >= 1",
+        arg=IDLE,
+        timeout=WAIT_MS,
+    )
+    charts = {c["id"]: c for c in chart_state(page) if c["owner"] == IDLE}
+    # No request ever reached it: its queue time has no value to draw and says so,
+    # while its request rate (zero) and its queue length (zero) are drawn.
+    assert charts["queue"]["empty"] and not charts["rate"]["empty"]
+    text = page.inner_text(f'section[data-model="{IDLE}"] [data-chart="queue"] .empty')
+    assert text == "no requests yet"
+    for chart in charts.values():
+        assert chart["xmax"] - chart["xmin"] == pytest.approx(SPAN_S), chart
+    page.close()

@@ -4,6 +4,9 @@
 "use strict";
 (function () {
   const POLL_MS = 1000;
+  // The charts' time axis: the last two minutes in clock time (the server keeps that
+  // much), whatever the data holds. Left to uPlot, one point made an axis of years.
+  const SPAN_S = 120;
   const KEY = "carpool-api-key";
   const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"];
   const state = { frames: 0, last: null, charts: {}, runtimeWorkers: "", error: null };
@@ -78,6 +81,7 @@
     embedding: [
       ["rate", "requests per second", [["requests_per_s", "requests/s"]]],
       ["batch", "executed batch size (mean) and queue", [["batch_size", "batch size"], ["pending", "waiting"]]],
+      ["queue", "time in queue (mean, ms)", [["queue_ms", "queue ms"]]],
     ],
   };
 
@@ -111,15 +115,35 @@
   function makeChart(parent, id, title, lines) {
     const box = element("div", { class: "chart", "data-chart": id }, parent);
     element("h3", { text: title }, box);
+    const empty = element("p", { class: "empty", text: "no samples yet" }, box);
     const opts = {
       width: 440,
       height: 170,
       legend: { live: false },
-      scales: { x: { time: true }, y: { range: (_u, lo, hi) => [Math.min(0, lo), Math.max(1, hi)] } },
-      series: [{}].concat(lines.map((line, i) => ({ label: line[1], stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: false }))),
+      scales: {
+        x: { time: true, range: () => timeWindow() },
+        y: { range: (_u, lo, hi) => [Math.min(0, lo), Math.max(1, hi)] },
+      },
+      // A mean over an interval with no work is null: the line joins the intervals
+      // that had some, and every sample is a dot, so a lone value still shows.
+      series: [{}].concat(lines.map((line, i) => ({ label: line[1], stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, points: { show: true, size: 4 } }))),
     };
-    const empty = [[]].concat(lines.map(() => []));
-    return { plot: new uPlot(opts, empty, box), lines: lines, data: empty };
+    const none = [[]].concat(lines.map(() => []));
+    return { plot: new uPlot(opts, none, box), lines: lines, data: none, empty: empty };
+  }
+
+  function timeWindow() {
+    const end = state.last ? state.last.time : Date.now() / 1000;
+    return [end - SPAN_S, end];
+  }
+
+  // Draw ``data`` and say why a chart is blank: no sample pair yet, or nothing ran.
+  function draw(chart, data, why) {
+    chart.data = data;
+    chart.plot.setData(data);
+    const drawn = data.slice(1).some((line) => line.some((v) => v !== null));
+    chart.empty.hidden = drawn;
+    chart.empty.textContent = data[0].length ? why : "no samples yet";
   }
 
   function chartData(series, lines) {
@@ -139,10 +163,7 @@
   function drawModel(name, model) {
     ensureModel(name, model.kind);
     for (const [id, , value] of STATS[model.kind]) setStat(name, id, value(model));
-    for (const chart of state.charts[name]) {
-      chart.data = chartData(model.series, chart.lines);
-      chart.plot.setData(chart.data);
-    }
+    for (const chart of state.charts[name]) draw(chart, chartData(model.series, chart.lines), "no requests yet");
   }
 
   function drawRuntime(runtime) {
@@ -161,9 +182,7 @@
       state.charts.runtime = [makeChart(charts, "share", "share of device time (%)", workers.map((w) => [w, w, 100]))];
     }
     for (const w of workers) setStat("runtime", "units:" + w, int(runtime.units[w]));
-    const chart = state.charts.runtime[0];
-    chart.data = chartData(runtime.series, chart.lines);
-    chart.plot.setData(chart.data);
+    draw(state.charts.runtime[0], chartData(runtime.series, state.charts.runtime[0].lines), "nothing ran yet");
   }
 
   function setStatus(text, isError) {
@@ -183,9 +202,9 @@
       }
       if (!response.ok) throw new Error("HTTP " + response.status);
       const view = await response.json();
+      state.last = view; // first: the charts' time axis ends at this sample
       for (const [name, model] of Object.entries(view.models)) drawModel(name, model);
       drawRuntime(view.runtime);
-      state.last = view;
       state.frames += 1;
       state.error = null;
       const span = view.window_s === null ? "since start" : "over the last " + Math.round(view.window_s) + " s";
