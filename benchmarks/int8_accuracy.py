@@ -19,11 +19,11 @@ import sys
 from pathlib import Path
 
 from carpool.config import EngineConfig
-from carpool.engine.model_runner import engine_for
 from carpool.engine.sampling_params import SamplingParams
 from carpool.models import registry
 from carpool.models.causal_lm import LoadedLM
 from carpool.models.registry import LoadOptions
+from carpool.workers.factory import engine_for
 
 MODEL = "smollm2-135m-instruct"
 TEXT = Path("/usr/share/common-licenses/GPL-3")

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from carpool.version import __version__
+
 __all__ = ["LLM", "SamplingParams", "__version__", "batched", "serve"]
 
 if TYPE_CHECKING:
-    from carpool.engine.llm import LLM
     from carpool.engine.sampling_params import SamplingParams
+    from carpool.llm import LLM
     from carpool.repository.function_model import FunctionModel, batched
 
 
@@ -45,7 +46,7 @@ def serve(
 
 def __getattr__(name: str) -> Any:
     if name == "LLM":
-        from carpool.engine.llm import LLM
+        from carpool.llm import LLM
 
         return LLM
     if name == "SamplingParams":

@@ -300,9 +300,9 @@ def generate(args: argparse.Namespace) -> int:
     """``carpool generate``: prompts in, completions printed, no server."""
     import json
 
-    from carpool.engine.llm import LLM
     from carpool.engine.sampling_params import SamplingParams
     from carpool.errors import CarpoolError
+    from carpool.llm import LLM
 
     engine = {
         key.split(".", 1)[1]: value

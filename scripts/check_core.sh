@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The torch-free core (scheduler, block manager, batcher, runtime, config, and the
-# engine driven by a fake runner) tested in a fresh virtual environment that has
-# neither torch nor numpy nor transformers: the proof that the core needs none.
+# The torch-free core (carpool/engine: scheduler, block manager, engine driven by a
+# fake runner; carpool/batching; the runtime and config) imported and tested in a
+# fresh virtual environment that has neither torch nor numpy nor transformers: the
+# proof that the core needs none. The torch side is carpool/workers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 checkout="$(pwd)"
@@ -11,13 +12,28 @@ python3.11 -m venv "$work/venv"
 # shellcheck disable=SC1091
 . "$work/venv/bin/activate"
 python -m pip install --quiet "$(grep '^pytest' requirements-dev.txt)" \
-  "$(grep '^hypothesis' requirements-dev.txt)"
+  "$(grep '^hypothesis' requirements-dev.txt)" "$(grep '^llguidance' requirements.txt)"
 for heavy in torch numpy transformers; do
   if python -c "import $heavy" 2>/dev/null; then
     echo "check_core: $heavy is importable, so this is not a torch-free environment" >&2
     exit 1
   fi
 done
+# Every module of the core imports here (the grammar library it uses included).
+PYTHONPATH="$checkout" python - <<'EOF'
+import importlib
+import pkgutil
+
+import carpool.batching
+import carpool.engine
+
+for package in (carpool.engine, carpool.batching):
+    for module in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{package.__name__}.{module.name}")
+for name in ("carpool.runtime", "carpool.config", "carpool.stats", "carpool.paths"):
+    importlib.import_module(name)
+print("check_core: the core's modules import without torch")
+EOF
 PYTHONPATH="$checkout" python -m pytest -q -p no:cacheprovider \
   tests/unit/batching \
   tests/unit/engine/test_block_manager.py \

@@ -31,7 +31,7 @@ setup() {
 }
 
 tests() {
-    python -m pytest -q -rs tests/unit/engine/test_cuda_runner.py \
+    python -m pytest -q -rs tests/unit/workers/test_cuda_runner.py \
         tests/unit/models/test_causal_lm.py tests/unit/models/test_embedding.py \
         tests/unit/models/test_triton_attention.py 2>&1 | tee "$OUT/tests.txt"
 }

@@ -11,12 +11,12 @@ import socket
 
 from fastapi import FastAPI, Request, Response
 
-from carpool import __version__
 from carpool.config import CarpoolConfig
 from carpool.distributed.ingress import Ingress
 from carpool.server import errors
 from carpool.server.drain import DrainingServer
 from carpool.server.guards import guard
+from carpool.version import __version__
 
 METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
 

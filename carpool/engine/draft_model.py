@@ -7,7 +7,7 @@ sequence to draft for, a request of its tokens for up to k greedy tokens. Full
 blocks of a sequence's earlier tokens are found in the draft engine's prefix cache,
 so a step computes the few tokens since that sequence's last draft, then k - 1
 decodes. The draft tokens are proposals like prompt lookup's, and verified the same
-way (``carpool.engine.speculative``). No torch here: ``model_runner.engine_for``
+way (``carpool.engine.speculative``). No torch here: ``carpool.workers.factory.engine_for``
 builds the draft engine on the draft model.
 """
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from carpool.clock import Clock, MonotonicClock
-from carpool.config import EngineConfig
+from carpool.config import EngineConfig, SpeculativeConfig
 from carpool.engine.block_manager import BlockManager
 from carpool.engine.detokenizer import IncrementalDetokenizer
 from carpool.engine.outputs import LOOKAHEAD, SchedulerOutput, pending
@@ -33,12 +33,12 @@ from carpool.engine.runner import (
 from carpool.engine.sampling_params import SamplingParams
 from carpool.engine.scheduler import Scheduler, SchedulerConfig
 from carpool.engine.sequence import FinishReason, Sequence, SequenceStatus
-from carpool.engine.speculative import Proposer, SpeculativeConfig, Speculator
+from carpool.engine.speculative import Proposer, Speculator
 from carpool.errors import InvalidRequest
 from carpool.stats import EngineStats
 
 if TYPE_CHECKING:
-    from carpool.models.native import PathTaken
+    from carpool.paths import PathTaken
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +83,9 @@ class _Flight:
 
 
 class Engine:
-    """Request bookkeeping over a ``Runner`` it is handed (``model_runner.engine_for``
-    builds one on a torch model): nothing here imports torch."""
+    """Request bookkeeping over a ``Runner`` it is handed (``engine_for`` in
+    ``carpool.workers.factory`` builds one on a torch model): nothing here imports
+    torch."""
 
     def __init__(
         self,

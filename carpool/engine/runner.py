@@ -2,7 +2,7 @@
 
 The engine is handed a ``Runner``: it plans each step (``SchedulerOutput``), gives
 the runner that plan with each sampling sequence's ``SamplingRow``, and gets back
-a ``StepResult`` of plain data. ``ModelRunner`` (``model_runner.py``, torch) is the
+a ``StepResult`` of plain data. ``ModelRunner`` (``carpool.workers``, torch) is the
 real one; the engine's request bookkeeping, detokenizing, stop strings and stats
 are tested with a fake. Nothing here imports torch.
 """
@@ -17,7 +17,7 @@ from carpool.engine.outputs import SchedulerOutput
 from carpool.engine.sampling_params import Grammar, SamplingParams
 
 if TYPE_CHECKING:
-    from carpool.models.native import PathTaken
+    from carpool.paths import PathTaken
 
 
 class Constraint(Protocol):

@@ -5,7 +5,7 @@ drafts of up to ``num_speculative_tokens`` tokens, from a ``Proposer``: prompt l
 (``ngram``: the tokens that followed the latest earlier occurrence of the sequence's
 last n tokens, n from ``prompt_lookup_max`` down to ``prompt_lookup_min``, in its
 prompt or its own output) or a small draft model's greedy tokens (``draft_model``:
-``carpool.engine.draft_model``, built by ``model_runner.engine_for``). Either way a
+``carpool.engine.draft_model``, built by ``carpool.workers.factory.engine_for``). Either way a
 draft is a proposal of fixed tokens, so verifying it as below keeps the target
 model's distribution. The model then runs the
 last token and the draft as one chunk and the sampler keeps the longest prefix
@@ -30,62 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from carpool.config import _help, _require, from_json, parse_size
-
-
-@dataclass(frozen=True)
-class SpeculativeConfig:
-    """``--speculative-config`` (vLLM's name; JSON), e.g. ``{"method": "ngram",
-    "num_speculative_tokens": 4}`` or ``{"method": "draft_model", "model": "<name or
-    path>"}``."""
-
-    method: str = _help(
-        "Drafting method: ngram (prompt lookup, no extra model) or draft_model (a small "
-        "model's greedy tokens; it must share the target's vocabulary).",
-        default="ngram",
-    )
-    model: str = _help(
-        "The draft model for draft_model: a built-in name, a folder or a .gguf file.",
-        default="",
-    )
-    draft_kv_cache_memory: str = _help(
-        "The draft model's own KV cache (draft_model), e.g. 64MiB.", default="64MiB"
-    )
-    num_speculative_tokens: int = _help("Most tokens drafted per step.", default=4)
-    prompt_lookup_max: int = _help("Longest n-gram looked up.", default=4)
-    prompt_lookup_min: int = _help("Shortest n-gram looked up.", default=2)
-    disable_by_batch_size: int = _help(
-        "No drafts in a step with more running sequences than this.", default=4
-    )
-    min_acceptance: float = _help(
-        "A sequence whose recent drafts are accepted less than this (0 to 1) pauses "
-        "drafting for a while.",
-        default=0.3,
-    )
-
-    def __post_init__(self) -> None:
-        _require(
-            self.method in ("ngram", "draft_model"),
-            f"method must be ngram or draft_model, got {self.method!r}",
-        )
-        _require(
-            bool(self.model) == (self.method == "draft_model"),
-            "model names the draft model: required for draft_model, not used by ngram",
-        )
-        parse_size(self.draft_kv_cache_memory)
-        # kernels/prefill_attention.h ROWWISE_CHUNK (17) follows this bound
-        _require(1 <= self.num_speculative_tokens <= 16, "num_speculative_tokens in [1, 16]")
-        _require(
-            1 <= self.prompt_lookup_min <= self.prompt_lookup_max <= 16,
-            "need 1 <= prompt_lookup_min <= prompt_lookup_max <= 16",
-        )
-        _require(self.disable_by_batch_size >= 1, "disable_by_batch_size must be >= 1")
-        _require(0.0 <= self.min_acceptance <= 1.0, "min_acceptance must be in [0, 1]")
-
-    @classmethod
-    def parse(cls, text: str) -> SpeculativeConfig:
-        """From the flag's JSON text; raises ``ConfigError``."""
-        return from_json(cls, text, "speculative_config")
+from carpool.config import SpeculativeConfig
 
 
 class Proposer(Protocol):

@@ -27,9 +27,10 @@ from carpool.models.decoder_config import DecoderConfig
 from carpool.models.gguf_file import GGUFCheckpoint
 from carpool.models.gpt2 import GPT2LMHeadModel
 from carpool.models.llama import LlamaForCausalLM
-from carpool.models.native import KernelUnavailable, PathTaken, torch_because
+from carpool.models.native import KernelUnavailable, torch_because
 from carpool.models.packed_linear import load_packed, quantized_linear_kernel, save_packed
 from carpool.models.weights import load_safetensors, read_json
+from carpool.paths import PathTaken
 
 log = logging.getLogger(__name__)
 

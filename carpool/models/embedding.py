@@ -15,9 +15,9 @@ from tokenizers import Tokenizer
 
 from carpool.errors import InvalidRequest
 from carpool.models.bert import BertConfig, BertEncoder, Ragged, mean_pool
-from carpool.models.native import PathTaken
 from carpool.models.ragged_attention import select_ragged_kernel
 from carpool.models.weights import load_safetensors, read_json, read_json_list
+from carpool.paths import PathTaken
 
 
 class EmbeddingModel:

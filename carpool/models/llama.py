@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +18,7 @@ from torch import nn
 
 from carpool.models.attention import AttentionMetadata, rotary_attention
 from carpool.models.decoder_config import DecoderConfig
-from carpool.models.llama_stack import LlamaStack
+from carpool.models.llama_stack import LayerWeights, LlamaStack, StackShape
 from carpool.models.native import KernelUnavailable
 from carpool.models.packed_linear import Linear, PackedWeight, QuantizedLinearKernel
 from carpool.models.rope import RotaryEmbedding
@@ -161,6 +161,35 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
 
+    def stack_weights(self) -> list[LayerWeights]:
+        """Each decoder layer's weights, as the fused stack reads them."""
+        layers = [cast(LlamaLayer, layer) for layer in self.layers]
+        return [
+            LayerWeights(
+                input_norm=layer.input_layernorm.weight,
+                post_norm=layer.post_attention_layernorm.weight,
+                qkv=layer.self_attn.qkv_proj,
+                o=layer.self_attn.o_proj,
+                gate_up=layer.mlp.gate_up_proj,
+                down=layer.mlp.down_proj,
+            )
+            for layer in layers
+        ]
+
+    def stack_shape(self) -> StackShape:
+        cfg = self.config
+        attention = cast(LlamaLayer, self.layers[0]).self_attn
+        return StackShape(
+            cfg.hidden_size,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.intermediate_size,
+            cfg.norm_eps,
+            attention.scale,
+            attention.rope,
+        )
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up. Every
         parameter must be covered (tied heads excepted)."""
@@ -221,9 +250,10 @@ class LlamaForCausalLM(nn.Module):
                 module.attach(None, None)
         self.stack = None
         self.stack_unused_because = "not every linear layer has its blocks"
-        if kernel is not None and LlamaStack.usable(self):
+        weights = self.stack_weights()
+        if kernel is not None and LlamaStack.usable(weights):
             try:
-                self.stack = LlamaStack(self, kernel.int8_dots)
+                self.stack = LlamaStack(weights, self.stack_shape(), kernel.int8_dots)
             except KernelUnavailable as exc:
                 self.stack_unused_because = str(exc)
                 log.warning("steps run layer by layer: no fused stack (%s)", exc)

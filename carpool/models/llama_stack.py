@@ -18,7 +18,8 @@ from __future__ import annotations
 import ctypes
 import functools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, cast
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -31,9 +32,7 @@ from carpool.models.native import (
     load_library,
 )
 from carpool.models.packed_linear import BlockType, Linear, check_interleaved
-
-if TYPE_CHECKING:
-    from carpool.models.llama import LlamaForCausalLM, LlamaLayer
+from carpool.models.rope import RotaryEmbedding
 
 _KIND = {BlockType.Q4_1: 0, BlockType.Q8_0: 1}
 
@@ -131,59 +130,76 @@ def _matrix(linear: Linear) -> _Matrix:
     )
 
 
-def _decoder_layers(model: LlamaForCausalLM) -> list[LlamaLayer]:
-    return [cast("LlamaLayer", layer) for layer in model.layers]
+@dataclass(frozen=True)
+class LayerWeights:
+    """One decoder layer's weights, as the stack reads them."""
+
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    qkv: Linear
+    o: Linear
+    gate_up: Linear
+    down: Linear
+
+    @property
+    def linears(self) -> tuple[Linear, ...]:
+        return (self.qkv, self.o, self.gate_up, self.down)
+
+
+@dataclass(frozen=True)
+class StackShape:
+    """The model's sizes, its attention's scale and its rotary tables."""
+
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    norm_eps: float
+    scale: float
+    rope: RotaryEmbedding
 
 
 class LlamaStack:
-    """Runs ``model``'s decoder layers on a step. Built only when every decoder
-    layer's linear layers have their blocks (``usable``).
+    """Runs a Llama model's decoder layers on a step, from their weights handed over
+    as plain data (the model builds them; the stack knows nothing of its classes).
+    Built only when every layer's linear layers have their blocks (``usable``).
 
     It remembers which KV caches it last wrote (rebinding when another engine's
     caches come in), so calls must not overlap: model work runs on the device
     runtime's one thread."""
 
-    def __init__(self, model: LlamaForCausalLM, int8_dots: bool = False) -> None:
-        cfg = model.config
+    def __init__(
+        self, layers: Sequence[LayerWeights], shape: StackShape, int8_dots: bool = False
+    ) -> None:
         self._function = _function()
-        layers = _decoder_layers(model)
-        self._layers = (_Layer * cfg.num_layers)()
+        self._layers = (_Layer * len(layers))()
         for slot, layer in zip(self._layers, layers, strict=True):
-            slot.input_norm = layer.input_layernorm.weight.data_ptr()
-            slot.post_norm = layer.post_attention_layernorm.weight.data_ptr()
-            slot.qkv = _matrix(layer.self_attn.qkv_proj)
-            slot.o = _matrix(layer.self_attn.o_proj)
-            slot.gate_up = _matrix(layer.mlp.gate_up_proj)
-            slot.down = _matrix(layer.mlp.down_proj)
-        attention = layers[0].self_attn
+            slot.input_norm = layer.input_norm.data_ptr()
+            slot.post_norm = layer.post_norm.data_ptr()
+            slot.qkv = _matrix(layer.qkv)
+            slot.o = _matrix(layer.o)
+            slot.gate_up = _matrix(layer.gate_up)
+            slot.down = _matrix(layer.down)
         self._dims = _Dims(
-            cfg.hidden_size,
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-            cfg.intermediate_size,
+            shape.hidden_size,
+            shape.num_heads,
+            shape.num_kv_heads,
+            shape.head_dim,
+            shape.intermediate_size,
             0,
-            cfg.norm_eps,
-            attention.scale,
+            shape.norm_eps,
+            shape.scale,
             int8_dots,
         )
         self._caches: Sequence[torch.Tensor] | None = None
         self._num_blocks = 0
-        self._rope = attention.rope
+        self._rope = shape.rope
 
     @staticmethod
-    def usable(model: LlamaForCausalLM) -> bool:
-        """Whether every decoder layer's linear layers have their blocks."""
-        return all(
-            linear.packed is not None
-            for layer in _decoder_layers(model)
-            for linear in (
-                layer.self_attn.qkv_proj,
-                layer.self_attn.o_proj,
-                layer.mlp.gate_up_proj,
-                layer.mlp.down_proj,
-            )
-        )
+    def usable(layers: Sequence[LayerWeights]) -> bool:
+        """Whether every layer's linear layers have their blocks."""
+        return all(linear.packed is not None for layer in layers for linear in layer.linears)
 
     @staticmethod
     def applies(x: torch.Tensor, meta: AttentionMetadata) -> bool:

@@ -22,12 +22,12 @@ import platform
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from carpool.config import default_cache_dir, default_compiler
+from carpool.paths import PathTaken
 
 log = logging.getLogger(__name__)
 
@@ -50,19 +50,6 @@ FLAG_LADDER: tuple[tuple[str, ...], ...] = (
 
 class KernelUnavailable(Exception):
     """A native kernel cannot be used here; the message says why."""
-
-
-@dataclass(frozen=True)
-class PathTaken:
-    """Which code runs one part of a model: a native kernel (``native``) or torch,
-    with the kernel and its extent, or why not."""
-
-    part: str
-    native: bool
-    detail: str
-
-    def __str__(self) -> str:
-        return f"{self.part}: {'native' if self.native else 'torch'} ({self.detail})"
 
 
 def torch_because(part: str, why: str, unavailable: bool) -> PathTaken:

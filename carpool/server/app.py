@@ -10,7 +10,6 @@ from typing import Any
 
 from fastapi import FastAPI, Response
 
-from carpool import __version__
 from carpool.server import (
     dashboard,
     errors,
@@ -21,10 +20,12 @@ from carpool.server import (
     task_routes,
     v2_routes,
 )
+from carpool.server.awaiting import ClientDisconnected
 from carpool.server.guards import guard
 from carpool.server.model_control import ModelControl
-from carpool.server.served import ClientDisconnected, ServedModels
+from carpool.server.served import ServedModels
 from carpool.stats import RuntimeStats
+from carpool.version import __version__
 
 
 def create_app(

@@ -15,7 +15,6 @@ from sse_starlette.sse import AppStatus
 from carpool.batching import DynamicBatcher
 from carpool.config import CarpoolConfig
 from carpool.engine.async_engine import AsyncEngine, EngineWorker
-from carpool.engine.model_runner import engine_for
 from carpool.faults import FaultPlan, FaultyBatchModel, FaultyCausalLM
 from carpool.models import registry
 from carpool.models.causal_lm import LoadedLM
@@ -28,6 +27,7 @@ from carpool.server.app import create_app
 from carpool.server.drain import DrainingServer
 from carpool.server.model_control import ModelControl
 from carpool.server.served import ServedEmbedding, ServedGenerator, ServedModels
+from carpool.workers.factory import engine_for
 
 log = logging.getLogger("carpool")
 

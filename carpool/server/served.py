@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 from starlette.requests import Request
@@ -17,17 +17,12 @@ from carpool.engine.sampling_params import Grammar
 from carpool.errors import InvalidRequest, ModelNotFound
 from carpool.models.causal_lm import LoadedLM
 from carpool.models.embedding import EmbeddingModel
-from carpool.models.native import PathTaken
+from carpool.paths import PathTaken
+from carpool.server.awaiting import gather_or_cancel, unless_disconnected
 from carpool.server.preprocess import Preprocessor
-
-if TYPE_CHECKING:
-    from carpool.server.served_user import ServedUserModel
+from carpool.server.served_user import ServedUserModel
 
 T = TypeVar("T")
-
-
-class ClientDisconnected(Exception):
-    """The client went away before its result was ready; nothing is sent."""
 
 
 @dataclass
@@ -62,44 +57,6 @@ class ServedEmbedding:
         )
         futures = [asyncio.wrap_future(f) for f in admitted]
         return await unless_disconnected(request, gather_or_cancel(futures))
-
-
-async def gather_or_cancel(futures: list[asyncio.Future[T]]) -> list[T]:
-    """All results, or the first error with every other future cancelled."""
-    try:
-        return list(await asyncio.gather(*futures))
-    except BaseException:
-        for f in futures:
-            f.cancel()
-        raise
-
-
-async def unless_disconnected(request: Request | None, work: Awaitable[T]) -> T:
-    """Await ``work``; if the client disconnects first, cancel it and raise
-    ``ClientDisconnected``."""
-    task = asyncio.ensure_future(work)
-    if request is None:
-        return await task
-    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
-    try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        task.cancel()
-        watcher.cancel()
-        raise
-    if task in done:
-        watcher.cancel()
-        return task.result()
-    task.cancel()
-    raise ClientDisconnected
-
-
-async def _wait_for_disconnect(request: Request) -> None:
-    # The body has been read, so the next ASGI message can only be the disconnect.
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 @dataclass

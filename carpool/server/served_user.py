@@ -18,7 +18,7 @@ from carpool.repository.payload import TensorPayload
 from carpool.repository.repository import LoadedVersion
 from carpool.repository.spec import CheckedRequest, ModelSpec
 from carpool.repository.user_model import UserBatchModel
-from carpool.server.served import unless_disconnected
+from carpool.server.awaiting import unless_disconnected
 
 
 class ModelState(enum.Enum):

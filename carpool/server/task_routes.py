@@ -19,8 +19,9 @@ from fastapi import APIRouter, Request
 from carpool.errors import InvalidRequest
 from carpool.repository.payload import TensorPayload
 from carpool.repository.spec import check_inputs
+from carpool.server.awaiting import gather_or_cancel
 from carpool.server.schemas import ClassifyRequest, PredictRequest, RerankRequest, ScoreRequest
-from carpool.server.served import ServedModels, gather_or_cancel
+from carpool.server.served import ServedModels
 from carpool.server.served_user import ServedUserModel
 from carpool.server.task_shaping import (
     classify_body,

@@ -11,10 +11,10 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from carpool import __version__
 from carpool.server.served import ServedModels
 from carpool.server.v2_models import V2Model, adapter, binary_outputs
 from carpool.server.v2_tensors import HEADER_LENGTH, encode_outputs, parse_request
+from carpool.version import __version__
 
 
 def router(models: ServedModels, is_ready: Callable[[], bool]) -> APIRouter:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from carpool import llm as llm_module
 from carpool.cli import main
-from carpool.engine import llm as llm_module
-from carpool.engine.llm import OFFLINE_MAX_NUM_BATCHED_TOKENS
+from carpool.llm import OFFLINE_MAX_NUM_BATCHED_TOKENS
 
 
 def test_generate_prints_one_json_line_per_prompt(

@@ -13,12 +13,12 @@ import pytest
 from transformers import AutoTokenizer
 
 from carpool.config import EngineConfig
-from carpool.engine.model_runner import engine_for
 from carpool.engine.sampling_params import SamplingParams
 from carpool.models.causal_lm import load_causal_lm
 from carpool.server.generation_inputs import OfferedTools, render_chat
 from carpool.server.schemas import ChatMessage
 from carpool.server.tools import HERMES, ToolSpec, read_reply, template_format, tool_grammar
+from carpool.workers.factory import engine_for
 from tests import tiny_models
 
 # The Hermes / Qwen2.5 shape, cut down to what the test needs.

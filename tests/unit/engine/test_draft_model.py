@@ -14,9 +14,9 @@ import pytest
 from carpool.config import EngineConfig
 from carpool.engine.draft_model import DraftModelProposer
 from carpool.engine.engine import Engine
-from carpool.engine.model_runner import engine_for
 from carpool.engine.sampling_params import SamplingParams
 from carpool.models.causal_lm import LoadedLM, load_causal_lm
+from carpool.workers.factory import engine_for
 from tests import tiny_models
 from tests.unit.engine.test_speculative_model import generate
 

@@ -13,12 +13,12 @@ import torch
 
 from carpool.config import EngineConfig
 from carpool.engine.engine import Engine
-from carpool.engine.model_runner import engine_for
 from carpool.engine.request_output import RequestOutput
 from carpool.engine.sampling_params import SamplingParams
 from carpool.engine.sequence import FinishReason
 from carpool.errors import InvalidRequest
 from carpool.models.causal_lm import LoadedLM, load_causal_lm
+from carpool.workers.factory import engine_for
 from tests import tiny_models
 
 
@@ -231,9 +231,9 @@ def test_a_model_failure_fails_only_its_request(tiny: LoadedLM) -> None:
 
 
 def test_ids_the_model_may_not_see_are_refused_before_it_runs() -> None:
-    from carpool.engine.model_runner import check_ids
     from carpool.engine.outputs import LOOKAHEAD, pending
     from carpool.engine.runner import Launch
+    from carpool.workers.step_tensors import check_ids
 
     in_flight = Launch({"a": 0, "b": 1}, None)
     check_ids([5, 6, 7], None)

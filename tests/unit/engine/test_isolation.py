@@ -16,17 +16,17 @@ import torch
 
 from carpool.config import EngineConfig
 from carpool.engine import engine as engine_module
-from carpool.engine import model_runner
 from carpool.engine.async_engine import EngineWorker
 from carpool.engine.detokenizer import IncrementalDetokenizer
-from carpool.engine.model_runner import engine_for
 from carpool.engine.request_output import RequestOutput
-from carpool.engine.sampler import sample
 from carpool.engine.sampling_params import SamplingParams
 from carpool.errors import CarpoolError, InvalidRequest, ModelExecutionError
 from carpool.faults import FaultPlan, FaultyCausalLM
 from carpool.models.causal_lm import LoadedLM, load_causal_lm
 from carpool.runtime import DeviceRuntime
+from carpool.workers import model_runner
+from carpool.workers.factory import engine_for
+from carpool.workers.sampler import sample
 from tests import tiny_models
 
 BAD_SEED = 666

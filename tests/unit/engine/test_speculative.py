@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from carpool.config import ConfigError
-from carpool.engine.speculative import NgramIndex, SpeculativeConfig, Speculator
+from carpool.config import ConfigError, SpeculativeConfig
+from carpool.engine.speculative import NgramIndex, Speculator
 
 
 def test_the_longest_recurring_tail_proposes_what_followed_its_latest_occurrence() -> None:

@@ -11,10 +11,10 @@ import pytest
 
 from carpool.config import EngineConfig
 from carpool.engine.engine import Engine
-from carpool.engine.model_runner import engine_for
 from carpool.engine.sampling_params import SamplingParams
 from carpool.models.causal_lm import LoadedLM, load_causal_lm
 from carpool.models.packed_linear import quantized_linear_kernel
+from carpool.workers.factory import engine_for
 
 SPECULATE = '{"num_speculative_tokens": 5, "disable_by_batch_size": 4}'
 TEXT = (

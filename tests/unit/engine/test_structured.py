@@ -13,11 +13,11 @@ import pytest
 
 from carpool.config import EngineConfig
 from carpool.engine.engine import Engine
-from carpool.engine.model_runner import engine_for
 from carpool.engine.sampling_params import Grammar, SamplingParams
 from carpool.engine.structured import fill_bitmasks
 from carpool.errors import InvalidRequest
 from carpool.models.causal_lm import LoadedLM
+from carpool.workers.factory import engine_for
 
 PERSON = {
     "type": "object",

@@ -17,12 +17,12 @@ import torch
 from gguf.quants import quantize
 
 from carpool.config import EngineConfig
-from carpool.engine.model_runner import engine_for
 from carpool.engine.sampling_params import SamplingParams
 from carpool.models import causal_lm, gguf_file
 from carpool.models.causal_lm import LoadedLM, convert_gguf, load_causal_lm
 from carpool.models.gguf_file import GGUFCheckpoint
 from carpool.models.registry import BUILTIN_MODELS
+from carpool.workers.factory import engine_for
 from tests import tiny_models
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)

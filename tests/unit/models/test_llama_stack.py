@@ -19,7 +19,6 @@ from safetensors.torch import load_file, save_file
 
 from carpool.config import EngineConfig
 from carpool.engine.engine import Engine
-from carpool.engine.model_runner import engine_for
 from carpool.engine.sampling_params import SamplingParams
 from carpool.models.attention import AttentionMetadata, NativeDecode, PrefillSegment
 from carpool.models.causal_lm import LoadedLM, load_causal_lm
@@ -27,6 +26,7 @@ from carpool.models.decode_kernel import compile_decode_kernel
 from carpool.models.llama import LlamaForCausalLM
 from carpool.models.llama_stack import LlamaStack
 from carpool.models.packed_linear import BlockType, PackedWeight, quantized_linear_kernel
+from carpool.workers.factory import engine_for
 from tests import tiny_models
 
 KINDS = {BlockType.Q4_1: GGMLQuantizationType.Q4_1, BlockType.Q8_0: GGMLQuantizationType.Q8_0}

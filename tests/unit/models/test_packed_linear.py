@@ -14,7 +14,6 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from carpool.config import EngineConfig
-from carpool.engine.model_runner import engine_for
 from carpool.engine.sampling_params import SamplingParams
 from carpool.models.causal_lm import LoadedLM, load_causal_lm
 from carpool.models.packed_linear import (
@@ -27,6 +26,7 @@ from carpool.models.packed_linear import (
     quantized_linear_kernel,
     save_packed,
 )
+from carpool.workers.factory import engine_for
 from tests import tiny_models
 
 KINDS = {BlockType.Q4_1: GGMLQuantizationType.Q4_1, BlockType.Q8_0: GGMLQuantizationType.Q8_0}

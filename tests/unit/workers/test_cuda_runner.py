@@ -24,11 +24,11 @@ CUDA = torch.cuda.is_available()
 pytest.importorskip("triton")
 
 from carpool.config import ConfigError, EngineConfig  # noqa: E402
-from carpool.engine.cuda_runner import CudaModelRunner  # noqa: E402
 from carpool.engine.engine import Engine  # noqa: E402
-from carpool.engine.model_runner import engine_for  # noqa: E402
 from carpool.engine.sampling_params import SamplingParams  # noqa: E402
 from carpool.models.causal_lm import LoadedLM, load_causal_lm  # noqa: E402
+from carpool.workers.cuda_runner import CudaModelRunner  # noqa: E402
+from carpool.workers.factory import engine_for  # noqa: E402
 from tests import tiny_models  # noqa: E402
 
 DEVICE = "cuda" if CUDA else "cpu"

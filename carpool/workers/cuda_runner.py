@@ -16,21 +16,16 @@ from collections.abc import Mapping
 import torch
 
 from carpool.engine.block_manager import slot_of
-from carpool.engine.decode_graphs import DecodeGraphs
-from carpool.engine.model_runner import (
-    Chosen,
-    ModelRunner,
-    StepInputs,
-    check_ids,
-    pending_tokens,
-)
 from carpool.engine.outputs import ScheduledChunk, SchedulerOutput
 from carpool.engine.runner import Launch, Sampled, SamplingRow, StepResult
-from carpool.engine.sampler import sample
 from carpool.models.attention import AttentionMetadata
 from carpool.models.causal_lm import LoadedLM
-from carpool.models.native import PathTaken
 from carpool.models.triton_attention import PagedMetadata, Tiles, prefill_block_q, tiles_for
+from carpool.paths import PathTaken
+from carpool.workers.decode_graphs import DecodeGraphs
+from carpool.workers.model_runner import ModelRunner
+from carpool.workers.sampler import sample
+from carpool.workers.step_tensors import Chosen, StepInputs, check_ids, pending_tokens
 
 
 class CudaModelRunner(ModelRunner):

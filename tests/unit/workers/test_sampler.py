@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from carpool.engine.sampler import SamplingRow, _probs, make_generator, sample, verify
 from carpool.engine.sampling_params import SamplingParams
 from carpool.errors import InvalidRequest
+from carpool.workers.sampler import SamplingRow, _probs, make_generator, sample, verify
 
 VOCAB = 50
 

@@ -9,12 +9,12 @@ from pathlib import Path
 from tqdm import tqdm
 
 from carpool.config import EngineConfig
-from carpool.engine.model_runner import engine_for
 from carpool.engine.request_output import RequestOutput
 from carpool.engine.sampling_params import SamplingParams
 from carpool.errors import InvalidRequest
 from carpool.models import registry
 from carpool.models.registry import LoadOptions, Task
+from carpool.workers.factory import engine_for
 
 Prompt = str | list[int]
 

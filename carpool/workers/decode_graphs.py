@@ -23,11 +23,11 @@ from collections.abc import Sequence
 import torch
 
 from carpool.engine.block_manager import slot_of
-from carpool.engine.model_runner import resolve_pending
 from carpool.engine.outputs import ScheduledChunk
 from carpool.models.attention import AttentionMetadata
 from carpool.models.causal_lm import LoadedLM
 from carpool.models.triton_attention import PagedMetadata
+from carpool.workers.step_tensors import resolve_pending
 
 log = logging.getLogger(__name__)
 

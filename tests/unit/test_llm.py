@@ -9,9 +9,9 @@ import pytest
 
 from carpool import LLM, SamplingParams
 from carpool.config import EngineConfig
-from carpool.engine.llm import OFFLINE_MAX_NUM_BATCHED_TOKENS
-from carpool.engine.model_runner import engine_for
 from carpool.errors import InvalidRequest
+from carpool.llm import OFFLINE_MAX_NUM_BATCHED_TOKENS
+from carpool.workers.factory import engine_for
 from tests import tiny_models
 
 
