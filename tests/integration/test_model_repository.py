@@ -3,6 +3,7 @@ carpool.toml classes, through tritonclient and httpx (issue 26)."""
 
 from __future__ import annotations
 
+import shutil
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +18,7 @@ import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from tests.integration.conftest import Server, start_server, stop_server
-from tests.repository_models.builder import DATATYPES, add_broken, build
+from tests.repository_models.builder import DATATYPES, EXAMPLES, add_broken, build
 
 
 @pytest.fixture(scope="module")
@@ -373,3 +374,41 @@ def test_unload_under_load_loses_nothing(explicit: Server) -> None:
     tensor = triton.InferInput("x", [1, 2], "FP32")
     tensor.set_data_from_numpy(x)
     assert c.infer("slow_double", [tensor]).as_numpy("y").tolist() == [[2.0, 2.0]]
+
+
+# --- poll mode -------------------------------------------------------------------------
+
+
+def _index_until(server: Server, done: Any, timeout_s: float = 60) -> dict[str, Any]:
+    """The repository index once ``done(index)`` holds (the server polls the folder)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        index = {m["name"]: m for m in client(server).get_model_repository_index()}
+        if done(index):
+            return index
+        assert time.monotonic() < deadline, index
+        time.sleep(0.2)
+
+
+def test_poll_mode_follows_the_folder(tmp_path: Path) -> None:
+    shutil.copytree(EXAMPLES / "python_batched_service", tmp_path / "python_batched_service")
+    s = start_server(
+        "--model-repository", str(tmp_path), "--model-control-mode", "poll",
+        "--repository-poll-secs", "0.5",
+    )  # fmt: skip
+    try:
+        c = client(s)
+        with pytest.raises(InferenceServerException):
+            c.load_model("python_batched_service")  # poll mode: no explicit control
+        shutil.copytree(EXAMPLES / "mlp_classifier", tmp_path / "mlp_classifier")
+        _index_until(s, lambda i: i.get("mlp_classifier", {}).get("state") == "READY")
+        assert c.is_model_ready("mlp_classifier")
+        shutil.rmtree(tmp_path / "python_batched_service")
+        _index_until(s, lambda i: "python_batched_service" not in i)
+        with pytest.raises(InferenceServerException) as gone:
+            c.get_model_metadata("python_batched_service")
+        assert gone.value.status() == "404"
+    finally:
+        assert stop_server(s) == 0
