@@ -91,7 +91,7 @@ class TritonPythonBackend:
         try:
             module = _import_file(path, f"carpool_user_{spec.name}_{spec.version}_{instance}")
             model_class = module.TritonPythonModel
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise RepositoryError(f"{where}: importing {path} failed: {_describe(exc)}") from exc
         self.spec = spec
         self.model = model_class()
@@ -109,7 +109,7 @@ class TritonPythonBackend:
         if initialize is not None:
             try:
                 initialize(args)
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:
                 raise RepositoryError(f"{where}: initialize failed: {_describe(exc)}") from exc
 
     def execute(self, payloads: list[TensorPayload]) -> list[Outputs | Failed]:
@@ -175,7 +175,7 @@ class PythonClassBackend:
             module = _import_module(Path(spec.source.path), module_name, spec.name)
             model_class = getattr(module, class_name)
             self.model = model_class(**dict(spec.source.options))
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise RepositoryError(
                 f"{where}: loading {spec.source.target} failed: {_describe(exc)}"
             ) from exc
@@ -186,7 +186,7 @@ class PythonClassBackend:
         if setup is not None:
             try:
                 setup(device)
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:
                 raise RepositoryError(f"{where}: setup failed: {_describe(exc)}") from exc
 
     def execute(self, payloads: list[TensorPayload]) -> list[Outputs | Failed]:

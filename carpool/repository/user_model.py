@@ -172,8 +172,12 @@ class InstanceThread:
                 continue
             try:
                 future.set_result(work())
-            except BaseException as exc:
+            except Exception as exc:
                 future.set_exception(exc)
+            except BaseException as exc:
+                # SystemExit and the like from user code must not reach the runtime
+                # thread (where they would stop it): they fail this batch.
+                future.set_exception(ModelExecutionError(f"the model raised {type(exc).__name__}"))
 
 
 def _batch_size(spec: ModelSpec, payload: TensorPayload) -> int | None:

@@ -220,6 +220,15 @@ def test_unknown_model_version_and_output(server: Server) -> None:
     assert "'zzz'" in wrong.json()["error"]
 
 
+def test_a_model_calling_sys_exit_fails_only_that_request(server: Server) -> None:
+    c = client(server)
+    with pytest.raises(InferenceServerException) as caught:
+        infer_x(c, "hangs", np.full((1, 1), 55))
+    assert caught.value.status() == "500"
+    assert infer_x(c, "hangs", np.full((1, 1), 2)).as_numpy("total").tolist() == [[2.0]]
+    assert c.is_server_ready()
+
+
 def test_a_hung_model_fails_its_requests_and_goes_unready(server: Server) -> None:
     c = client(server)
     assert infer_x(c, "hangs", np.ones((1, 1))).as_numpy("total").tolist() == [[1.0]]

@@ -50,6 +50,8 @@ BATCH_REPORT = """
                     os._exit(3)
                 if value == 77:
                     time.sleep(3600)
+                if value == 55:
+                    raise SystemExit(1)
                 if value == -1:
                     error = pb_utils.TritonError("negative one")
                     out.append(pb_utils.InferenceResponse(error=error))
