@@ -209,10 +209,17 @@ def _json_array(
         parsed = np.array(items, dtype=np.object_)
     has_bool = parsed.dtype.kind == "b" or any(v is True or v is False for v in items)
     if dtype.kind in "iu":
-        if has_bool or parsed.dtype.kind not in "iu":
-            if parsed.dtype.kind == "O" and all(type(v) is int for v in items):
-                raise InvalidRequest(_out_of_range(name, datatype, dtype), param=name)
+        if has_bool:
             raise InvalidRequest(f"input '{name}' must hold integers", param=name)
+        if parsed.dtype.kind not in "iu":
+            # Integers numpy could not hold in one type (0 beside 2**64 - 1 is read as
+            # float64): read them again as the tensor's own type.
+            if not all(type(v) is int for v in items):
+                raise InvalidRequest(f"input '{name}' must hold integers", param=name)
+            try:
+                return np.array(items, dtype=dtype)
+            except OverflowError:
+                raise InvalidRequest(_out_of_range(name, datatype, dtype), param=name) from None
         info = np.iinfo(dtype)
         if parsed.size and not (info.min <= parsed.min() and parsed.max() <= info.max):
             raise InvalidRequest(_out_of_range(name, datatype, dtype), param=name)

@@ -66,3 +66,16 @@ def test_outputs_as_json_and_binary() -> None:
     assert raw is None and entry["data"] == ["a"]
     entry, _ = output_entry("y", np.array([1.5], ml_dtypes.bfloat16), as_binary=False)
     assert entry["datatype"] == "BF16" and entry["data"].tolist() == [1.5]
+
+
+def test_json_integers_at_the_edges_of_their_type() -> None:
+    top = 2**64 - 1
+    assert decode_tensor(tensor("UINT64", [3], [0, 0, top]), None).tolist() == [0, 0, top]
+    low, high = -(2**63), 2**63 - 1
+    assert decode_tensor(tensor("INT64", [2], [low, high]), None).tolist() == [low, high]
+    with pytest.raises(InvalidRequest, match="range"):
+        decode_tensor(tensor("INT64", [2], [0, 2**63]), None)
+    with pytest.raises(InvalidRequest, match="range"):
+        decode_tensor(tensor("UINT64", [2], [-1, top]), None)
+    with pytest.raises(InvalidRequest, match="integers"):
+        decode_tensor(tensor("UINT64", [2], [0.5, top]), None)
