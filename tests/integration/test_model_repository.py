@@ -154,13 +154,15 @@ def _sample(datatype: str) -> np.ndarray[Any, Any]:
 
 
 def test_outputs_selection_returns_only_those_asked(server: Server) -> None:
-    x = np.ones((1, 2), np.float32)
-    tensor = triton.InferInput("x", [1, 2], "FP32")
-    tensor.set_data_from_numpy(x)
+    small = triton.InferInput("in_INT8", [1, 2], "INT8")
+    small.set_data_from_numpy(np.array([[1, 2]], np.int8))
+    wide = triton.InferInput("in_FP64", [1, 1], "FP64")
+    wide.set_data_from_numpy(np.array([[0.5]]))
     result = client(server).infer(
-        "equal_shapes", [tensor], outputs=[triton.InferRequestedOutput("total")]
+        "echo", [small, wide], outputs=[triton.InferRequestedOutput("out_FP64")]
     )
-    assert [o["name"] for o in result.get_response()["outputs"]] == ["total"]
+    assert [o["name"] for o in result.get_response()["outputs"]] == ["out_FP64"]
+    assert result.as_numpy("out_FP64").tolist() == [[0.5]]
 
 
 def test_a_failing_request_fails_alone(server: Server) -> None:
