@@ -76,8 +76,8 @@ class ModelControl:
         return list(config.load_model)
 
     def load_at_start(self, names: list[str]) -> None:
-        """Load ``names`` before serving; a model that fails is logged and left out
-        (as Triton does), unless it is the only thing to serve."""
+        """Load ``names`` before serving; a model that fails is logged, left out and
+        shown in the index with its reason (as Triton does); the others serve."""
         for name in names:
             try:
                 self._install(name, self._read_and_load(name))
@@ -181,20 +181,27 @@ class ModelControl:
             raise InvalidRequest(f"failed to load '{name}': no such model in the repository")
         try:
             loaded = await asyncio.to_thread(self._read_and_load, name)
+            if self._models.is_user(name):
+                await self._unload(name)
+            self._install(name, loaded)
         except RepositoryError as exc:
             self._failures[name] = str(exc)
             log.error("model %s failed to load: %s", name, exc)
             raise InvalidRequest(f"failed to load '{name}': {exc}") from None
-        if self._models.is_user(name):
-            await self._unload(name)
-        self._install(name, loaded)
         log.info(
             "model %s loaded (versions %s)", name, ", ".join(str(v.spec.version) for v in loaded)
         )
 
     def _install(self, name: str, loaded: list[LoadedVersion]) -> None:
+        """Serve ``loaded``; ``RepositoryError`` (its instances finalised) if its name
+        is a built-in model's."""
         served = ServedUserModel.from_loaded(loaded)
-        self._models.add_user(served)
+        try:
+            self._models.add_user(served)
+        except InvalidRequest as exc:
+            for failed in loaded:
+                failed.model.finalize()
+            raise RepositoryError(exc.message) from None
         for version in served.versions.values():
             self._runtime.add(version.batcher)
         self._failures.pop(name, None)

@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import numpy as np
 from starlette.requests import Request
@@ -21,8 +21,6 @@ from carpool.paths import PathTaken
 from carpool.server.awaiting import gather_or_cancel, unless_disconnected
 from carpool.server.preprocess import Preprocessor
 from carpool.server.served_user import ServedUserModel
-
-T = TypeVar("T")
 
 
 @dataclass
