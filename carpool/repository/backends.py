@@ -82,6 +82,27 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _call_hook(model: Any, name: str, argument: Any, where: str) -> None:
+    """Call the model's optional ``name`` hook (initialize, setup) if it has one; what
+    it raises, ``SystemExit`` included, is a ``RepositoryError``: the load fails."""
+    hook = getattr(model, name, None)
+    if hook is None:
+        return
+    try:
+        hook(argument)
+    except (Exception, SystemExit) as exc:
+        raise RepositoryError(f"{where}: {name} failed: {_describe(exc)}") from exc
+
+
+def _one_per_request(results: Any, count: int, model: str, noun: str) -> None:
+    """Refuse, as the batch's ``ModelExecutionError``, anything but a list or tuple of
+    ``count`` results."""
+    if isinstance(results, list | tuple) and len(results) == count:
+        return
+    got = len(results) if isinstance(results, list | tuple) else type(results).__name__
+    raise ModelExecutionError(f"model '{model}' returned {got} {noun} for {count} requests")
+
+
 class TritonPythonBackend:
     """A ``TritonPythonModel`` from a Python-backend ``model.py``."""
 
@@ -90,11 +111,10 @@ class TritonPythonBackend:
         where = f"model '{spec.name}' version {spec.version}"
         try:
             module = _import_file(path, f"carpool_user_{spec.name}_{spec.version}_{instance}")
-            model_class = module.TritonPythonModel
+            self.model = module.TritonPythonModel()
         except (Exception, SystemExit) as exc:
-            raise RepositoryError(f"{where}: importing {path} failed: {_describe(exc)}") from exc
+            raise RepositoryError(f"{where}: loading {path} failed: {_describe(exc)}") from exc
         self.spec = spec
-        self.model = model_class()
         kind = "GPU" if device.startswith("cuda") else "CPU"
         args = {
             "model_config": json.dumps(spec.model_config),
@@ -105,12 +125,7 @@ class TritonPythonBackend:
             "model_version": str(spec.version),
             "model_name": spec.name,
         }
-        initialize = getattr(self.model, "initialize", None)
-        if initialize is not None:
-            try:
-                initialize(args)
-            except (Exception, SystemExit) as exc:
-                raise RepositoryError(f"{where}: initialize failed: {_describe(exc)}") from exc
+        _call_hook(self.model, "initialize", args, where)
 
     def execute(self, payloads: list[TensorPayload]) -> list[Outputs | Failed]:
         requests = [
@@ -124,13 +139,7 @@ class TritonPythonBackend:
             for p in payloads
         ]
         responses = self.model.execute(requests)
-        if not isinstance(responses, list | tuple) or len(responses) != len(requests):
-            got = (
-                len(responses) if isinstance(responses, list | tuple) else type(responses).__name__
-            )
-            raise ModelExecutionError(
-                f"model '{self.spec.name}' returned {got} responses for {len(requests)} requests"
-            )
+        _one_per_request(responses, len(requests), self.spec.name, "responses")
         return [_outputs_of(r, self.spec.name) for r in responses]
 
     def finalize(self) -> None:
@@ -182,12 +191,7 @@ class PythonClassBackend:
         if not callable(getattr(self.model, "predict", None)):
             raise RepositoryError(f"{where}: {spec.source.target} has no predict method")
         self.spec = spec
-        setup: Callable[[str], None] | None = getattr(self.model, "setup", None)
-        if setup is not None:
-            try:
-                setup(device)
-            except (Exception, SystemExit) as exc:
-                raise RepositoryError(f"{where}: setup failed: {_describe(exc)}") from exc
+        _call_hook(self.model, "setup", device, where)
 
     def execute(self, payloads: list[TensorPayload]) -> list[Outputs | Failed]:
         inputs = [dict(p.inputs) for p in payloads]
@@ -196,11 +200,7 @@ class PythonClassBackend:
             results = self.model.split(self.model.predict(collate(inputs)), inputs)
         else:
             results = self.model.predict(inputs)
-        if not isinstance(results, list | tuple) or len(results) != len(inputs):
-            got = len(results) if isinstance(results, list | tuple) else type(results).__name__
-            raise ModelExecutionError(
-                f"model '{self.spec.name}' returned {got} outputs for {len(inputs)} inputs"
-            )
+        _one_per_request(results, len(inputs), self.spec.name, "outputs")
         return [
             r
             if isinstance(r, dict)

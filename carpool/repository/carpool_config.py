@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from carpool.config import BatchingConfig, ConfigError, from_dict
-from carpool.repository.datatypes import DATATYPES, config_name
+from carpool.repository.datatypes import DATATYPES
 from carpool.repository.errors import RepositoryError
 from carpool.repository.library_models import PIPELINE_TASKS, signature
-from carpool.repository.spec import ISOLATIONS, ModelSpec, Source, TensorSpec
+from carpool.repository.spec import ISOLATIONS, ModelSpec, Source, TensorSpec, triton_view
 
 CONFIG_FILE = "carpool.toml"
 SOURCE_KINDS = ("python_class", "pipeline", "cross_encoder", "sentence_transformer")
@@ -129,7 +129,15 @@ def read_carpool_model(folder: Path) -> list[ModelSpec]:
             instance_count=entry.instance_count,
             execution_timeout_s=entry.execution_timeout_s,
             isolation=entry.isolation,
-            model_config=_triton_view(folder.name, entry, batching),
+            model_config=triton_view(
+                folder.name,
+                "carpool",
+                entry.max_batch_size,
+                inputs,
+                outputs,
+                entry.instance_count,
+                batching,
+            ),
         )
     ]
 
@@ -154,13 +162,6 @@ def _library_model(
             f"{where}: source.task '{source.task}' is not one of {', '.join(PIPELINE_TASKS)}"
         )
     inputs, outputs = signature(source.kind, source.task)
-    view = ModelFile(
-        source=source,
-        inputs=tuple(TensorEntry(t.name, t.datatype, t.dims, t.allow_ragged_batch) for t in inputs),
-        outputs=tuple(TensorEntry(t.name, t.datatype, t.dims) for t in outputs),
-        max_batch_size=entry.max_batch_size,
-        instance_count=entry.instance_count,
-    )
     return ModelSpec(
         name=folder.name,
         version=entry.version,
@@ -172,7 +173,15 @@ def _library_model(
         instance_count=entry.instance_count,
         execution_timeout_s=entry.execution_timeout_s,
         isolation=entry.isolation,
-        model_config=_triton_view(folder.name, view, batching),
+        model_config=triton_view(
+            folder.name,
+            "carpool",
+            entry.max_batch_size,
+            inputs,
+            outputs,
+            entry.instance_count,
+            batching,
+        ),
     )
 
 
@@ -187,34 +196,3 @@ def _tensor(entry: TensorEntry, where: str) -> TensorSpec:
     return TensorSpec(
         entry.name, entry.datatype, tuple(entry.dims), entry.allow_ragged_batch, entry.optional
     )
-
-
-def _triton_view(name: str, entry: ModelFile, batching: BatchingConfig) -> dict[str, Any]:
-    """The config in Triton's JSON shape (``GET /v2/models/NAME/config``)."""
-
-    def tensors(items: tuple[TensorEntry, ...]) -> list[dict[str, Any]]:
-        return [
-            {
-                "name": t.name,
-                "data_type": config_name(t.datatype),
-                "dims": list(t.dims),
-                **({"allow_ragged_batch": True} if t.allow_ragged_batch else {}),
-                **({"optional": True} if t.optional else {}),
-            }
-            for t in items
-        ]
-
-    return {
-        "name": name,
-        "backend": "carpool",
-        "max_batch_size": entry.max_batch_size,
-        "input": tensors(entry.inputs),
-        "output": tensors(entry.outputs),
-        "instance_group": [{"name": name, "kind": "KIND_CPU", "count": entry.instance_count}],
-        "dynamic_batching": {
-            "preferred_batch_size": list(batching.preferred_batch_sizes),
-            "max_queue_delay_microseconds": int(batching.max_queue_delay_ms * 1000),
-            "priority_levels": batching.priority_levels,
-            "default_priority_level": batching.default_priority_level,
-        },
-    }

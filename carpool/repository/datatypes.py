@@ -57,3 +57,11 @@ def datatype_of(array: np.ndarray[Any, Any]) -> str | None:
         return "BYTES"
     name = np_to_triton_dtype(array.dtype)
     return name if name in DATATYPES else None
+
+
+def with_bytes(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """``array``, its unicode strings (if it holds those) as UTF-8 ``bytes`` in an
+    object array: how a model sees and returns BYTES."""
+    if array.dtype.kind != "U":
+        return array
+    return np.vectorize(lambda s: s.encode("utf-8"), otypes=[np.object_])(array)

@@ -29,9 +29,9 @@ import numpy as np
 from carpool.batching.request import Failed
 from carpool.config import BatchingConfig
 from carpool.errors import ModelExecutionError
-from carpool.repository.datatypes import DATATYPES, config_name
+from carpool.repository.datatypes import DATATYPES
 from carpool.repository.payload import TensorPayload
-from carpool.repository.spec import ModelSpec, Source, TensorSpec
+from carpool.repository.spec import ModelSpec, Source, TensorSpec, triton_view
 
 Outputs = dict[str, np.ndarray[Any, Any]]
 TensorDecl = Mapping[str, tuple[str, Sequence[int]]]
@@ -81,19 +81,6 @@ def batched(
             preferred_batch_sizes=tuple(preferred_batch_sizes),
             max_batch_tokens=1 << 62,
         )
-        config = {
-            "name": model_name,
-            "backend": "carpool-function",
-            "max_batch_size": max_batch_size,
-            "input": [{"name": t.name, "data_type": config_name(t.datatype), "dims": list(t.dims)}
-                      for t in ins],
-            "output": [{"name": t.name, "data_type": config_name(t.datatype), "dims": list(t.dims)}
-                       for t in outs],
-            "dynamic_batching": {
-                "max_queue_delay_microseconds": int(max_queue_delay_ms * 1000),
-                "preferred_batch_size": list(batching.preferred_batch_sizes),
-            },
-        }  # fmt: skip
         spec = ModelSpec(
             name=model_name,
             version=1,
@@ -104,7 +91,9 @@ def batched(
             source=Source("function", ""),
             execution_timeout_s=execution_timeout_s,
             isolation="thread",
-            model_config=config,
+            model_config=triton_view(
+                model_name, "carpool-function", max_batch_size, ins, outs, 1, batching
+            ),
         )
         return FunctionModel(fn, spec)
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from carpool.batching.request import Failed
+from carpool.errors import InvalidRequest
 from carpool.repository.errors import RepositoryError
 from carpool.repository.payload import TensorPayload
 from carpool.repository.spec import ModelSpec, TensorSpec
@@ -73,8 +74,6 @@ def _texts(rows: list[bytes], name: str) -> list[str]:
     try:
         return [r.decode("utf-8") for r in rows]
     except UnicodeDecodeError:
-        from carpool.errors import InvalidRequest
-
         raise InvalidRequest(f"input '{name}' holds bytes that are not UTF-8", param=name) from None
 
 

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 from tritonclient.utils import np_to_triton_dtype, triton_to_np_dtype
 
+from carpool.repository.datatypes import with_bytes
+
 log = logging.getLogger("carpool.user_model")
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
@@ -61,11 +63,8 @@ class Tensor:
     def __init__(self, name: str, data: Any) -> None:
         if not isinstance(name, str):
             raise TritonModelException("Tensor name must be a string")
-        array = np.asarray(data)
-        if array.dtype.kind == "U":
-            array = np.vectorize(lambda s: s.encode("utf-8"), otypes=[np.object_])(array)
         self._name = name
-        self._array = array
+        self._array = with_bytes(np.asarray(data))
 
     def name(self) -> str:
         return self._name

@@ -16,7 +16,7 @@ import numpy as np
 
 from carpool.config import BatchingConfig
 from carpool.errors import InvalidRequest
-from carpool.repository.datatypes import numpy_dtype
+from carpool.repository.datatypes import config_name, numpy_dtype
 
 # Where a model instance runs: in the server's process, or a worker process of its own.
 ISOLATIONS = ("", "thread", "process")
@@ -87,6 +87,46 @@ class ModelSpec:
 
     def output(self, name: str) -> TensorSpec | None:
         return next((t for t in self.outputs if t.name == name), None)
+
+
+def triton_view(
+    name: str,
+    backend: str,
+    max_batch_size: int,
+    inputs: tuple[TensorSpec, ...],
+    outputs: tuple[TensorSpec, ...],
+    instance_count: int,
+    batching: BatchingConfig,
+) -> dict[str, Any]:
+    """A model not read from a config.pbtxt, in Triton's config JSON shape (what
+    ``GET /v2/models/NAME/config`` answers and a Python-backend model would read)."""
+
+    def tensors(items: tuple[TensorSpec, ...]) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": t.name,
+                "data_type": config_name(t.datatype),
+                "dims": list(t.dims),
+                **({"allow_ragged_batch": True} if t.allow_ragged_batch else {}),
+                **({"optional": True} if t.optional else {}),
+            }
+            for t in items
+        ]
+
+    return {
+        "name": name,
+        "backend": backend,
+        "max_batch_size": max_batch_size,
+        "input": tensors(inputs),
+        "output": tensors(outputs),
+        "instance_group": [{"name": name, "kind": "KIND_CPU", "count": instance_count}],
+        "dynamic_batching": {
+            "preferred_batch_size": list(batching.preferred_batch_sizes),
+            "max_queue_delay_microseconds": int(batching.max_queue_delay_ms * 1000),
+            "priority_levels": batching.priority_levels,
+            "default_priority_level": batching.default_priority_level,
+        },
+    }
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import numpy as np
 from carpool.batching.request import Failed
 from carpool.errors import BatchFailed, ModelExecutionError
 from carpool.repository.backends import Backend, Outputs
-from carpool.repository.datatypes import datatype_of
+from carpool.repository.datatypes import datatype_of, with_bytes
 from carpool.repository.payload import TensorPayload
 from carpool.repository.spec import ModelSpec
 
@@ -112,7 +112,7 @@ class UserBatchModel:
             if error:
                 log.error("%s", error)
                 return Failed(ModelExecutionError(error))
-            checked[name] = _as_array(result[name])
+            checked[name] = with_bytes(result[name])
         return checked
 
     def _output_error(self, name: str, value: Any, size: int | None) -> str:
@@ -184,9 +184,3 @@ def _batch_size(spec: ModelSpec, payload: TensorPayload) -> int | None:
     if spec.max_batch_size == 0:
         return None
     return next(iter(payload.inputs.values())).shape[0] if payload.inputs else None
-
-
-def _as_array(value: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    if value.dtype.kind == "U":
-        return np.vectorize(lambda s: s.encode("utf-8"), otypes=[np.object_])(value)
-    return value

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -53,22 +54,27 @@ def router(models: ServedModels) -> APIRouter:
         vectors = await served.embed(
             ids, priority=body.priority, timeout_s=body.timeout, request=request
         )
-        data = [
-            {"object": "embedding", "index": i, "embedding": encode(v, body.encoding_format)}
-            for i, v in enumerate(vectors)
-        ]
         tokens = sum(len(x) for x in ids)
-        payload = {
-            "object": "list",
-            "data": data,
-            "model": served.name,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        }
-        return Response(
-            orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json"
-        )
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        return embeddings_response(served.name, vectors, body.encoding_format, usage)
 
     return api
+
+
+def embeddings_response(
+    model: str, vectors: Iterable[Any], encoding_format: str, usage: dict[str, int] | None
+) -> Response:
+    """OpenAI's embeddings body for ``vectors`` (``usage`` left out when None)."""
+    data = [
+        {"object": "embedding", "index": i, "embedding": encode(v, encoding_format)}
+        for i, v in enumerate(vectors)
+    ]
+    payload: dict[str, Any] = {"object": "list", "data": data, "model": model}
+    if usage is not None:
+        payload["usage"] = usage
+    return Response(
+        orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json"
+    )
 
 
 async def _user_embeddings(
@@ -91,15 +97,8 @@ async def _user_embeddings(
         timeout_s=body.timeout,
         request=request,
     )
-    data = [
-        {"object": "embedding", "index": i, "embedding": encode(v, body.encoding_format)}
-        for i, v in enumerate(out["embedding"])
-    ]
     # No usage: the embedder tokenizes inside its library, so carpool has no count to give.
-    payload = {"object": "list", "data": data, "model": served.name}
-    return Response(
-        orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json"
-    )
+    return embeddings_response(served.name, out["embedding"], body.encoding_format, None)
 
 
 async def tokenize_inputs(

@@ -27,7 +27,6 @@ class ModelState(enum.Enum):
     READY = "READY"
     UNLOADING = "UNLOADING"
     UNAVAILABLE = "UNAVAILABLE"
-    LOADING = "LOADING"
 
 
 @dataclass
