@@ -14,15 +14,18 @@ from carpool.server import (
     dashboard,
     errors,
     generation_routes,
+    messages_routes,
     metrics,
     openai_routes,
     repository_routes,
+    responses_routes,
     task_routes,
     v2_routes,
 )
 from carpool.server.awaiting import ClientDisconnected
 from carpool.server.guards import guard
 from carpool.server.model_control import ModelControl
+from carpool.server.response_store import ResponseStore
 from carpool.server.served import ServedModels
 from carpool.stats import RuntimeStats
 from carpool.version import __version__
@@ -56,6 +59,8 @@ def create_app(
     guard(app, max_body_bytes=max_body_bytes, api_key=api_key)
     app.include_router(openai_routes.router(models))
     app.include_router(generation_routes.router(models))
+    app.include_router(responses_routes.router(models, ResponseStore()))
+    app.include_router(messages_routes.router(models))
     app.include_router(v2_routes.router(models, is_ready))
     app.include_router(task_routes.router(models))
     if control is not None:

@@ -1,5 +1,6 @@
 """Optional API key: ASGI middleware that refuses model endpoints without
-``Authorization: Bearer <key>`` (401 in the endpoint's protocol shape). Health,
+``Authorization: Bearer <key>`` or ``x-api-key: <key>`` (Anthropic's header) (401 in
+the endpoint's protocol shape). Health,
 readiness, server metadata, metrics and the dashboard's page (not its data) stay
 open. The comparison takes the same time however much of the key matches."""
 
@@ -29,18 +30,21 @@ class APIKeyAuth:
         # nor matching prefix shows in the timing.
         self._digest = hashlib.sha256(api_key.encode()).digest()
 
+    def _matches(self, token: bytes) -> bool:
+        return hmac.compare_digest(hashlib.sha256(token.strip()).digest(), self._digest)
+
     def _authorized(self, scope: Scope) -> bool:
-        header = dict(scope.get("headers") or []).get(b"authorization", b"")
-        scheme, _, token = header.partition(b" ")
-        given = hashlib.sha256(token.strip()).digest()
-        return hmac.compare_digest(given, self._digest) and scheme.lower() == b"bearer"
+        headers = dict(scope.get("headers") or [])
+        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+        bearer = self._matches(token) and scheme.lower() == b"bearer"
+        # Anthropic's clients send the key as x-api-key.
+        return bearer | self._matches(headers.get(b"x-api-key", b""))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not needs_key(scope["path"]) or self._authorized(scope):
             await self.app(scope, receive, send)
             return
-        message = "missing or wrong API key (send Authorization: Bearer <key>)"
-        v2 = scope["path"].startswith("/v2")
-        body = error_body(401, message, kind="authentication_error", v2=v2)
+        message = "missing or wrong API key (send Authorization: Bearer <key>, or x-api-key)"
+        body = error_body(401, message, kind="authentication_error", path=scope["path"])
         response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
         await response(scope, receive, send)

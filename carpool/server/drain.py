@@ -56,8 +56,7 @@ class Drain:
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         message = "the server is shutting down"
-        v2 = scope["path"].startswith("/v2")
-        body = error_body(503, message, kind="overloaded_error", v2=v2)
+        body = error_body(503, message, kind="overloaded_error", path=scope["path"])
         headers = {"Retry-After": "1", "Connection": "close"}
         await JSONResponse(body, status_code=503, headers=headers)(scope, receive, send)
 

@@ -1,6 +1,8 @@
 """Every error a client sees, mapped to HTTP in one place, in its protocol's shape.
 
 /v2 (Open Inference Protocol): ``{"error": "<message>"}``.
+/v1/messages (Anthropic): ``{"type": "error", "error": {"type", "message"}}``, 400 for
+every malformed request, as Anthropic answers.
 Everything else (OpenAI): ``{"error": {"message", "type", "param", "code"}}``.
 A client never sees a stack trace; an unexpected exception is logged with its
 trace and answered 500 with a short message.
@@ -53,6 +55,41 @@ def status_of(exc: CarpoolError) -> tuple[int, str]:
     return 500, "server_error"
 
 
+V2, ANTHROPIC, OPENAI = "v2", "anthropic", "openai"
+
+# Anthropic's error types, by status.
+_ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def protocol_of(path: str) -> str:
+    """Which protocol's error shape a request to ``path`` gets."""
+    if path.startswith("/v2"):
+        return V2
+    if path.startswith("/v1/messages"):
+        return ANTHROPIC
+    return OPENAI
+
+
+def anthropic_error(status: int, kind: str, message: str, param: str | None) -> dict[str, str]:
+    """The ``error`` object of Anthropic's error body (its message names the field,
+    as Anthropic's has no ``param``)."""
+    if status < 500:
+        kind = _ANTHROPIC_TYPES.get(status, "invalid_request_error")
+    else:
+        kind = _ANTHROPIC_TYPES.get(status, "api_error")
+    if param is not None and param not in message:
+        message = f"{param}: {message}"
+    return {"type": kind, "message": message}
+
+
 def error_response(
     request: Request,
     status: int,
@@ -63,8 +100,7 @@ def error_response(
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
     """The error response for ``request``'s protocol."""
-    v2 = request.url.path.startswith("/v2")
-    body = error_body(status, message, kind=kind, param=param, v2=v2)
+    body = error_body(status, message, kind=kind, param=param, path=request.url.path)
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -74,12 +110,15 @@ def error_body(
     *,
     kind: str = "invalid_request_error",
     param: str | None = None,
-    v2: bool = False,
+    path: str = "",
 ) -> dict[str, object]:
-    """Every error body a client sees: the Open Inference Protocol's (``v2``) or
-    OpenAI's."""
-    if v2:
+    """Every error body a client sees, in the shape of the protocol that ``path``
+    belongs to (``protocol_of``)."""
+    protocol = protocol_of(path)
+    if protocol == V2:
         return {"error": message}
+    if protocol == ANTHROPIC:
+        return {"type": "error", "error": anthropic_error(status, kind, message, param)}
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
@@ -140,7 +179,8 @@ def install(app: FastAPI) -> None:
                 f"(got {request.headers.get('content-type') or 'no Content-Type'})",
             )
         message, field = _describe_validation(exc)
-        status = 400 if field is None else 422
+        anthropic = protocol_of(request.url.path) == ANTHROPIC
+        status = 400 if field is None or anthropic else 422
         return error_response(request, status, message, param=field)
 
     @app.exception_handler(StarletteHTTPException)

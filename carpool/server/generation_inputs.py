@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from carpool.engine.async_engine import max_request_prompts
+from carpool.engine.async_engine import GenerationStream, max_request_prompts
 from carpool.engine.sampling_params import Grammar, SamplingParams
 from carpool.errors import InvalidRequest, RequestTooLarge
 from carpool.server.preprocess import Keep, TooManyTokens, encode_within
@@ -52,6 +52,45 @@ class OfferedTools:
     required: bool
     parallel: bool
     form: str  # how the model writes calls: tools.HERMES or tools.GENERIC
+
+
+@dataclass(frozen=True)
+class PreparedChat:
+    """A chat request made ready for the engine: its prompt's token ids, its sampling
+    parameters (grammar compiled), and the form its replies are read in when tools
+    were offered (None: plain text)."""
+
+    served: ServedGenerator
+    prompt: list[int]
+    params: SamplingParams
+    tool_form: str | None
+
+    def start(self, body: SamplingFields) -> GenerationStream:
+        """The engine stream of this chat (one prompt)."""
+        return self.served.engine.start_many(
+            [self.prompt],
+            [self.params],
+            priority=body.priority,
+            timeout_s=self.served.timeout(body.timeout),
+        )[0]
+
+
+async def prepare_chat(models: ServedModels, body: ChatCompletionRequest) -> PreparedChat:
+    """The one path from a chat request to the engine's input: the conversation
+    rendered (tools offered), tokenized and its grammar compiled on the pre-processing
+    pool. Chat completions, Responses and Messages all come through here."""
+    served = models.generator(body.model)
+    offered = offered_tools(served, body)
+    prompt = await models.preprocess.run(
+        chat_prompt, served, body.messages, body.add_generation_prompt, body, offered
+    )
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    max_tokens = body.max_completion_tokens
+    if max_tokens is None:
+        max_tokens = body.max_tokens
+    grammar = await compile_grammar(models, served, body, offered)
+    params = sampling_params(served, body, len(prompt), max_tokens, logprobs, grammar=grammar)
+    return PreparedChat(served, prompt, params, None if offered is None else offered.form)
 
 
 def tool_form(served: ServedGenerator) -> str:

@@ -30,7 +30,7 @@ from carpool.server.generation_inputs import (
     compile_grammar,
     detokenize_ids,
     encode_prompts,
-    offered_tools,
+    prepare_chat,
     sampling_params,
     tokenize_prompts,
 )
@@ -56,25 +56,9 @@ def router(models: ServedModels) -> APIRouter:
 
     @api.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
-        served = models.generator(body.model)
-        offered = offered_tools(served, body)
-        prompt = await models.preprocess.run(
-            chat_prompt, served, body.messages, body.add_generation_prompt, body, offered
-        )
-        logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        max_tokens = body.max_completion_tokens
-        grammar = await compile_grammar(models, served, body, offered)
-        params = sampling_params(
-            served,
-            body,
-            len(prompt),
-            body.max_tokens if max_tokens is None else max_tokens,
-            logprobs,
-            grammar=grammar,
-        )
-        form = None if offered is None else offered.form
-        call = _Call(served, body, "chatcmpl", chat=True, tool_form=form)
-        return await call.respond([prompt], params, request)
+        prepared = await prepare_chat(models, body)
+        call = _Call(prepared.served, body, "chatcmpl", chat=True, tool_form=prepared.tool_form)
+        return await call.respond([prepared.prompt], prepared.params, request)
 
     @api.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response:

@@ -55,8 +55,8 @@ class BodySizeLimit:
 
     async def _refuse(self, scope: Scope, send: Send) -> None:
         message = f"request body is larger than the limit of {self.max_bytes} bytes"
-        v2 = str(scope.get("path", "")).startswith("/v2")
-        payload = json.dumps(error_body(413, message, v2=v2)).encode()
+        path = str(scope.get("path", ""))
+        payload = json.dumps(error_body(413, message, path=path)).encode()
         await send(
             {
                 "type": "http.response.start",

@@ -13,7 +13,14 @@ import orjson
 from carpool.engine.request_output import CompletionOutput, RequestOutput
 from carpool.engine.runner import TokenLogprobs
 from carpool.engine.sequence import FinishReason
-from carpool.server.tools import read_reply
+from carpool.server.reply_reader import (
+    ArgumentsDelta,
+    CallStarted,
+    ReplyEvent,
+    ReplyReader,
+    TextDelta,
+)
+from carpool.server.tools import GENERIC, read_reply
 
 _FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
 
@@ -45,6 +52,7 @@ class Shaper:
         self.tool_form = tool_form
         self.object = "chat.completion" if chat else "text_completion"
         self._sent: dict[int, int] = {}  # characters of text streamed per choice
+        self._readers: dict[int, ReplyReader] = {}  # with tools: each choice's reply
 
     def full(self, finals: list[RequestOutput]) -> dict[str, Any]:
         """The whole response for the finished outputs of each prompt, in order."""
@@ -98,16 +106,7 @@ class Shaper:
             done.add(index)
             reason = _finish(out.finish_reason)
         if self.chat and self.tool_form is not None:
-            # The wrapper's JSON is read back whole: one delta when the choice ends.
-            if reason is None:
-                return None
-            message, reason = self._message(out)
-            calls = message.get("tool_calls")
-            if calls is not None:
-                message["tool_calls"] = [{"index": k, **c} for k, c in enumerate(calls)]
-            choice = choice_delta(index, message)
-            choice["finish_reason"] = reason
-            return choice
+            return self._tool_delta(index, out, reason)
         if not out.new_text and not out.new_logprobs and reason is None:
             return None
         if self.chat:
@@ -129,6 +128,24 @@ class Shaper:
                 "finish_reason": None,
             }
             self._sent[index] = sent + len(out.new_text)
+        choice["finish_reason"] = reason
+        return choice
+
+    def _tool_delta(
+        self, index: int, out: CompletionOutput, reason: str | None
+    ) -> dict[str, Any] | None:
+        """A chat choice's delta when tools were offered: the reply read as it comes
+        (``ReplyReader``), so a call's name arrives first and its arguments' JSON
+        text in pieces; ``finish_reason`` is ``tool_calls`` once it called any."""
+        reader = self._readers.setdefault(index, ReplyReader(self.tool_form or GENERIC))
+        events = reader.feed(out.new_text)
+        if reason is not None:
+            events += reader.finish()
+            if reader.calls:
+                reason = "tool_calls"
+        if not events and reason is None:
+            return None
+        choice = choice_delta(index, chat_tool_delta(events))
         choice["finish_reason"] = reason
         return choice
 
@@ -220,6 +237,31 @@ def _joined(first: dict[str, Any] | None, second: dict[str, Any] | None) -> dict
 
 def _finish(reason: FinishReason | None) -> str | None:
     return None if reason is None else _FINISH.get(reason)
+
+
+def chat_tool_delta(events: list[ReplyEvent]) -> dict[str, Any]:
+    """One chat delta for a reply's events: their text as ``content``, and one
+    ``tool_calls`` entry per call they touch (a call's first entry carries its id,
+    type and name; each its arguments' text so far unsent)."""
+    delta: dict[str, Any] = {}
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    if text:
+        delta["content"] = text
+    calls: dict[int, dict[str, Any]] = {}
+    for e in events:
+        if isinstance(e, CallStarted):
+            calls[e.index] = {
+                "index": e.index,
+                "id": e.id,
+                "type": "function",
+                "function": {"name": e.name, "arguments": ""},
+            }
+        elif isinstance(e, ArgumentsDelta):
+            entry = calls.setdefault(e.index, {"index": e.index, "function": {"arguments": ""}})
+            entry["function"]["arguments"] += e.text
+    if calls:
+        delta["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return delta
 
 
 def choice_delta(index: int, delta: dict[str, Any]) -> dict[str, Any]:

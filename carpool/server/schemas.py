@@ -23,7 +23,9 @@ from pydantic import (
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
+    """A request body's part: unknown fields refused, no NaN or Infinity."""
+
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
@@ -55,7 +57,7 @@ Prompt = Annotated[
 ]
 
 
-class EmbeddingRequest(_Strict):
+class EmbeddingRequest(Strict):
     """OpenAI's embeddings request, plus carpool's ``priority``, ``timeout`` and
     TEI's ``truncate``."""
 
@@ -95,7 +97,7 @@ class V2RequestedOutput(BaseModel):
     parameters: dict[str, Any] | None = None
 
 
-class V2InferRequest(_Strict):
+class V2InferRequest(Strict):
     """The Open Inference Protocol's inference request (JSON part)."""
 
     id: StrictStr | None = None
@@ -107,12 +109,12 @@ class V2InferRequest(_Strict):
 Stop = StrictStr | list[StrictStr] | None
 
 
-class StreamOptions(_Strict):
+class StreamOptions(Strict):
     include_usage: StrictBool = False
     continuous_usage_stats: StrictBool = False
 
 
-class JsonSchemaFormat(_Strict):
+class JsonSchemaFormat(Strict):
     """OpenAI's ``response_format.json_schema``."""
 
     name: StrictStr = Field(min_length=1, max_length=64)
@@ -122,15 +124,15 @@ class JsonSchemaFormat(_Strict):
     strict: StrictBool | None = None
 
 
-class TextFormat(_Strict):
+class TextFormat(Strict):
     type: Literal["text"]
 
 
-class JsonObjectFormat(_Strict):
+class JsonObjectFormat(Strict):
     type: Literal["json_object"]
 
 
-class JsonSchemaResponseFormat(_Strict):
+class JsonSchemaResponseFormat(Strict):
     type: Literal["json_schema"]
     json_schema: JsonSchemaFormat
 
@@ -140,7 +142,7 @@ ResponseFormat = Annotated[
 ]
 
 
-class StructuredOutputs(_Strict):
+class StructuredOutputs(Strict):
     """vLLM's ``structured_outputs``: exactly one of a JSON schema, a regex, a list of
     choices, or a Lark grammar."""
 
@@ -153,7 +155,7 @@ class StructuredOutputs(_Strict):
 LogitBias = dict[StrictStr, Annotated[float, Field(ge=-100, le=100)]]
 
 
-class SamplingFields(_Strict):
+class SamplingFields(Strict):
     """The sampling fields shared by chat and completions: OpenAI's, vLLM's extras,
     and carpool's ``priority`` and ``timeout``."""
 
@@ -195,18 +197,18 @@ class SamplingFields(_Strict):
     store: StrictBool | None = Field(default=None, description="Accepted; nothing is stored.")
 
 
-class CalledFunction(_Strict):
+class CalledFunction(Strict):
     name: StrictStr
     arguments: StrictStr  # JSON text, as OpenAI sends it
 
 
-class ToolCall(_Strict):
+class ToolCall(Strict):
     id: StrictStr
     type: Literal["function"] = "function"
     function: CalledFunction
 
 
-class ChatMessage(_Strict):
+class ChatMessage(Strict):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: StrictStr | list[dict[str, Any]] | None = None
     name: StrictStr | None = None
@@ -215,23 +217,26 @@ class ChatMessage(_Strict):
     refusal: StrictStr | None = None
 
 
-class FunctionDefinition(_Strict):
-    name: StrictStr = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+ToolName = Annotated[StrictStr, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+
+
+class FunctionDefinition(Strict):
+    name: ToolName
     description: StrictStr | None = None
     parameters: dict[str, Any] | None = None
     strict: StrictBool | None = None
 
 
-class Tool(_Strict):
+class Tool(Strict):
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class FunctionName(_Strict):
+class FunctionName(Strict):
     name: StrictStr
 
 
-class NamedToolChoice(_Strict):
+class NamedToolChoice(Strict):
     type: Literal["function"]
     function: FunctionName
 
@@ -262,7 +267,7 @@ class CompletionRequest(SamplingFields):
     suffix: None = None
 
 
-class TokenizeRequest(_Strict):
+class TokenizeRequest(Strict):
     """vLLM's /tokenize: a prompt, or chat messages rendered with the template."""
 
     model: StrictStr
@@ -272,7 +277,7 @@ class TokenizeRequest(_Strict):
     add_generation_prompt: StrictBool = True
 
 
-class DetokenizeRequest(_Strict):
+class DetokenizeRequest(Strict):
     model: StrictStr
     tokens: TokenIds
 
@@ -283,11 +288,11 @@ MAX_TASK_ITEMS = 1024
 TaskText = Annotated[StrictStr, Field(min_length=1)]
 
 
-class RerankDocument(_Strict):
+class RerankDocument(Strict):
     text: TaskText
 
 
-class RerankRequest(_Strict):
+class RerankRequest(Strict):
     """Cohere's / Jina's / vLLM's rerank request."""
 
     model: StrictStr
@@ -302,7 +307,7 @@ class RerankRequest(_Strict):
 TextOrTexts = TaskText | Annotated[list[TaskText], Field(min_length=1, max_length=MAX_TASK_ITEMS)]
 
 
-class ScoreRequest(_Strict):
+class ScoreRequest(Strict):
     """vLLM's score request: ``text_1`` against each of ``text_2`` (or pairwise)."""
 
     model: StrictStr
@@ -312,7 +317,7 @@ class ScoreRequest(_Strict):
     timeout: float | None = Field(default=None, gt=0)
 
 
-class ClassifyRequest(_Strict):
+class ClassifyRequest(Strict):
     """vLLM's classify request."""
 
     model: StrictStr
@@ -321,7 +326,7 @@ class ClassifyRequest(_Strict):
     timeout: float | None = Field(default=None, gt=0)
 
 
-class PredictRequest(_Strict):
+class PredictRequest(Strict):
     """TEI's predict request (``model`` is carpool's: which classifier, when several)."""
 
     inputs: TextOrTexts

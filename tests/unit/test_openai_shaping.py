@@ -59,12 +59,50 @@ def test_with_tools_a_reply_becomes_tool_calls_whole_and_streamed() -> None:
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
     (call,) = choice["message"]["tool_calls"]
     assert call["function"] == {"name": "f", "arguments": '{"a": "b"}'}
-    out = finished(reply).outputs[0]
-    streamed = tools.delta(0, finished(reply), out, set())
-    assert streamed is not None and streamed["finish_reason"] == "tool_calls"
-    assert streamed["delta"]["tool_calls"][0]["index"] == 0
     answer = tools.full([finished(json.dumps({"response": "hi there"}))])["choices"][0]
     assert answer["message"]["content"] == "hi there" and answer["finish_reason"] == "stop"
+
+
+def test_a_streamed_tool_call_sends_its_name_then_its_arguments_in_pieces() -> None:
+    reply = '{"tool_calls":[{"name":"f","arguments":{"a":"b","c":[1,2]}}]}'
+    tools = shaper(tool_form="generic")
+    done: set[int] = set()
+    request = RequestOutput("r", ids("hi"), [])
+    deltas = []
+    for at in range(0, len(reply), 4):
+        last = at + 4 >= len(reply)
+        out = CompletionOutput(
+            0, new_text=reply[at : at + 4], finish_reason=FinishReason.STOP if last else None
+        )
+        choice = tools.delta(0, request, out, done)
+        if choice is not None:
+            deltas.append(choice)
+    entries = [e for d in deltas for e in d["delta"].get("tool_calls", [])]
+    first = entries[0]
+    assert first["id"].startswith("call_") and first["type"] == "function"
+    assert first["function"]["name"] == "f"
+    pieces = [e["function"]["arguments"] for e in entries if e["function"]["arguments"]]
+    assert len(pieces) > 2 and json.loads("".join(pieces)) == {"a": "b", "c": [1, 2]}
+    assert [d["finish_reason"] for d in deltas][-1] == "tool_calls"
+    assert all(d["finish_reason"] is None for d in deltas[:-1])
+    assert all("content" not in d["delta"] for d in deltas)
+
+
+def test_a_streamed_answer_with_tools_offered_is_decoded_as_it_comes() -> None:
+    reply = json.dumps({"response": 'say "hi" \u00e9 \U0001f600'})  # json escapes them
+    tools = shaper(tool_form="generic")
+    done: set[int] = set()
+    request = RequestOutput("r", ids("hi"), [])
+    texts = []
+    for at in range(len(reply)):
+        last = at + 1 == len(reply)
+        out = CompletionOutput(
+            0, new_text=reply[at], finish_reason=FinishReason.STOP if last else None
+        )
+        choice = tools.delta(0, request, out, done)
+        if choice is not None and "content" in choice["delta"]:
+            texts.append(choice["delta"]["content"])
+    assert "".join(texts) == json.loads(reply)["response"] and len(texts) > 5
 
 
 def test_streamed_completion_offsets_run_on_after_the_echoed_prompt() -> None:
