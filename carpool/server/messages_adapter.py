@@ -1,7 +1,8 @@
 """A Messages request as a chat request: ``system`` the system message, text blocks
 the turns' text, ``tool_use`` blocks an assistant turn's calls, ``tool_result`` blocks
 tool turns; ``tools``' ``input_schema`` chat's ``parameters``; ``tool_choice``
-``auto``/``any``/``tool``/``none`` chat's ``auto``/``required``/named/``none``. Pure
+``auto``/``any``/``tool``/``none`` chat's ``auto``/``required``/named/``none``;
+``output_config.format`` chat's JSON-schema ``response_format``. Pure
 functions: the route calls them."""
 
 from __future__ import annotations
@@ -22,7 +23,11 @@ from carpool.server.messages_schemas import (
 from carpool.server.schemas import ChatCompletionRequest
 
 # Chat's field names in errors, as Messages names them.
-NAMES = {"prompt": "messages", "stop": "stop_sequences", "response_format": "tools"}
+NAMES = {
+    "prompt": "messages",
+    "stop": "stop_sequences",
+    "response_format": "output_config.format",
+}
 
 
 def _joined(blocks: list[TextBlock]) -> str:
@@ -117,8 +122,17 @@ def chat_request(body: CountTokensRequest) -> ChatCompletionRequest:
             "top_p": body.top_p,
             "top_k": body.top_k,
             "stop": body.stop_sequences,
+            "response_format": _response_format(body),
             "stream": body.stream,
             "priority": body.priority,
             "timeout": body.timeout,
         }
     return as_chat_request(fields, NAMES)
+
+
+def _response_format(body: MessagesRequest) -> dict[str, Any] | None:
+    """``output_config.format`` as chat's ``response_format``."""
+    form = None if body.output_config is None else body.output_config.format
+    if form is None:
+        return None
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": form.schema_}}

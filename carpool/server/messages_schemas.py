@@ -1,10 +1,12 @@
 """Anthropic's Messages request (``POST /v1/messages``, ``/v1/messages/count_tokens``),
 validated at the edge.
 
-Strict as ``schemas``: unknown fields are refused by name. Accepted and changing
-nothing here: ``cache_control`` on blocks and tools, ``metadata``, ``service_tier``,
-``thinking`` (no thinking blocks are produced; thinking blocks sent back in the history
-are dropped), citations on text. Blocks other than text, tool_use, tool_result and
+Strict as ``schemas``: unknown fields are refused by name. ``temperature``, ``top_p``
+and ``top_k`` are taken as older SDKs send them. Accepted and changing nothing here:
+``cache_control`` (on the request, blocks and tools), ``metadata``, ``service_tier``,
+``speed``, ``inference_geo``, ``output_config.effort``, ``thinking`` (no thinking
+blocks are produced; thinking blocks sent back in the history are dropped), citations
+on text. Blocks other than text, tool_use, tool_result and
 thinking (images, documents) are refused, naming the block.
 """
 
@@ -88,6 +90,19 @@ class ToolChoiceTool(Strict):
 AnthropicToolChoice = Annotated[ToolChoiceAuto | ToolChoiceTool, Field(discriminator="type")]
 
 
+class JsonOutputFormat(Strict):
+    type: Literal["json_schema"]
+    # "schema" would shadow pydantic's own attribute; the wire name is kept.
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(Strict):
+    """Structured output (``format``); ``effort`` is accepted and changes nothing."""
+
+    format: JsonOutputFormat | None = None
+    effort: StrictStr | None = None
+
+
 class CountTokensRequest(Strict):
     """What ``/v1/messages/count_tokens`` counts: the prompt a Messages request makes."""
 
@@ -108,7 +123,11 @@ class MessagesRequest(CountTokensRequest):
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: StrictInt | None = Field(default=None, ge=0)
     stream: StrictBool = False
+    output_config: OutputConfig | None = None
     metadata: dict[str, Any] | None = None
     service_tier: StrictStr | None = None
+    cache_control: CacheControl = None
+    speed: StrictStr | None = None
+    inference_geo: StrictStr | None = None
     priority: StrictInt = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
     timeout: float | None = Field(default=None, gt=0)
