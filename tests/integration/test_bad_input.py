@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 from schemathesis.checks import not_a_server_error
 
+from carpool.server.messages_schemas import CountTokensRequest, MessagesRequest
+from carpool.server.responses_schemas import ResponsesRequest
 from carpool.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -38,6 +40,13 @@ VALID: dict[str, dict[str, Any]] = {
         "max_tokens": 2,
     },
     "/v1/completions": {"model": CHAT, "prompt": "hi", "max_tokens": 2},
+    "/v1/responses": {"model": CHAT, "input": "hi", "max_output_tokens": 2},
+    "/v1/messages": {
+        "model": CHAT,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+    },
+    "/v1/messages/count_tokens": {"model": CHAT, "messages": [{"role": "user", "content": "hi"}]},
     "/v1/embeddings": {"model": EMBED, "input": "hi"},
     "/tokenize": {"model": CHAT, "prompt": "hi"},
     "/detokenize": {"model": CHAT, "tokens": [1, 2]},
@@ -143,6 +152,9 @@ def check(response: httpx.Response) -> None:
 SCHEMAS: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": ChatCompletionRequest,
     "/v1/completions": CompletionRequest,
+    "/v1/responses": ResponsesRequest,
+    "/v1/messages": MessagesRequest,
+    "/v1/messages/count_tokens": CountTokensRequest,
     "/v1/embeddings": EmbeddingRequest,
     "/tokenize": TokenizeRequest,
     "/detokenize": DetokenizeRequest,

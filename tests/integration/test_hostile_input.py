@@ -155,6 +155,20 @@ LONE = "caf\ud800e"
             },
             "messages",
         ),
+        ("/v1/responses", {"model": CHAT, "input": LONE}, "input"),
+        (
+            "/v1/responses",
+            {
+                "model": CHAT,
+                "input": [{"role": "user", "content": [{"type": "input_text", "text": LONE}]}],
+            },
+            "input",
+        ),
+        (
+            "/v1/messages",
+            {"model": CHAT, "max_tokens": 4, "messages": [{"role": "user", "content": LONE}]},
+            "messages",
+        ),
         ("/v1/embeddings", {"model": EMBED, "input": ["fine", LONE]}, "input"),
         ("/v1/embeddings", {"model": LONE, "input": "fine"}, "model"),
         ("/tokenize", {"model": CHAT, "prompt": LONE}, "prompt"),
@@ -173,6 +187,9 @@ def test_lone_surrogates_get_400_naming_the_field(
     error = hostile.json()["error"]
     if path.startswith("/v2"):
         assert "Unicode" in error
+    elif path.startswith("/v1/messages"):  # Anthropic's shape: the message names the field
+        assert hostile.json()["type"] == "error" and error["type"] == "invalid_request_error"
+        assert param is not None and param in error["message"] and "Unicode" in error["message"]
     else:
         assert error["param"] == param and "Unicode" in error["message"]
     assert neighbours == [solo] * 3
@@ -227,6 +244,15 @@ def test_a_request_bigger_than_a_queue_is_413_and_refuses_nobody_else(
             {"model": CHAT, "messages": [{"role": "user", "content": "hello world " * 600_000}]},
         ),
         ("/v1/embeddings", {"model": EMBED, "input": "hello world " * 600_000}),
+        ("/v1/responses", {"model": CHAT, "input": "hello world " * 600_000}),
+        (
+            "/v1/messages",
+            {
+                "model": CHAT,
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": "hello world " * 600_000}],
+            },
+        ),
     ],
 )
 def test_a_multi_megabyte_prompt_is_refused_without_tokenizing_it_all(

@@ -9,6 +9,7 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
+import anthropic
 import httpx
 import pytest
 
@@ -50,6 +51,8 @@ def test_every_model_endpoint_refuses_a_missing_or_wrong_key(server: Server) -> 
         {"Authorization": f"Bearer {KEY[:-1]}"},
         {"Authorization": f"Basic {KEY}"},
         {"Authorization": KEY},
+        {"x-api-key": "nope"},
+        {"x-api-key": f"Bearer {KEY}"},
     ]
     with httpx.Client(base_url=server.url, timeout=30) as c:
         for method, path in endpoints:
@@ -64,6 +67,25 @@ def test_every_model_endpoint_refuses_a_missing_or_wrong_key(server: Server) -> 
             headers={"Authorization": f"Bearer {KEY}"},
         )
         assert ok.status_code == 200
+        anthropic_ok = c.post(
+            "/v1/messages/count_tokens",
+            json={"model": CHAT, "messages": [{"role": "user", "content": "x"}]},
+            headers={"x-api-key": KEY},
+        )
+        assert anthropic_ok.status_code == 200 and anthropic_ok.json()["input_tokens"] > 0
+
+
+def test_the_anthropic_sdk_sends_its_key_as_x_api_key(server: Server) -> None:
+    ask: list[Any] = [{"role": "user", "content": "hi"}]
+    right = anthropic.Anthropic(base_url=server.url, api_key=KEY)
+    assert right.messages.create(model=CHAT, max_tokens=2, messages=ask).usage.output_tokens > 0
+    wrong = anthropic.Anthropic(base_url=server.url, api_key="nope")
+    with pytest.raises(anthropic.AuthenticationError) as caught:
+        wrong.messages.create(model=CHAT, max_tokens=2, messages=ask)
+    assert caught.value.body == {  # Anthropic's error shape on its route
+        "type": "error",
+        "error": {"type": "authentication_error", "message": caught.value.body["error"]["message"]},  # type: ignore[index]
+    }
 
 
 def test_the_key_check_compares_fixed_length_digests_in_constant_time(
@@ -79,10 +101,12 @@ def test_the_key_check_compares_fixed_length_digests_in_constant_time(
     monkeypatch.setattr(auth.hmac, "compare_digest", spy)
     guard = auth.APIKeyAuth(app=None, api_key=KEY)  # type: ignore[arg-type]
     for given in (b"", b"x", KEY[:-1].encode(), KEY.encode() + b"x" * 1000, KEY.encode()):
-        scope = {"type": "http", "headers": [(b"authorization", b"Bearer " + given)]}
-        assert guard._authorized(scope) is (given == KEY.encode())
-    # Every comparison, however much of the key matched, was of two 32-byte digests.
-    assert compared == [(32, 32)] * 5
+        for header in ((b"authorization", b"Bearer " + given), (b"x-api-key", given)):
+            scope = {"type": "http", "headers": [header]}
+            assert guard._authorized(scope) is (given == KEY.encode())
+    # Every comparison (both headers, each time), however much of the key matched, was
+    # of two 32-byte digests.
+    assert compared == [(32, 32)] * 20
 
 
 def _raw_post(server: Server, head: bytes, body_parts: list[bytes]) -> bytes:
