@@ -16,6 +16,7 @@ from carpool.config import EngineConfig
 from carpool.engine.sampling_params import SamplingParams
 from carpool.models.causal_lm import load_causal_lm
 from carpool.server.generation_inputs import OfferedTools, render_chat
+from carpool.server.reply_reader import ArgumentsDelta, CallStarted, ReplyReader, TextDelta
 from carpool.server.schemas import ChatMessage
 from carpool.server.tools import HERMES, ToolSpec, read_reply, template_format, tool_grammar
 from carpool.workers.factory import engine_for
@@ -110,9 +111,12 @@ def test_a_required_call_comes_back_in_the_template_syntax_and_validates(
     assert tool_grammar([PICK], required=False, parallel=True, form=HERMES) is None  # auto: free
     engine.add_request("r", [5, 6, 7], SamplingParams(max_tokens=64, seed=3, grammar=grammar))
     final = None
+    reader, events = ReplyReader(HERMES), []  # read as a stream reads it, step by step
     while engine.has_work:
         for out in engine.step():
+            events += reader.feed(out.outputs[0].new_text)
             final = out if out.finished else final
+    events += reader.finish()
     assert final is not None
     text = final.outputs[0].text
     assert text.startswith("<tool_call>\n") and text.endswith("\n</tool_call>")
@@ -120,3 +124,8 @@ def test_a_required_call_comes_back_in_the_template_syntax_and_validates(
     assert reply.tool_calls is not None and len(reply.tool_calls) == 1
     arguments = json.loads(reply.tool_calls[0]["function"]["arguments"])
     assert arguments["colour"] in ("red", "green") and 1 <= arguments["count"] <= 9
+    # Streamed: the call's name first, then its arguments in pieces that join to them.
+    assert isinstance(events[0], CallStarted) and events[0].name == "pick"
+    pieces = [e.text for e in events if isinstance(e, ArgumentsDelta)]
+    assert len(pieces) > 1 and json.loads("".join(pieces)) == arguments
+    assert not [e for e in events if isinstance(e, TextDelta) and e.text.strip()]
