@@ -15,10 +15,9 @@ from carpool.server.responses_schemas import (
     MessageItem,
     NamedFunction,
     ResponsesRequest,
-    TextFormatJsonObject,
     TextFormatJsonSchema,
 )
-from carpool.server.schemas import ChatCompletionRequest
+from carpool.server.schemas import ChatCompletionRequest, JsonObjectFormat
 
 # Chat's field names in errors, as Responses names them.
 NAMES = {
@@ -116,7 +115,7 @@ def chat_request(body: ResponsesRequest, history: list[dict[str, Any]]) -> ChatC
 def response_format(body: ResponsesRequest) -> dict[str, Any] | None:
     """``text.format`` as chat's ``response_format`` (None: plain text)."""
     form = None if body.text is None else body.text.format
-    if isinstance(form, TextFormatJsonObject):
+    if isinstance(form, JsonObjectFormat):
         return {"type": "json_object"}
     if isinstance(form, TextFormatJsonSchema):
         schema = form.model_dump(by_alias=True, exclude={"type"}, exclude_none=True)

@@ -12,7 +12,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, StrictBool, StrictInt, StrictStr, Tag
 
-from carpool.server.schemas import INT64_MAX, INT64_MIN, Strict, ToolName
+from carpool.server.schemas import (
+    INT64_MAX,
+    INT64_MIN,
+    FunctionDefinition,
+    JsonObjectFormat,
+    Strict,
+    TextFormat,
+)
 
 
 class MessageItem(Strict):
@@ -61,27 +68,15 @@ InputItem = Annotated[
 ]
 
 
-class FunctionTool(Strict):
-    """A function the model may call (Responses' flat shape)."""
+class FunctionTool(FunctionDefinition):
+    """A function the model may call (Responses' flat shape: chat's function, typed)."""
 
     type: Literal["function"]
-    name: ToolName
-    description: StrictStr | None = None
-    parameters: dict[str, Any] | None = None
-    strict: StrictBool | None = None
 
 
 class NamedFunction(Strict):
     type: Literal["function"]
     name: StrictStr
-
-
-class TextFormatText(Strict):
-    type: Literal["text"]
-
-
-class TextFormatJsonObject(Strict):
-    type: Literal["json_object"]
 
 
 class TextFormatJsonSchema(Strict):
@@ -96,7 +91,7 @@ class TextFormatJsonSchema(Strict):
 class TextConfig(Strict):
     format: (
         Annotated[
-            TextFormatText | TextFormatJsonObject | TextFormatJsonSchema,
+            TextFormat | JsonObjectFormat | TextFormatJsonSchema,
             Field(discriminator="type"),
         ]
         | None

@@ -217,11 +217,8 @@ class ChatMessage(Strict):
     refusal: StrictStr | None = None
 
 
-ToolName = Annotated[StrictStr, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
-
-
 class FunctionDefinition(Strict):
-    name: ToolName
+    name: StrictStr = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     description: StrictStr | None = None
     parameters: dict[str, Any] | None = None
     strict: StrictBool | None = None

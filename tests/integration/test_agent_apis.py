@@ -10,15 +10,15 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import anthropic
 import httpx
 import openai
 import pytest
-from pydantic import BaseModel, Field
 
 from tests.integration.conftest import Server, start_server, stop_server
+from tests.integration.test_structured_outputs import ARGUMENTS, TOOLS, Person
 
 CHAT = "smollm2-135m-instruct"
 
@@ -40,22 +40,8 @@ def claude(server: Server) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=server.url, api_key="unused")
 
 
-class Weather(BaseModel):
-    city: Annotated[str, Field(max_length=20)]
-    unit: Literal["celsius", "fahrenheit"]
-
-
-class Sum(BaseModel):
-    a: Annotated[int, Field(ge=0, le=1000)]
-    b: Annotated[int, Field(ge=0, le=1000)]
-
-
-ARGUMENTS: dict[str, type[BaseModel]] = {"get_weather": Weather, "add": Sum}
 # The openai SDK's own helper makes strict schemas; Responses takes tools flat.
-CHAT_TOOLS = [
-    openai.pydantic_function_tool(Weather, name="get_weather", description="Weather in a city"),
-    openai.pydantic_function_tool(Sum, name="add", description="Add two numbers"),
-]
+CHAT_TOOLS = TOOLS
 RESPONSES_TOOLS: list[Any] = [{"type": "function", **t["function"]} for t in CHAT_TOOLS]
 MESSAGES_TOOLS: list[Any] = [
     {
@@ -129,12 +115,6 @@ def test_response_function_calls_have_arguments_that_validate(
         if stream:
             assert call.id is not None and len(pieces[call.id]) > 1
             assert "".join(pieces[call.id]) == call.arguments
-
-
-class Person(BaseModel):
-    name: Annotated[str, Field(max_length=20)]
-    age: Annotated[int, Field(ge=0, le=120)]
-    city: Literal["Paris", "London", "Rome"]
 
 
 def test_responses_parse_returns_an_object_that_validates(oai: openai.OpenAI) -> None:
