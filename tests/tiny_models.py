@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "gpt2")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
 VOCAB = 512  # token ids below this decode with the built-in model's tokenizer
 
 
@@ -44,6 +44,8 @@ def hf_config(arch: str, vocab: int = VOCAB) -> Any:
         return tf.MistralConfig(sliding_window=None, tie_word_embeddings=True, **llama_like)
     if arch == "qwen2":
         return tf.Qwen2Config(tie_word_embeddings=True, **llama_like)
+    if arch == "qwen3":  # q/k norms; a head_dim that is not hidden / heads, as in Qwen3
+        return tf.Qwen3Config(tie_word_embeddings=True, head_dim=32, **llama_like)
     raise ValueError(arch)
 
 

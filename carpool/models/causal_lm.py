@@ -23,7 +23,7 @@ from torch import nn
 
 from carpool.config import default_cache_dir
 from carpool.models.attention import AttentionMetadata
-from carpool.models.decoder_config import DecoderConfig
+from carpool.models.decoder_config import GPT2_FAMILY, LLAMA_FAMILY, DecoderConfig
 from carpool.models.gguf_file import GGUFCheckpoint
 from carpool.models.gpt2 import GPT2LMHeadModel
 from carpool.models.llama import LlamaForCausalLM
@@ -54,11 +54,10 @@ class CausalLM(Protocol):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
 
 
+# The families' architecture names are listed once, in ``decoder_config``.
 MODEL_CLASSES: dict[str, type[nn.Module]] = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": LlamaForCausalLM,
-    "GPT2LMHeadModel": GPT2LMHeadModel,
+    **dict.fromkeys(LLAMA_FAMILY, LlamaForCausalLM),
+    **dict.fromkeys(GPT2_FAMILY, GPT2LMHeadModel),
 }
 
 

@@ -7,7 +7,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Hugging Face architecture name -> our family.
-LLAMA_FAMILY = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+LLAMA_FAMILY = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+)
 GPT2_FAMILY = ("GPT2LMHeadModel",)
 
 
@@ -27,6 +32,7 @@ class DecoderConfig:
     norm_eps: float
     tie_word_embeddings: bool
     attention_bias: bool = False
+    qk_norm: bool = False  # an RMSNorm over each head's query and key (Qwen3)
     rope_theta: float = 10000.0
     rope_scaling: Mapping[str, Any] = field(default_factory=dict)
     eos_token_ids: tuple[int, ...] = ()
@@ -47,7 +53,10 @@ class DecoderConfig:
         """From a ``config.json`` of a supported architecture."""
         archs = [a for a in config.get("architectures") or [] if a in LLAMA_FAMILY + GPT2_FAMILY]
         if not archs:
-            raise ValueError(f"no supported architecture in {config.get('architectures')!r}")
+            raise ValueError(
+                f"no supported architecture in {config.get('architectures')!r} "
+                f"(supported: {', '.join(LLAMA_FAMILY + GPT2_FAMILY)})"
+            )
         arch = archs[0]
         eos = config.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
@@ -90,6 +99,7 @@ class DecoderConfig:
             norm_eps=float(config.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             attention_bias=arch == "Qwen2ForCausalLM" or bool(config.get("attention_bias")),
+            qk_norm=arch == "Qwen3ForCausalLM",
             rope_theta=theta,
             rope_scaling=scaling,
             eos_token_ids=eos_ids,

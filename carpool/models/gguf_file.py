@@ -1,7 +1,7 @@
 """Reading a GGUF file as a Hugging Face checkpoint: a ``config.json``-shaped dict
 and Hugging Face-named float tensors, dequantized with the ``gguf`` package.
 
-Supported: the ``llama`` architecture (Llama, Mistral, SmolLM) and ``qwen2``, in
+Supported: the ``llama`` architecture (Llama, Mistral, SmolLM), ``qwen2`` and ``qwen3``, in
 any tensor type the ``gguf`` package can dequantize (F32, F16, BF16, Q8_0, Q4_0,
 Q4_1, the K-quants, ...). llama.cpp stores a Llama's Q and K rows permuted for its
 rotary layout; they are permuted back here.
@@ -21,7 +21,11 @@ from tqdm import tqdm
 
 from carpool.models.packed_linear import BlockType, PackedWeight
 
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -30,6 +34,8 @@ _LAYER_NAMES = {
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
@@ -77,7 +83,12 @@ class GGUFCheckpoint:
             "num_hidden_layers": int(self.field(f"{a}.block_count")),
             "num_attention_heads": heads,
             "num_key_value_heads": int(self.field(f"{a}.attention.head_count_kv", heads)),
-            "head_dim": int(self.field(f"{a}.rope.dimension_count", hidden // heads)),
+            "head_dim": int(
+                self.field(
+                    f"{a}.attention.key_length",
+                    self.field(f"{a}.rope.dimension_count", hidden // heads),
+                )
+            ),
             "max_position_embeddings": int(self.field(f"{a}.context_length", 2048)),
             "rms_norm_eps": float(self.field(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)),
             "rope_theta": float(self.field(f"{a}.rope.freq_base", 10000.0)),

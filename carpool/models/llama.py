@@ -1,7 +1,8 @@
-"""The Llama family (Llama, Mistral, Qwen2, SmolLM) over a flat batch of tokens.
+"""The Llama family (Llama, Mistral, Qwen2, Qwen3, SmolLM) over a flat batch of tokens.
 
 RMSNorm, rotary embeddings, grouped-query attention over the paged KV cache,
-SwiGLU, tied or untied embeddings. Q/K/V and gate/up projections are fused into
+SwiGLU, tied or untied embeddings; Qwen3's RMSNorm over each head's query and key
+before the rotary embedding. Q/K/V and gate/up projections are fused into
 one matrix each (fewer, larger matmuls); ``load_weights`` takes Hugging Face's
 tensor names and stacks them.
 """
@@ -58,6 +59,8 @@ class LlamaAttention(nn.Module):
         self.o_proj = Linear(self.h * self.d, cfg.hidden_size, bias=False)
         self.rope = rope
         self.scale = self.d**-0.5
+        self.q_norm = RMSNorm(self.d, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.d, cfg.norm_eps) if cfg.qk_norm else None
 
     def forward(
         self,
@@ -67,9 +70,19 @@ class LlamaAttention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         qkv = self.qkv_proj(x)
+        if self.q_norm is not None and self.k_norm is not None:
+            qkv = self._norm_heads(qkv, self.q_norm, self.k_norm)
         heads = (self.h, self.hkv, self.d)
         out = rotary_attention(qkv, positions, self.rope, cache, meta, heads, self.scale)
         return self.o_proj(out.view(x.shape[0], self.h * self.d))
+
+    def _norm_heads(self, qkv: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm) -> torch.Tensor:
+        """``qkv`` with each query and key head normalised (Qwen3's q/k norm)."""
+        t, h, hkv, d = qkv.shape[0], self.h, self.hkv, self.d
+        q, k, v = qkv.split([h * d, hkv * d, hkv * d], dim=-1)
+        q = q_norm(q.reshape(t, h, d)).reshape(t, h * d)
+        k = k_norm(k.reshape(t, hkv, d)).reshape(t, hkv * d)
+        return torch.cat([q, k, v], dim=-1)
 
 
 class LlamaMLP(nn.Module):
@@ -251,7 +264,9 @@ class LlamaForCausalLM(nn.Module):
         self.stack = None
         self.stack_unused_because = "not every linear layer has its blocks"
         weights = self.stack_weights()
-        if kernel is not None and LlamaStack.usable(weights):
+        if self.config.qk_norm:
+            self.stack_unused_because = "the fused stack has no q/k norm (Qwen3)"
+        elif kernel is not None and LlamaStack.usable(weights):
             try:
                 self.stack = LlamaStack(weights, self.stack_shape(), kernel.int8_dots)
             except KernelUnavailable as exc:

@@ -148,7 +148,10 @@ def resolve(spec: str) -> ModelSource:
         if arch in ARCHITECTURES:
             task, _ = ARCHITECTURES[arch]
             return ModelSource(name, path, task, arch)
-    raise ModelNotFound(f"{path}: no supported architecture in {architectures!r}")
+    supported = ", ".join(a for a in ARCHITECTURES if a != "gguf")
+    raise ModelNotFound(
+        f"{path}: no supported architecture in {architectures!r} (supported: {supported})"
+    )
 
 
 def load(source: ModelSource, options: LoadOptions | None = None) -> Any:

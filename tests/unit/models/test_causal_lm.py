@@ -227,3 +227,66 @@ def test_builtin_model_matches_transformers_on_20_prompts_on_cuda(smollm_folder:
     lm = load_causal_lm(smollm_folder, progress=False, device="cuda")
     assert lm.device.type == "cuda"
     assert_matches_on_20_prompts(lm, load_hf_builtin().to("cuda"))
+
+
+def test_a_qwen3_gguf_reads_back_its_config_and_q_k_norms(
+    tmp_path: Path, smollm_folder: Path
+) -> None:
+    """llama.cpp writes Qwen3's head size as ``key_length`` (not hidden / heads) and
+    its q/k norms as ``attn_q_norm``/``attn_k_norm``; Qwen's Q/K rows are not permuted."""
+    reference = tiny_models.build("qwen3", tmp_path / "hf", smollm_folder)
+    cfg = reference.config
+    path = tmp_path / "tiny-qwen3.gguf"
+    writer = gguf.GGUFWriter(str(path), "qwen3")
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_key_length(cfg.head_dim)
+    writer.add_value_length(cfg.head_dim)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    writer.add_vocab_size(cfg.vocab_size)
+    parts = {v: k for k, v in gguf_file._LAYER_NAMES.items()}
+    originals = {}
+    for name, tensor in reference.state_dict().items():
+        if name == "lm_head.weight":
+            continue  # tied
+        if name in ("model.embed_tokens.weight", "model.norm.weight"):
+            gguf_name = {"model.embed_tokens.weight": "token_embd.weight"}.get(
+                name, "output_norm.weight"
+            )
+        else:
+            _, _, layer, *middle, kind = name.split(".")
+            gguf_name = f"blk.{layer}.{parts['.'.join(middle)]}.{kind}"
+        writer.add_tensor(gguf_name, tensor.numpy().astype(np.float32))
+        originals[name] = tensor
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    checkpoint = GGUFCheckpoint(path)
+    config = checkpoint.hf_config()
+    assert config["architectures"] == ["Qwen3ForCausalLM"] and config["head_dim"] == 32
+    assert config["tie_word_embeddings"]
+    loaded = dict(checkpoint.tensors(progress=False))
+    assert set(loaded) == set(originals)
+    assert any(name.endswith("self_attn.q_norm.weight") for name in loaded)
+    for name, original in originals.items():
+        assert torch.equal(loaded[name], original), name
+
+
+def test_an_unsupported_architecture_is_refused_listing_the_supported_ones(
+    tmp_path: Path,
+) -> None:
+    from carpool.errors import ModelNotFound
+    from carpool.models.registry import resolve
+
+    (tmp_path / "config.json").write_text('{"architectures": ["FalconForCausalLM"]}')
+    with pytest.raises(ModelNotFound) as caught:
+        resolve(str(tmp_path))
+    assert "FalconForCausalLM" in caught.value.message
+    assert "Qwen3ForCausalLM" in caught.value.message and "BertModel" in caught.value.message
