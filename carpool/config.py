@@ -405,9 +405,19 @@ class ServerConfig:
         "On SIGTERM, seconds to let requests in flight finish before exiting.",
         default=30.0,
     )
+    reasoning_parser: str = _help(
+        "Split a chat reply's <think>...</think> into message.reasoning_content "
+        "(streamed as its own deltas): qwen3 or deepseek_r1 (vLLM's names); empty: off. "
+        "Replies under a grammar (tools, response_format) are not split.",
+        default="",
+    )
 
     def __post_init__(self) -> None:
         _require(self.shutdown_timeout_s >= 0, "shutdown_timeout_s must be >= 0")
+        _require(
+            self.reasoning_parser in ("", "qwen3", "deepseek_r1"),
+            f"reasoning_parser must be qwen3 or deepseek_r1, got {self.reasoning_parser!r}",
+        )
         _require(0 <= self.port <= 65535, "port must be between 0 and 65535")
         _require(
             self.log_level in ("debug", "info", "warning", "error"),

@@ -158,4 +158,5 @@ def _generator(name: str, lm: LoadedLM, config: CarpoolConfig) -> ServedGenerato
         lm,
         AsyncEngine(worker, max_waiting=config.engine.max_waiting_requests),
         default_timeout_s=config.engine.request_timeout_s,
+        reasoning_parser=config.server.reasoning_parser or None,
     )

@@ -133,7 +133,8 @@ def chat_prompt(
     """The conversation rendered with the model's own chat template, as token ids
     (``body``: the request whose ``truncate_prompt_tokens`` applies; ``offered``:
     tools described in the system message). Runs on the pre-processing pool."""
-    text = render_chat(served, messages, add_generation_prompt, offered)
+    extra = body.chat_template_kwargs if isinstance(body, ChatCompletionRequest) else None
+    text = render_chat(served, messages, add_generation_prompt, offered, extra)
     return encode_prompts(served, [text], body, add_special_tokens=False)[0]
 
 
@@ -142,14 +143,22 @@ def render_chat(
     messages: Sequence[ChatMessage],
     add_generation_prompt: bool,
     offered: OfferedTools | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> str:
     """The conversation rendered with the model's own chat template. A template that
     knows tools gets them and the history's calls in its own terms; for any other,
     the tools are offered in the system message and past calls are written in the
-    generic wrapper's JSON (``carpool.server.tools``)."""
+    generic wrapper's JSON (``carpool.server.tools``). ``template_kwargs``: the
+    request's extra template variables (``chat_template_kwargs``)."""
     hermes = tool_form(served) == HERMES
     plain = [_plain(i, m, hermes) for i, m in enumerate(messages)]
-    extra: dict[str, Any] = {}
+    taken = set(template_kwargs or ()) & _TEMPLATE_ARGUMENTS
+    if taken:
+        raise InvalidRequest(
+            f"chat_template_kwargs may not set {', '.join(sorted(taken))}",
+            param="chat_template_kwargs",
+        )
+    extra: dict[str, Any] = dict(template_kwargs or {})
     if offered is not None and hermes:
         extra["tools"] = [_template_tool(t) for t in offered.tools]
     elif offered is not None:
@@ -163,6 +172,29 @@ def render_chat(
             f"the chat template refused messages: {exc}", param="messages"
         ) from exc
     return text
+
+
+# What apply_chat_template itself takes: a request's template variables may not set it.
+_TEMPLATE_ARGUMENTS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+        "processor_kwargs",
+    }
+)
 
 
 def _plain(i: int, m: ChatMessage, hermes: bool) -> dict[str, Any]:

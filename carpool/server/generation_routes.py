@@ -57,7 +57,16 @@ def router(models: ServedModels) -> APIRouter:
     @api.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         prepared = await prepare_chat(models, body)
-        call = _Call(prepared.served, body, "chatcmpl", chat=True, tool_form=prepared.tool_form)
+        # Under a grammar the reply is constrained from its first token: no thinking.
+        free = prepared.params.grammar is None
+        call = _Call(
+            prepared.served,
+            body,
+            "chatcmpl",
+            chat=True,
+            tool_form=prepared.tool_form,
+            reasoning=prepared.served.reasoning_parser if free else None,
+        )
         return await call.respond([prepared.prompt], prepared.params, request)
 
     @api.post("/v1/completions", response_model=None)
@@ -119,6 +128,7 @@ class _Call:
         chat: bool,
         echo: bool = False,
         tool_form: str | None = None,
+        reasoning: str | None = None,
     ) -> None:
         self.served = served
         self.body = body
@@ -131,6 +141,7 @@ class _Call:
             chat=chat,
             echo=echo,
             tool_form=tool_form,
+            reasoning=reasoning,
         )
 
     async def respond(

@@ -13,6 +13,7 @@ import orjson
 from carpool.engine.request_output import CompletionOutput, RequestOutput
 from carpool.engine.runner import TokenLogprobs
 from carpool.engine.sequence import FinishReason
+from carpool.server.reasoning import ReasoningSplitter, Split
 from carpool.server.reply_reader import (
     ArgumentsDelta,
     CallStarted,
@@ -28,7 +29,9 @@ _FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
 class Shaper:
     """Shapes one chat or completion call's outputs (``n`` choices per prompt;
     ``decode``: token ids to text; ``tool_form``: tools were offered, and replies
-    in that form (``carpool.server.tools``) are read back whole)."""
+    in that form (``carpool.server.tools``) are read back; ``reasoning``: a
+    ``--reasoning-parser`` that splits a chat reply's thinking into
+    ``reasoning_content``)."""
 
     def __init__(
         self,
@@ -41,6 +44,7 @@ class Shaper:
         chat: bool,
         echo: bool = False,
         tool_form: str | None = None,
+        reasoning: str | None = None,
     ) -> None:
         self.id = call_id
         self.created = created
@@ -50,9 +54,11 @@ class Shaper:
         self.chat = chat
         self.echo = echo
         self.tool_form = tool_form
+        self.reasoning = reasoning
         self.object = "chat.completion" if chat else "text_completion"
         self._sent: dict[int, int] = {}  # characters of text streamed per choice
         self._readers: dict[int, ReplyReader] = {}  # with tools: each choice's reply
+        self._splitters: dict[int, ReasoningSplitter] = {}  # with a reasoning parser
 
     def full(self, finals: list[RequestOutput]) -> dict[str, Any]:
         """The whole response for the finished outputs of each prompt, in order."""
@@ -110,7 +116,7 @@ class Shaper:
         if not out.new_text and not out.new_logprobs and reason is None:
             return None
         if self.chat:
-            delta = {"content": out.new_text} if out.new_text else {}
+            delta = self._text_delta(index, out.new_text, reason is not None)
             choice = choice_delta(index, delta)
             choice["logprobs"] = self._chat_logprobs(out.new_logprobs, out.new_token_ids)
         else:
@@ -149,11 +155,34 @@ class Shaper:
         choice["finish_reason"] = reason
         return choice
 
+    def _text_delta(self, index: int, text: str, last: bool) -> dict[str, Any]:
+        """A chat delta's text: ``content``, or with a reasoning parser the piece's
+        ``reasoning_content`` and ``content`` (held-back text flushed on the last)."""
+        if self.reasoning is None:
+            return {"content": text} if text else {}
+        splitter = self._splitters.setdefault(index, ReasoningSplitter(self.reasoning))
+        split = splitter.feed(text)
+        if last:
+            rest = splitter.finish()
+            split = Split(split.reasoning + rest.reasoning, split.content + rest.content)
+        delta = {}
+        if split.reasoning:
+            delta["reasoning_content"] = split.reasoning
+        if split.content:
+            delta["content"] = split.content
+        return delta
+
     def _message(self, out: CompletionOutput) -> tuple[dict[str, Any], str | None]:
         """A finished chat choice's message fields and finish reason: with tools, the
         reply read back (``tool_calls`` and ``finish_reason: tool_calls``, or the
         answer's text)."""
         reason = _finish(out.finish_reason)
+        if self.tool_form is None and self.reasoning is not None:
+            splitter = ReasoningSplitter(self.reasoning)
+            splitter.feed(out.text)
+            splitter.finish()
+            message = {"content": splitter.content or None}
+            return {**message, "reasoning_content": splitter.reasoning or None}, reason
         if self.tool_form is None:
             return {"content": out.text}, reason
         reply = read_reply(out.text, self.tool_form)

@@ -164,7 +164,7 @@ class ReplyReader:
             marker = CLOSE if self._in_block else OPEN
             at = self._held.find(marker)
             if at < 0:
-                keep = 0 if final else _partial_suffix(self._held, marker)
+                keep = 0 if final else partial_suffix(self._held, marker)
                 ready, self._held = (
                     self._held[: len(self._held) - keep],
                     self._held[len(self._held) - keep :],
@@ -246,7 +246,7 @@ class ReplyReader:
         return [TextDelta(new)]
 
 
-def _partial_suffix(text: str, marker: str) -> int:
+def partial_suffix(text: str, marker: str) -> int:
     """The length of the longest end of ``text`` that begins ``marker``."""
     for size in range(min(len(marker) - 1, len(text)), 0, -1):
         if marker.startswith(text[-size:]):

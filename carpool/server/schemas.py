@@ -252,6 +252,10 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
     add_generation_prompt: StrictBool = True
+    chat_template_kwargs: dict[StrictStr, Any] | None = Field(
+        default=None,
+        description="Extra variables for the chat template (vLLM's), e.g. Qwen3's enable_thinking.",
+    )
 
 
 class CompletionRequest(SamplingFields):

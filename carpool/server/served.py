@@ -66,6 +66,7 @@ class ServedGenerator:
     engine: AsyncEngine
     default_timeout_s: float
     created: int = field(default_factory=lambda: int(time.time()))
+    reasoning_parser: str | None = None  # splits chat replies' thinking (``reasoning``)
 
     @property
     def tokenizer(self) -> Any:

@@ -25,7 +25,11 @@ CHAT = "smollm2-135m-instruct"
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    s = start_server("--model", CHAT, "--kv-cache-memory", "64MiB")
+    # deepseek_r1: a reply reasons until </think>, which this model never writes, so
+    # every free chat reply is all reasoning (Responses and Messages are not split).
+    s = start_server(
+        "--model", CHAT, "--kv-cache-memory", "64MiB", "--reasoning-parser", "deepseek_r1"
+    )
     yield s
     assert stop_server(s) == 0
 
@@ -431,6 +435,38 @@ def test_the_anthropic_sdk_raises_its_own_errors(claude: anthropic.Anthropic) ->
         claude.messages.create(
             model="nope", max_tokens=4, messages=[{"role": "user", "content": "x"}]
         )
+
+
+# -- chat completions' reasoning --------------------------------------------------------
+
+
+def test_a_reasoning_parser_splits_chat_replies_whole_and_streamed(oai: openai.OpenAI) -> None:
+    asked: list[Any] = [{"role": "user", "content": "Name a color."}]
+    said = oai.responses.create(model=CHAT, input=asked, max_output_tokens=12, temperature=0)
+    whole = oai.chat.completions.create(model=CHAT, messages=asked, max_tokens=12, temperature=0)
+    message = whole.choices[0].message
+    assert message.content is None
+    assert message.model_extra is not None
+    assert message.model_extra["reasoning_content"] == said.output_text
+    pieces = [
+        (chunk.choices[0].delta.model_extra or {}).get("reasoning_content")
+        for chunk in oai.chat.completions.create(
+            model=CHAT, messages=asked, max_tokens=12, temperature=0, stream=True
+        )
+        if chunk.choices
+    ]
+    assert len([p for p in pieces if p]) > 1
+    assert "".join(p for p in pieces if p) == said.output_text
+    # Under a grammar the reply is constrained from its first token: not split.
+    shaped = oai.chat.completions.create(
+        model=CHAT,
+        messages=asked,
+        max_tokens=40,
+        temperature=0,
+        response_format={"type": "json_object"},
+    )
+    assert isinstance(json.loads(shaped.choices[0].message.content or ""), dict)
+    assert "reasoning_content" not in (shaped.choices[0].message.model_extra or {})
 
 
 # -- chat completions' streamed tool calls -----------------------------------------------
