@@ -1,6 +1,7 @@
 """The built-in models and the architectures carpool can load.
 
-A model is named by a built-in name, or by a local folder in Hugging Face layout.
+A model is named by a built-in name, a local folder in Hugging Face layout, a
+``.gguf`` file, or a hub id found in the local Hugging Face cache (``hub``).
 ``ARCHITECTURES`` maps a config's architecture name to the class that loads it.
 """
 
@@ -16,6 +17,7 @@ from typing import Any
 from carpool.config import ConfigError
 from carpool.errors import ModelNotFound
 from carpool.models.decoder_config import GPT2_FAMILY, LLAMA_FAMILY
+from carpool.models.hub import hub_model, is_hub_id
 from carpool.models.weights import read_json
 
 
@@ -124,9 +126,10 @@ ARCHITECTURES: dict[str, tuple[Task, Callable[[ModelSource, LoadOptions], Any]]]
 }
 
 
-def resolve(spec: str) -> ModelSource:
+def resolve(spec: str, hub_cache: Path | None = None) -> ModelSource:
     """Find the files of the model named ``spec``: a built-in name, a Hugging Face
-    folder or a ``.gguf`` file."""
+    folder, a ``.gguf`` file, or a hub id (``carpool.models.hub``: the local Hugging
+    Face cache first, ``hub_cache`` if given)."""
     builtin = BUILTIN_MODELS.get(spec)
     if builtin is not None:
         path = builtin.locate()
@@ -134,10 +137,12 @@ def resolve(spec: str) -> ModelSource:
     else:
         path = Path(spec).expanduser()
         name = path.stem if path.suffix == ".gguf" else path.name
-        if not path.exists():
+        if not path.exists() and is_hub_id(spec):
+            path, name = hub_model(spec, hub_cache), spec
+        elif not path.exists():
             raise ModelNotFound(
-                f"model {spec!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)}) "
-                "nor a local path"
+                f"model {spec!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)}), "
+                "a local path nor a Hugging Face hub id"
             )
     if path.suffix == ".gguf":
         return ModelSource(name, path, Task.GENERATE, "gguf")
