@@ -13,7 +13,7 @@ import json
 import logging
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,6 +24,7 @@ from torch import nn
 from carpool.config import default_cache_dir
 from carpool.models.attention import AttentionMetadata
 from carpool.models.decoder_config import GPT2_FAMILY, LLAMA_FAMILY, DecoderConfig
+from carpool.models.generation_defaults import read_generation_defaults
 from carpool.models.gguf_file import GGUFCheckpoint
 from carpool.models.gpt2 import GPT2LMHeadModel
 from carpool.models.llama import LlamaForCausalLM
@@ -74,6 +75,8 @@ class LoadedLM:
     device: torch.device
     packed_layers: int = 0  # linear layers that run few rows on the file's blocks
     paths: tuple[PathTaken, ...] = ()  # which code runs each part (native or torch)
+    # Sampling defaults from generation_config.json, for fields a request leaves unset.
+    generation_defaults: dict[str, Any] = field(default_factory=dict)
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -120,6 +123,7 @@ def load_causal_lm(
         device=torch.device(device),
         packed_layers=packed_layers,
         paths=(linear, *_stack_path(model, packed_layers)),
+        generation_defaults=read_generation_defaults(folder),
     )
 
 

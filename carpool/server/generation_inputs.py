@@ -367,20 +367,26 @@ def sampling_params(
     prompt_logprobs: int | None = None,
     grammar: Grammar | None = None,
 ) -> SamplingParams:
-    if max_tokens is None:  # vLLM's default: whatever the context has left
-        max_tokens = max(1, served.max_model_len - prompt_len)
+    model = served.lm.generation_defaults  # the model's own, for fields left unset
+
+    def given(value: Any, field: str, default: Any) -> Any:
+        return model.get(field, default) if value is None else value
+
+    if max_tokens is None:  # the model's default, else vLLM's: what the context has left
+        room = max(1, served.max_model_len - prompt_len)
+        max_tokens = min(room, model.get("max_tokens", room))
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     return SamplingParams(
         n=body.n,
         max_tokens=max_tokens,
         min_tokens=body.min_tokens,
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=body.top_k or 0,
-        min_p=body.min_p or 0.0,
+        temperature=given(body.temperature, "temperature", 1.0),
+        top_p=given(body.top_p, "top_p", 1.0),
+        top_k=given(body.top_k, "top_k", 0),
+        min_p=given(body.min_p, "min_p", 0.0),
         presence_penalty=body.presence_penalty or 0.0,
         frequency_penalty=body.frequency_penalty or 0.0,
-        repetition_penalty=body.repetition_penalty or 1.0,
+        repetition_penalty=given(body.repetition_penalty, "repetition_penalty", 1.0),
         seed=body.seed,
         stop=stop,
         stop_token_ids=tuple(body.stop_token_ids or ()),

@@ -39,10 +39,12 @@ def test_a_hub_id_in_the_cache_loads_and_generates(tmp_path: Path, smollm_folder
     cache = tmp_path / "hub"
     snapshot = cached_repo(cache, "tiny-org/tiny-qwen3")
     reference = tiny_models.build("qwen3", snapshot, smollm_folder)
+    (snapshot / "generation_config.json").write_text('{"temperature": 0.6, "top_k": 20}')
     source = registry.resolve("tiny-org/tiny-qwen3", hub_cache=cache)
     assert source.path == snapshot and source.name == "tiny-org/tiny-qwen3"
     assert source.architecture == "Qwen3ForCausalLM"
     lm = registry.load(source, registry.LoadOptions(progress=False))
+    assert lm.generation_defaults == {"temperature": 0.6, "top_k": 20}
     prompt = [5, 6, 7, 8]
     assert generate(lm, [prompt], 12) == [tiny_models.hf_greedy(reference, prompt, 12)]
 
