@@ -405,6 +405,21 @@ class ServerConfig:
         "On SIGTERM, seconds to let requests in flight finish before exiting.",
         default=30.0,
     )
+    served_model_name: tuple[str, ...] = _help(
+        "Names to serve the --model entries under, in their order (vLLM's "
+        "--served-model-name); a model past the list keeps its own name.",
+        default=(),
+    )
+    tokenizer: str = _help(
+        "The generation models' tokenizer from this folder or hub id instead of their "
+        "own; empty: their own.",
+        default="",
+    )
+    chat_template: str = _help(
+        "The generation models' chat template: a file's path, or the template itself "
+        "(Jinja); empty: the tokenizer's own.",
+        default="",
+    )
     reasoning_parser: str = _help(
         "Split a chat reply's <think>...</think> into message.reasoning_content "
         "(streamed as its own deltas): qwen3 or deepseek_r1 (vLLM's names); empty: off. "
@@ -414,6 +429,16 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         _require(self.shutdown_timeout_s >= 0, "shutdown_timeout_s must be >= 0")
+        _require(
+            len(self.served_model_name) <= len(self.models),
+            f"served_model_name gives {len(self.served_model_name)} names for "
+            f"{len(self.models)} models",
+        )
+        _require(
+            len(set(self.served_model_name)) == len(self.served_model_name)
+            and all(self.served_model_name),
+            "served_model_name must be distinct, non-empty names",
+        )
         _require(
             self.reasoning_parser in ("", "qwen3", "deepseek_r1"),
             f"reasoning_parser must be qwen3 or deepseek_r1, got {self.reasoning_parser!r}",

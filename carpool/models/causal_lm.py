@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from carpool.config import default_cache_dir
+from carpool.config import ConfigError, default_cache_dir
 from carpool.models.attention import AttentionMetadata
 from carpool.models.decoder_config import GPT2_FAMILY, LLAMA_FAMILY, DecoderConfig
 from carpool.models.generation_defaults import read_generation_defaults
@@ -227,3 +227,48 @@ def convert_gguf(path: Path, cache_dir: Path, progress: bool = True) -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def customize_tokenizer(lm: LoadedLM, tokenizer: str = "", chat_template: str = "") -> None:
+    """Give ``lm`` another tokenizer (``tokenizer``: a folder or a hub id) and/or
+    another chat template (``chat_template``: a file's path or the template itself).
+    Raises ``ConfigError`` for a tokenizer that is not there or whose vocabulary is
+    larger than the model's, and for a template that does not parse."""
+    if tokenizer:
+        from transformers import AutoTokenizer
+
+        from carpool.models.hub import hub_model, is_hub_id
+
+        path = Path(tokenizer).expanduser()
+        if not path.exists() and is_hub_id(tokenizer):
+            path = hub_model(tokenizer)
+        if not path.is_dir():
+            raise ConfigError(f"tokenizer {tokenizer!r} is neither a folder nor a hub id")
+        replacement = AutoTokenizer.from_pretrained(str(path))
+        if len(replacement) > lm.config.vocab_size:
+            raise ConfigError(
+                f"tokenizer {tokenizer!r} has {len(replacement)} tokens; the model "
+                f"{lm.name} has {lm.config.vocab_size}"
+            )
+        lm.tokenizer = replacement
+    if chat_template:
+        from jinja2 import TemplateSyntaxError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        text = _file_text(chat_template)
+        try:
+            ImmutableSandboxedEnvironment().parse(text)
+        except TemplateSyntaxError as exc:
+            raise ConfigError(f"chat_template does not parse: {exc}") from None
+        lm.tokenizer.chat_template = text
+
+
+def _file_text(value: str) -> str:
+    """The text of the file ``value`` names, else ``value`` itself."""
+    try:
+        path = Path(value).expanduser()
+        if path.is_file():
+            return path.read_text()
+    except OSError:  # a template is no file name (too long, say)
+        pass
+    return value

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 from collections.abc import Sequence
@@ -13,11 +14,11 @@ from fastapi import FastAPI
 from sse_starlette.sse import AppStatus
 
 from carpool.batching import DynamicBatcher
-from carpool.config import CarpoolConfig
+from carpool.config import CarpoolConfig, ConfigError, ServerConfig
 from carpool.engine.async_engine import AsyncEngine, EngineWorker
 from carpool.faults import FaultPlan, FaultyBatchModel, FaultyCausalLM
 from carpool.models import registry
-from carpool.models.causal_lm import LoadedLM
+from carpool.models.causal_lm import LoadedLM, customize_tokenizer
 from carpool.models.openmp import release_thread_team
 from carpool.models.registry import LoadOptions, Task
 from carpool.repository.function_model import FunctionModel
@@ -107,10 +108,11 @@ def build_server(config: CarpoolConfig, functions: Sequence[FunctionModel] = ())
     )
     served: list[ServedEmbedding] = []
     generators: list[ServedGenerator] = []
-    for spec in config.server.models:
-        source = registry.resolve(spec)
+    for source in served_sources(config.server):
         log.info("loading %s (%s) from %s", source.name, source.task.value, source.path)
         model = registry.load(source, options)
+        if source.task is Task.GENERATE:
+            customize_tokenizer(model, config.server.tokenizer, config.server.chat_template)
         if faults is not None:
             model = _with_faults(model, source.task, faults)
         if source.task is Task.GENERATE:
@@ -131,6 +133,20 @@ def build_server(config: CarpoolConfig, functions: Sequence[FunctionModel] = ())
     # (made while loading) would only make libgomp throttle the runtime's.
     release_thread_team()
     return bundle
+
+
+def served_sources(server: ServerConfig) -> list[registry.ModelSource]:
+    """Each ``--model``'s files, under its ``--served-model-name`` where one is given."""
+    sources = [registry.resolve(spec) for spec in server.models]
+    names = list(server.served_model_name)
+    renamed = [
+        dataclasses.replace(s, name=names[i]) if i < len(names) else s
+        for i, s in enumerate(sources)
+    ]
+    seen = [s.name for s in renamed]
+    if len(set(seen)) != len(seen):
+        raise ConfigError(f"two models would be served under one name: {seen}")
+    return renamed
 
 
 def _with_faults(model: Any, task: Task, plan: FaultPlan) -> Any:
