@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gpt2")
 VOCAB = 512  # token ids below this decode with the built-in model's tokenizer
 
 
@@ -44,8 +44,24 @@ def hf_config(arch: str, vocab: int = VOCAB) -> Any:
         return tf.MistralConfig(sliding_window=None, tie_word_embeddings=True, **llama_like)
     if arch == "qwen2":
         return tf.Qwen2Config(tie_word_embeddings=True, **llama_like)
-    if arch == "qwen3":  # q/k norms; a head_dim that is not hidden / heads, as in Qwen3
-        return tf.Qwen3Config(tie_word_embeddings=True, head_dim=32, **llama_like)
+    if arch == "qwen3":  # q/k norms; a head_dim that is not hidden / heads; YaRN
+        yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
+        return tf.Qwen3Config(
+            tie_word_embeddings=True, head_dim=32, rope_scaling=yarn, **llama_like
+        )
+    if arch == "phi3":  # fused qkv and gate_up in the checkpoint; LongRoPE's factors
+        half = llama_like["hidden_size"] // llama_like["num_attention_heads"] // 2
+        longrope = {
+            "rope_type": "longrope",
+            "short_factor": [1.0 + 0.1 * i for i in range(half)],
+            "long_factor": [2.0 + 0.5 * i for i in range(half)],
+            # past every test sequence: transformers switches all positions to the
+            # long factors once a sequence passes it, carpool position by position
+            "original_max_position_embeddings": 512,
+        }
+        return tf.Phi3Config(
+            tie_word_embeddings=False, rope_scaling=longrope, pad_token_id=0, **llama_like
+        )
     raise ValueError(arch)
 
 

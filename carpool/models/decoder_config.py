@@ -6,12 +6,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+# The rotary scalings ``carpool.models.rope`` computes.
+ROPE_KINDS = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
+
 # Hugging Face architecture name -> our family.
 LLAMA_FAMILY = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "Phi3ForCausalLM",
 )
 GPT2_FAMILY = ("GPT2LMHeadModel",)
 
@@ -36,6 +40,9 @@ class DecoderConfig:
     rope_theta: float = 10000.0
     rope_scaling: Mapping[str, Any] = field(default_factory=dict)
     eos_token_ids: tuple[int, ...] = ()
+    # Attention over the last this many positions only (Mistral, Phi-3): not built
+    # yet, so a model that has one serves contexts within it (``max_context``).
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -43,6 +50,14 @@ class DecoderConfig:
                 f"num_attention_heads {self.num_heads} is not a multiple of "
                 f"num_key_value_heads {self.num_kv_heads}"
             )
+
+    @property
+    def max_context(self) -> int:
+        """The longest sequence served: the positions the model knows, within its
+        sliding window where it has one (windowed attention is not built yet)."""
+        if self.sliding_window is None:
+            return self.max_position_embeddings
+        return min(self.max_position_embeddings, self.sliding_window)
 
     @property
     def is_gpt2(self) -> bool:
@@ -85,6 +100,20 @@ class DecoderConfig:
         rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
         theta = float(config.get("rope_theta") or rope.get("rope_theta") or 10000.0)
         rope_type = rope.get("rope_type") or rope.get("type") or "default"
+        rope_type = "longrope" if rope_type == "su" else rope_type  # Phi-3's first name
+        if rope_type not in ROPE_KINDS:
+            raise ValueError(
+                f"rope scaling {rope_type!r} is not supported ({', '.join(ROPE_KINDS)})"
+            )
+        partial = float(
+            rope.get("partial_rotary_factor") or config.get("partial_rotary_factor") or 1
+        )
+        if partial != 1:
+            raise ValueError(f"a partial rotary embedding ({partial}) is not supported")
+        if "original_max_position_embeddings" in config:
+            rope.setdefault(
+                "original_max_position_embeddings", config["original_max_position_embeddings"]
+            )
         scaling = {} if rope_type == "default" else {**rope, "rope_type": rope_type}
         return cls(
             architecture=arch,
@@ -103,4 +132,14 @@ class DecoderConfig:
             rope_theta=theta,
             rope_scaling=scaling,
             eos_token_ids=eos_ids,
+            sliding_window=_sliding_window(config),
         )
+
+
+def _sliding_window(config: Mapping[str, Any]) -> int | None:
+    """The window a model's attention keeps, where it applies (Qwen2/3 name one they
+    do not use unless ``use_sliding_window``)."""
+    window = config.get("sliding_window")
+    if window is None or config.get("use_sliding_window") is False:
+        return None
+    return int(window)

@@ -66,7 +66,7 @@ class ModelRunner:
         cfg = lm.config
         self.lm = lm
         self.spec = ModelSpec(
-            lm.name, cfg.vocab_size, cfg.max_position_embeddings, lm.eos_token_ids, lm.tokenizer
+            lm.name, cfg.vocab_size, cfg.max_context, lm.eos_token_ids, lm.tokenizer
         )
         self.num_blocks = num_blocks
         self.paths = paths
