@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gpt2")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3", "gpt2")
 VOCAB = 512  # token ids below this decode with the built-in model's tokenizer
 
 
@@ -61,6 +61,22 @@ def hf_config(arch: str, vocab: int = VOCAB) -> Any:
         }
         return tf.Phi3Config(
             tie_word_embeddings=False, rope_scaling=longrope, pad_token_id=0, **llama_like
+        )
+    if arch == "gemma3":  # sliding and global layers, each with its rotary settings;
+        # a window past every test sequence (carpool serves contexts within it)
+        return tf.Gemma3TextConfig(
+            head_dim=32,
+            query_pre_attn_scalar=24,
+            sliding_window=512,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+            },
+            final_logit_softcapping=30.0,
+            pad_token_id=0,
+            bos_token_id=1,
+            **llama_like,
         )
     raise ValueError(arch)
 

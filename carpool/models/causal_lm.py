@@ -23,7 +23,8 @@ from torch import nn
 
 from carpool.config import ConfigError, default_cache_dir
 from carpool.models.attention import AttentionMetadata
-from carpool.models.decoder_config import GPT2_FAMILY, LLAMA_FAMILY, DecoderConfig
+from carpool.models.decoder_config import GEMMA3_FAMILY, GPT2_FAMILY, LLAMA_FAMILY, DecoderConfig
+from carpool.models.gemma3 import Gemma3ForCausalLM
 from carpool.models.generation_defaults import read_generation_defaults
 from carpool.models.gguf_file import GGUFCheckpoint
 from carpool.models.gpt2 import GPT2LMHeadModel
@@ -58,6 +59,7 @@ class CausalLM(Protocol):
 # The families' architecture names are listed once, in ``decoder_config``.
 MODEL_CLASSES: dict[str, type[nn.Module]] = {
     **dict.fromkeys(LLAMA_FAMILY, LlamaForCausalLM),
+    **dict.fromkeys(GEMMA3_FAMILY, Gemma3ForCausalLM),
     **dict.fromkeys(GPT2_FAMILY, GPT2LMHeadModel),
 }
 
@@ -182,14 +184,7 @@ def _reset_buffers(model: nn.Module, config: DecoderConfig, device: str) -> None
 
     for module in model.modules():
         if isinstance(module, RotaryEmbedding):
-            fresh = RotaryEmbedding(
-                config.head_dim,
-                config.max_position_embeddings,
-                config.rope_theta,
-                config.rope_scaling,
-            )
-            module.cos_table = fresh.cos_table.to(device)
-            module.sin_table = fresh.sin_table.to(device)
+            module.reset(device)
 
 
 def convert_gguf(path: Path, cache_dir: Path, progress: bool = True) -> Path:

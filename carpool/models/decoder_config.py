@@ -18,6 +18,8 @@ LLAMA_FAMILY = (
     "Phi3ForCausalLM",
 )
 GPT2_FAMILY = ("GPT2LMHeadModel",)
+GEMMA3_FAMILY = ("Gemma3ForCausalLM",)
+SUPPORTED = LLAMA_FAMILY + GEMMA3_FAMILY + GPT2_FAMILY
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,14 @@ class DecoderConfig:
     # Attention over the last this many positions only (Mistral, Phi-3): not built
     # yet, so a model that has one serves contexts within it (``max_context``).
     sliding_window: int | None = None
+    # Gemma 3: each layer's kind (sliding_attention or full_attention), the rotary
+    # settings of its sliding layers, query_pre_attn_scalar ** -0.5, and the cap on
+    # the final logits (tanh soft-capping) where one is set.
+    layer_types: tuple[str, ...] = ()
+    local_rope_theta: float = 10000.0
+    local_rope_scaling: Mapping[str, Any] = field(default_factory=dict)
+    attention_scale: float | None = None
+    final_logit_softcap: float | None = None
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -66,11 +76,11 @@ class DecoderConfig:
     @classmethod
     def from_hf(cls, config: Mapping[str, Any]) -> DecoderConfig:
         """From a ``config.json`` of a supported architecture."""
-        archs = [a for a in config.get("architectures") or [] if a in LLAMA_FAMILY + GPT2_FAMILY]
+        archs = [a for a in config.get("architectures") or [] if a in SUPPORTED]
         if not archs:
             raise ValueError(
                 f"no supported architecture in {config.get('architectures')!r} "
-                f"(supported: {', '.join(LLAMA_FAMILY + GPT2_FAMILY)})"
+                f"(supported: {', '.join(SUPPORTED)})"
             )
         arch = archs[0]
         eos = config.get("eos_token_id")
@@ -95,27 +105,14 @@ class DecoderConfig:
             )
         heads = int(config["num_attention_heads"])
         hidden = int(config["hidden_size"])
-        # transformers 5 writes rope settings under rope_parameters; 4.x used
-        # rope_theta and rope_scaling at the top level.
-        rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-        theta = float(config.get("rope_theta") or rope.get("rope_theta") or 10000.0)
-        rope_type = rope.get("rope_type") or rope.get("type") or "default"
-        rope_type = "longrope" if rope_type == "su" else rope_type  # Phi-3's first name
-        if rope_type not in ROPE_KINDS:
-            raise ValueError(
-                f"rope scaling {rope_type!r} is not supported ({', '.join(ROPE_KINDS)})"
-            )
         partial = float(
-            rope.get("partial_rotary_factor") or config.get("partial_rotary_factor") or 1
+            config.get("partial_rotary_factor")
+            or (config.get("rope_parameters") or {}).get("partial_rotary_factor")
+            or 1
         )
         if partial != 1:
             raise ValueError(f"a partial rotary embedding ({partial}) is not supported")
-        if "original_max_position_embeddings" in config:
-            rope.setdefault(
-                "original_max_position_embeddings", config["original_max_position_embeddings"]
-            )
-        scaling = {} if rope_type == "default" else {**rope, "rope_type": rope_type}
-        return cls(
+        common: dict[str, Any] = dict(
             architecture=arch,
             vocab_size=int(config["vocab_size"]),
             hidden_size=hidden,
@@ -127,13 +124,69 @@ class DecoderConfig:
             max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
             norm_eps=float(config.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            eos_token_ids=eos_ids,
+            sliding_window=_sliding_window(config),
+        )
+        if arch in GEMMA3_FAMILY:
+            return cls(**{**common, **_gemma3(config)})
+        theta, scaling = _rope(config.get("rope_parameters") or config.get("rope_scaling"), config)
+        return cls(
+            **common,
             attention_bias=arch == "Qwen2ForCausalLM" or bool(config.get("attention_bias")),
             qk_norm=arch == "Qwen3ForCausalLM",
             rope_theta=theta,
             rope_scaling=scaling,
-            eos_token_ids=eos_ids,
-            sliding_window=_sliding_window(config),
         )
+
+
+def _rope(
+    params: Mapping[str, Any] | None, config: Mapping[str, Any], theta_key: str = "rope_theta"
+) -> tuple[float, dict[str, Any]]:
+    """The rotary base and scaling of ``params`` (transformers 5 writes them under
+    ``rope_parameters``; 4.x at the top level: ``theta_key`` and ``rope_scaling``)."""
+    rope = dict(params or {})
+    theta = float(rope.get("rope_theta") or config.get(theta_key) or 10000.0)
+    kind = rope.get("rope_type") or rope.get("type") or "default"
+    kind = "longrope" if kind == "su" else kind  # Phi-3's first name for it
+    if kind not in ROPE_KINDS:
+        raise ValueError(f"rope scaling {kind!r} is not supported ({', '.join(ROPE_KINDS)})")
+    original = config.get("original_max_position_embeddings")
+    if original is not None:  # Phi-3 writes it beside rope_scaling
+        rope.setdefault("original_max_position_embeddings", original)
+    return theta, {} if kind == "default" else {**rope, "rope_type": kind}
+
+
+def _gemma3(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Gemma 3's own fields: layer kinds, the two rotary settings, the scale."""
+    layers = int(config["num_hidden_layers"])
+    kinds = config.get("layer_types")
+    if not kinds:  # 4.x configs: every sliding_window_pattern-th layer is global
+        pattern = int(config.get("sliding_window_pattern") or 6)
+        kinds = [
+            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+            for i in range(layers)
+        ]
+    params = config.get("rope_parameters") or {}
+    if "full_attention" in params:  # transformers 5: one set per layer kind
+        full = _rope(params["full_attention"], config)
+        local = _rope(params.get("sliding_attention"), {"rope_theta": 10000.0})
+    else:
+        full = _rope(config.get("rope_scaling"), config)
+        local = _rope(None, config, theta_key="rope_local_base_freq")
+    if config.get("attn_logit_softcapping") is not None:
+        raise ValueError("attention logit soft-capping (Gemma 2) is not supported")
+    cap = config.get("final_logit_softcapping")
+    return dict(
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
+        qk_norm=True,
+        rope_theta=full[0],
+        rope_scaling=full[1],
+        layer_types=tuple(kinds),
+        local_rope_theta=local[0],
+        local_rope_scaling=local[1],
+        attention_scale=float(config.get("query_pre_attn_scalar") or 256) ** -0.5,
+        final_logit_softcap=None if cap is None else float(cap),
+    )
 
 
 def _sliding_window(config: Mapping[str, Any]) -> int | None:

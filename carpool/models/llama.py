@@ -265,7 +265,7 @@ class LlamaForCausalLM(nn.Module):
         self.stack_unused_because = "not every linear layer has its blocks"
         weights = self.stack_weights()
         if self.config.qk_norm:
-            self.stack_unused_because = "the fused stack has no q/k norm (Qwen3)"
+            self.stack_unused_because = "the fused stack has no q/k norm (Qwen3, Gemma 3)"
         elif kernel is not None and LlamaStack.usable(weights):
             try:
                 self.stack = LlamaStack(weights, self.stack_shape(), kernel.int8_dots)

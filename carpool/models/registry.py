@@ -16,7 +16,7 @@ from typing import Any
 
 from carpool.config import ConfigError
 from carpool.errors import ModelNotFound
-from carpool.models.decoder_config import GPT2_FAMILY, LLAMA_FAMILY
+from carpool.models.decoder_config import SUPPORTED
 from carpool.models.hub import hub_model, is_hub_id
 from carpool.models.weights import read_json
 
@@ -122,7 +122,7 @@ class ModelSource:
 ARCHITECTURES: dict[str, tuple[Task, Callable[[ModelSource, LoadOptions], Any]]] = {
     "BertModel": (Task.EMBED, _embedding),
     "gguf": (Task.GENERATE, _causal_lm),
-    **{arch: (Task.GENERATE, _causal_lm) for arch in LLAMA_FAMILY + GPT2_FAMILY},
+    **{arch: (Task.GENERATE, _causal_lm) for arch in SUPPORTED},
 }
 
 

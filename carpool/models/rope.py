@@ -132,11 +132,18 @@ class RotaryEmbedding(torch.nn.Module):
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: Mapping[str, Any]):
         super().__init__()
+        self.settings = (head_dim, max_positions, theta, dict(scaling))
         cos, sin = rope_tables(head_dim, max_positions, theta, scaling)
         self.cos_table: torch.Tensor
         self.sin_table: torch.Tensor
         self.register_buffer("cos_table", cos, persistent=False)
         self.register_buffer("sin_table", sin, persistent=False)
+
+    def reset(self, device: str | torch.device) -> None:
+        """Compute the tables again on ``device`` (a model built on the meta device
+        has none: they are not in checkpoints)."""
+        cos, sin = rope_tables(*self.settings)
+        self.cos_table, self.sin_table = cos.to(device), sin.to(device)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor

@@ -1,0 +1,136 @@
+"""Gemma 3 (text, ``Gemma3ForCausalLM``) over a flat batch of tokens.
+
+What differs from the Llama family (``carpool.models.llama``, whose projections,
+attention and weight loading it shares): RMSNorms that scale by ``1 + weight`` in
+float32; embeddings scaled by sqrt(hidden size); a norm after attention and one
+before and one after the MLP; q/k norms; attention scaled by
+``query_pre_attn_scalar ** -0.5``; GELU (tanh) gating; sliding layers and global
+layers with rotary settings of their own; optional tanh soft-capping of the
+logits. Sliding-window attention itself is not built: the model serves contexts
+within its window (``DecoderConfig.max_context``), where both kinds of layer
+attend alike.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from carpool.models.attention import AttentionMetadata
+from carpool.models.decoder_config import DecoderConfig
+from carpool.models.llama import LlamaAttention, LlamaForCausalLM
+from carpool.models.llama_stack import LayerWeights
+from carpool.models.packed_linear import Linear
+from carpool.models.rope import RotaryEmbedding
+
+
+class GemmaRMSNorm(nn.Module):
+    """RMSNorm scaling by ``1 + weight``, computed in float32."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = F.rms_norm(x.float(), self.weight.shape, eps=self.eps)
+        return (normed * (1.0 + self.weight.float())).type_as(x)
+
+
+class Gemma3Attention(LlamaAttention):
+    def __init__(self, cfg: DecoderConfig, rope: RotaryEmbedding) -> None:
+        super().__init__(cfg, rope)
+        self.q_norm = GemmaRMSNorm(self.d, cfg.norm_eps)  # type: ignore[assignment]
+        self.k_norm = GemmaRMSNorm(self.d, cfg.norm_eps)  # type: ignore[assignment]
+        self.scale = cfg.attention_scale or self.d**-0.5
+
+
+class Gemma3MLP(nn.Module):
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+
+
+class Gemma3Layer(nn.Module):
+    def __init__(self, cfg: DecoderConfig, rope: RotaryEmbedding) -> None:
+        super().__init__()
+        self.input_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.self_attn = Gemma3Attention(cfg, rope)
+        self.post_attention_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.mlp = Gemma3MLP(cfg)
+        self.post_feedforward_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        h = self.self_attn(self.input_layernorm(x), positions, cache, meta)
+        x = x + self.post_attention_layernorm(h)
+        h = self.mlp(self.pre_feedforward_layernorm(x))
+        return x + self.post_feedforward_layernorm(h)
+
+
+class Gemma3ForCausalLM(LlamaForCausalLM):
+    """Hidden states for a step's tokens, and logits for the rows that sample;
+    Hugging Face's tensor names are loaded as the Llama family's are."""
+
+    _stacked: ClassVar[dict[str, tuple[str, int]]] = LlamaForCausalLM._stacked
+
+    def __init__(self, cfg: DecoderConfig) -> None:
+        nn.Module.__init__(self)
+        self.config = cfg
+        full = RotaryEmbedding(
+            cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
+        )
+        local = RotaryEmbedding(
+            cfg.head_dim,
+            cfg.max_position_embeddings,
+            cfg.local_rope_theta,
+            cfg.local_rope_scaling,
+        )
+        kinds = cfg.layer_types or ("full_attention",) * cfg.num_layers
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_scale = math.sqrt(cfg.hidden_size)
+        self.layers = nn.ModuleList(
+            [Gemma3Layer(cfg, local if kind == "sliding_attention" else full) for kind in kinds]
+        )
+        self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.norm_eps)  # type: ignore[assignment]
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.stack = None
+        self.stack_unused_because = "the fused stack does not run Gemma 3's layers"
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        caches: list[torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        scale = torch.tensor(self.embed_scale, dtype=self.embed_tokens.weight.dtype)
+        x = self.embed_tokens(input_ids) * scale.to(input_ids.device)
+        for layer, cache in zip(self.layers, caches, strict=True):
+            x = layer(x, positions, cache, meta)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(hidden)
+        cap = self.config.final_logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def stack_weights(self) -> list[LayerWeights]:
+        return []  # no fused stack (``stack_unused_because``)
