@@ -67,16 +67,7 @@ def test_gguf_tensors_land_in_place_for_each_type(tmp_path: Path, smollm_folder:
     reference = tiny_models.build("llama", tmp_path / "hf", smollm_folder)
     cfg = reference.config
     path = tmp_path / "tiny.gguf"
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_block_count(cfg.num_hidden_layers)
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_vocab_size(cfg.vocab_size)
+    writer = gguf_writer(path, "llama", cfg)
     kinds = [
         gguf.GGMLQuantizationType.F32,
         gguf.GGMLQuantizationType.F16,
@@ -127,6 +118,21 @@ def test_gguf_tensors_land_in_place_for_each_type(tmp_path: Path, smollm_folder:
         error = (loaded[name] - original).abs().max() / original.abs().max()
         assert error <= tolerance[kind], f"{name} ({kind}) off by {error}"
     assert seen == set(tolerance)
+
+
+def gguf_writer(path: Path, arch: str, cfg: Any) -> gguf.GGUFWriter:
+    """A GGUF writer for ``arch`` with the metadata of the transformers config ``cfg``."""
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_rope_freq_base(cfg.rope_parameters.get("rope_theta", 10000.0))
+    writer.add_vocab_size(cfg.vocab_size)
+    return writer
 
 
 def _llama_cpp_permute(weights: np.ndarray, heads: int) -> np.ndarray:
@@ -237,18 +243,9 @@ def test_a_qwen3_gguf_reads_back_its_config_and_q_k_norms(
     reference = tiny_models.build("qwen3", tmp_path / "hf", smollm_folder)
     cfg = reference.config
     path = tmp_path / "tiny-qwen3.gguf"
-    writer = gguf.GGUFWriter(str(path), "qwen3")
-    writer.add_block_count(cfg.num_hidden_layers)
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer = gguf_writer(path, "qwen3", cfg)
     writer.add_key_length(cfg.head_dim)
     writer.add_value_length(cfg.head_dim)
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
-    writer.add_vocab_size(cfg.vocab_size)
     parts = {v: k for k, v in gguf_file._LAYER_NAMES.items()}
     originals = {}
     for name, tensor in reference.state_dict().items():
