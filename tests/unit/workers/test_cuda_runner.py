@@ -106,6 +106,21 @@ def test_tiny_models_match_transformers_alone_batched_and_cached(
     assert engine.blocks.stats.hits > hits
 
 
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3", "phi3"])
+def test_the_newer_architectures_match_transformers_batched(
+    arch: str, tmp_path: Path, smollm_folder: Path
+) -> None:
+    """Q/K norms and per-layer rotary tables (Qwen3, Gemma 3), LongRoPE (Phi-3) on the
+    GPU runner's kernels: one batched run, prompts prefilled in chunks (the suite's
+    time: the one-by-one runs above cover what the architectures share)."""
+    reference = tiny_models.build(arch, tmp_path, smollm_folder).to(DEVICE)
+    lm = load_causal_lm(tmp_path, progress=False, device=DEVICE)
+    rng = random.Random(arch)
+    prompts = [[rng.randrange(3, tiny_models.VOCAB) for _ in range(n)] for n in (1, 9, 70)]
+    expected = [tiny_models.hf_greedy(reference, p, 10) for p in prompts]
+    assert run(gpu_engine(lm, max_num_batched_tokens=32), prompts, 10) == expected
+
+
 def test_multi_step_decoding_gives_the_tokens_of_one_step_at_a_time(
     tmp_path: Path, smollm_folder: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
