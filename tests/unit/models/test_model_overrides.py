@@ -5,13 +5,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from carpool.config import ConfigError, ServerConfig
-from carpool.models.causal_lm import customize_tokenizer, load_causal_lm
+from carpool.models.causal_lm import customize_tokenizer
 from carpool.server.bootstrap import served_sources
-from tests import tiny_models
 
 TEMPLATE = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
 
@@ -32,11 +33,19 @@ def test_models_are_served_under_the_names_given_in_order() -> None:
         )
 
 
+def lm_of(vocab: int, tokenizer_folder: Path) -> Any:
+    """What ``customize_tokenizer`` reads of a loaded model: its name, vocabulary size
+    and tokenizer (no weights needed)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_folder))
+    return SimpleNamespace(name="m", config=SimpleNamespace(vocab_size=vocab), tokenizer=tokenizer)
+
+
 def test_a_chat_template_from_a_file_or_a_string_and_a_tokenizer_folder(
     tmp_path: Path, smollm_folder: Path
 ) -> None:
-    tiny_models.build("llama", tmp_path / "m", smollm_folder, vocab=49152)
-    lm = load_causal_lm(tmp_path / "m", progress=False)
+    lm = lm_of(49152, smollm_folder)
     hello = [{"role": "user", "content": "hi"}]
     (tmp_path / "t.jinja").write_text(TEMPLATE)
     customize_tokenizer(lm, chat_template=str(tmp_path / "t.jinja"))
@@ -45,12 +54,11 @@ def test_a_chat_template_from_a_file_or_a_string_and_a_tokenizer_folder(
     assert lm.tokenizer.apply_chat_template(hello, tokenize=False) == "HI"
     with pytest.raises(ConfigError, match="does not parse"):
         customize_tokenizer(lm, chat_template="{% for %}")
+    before = lm.tokenizer
     customize_tokenizer(lm, tokenizer=str(smollm_folder))
-    assert lm.tokenizer.encode("hello") == [28120]  # the built-in model's tokenizer
-    small = tmp_path / "small"
-    tiny_models.build("llama", small, smollm_folder)  # a 512-token vocabulary
-    small_lm = load_causal_lm(small, progress=False)
+    assert lm.tokenizer is not before and lm.tokenizer.encode("hello") == [28120]
+    small = lm_of(512, smollm_folder)  # a model with a 512-token vocabulary
     with pytest.raises(ConfigError, match="tokens"):
-        customize_tokenizer(small_lm, tokenizer=str(smollm_folder))
+        customize_tokenizer(small, tokenizer=str(smollm_folder))
     with pytest.raises(ConfigError, match="neither a folder"):
-        customize_tokenizer(small_lm, tokenizer=str(tmp_path / "nothing"))
+        customize_tokenizer(small, tokenizer=str(tmp_path / "nothing"))
