@@ -118,10 +118,10 @@ class MessageShaper:
     def _reason(self, final: RequestOutput) -> tuple[str, str | None]:
         """Anthropic's stop reason (and the stop sequence met, if one was)."""
         out = final.outputs[0]
+        if out.finish_reason == FinishReason.LENGTH:  # even mid-call: it was cut short
+            return "max_tokens", None
         if self._calls:
             return "tool_use", None
-        if out.finish_reason == FinishReason.LENGTH:
-            return "max_tokens", None
         if isinstance(out.stop_reason, str) and out.stop_reason in self.stop_sequences:
             return "stop_sequence", out.stop_reason
         return "end_turn", None

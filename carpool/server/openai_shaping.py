@@ -147,7 +147,7 @@ class Shaper:
         events = reader.feed(out.new_text)
         if reason is not None:
             events += reader.finish()
-            if reader.calls:
+            if reader.calls and reason != "length":  # a reply cut short says so
                 reason = "tool_calls"
         if not events and reason is None:
             return None

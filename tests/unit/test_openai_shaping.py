@@ -131,3 +131,12 @@ def test_usage_sums_every_prompt() -> None:
         "completion_tokens": 4,
         "total_tokens": 9,
     }
+
+
+def test_a_streamed_call_cut_by_max_tokens_ends_with_length() -> None:
+    tools = shaper(tool_form="generic")
+    cut = '{"tool_calls":[{"name":"f","arguments":{"a":'
+    out = CompletionOutput(0, new_text=cut, finish_reason=FinishReason.LENGTH)
+    choice = tools.delta(0, RequestOutput("r", ids("hi"), [out]), out, set())
+    assert choice is not None and choice["finish_reason"] == "length"
+    assert choice["delta"]["tool_calls"][0]["function"]["name"] == "f"

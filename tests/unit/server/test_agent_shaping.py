@@ -200,6 +200,7 @@ def test_message_stop_reasons() -> None:
     cut = MessageShaper("m", 1, [])
     run(cut, [CallStarted(0, "c", "f"), ArgumentsDelta(0, '{"a": '), finished(FinishReason.LENGTH)])
     assert cut.message()["content"][0]["input"] == {}  # cut short: no arguments that parse
+    assert cut.stop_reason == "max_tokens"
 
 
 def test_a_failed_message_stream_ends_with_anthropics_error() -> None:
