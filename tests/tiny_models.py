@@ -13,7 +13,9 @@ ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3", "gpt2")
 VOCAB = 512  # token ids below this decode with the built-in model's tokenizer
 
 
-def hf_config(arch: str, vocab: int = VOCAB) -> Any:
+def hf_config(arch: str, vocab: int = VOCAB, sliding_window: int | None = None) -> Any:
+    """``sliding_window``: Mistral's (all layers) or Gemma 3's (its sliding layers);
+    None keeps each default (Mistral none, Gemma 3 past every test sequence)."""
     import transformers as tf
 
     common: dict[str, Any] = {"vocab_size": vocab, "initializer_range": 0.2, "eos_token_id": 2}
@@ -41,7 +43,9 @@ def hf_config(arch: str, vocab: int = VOCAB) -> Any:
             **llama_like,
         )
     if arch == "mistral":
-        return tf.MistralConfig(sliding_window=None, tie_word_embeddings=True, **llama_like)
+        return tf.MistralConfig(
+            sliding_window=sliding_window, tie_word_embeddings=True, **llama_like
+        )
     if arch == "qwen2":
         return tf.Qwen2Config(tie_word_embeddings=True, **llama_like)
     if arch == "qwen3":  # q/k norms; a head_dim that is not hidden / heads; YaRN
@@ -62,12 +66,11 @@ def hf_config(arch: str, vocab: int = VOCAB) -> Any:
         return tf.Phi3Config(
             tie_word_embeddings=False, rope_scaling=longrope, pad_token_id=0, **llama_like
         )
-    if arch == "gemma3":  # sliding and global layers, each with its rotary settings;
-        # a window past every test sequence (carpool serves contexts within it)
+    if arch == "gemma3":  # sliding and global layers, each with its rotary settings
         return tf.Gemma3TextConfig(
             head_dim=32,
             query_pre_attn_scalar=24,
-            sliding_window=512,
+            sliding_window=sliding_window or 512,
             layer_types=["sliding_attention", "full_attention"],
             rope_parameters={
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
@@ -81,14 +84,22 @@ def hf_config(arch: str, vocab: int = VOCAB) -> Any:
     raise ValueError(arch)
 
 
-def build(arch: str, folder: Path, tokenizer_dir: Path, seed: int = 0, vocab: int = VOCAB) -> Any:
+def build(
+    arch: str,
+    folder: Path,
+    tokenizer_dir: Path,
+    seed: int = 0,
+    vocab: int = VOCAB,
+    sliding_window: int | None = None,
+) -> Any:
     """Save a random ``arch`` model with the given tokenizer into ``folder``; return
     the transformers model (eval, float32). ``vocab``: its vocabulary (the whole
     tokenizer's where a grammar's forced tokens must be reachable)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(hf_config(arch, vocab)).eval()
+    config = hf_config(arch, vocab, sliding_window)
+    model = AutoModelForCausalLM.from_config(config).eval()
     model.save_pretrained(str(folder), safe_serialization=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (tokenizer_dir / name).exists():

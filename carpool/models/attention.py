@@ -12,6 +12,11 @@ so the copying, small).
 
 The cache of one layer is a tensor [2, num_blocks, block_size, kv_heads, head_dim]
 (keys, then values); a token's slot is ``block * block_size + offset``.
+
+A sliding-window layer (``window``) attends a query at position p to keys p - window
++ 1 ... p only; its masks are the step's narrowed, and the native kernel starts each
+row there. The device path ignores windows: its runner serves no context longer than
+the narrowest window (``DecoderConfig.unwindowed_context``), so none ever cuts.
 """
 
 from __future__ import annotations
@@ -124,9 +129,11 @@ def paged_attention(
     cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """``q``: [T, H, D]; ``k``, ``v``: [T, Hkv, D]. Stores k and v in ``cache``, then
-    returns the attention output [T, H, D]."""
+    returns the attention output [T, H, D] (over the last ``window`` positions where
+    one is given)."""
     if meta.device is not None:
         return meta.device.attend(q, k, v, cache, scale)
     kv_heads, head_dim = cache.shape[-2:]
@@ -138,18 +145,24 @@ def paged_attention(
         n = meta.native
         queries = q[: n.count].contiguous()
         tables, lens = n.block_tables[: n.count], n.context_lens[: n.count]
-        n.kernel(queries, keys, values, tables, lens, out[: n.count], scale)
+        n.kernel(queries, keys, values, tables, lens, out[: n.count], scale, window)
     for group in meta.singles:
         b, rows = group.count, slice(group.start, group.start + group.count)
         kc = keys[group.block_tables].view(b, -1, kv_heads, head_dim).transpose(1, 2)
         vc = values[group.block_tables].view(b, -1, kv_heads, head_dim).transpose(1, 2)
         attended = F.scaled_dot_product_attention(
-            q[rows].unsqueeze(2), kc, vc, attn_mask=group.mask, scale=scale, enable_gqa=True
+            q[rows].unsqueeze(2),
+            kc,
+            vc,
+            attn_mask=_windowed_single(group.mask, window),
+            scale=scale,
+            enable_gqa=True,
         )
         out[rows] = attended.squeeze(2)
     for seg in meta.prefills:
         rows = slice(seg.start, seg.start + seg.num_tokens)
-        if seg.mask is None:
+        mask = _windowed_prefill(seg, window)
+        if mask is None:
             kc, vc = k[rows], v[rows]
         else:
             context = seg.num_cached + seg.num_tokens
@@ -159,8 +172,8 @@ def paged_attention(
             q[rows].transpose(0, 1).unsqueeze(0),
             kc.transpose(0, 1).unsqueeze(0),
             vc.transpose(0, 1).unsqueeze(0),
-            attn_mask=seg.mask,
-            is_causal=seg.mask is None,
+            attn_mask=mask,
+            is_causal=mask is None,
             scale=scale,
             enable_gqa=True,
         )
@@ -176,6 +189,7 @@ def rotary_attention(
     meta: AttentionMetadata,
     heads: tuple[int, int, int],
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """``paged_attention`` of a fused projection ``qkv`` [T, (H + 2 Hkv) * D] whose
     queries and keys take the rotary embedding first; ``heads`` is (H, Hkv, D).
@@ -186,4 +200,26 @@ def rotary_attention(
     t = qkv.shape[0]
     q, k, v = qkv.split([h * d, hkv * d, hkv * d], dim=-1)
     q, k = rope(q.view(t, h, d), k.view(t, hkv, d), positions)
-    return paged_attention(q, k, v.view(t, hkv, d), cache, meta, scale)
+    return paged_attention(q, k, v.view(t, hkv, d), cache, meta, scale, window)
+
+
+def _windowed_single(mask: torch.Tensor, window: int | None) -> torch.Tensor:
+    """A group's mask [count, 1, 1, keys] (each row's first len keys) keeping each
+    row's last ``window`` keys only."""
+    if window is None or mask.shape[-1] <= window:
+        return mask
+    lens = mask.sum(dim=-1, keepdim=True)
+    keys = torch.arange(mask.shape[-1], device=mask.device)
+    return mask & (keys >= lens - window)
+
+
+def _windowed_prefill(seg: PrefillSegment, window: int | None) -> torch.Tensor | None:
+    """The chunk's mask (None: plain causal over the chunk alone), narrowed to
+    ``window`` where the chunk reaches past it."""
+    if window is None or seg.num_cached + seg.num_tokens <= window:
+        return seg.mask
+    device = seg.block_ids.device
+    queries = torch.arange(seg.num_cached, seg.num_cached + seg.num_tokens, device=device)
+    keys = torch.arange(seg.num_cached + seg.num_tokens, device=device)  # no mask: none cached
+    causal = keys[None, :] <= queries[:, None] if seg.mask is None else seg.mask
+    return causal & (keys[None, :] > queries[:, None] - window)

@@ -37,9 +37,11 @@ class DecodeKernel:
         context_lens: torch.Tensor,
         out: torch.Tensor,
         scale: float,
+        window: int | None = None,
     ) -> None:
         """``q``, ``out``: [S, H, D]; ``keys``, ``values``: [blocks, block_size, Hkv, D];
-        ``block_tables``: [S, max_blocks]; ``context_lens``: [S]. Writes ``out``."""
+        ``block_tables``: [S, max_blocks]; ``context_lens``: [S]; ``window``: a
+        sliding-window layer's (a row attends its last ``window`` tokens). Writes ``out``."""
         check_tensors(
             q=(q, torch.float32),
             keys=(keys, torch.float32),
@@ -62,6 +64,8 @@ class DecodeKernel:
             raise ValueError(f"{num_heads} query heads do not share {num_kv_heads} KV heads")
         check_range("block_tables", block_tables, 0, num_blocks - 1)
         check_range("context_lens", context_lens, 1, max_blocks * block_size)
+        if window is not None and window < 1:
+            raise ValueError(f"a sliding window of {window} tokens")
         failed = self._function(
             q.data_ptr(),
             keys.data_ptr(),
@@ -75,6 +79,7 @@ class DecodeKernel:
             head_dim,
             block_size,
             max_blocks,
+            window or 0,
             scale,
             torch.get_num_threads(),
         )
@@ -92,7 +97,7 @@ def decode_kernel_in(library: ctypes.CDLL) -> DecodeKernel:
     """The kernel of a loaded ``paged_decode_attention`` library."""
     function = library.paged_decode_attention
     function.restype = ctypes.c_int
-    pointers, sizes = [ctypes.c_void_p] * 6, [ctypes.c_int64] * 6
+    pointers, sizes = [ctypes.c_void_p] * 6, [ctypes.c_int64] * 7
     function.argtypes = [*pointers, *sizes, ctypes.c_float, ctypes.c_int]
     return DecodeKernel(function)
 

@@ -42,10 +42,12 @@ class DecoderConfig:
     rope_theta: float = 10000.0
     rope_scaling: Mapping[str, Any] = field(default_factory=dict)
     eos_token_ids: tuple[int, ...] = ()
-    # Attention over the last this many positions only (Mistral, Phi-3): not built
-    # yet, so a model that has one serves contexts within it (``max_context``).
+    # Attention over the last this many positions only (Mistral, Phi-3, Gemma 3's
+    # sliding layers, Qwen2/3 with use_sliding_window): a query at position p sees
+    # keys p - window + 1 ... p, as transformers' sliding-window mask.
     sliding_window: int | None = None
-    # Gemma 3: each layer's kind (sliding_attention or full_attention), the rotary
+    # Each layer's kind (sliding_attention or full_attention; empty: every layer is
+    # windowed where a window is set), and for Gemma 3 the rotary
     # settings of its sliding layers, query_pre_attn_scalar ** -0.5, and the cap on
     # the final logits (tanh soft-capping) where one is set.
     layer_types: tuple[str, ...] = ()
@@ -63,11 +65,27 @@ class DecoderConfig:
 
     @property
     def max_context(self) -> int:
-        """The longest sequence served: the positions the model knows, within its
-        sliding window where it has one (windowed attention is not built yet)."""
+        """The longest sequence served: the positions the model knows."""
+        return self.max_position_embeddings
+
+    @property
+    def unwindowed_context(self) -> int:
+        """The longest sequence a runner without windowed attention serves (the GPU
+        runner's Triton kernels): one no window has to cut."""
         if self.sliding_window is None:
             return self.max_position_embeddings
         return min(self.max_position_embeddings, self.sliding_window)
+
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """Each layer's sliding window, None where it attends the whole context."""
+        if self.sliding_window is None:
+            return (None,) * self.num_layers
+        if not self.layer_types:
+            return (self.sliding_window,) * self.num_layers
+        return tuple(
+            self.sliding_window if kind == "sliding_attention" else None
+            for kind in self.layer_types
+        )
 
     @property
     def is_gpt2(self) -> bool:
@@ -136,6 +154,7 @@ class DecoderConfig:
             qk_norm=arch == "Qwen3ForCausalLM",
             rope_theta=theta,
             rope_scaling=scaling,
+            layer_types=_layer_types(config, int(config["num_hidden_layers"])),
         )
 
 
@@ -187,6 +206,17 @@ def _gemma3(config: Mapping[str, Any]) -> dict[str, Any]:
         attention_scale=float(config.get("query_pre_attn_scalar") or 256) ** -0.5,
         final_logit_softcap=None if cap is None else float(cap),
     )
+
+
+def _layer_types(config: Mapping[str, Any], layers: int) -> tuple[str, ...]:
+    """Which layers are windowed, where not all are: the config's list, or Qwen2/3's
+    rule (layers from ``max_window_layers`` on)."""
+    if config.get("layer_types"):
+        return tuple(config["layer_types"])
+    if config.get("use_sliding_window") and config.get("max_window_layers") is not None:
+        first = int(config["max_window_layers"])
+        return tuple("sliding_attention" if i >= first else "full_attention" for i in range(layers))
+    return ()
 
 
 def _sliding_window(config: Mapping[str, Any]) -> int | None:

@@ -5,10 +5,8 @@ attention and weight loading it shares): RMSNorms that scale by ``1 + weight`` i
 float32; embeddings scaled by sqrt(hidden size); a norm after attention and one
 before and one after the MLP; q/k norms; attention scaled by
 ``query_pre_attn_scalar ** -0.5``; GELU (tanh) gating; sliding layers and global
-layers with rotary settings of their own; optional tanh soft-capping of the
-logits. Sliding-window attention itself is not built: the model serves contexts
-within its window (``DecoderConfig.max_context``), where both kinds of layer
-attend alike.
+layers with rotary settings of their own, the sliding ones attending their window
+only; optional tanh soft-capping of the logits.
 """
 
 from __future__ import annotations
@@ -42,8 +40,8 @@ class GemmaRMSNorm(nn.Module):
 
 
 class Gemma3Attention(LlamaAttention):
-    def __init__(self, cfg: DecoderConfig, rope: RotaryEmbedding) -> None:
-        super().__init__(cfg, rope)
+    def __init__(self, cfg: DecoderConfig, rope: RotaryEmbedding, window: int | None) -> None:
+        super().__init__(cfg, rope, window)
         self.q_norm = GemmaRMSNorm(self.d, cfg.norm_eps)  # type: ignore[assignment]
         self.k_norm = GemmaRMSNorm(self.d, cfg.norm_eps)  # type: ignore[assignment]
         self.scale = cfg.attention_scale or self.d**-0.5
@@ -61,10 +59,10 @@ class Gemma3MLP(nn.Module):
 
 
 class Gemma3Layer(nn.Module):
-    def __init__(self, cfg: DecoderConfig, rope: RotaryEmbedding) -> None:
+    def __init__(self, cfg: DecoderConfig, rope: RotaryEmbedding, window: int | None) -> None:
         super().__init__()
         self.input_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.norm_eps)
-        self.self_attn = Gemma3Attention(cfg, rope)
+        self.self_attn = Gemma3Attention(cfg, rope, window)
         self.post_attention_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.pre_feedforward_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.mlp = Gemma3MLP(cfg)
@@ -101,11 +99,10 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
             cfg.local_rope_theta,
             cfg.local_rope_scaling,
         )
-        kinds = cfg.layer_types or ("full_attention",) * cfg.num_layers
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.embed_scale = math.sqrt(cfg.hidden_size)
         self.layers = nn.ModuleList(
-            [Gemma3Layer(cfg, local if kind == "sliding_attention" else full) for kind in kinds]
+            [Gemma3Layer(cfg, full if w is None else local, w) for w in cfg.layer_windows()]
         )
         self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.norm_eps)  # type: ignore[assignment]
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)

@@ -50,8 +50,11 @@ class RMSNorm(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: DecoderConfig, rope: RotaryEmbedding) -> None:
+    def __init__(
+        self, cfg: DecoderConfig, rope: RotaryEmbedding, window: int | None = None
+    ) -> None:
         super().__init__()
+        self.window = window
         self.h, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.qkv_proj = Linear(
             cfg.hidden_size, (self.h + 2 * self.hkv) * self.d, bias=cfg.attention_bias
@@ -73,7 +76,9 @@ class LlamaAttention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             qkv = self._norm_heads(qkv, self.q_norm, self.k_norm)
         heads = (self.h, self.hkv, self.d)
-        out = rotary_attention(qkv, positions, self.rope, cache, meta, heads, self.scale)
+        out = rotary_attention(
+            qkv, positions, self.rope, cache, meta, heads, self.scale, self.window
+        )
         return self.o_proj(out.view(x.shape[0], self.h * self.d))
 
     def _norm_heads(self, qkv: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm) -> torch.Tensor:
@@ -102,10 +107,12 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaLayer(nn.Module):
-    def __init__(self, cfg: DecoderConfig, rope: RotaryEmbedding) -> None:
+    def __init__(
+        self, cfg: DecoderConfig, rope: RotaryEmbedding, window: int | None = None
+    ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
-        self.self_attn = LlamaAttention(cfg, rope)
+        self.self_attn = LlamaAttention(cfg, rope, window)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.mlp = LlamaMLP(cfg)
 
@@ -148,7 +155,7 @@ class LlamaForCausalLM(nn.Module):
             cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
         )
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList([LlamaLayer(cfg, rope) for _ in range(cfg.num_layers)])
+        self.layers = nn.ModuleList([LlamaLayer(cfg, rope, w) for w in cfg.layer_windows()])
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
@@ -266,6 +273,8 @@ class LlamaForCausalLM(nn.Module):
         weights = self.stack_weights()
         if self.config.qk_norm:
             self.stack_unused_because = "the fused stack has no q/k norm (Qwen3, Gemma 3)"
+        elif self.config.sliding_window is not None:
+            self.stack_unused_because = "the fused stack has no sliding-window attention"
         elif kernel is not None and LlamaStack.usable(weights):
             try:
                 self.stack = LlamaStack(weights, self.stack_shape(), kernel.int8_dots)

@@ -5,6 +5,10 @@
    k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim], float32
    table:            the sequence's block ids (entries past its context unused)
 
+   A row attends tokens [first, len) of its sequence: first is 0, or len - window
+   for a sliding-window layer (Mistral's, Gemma 3's local ones) whose window the
+   context has outgrown (window_start).
+
    The softmax is in float32 with the row maximum subtracted; nothing depends on
    other sequences or heads, so a result does not depend on what else is batched. */
 
@@ -22,21 +26,26 @@ typedef struct {
     float scale;
 } AttentionShape;
 
-/* out_head = softmax(scale * q_head . K^T) V over the first len tokens of the
+/* The first token a row of context len attends (window 0: no window) */
+static inline int64_t window_start(int64_t len, int64_t window) {
+    return window > 0 && len > window ? len - window : 0;
+}
+
+/* out_head = softmax(scale * q_head . K^T) V over tokens [first, len) of the
    sequence, for query head h (which reads kv head h / (num_heads / num_kv_heads));
-   scores: scratch of at least len floats */
+   scores: scratch of at least len - first floats */
 static void attend_head(const AttentionShape *a, const float *q_head, const float *k_cache,
-                        const float *v_cache, const int64_t *table, int64_t len, int64_t h,
-                        float *scores, float *out_head) {
+                        const float *v_cache, const int64_t *table, int64_t first, int64_t len,
+                        int64_t h, float *scores, float *out_head) {
     const int64_t d = a->head_dim, stride = a->num_kv_heads * d;
     const int64_t kv_offset = (h / (a->num_heads / a->num_kv_heads)) * d;
     /* token t is row t % block_size of block table[t / block_size]: walked block by
        block, since a division per token cost more than the dot product */
-    const int64_t bs = a->block_size;
+    const int64_t bs = a->block_size, n = len - first;
     float maximum = -INFINITY;
-    for (int64_t b = 0, t = 0; t < len; b++) {
+    for (int64_t b = first / bs, i0 = first % bs, t = 0; t < n; b++, i0 = 0) {
         const float *kb = k_cache + table[b] * bs * stride + kv_offset;
-        for (int64_t i = 0; i < bs && t < len; i++, t++) {
+        for (int64_t i = i0; i < bs && t < n; i++, t++) {
             const float *kh = kb + i * stride;
             float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
@@ -46,11 +55,11 @@ static void attend_head(const AttentionShape *a, const float *q_head, const floa
             if (dot > maximum) maximum = dot;
         }
     }
-    const float sum = exp_shifted(scores, maximum, scores, len);
+    const float sum = exp_shifted(scores, maximum, scores, n);
     for (int64_t j = 0; j < d; j++) out_head[j] = 0.f;
-    for (int64_t b = 0, t = 0; t < len; b++) {
+    for (int64_t b = first / bs, i0 = first % bs, t = 0; t < n; b++, i0 = 0) {
         const float *vb = v_cache + table[b] * bs * stride + kv_offset;
-        for (int64_t i = 0; i < bs && t < len; i++, t++) {
+        for (int64_t i = i0; i < bs && t < n; i++, t++) {
             const float *vh = vb + i * stride;
             const float p = scores[t];
 #pragma omp simd
@@ -76,21 +85,21 @@ static inline float sum8(__m256 v) {
    token's keys (then values), all kv heads side by side, are read once and used by
    every query head (the cache comes from memory: that is what bounds a step of many
    sequences). q_seq, out_seq: [num_heads, head_dim]; scores: scratch of
-   num_heads * len floats. Vectorised by hand where head_dim is a multiple of 8;
+   num_heads * (len - first) floats. Vectorised by hand where head_dim is a multiple of 8;
    attend_head's order of operations per head otherwise. */
 static void attend_sequence(const AttentionShape *a, const float *q_seq, const float *k_cache,
-                            const float *v_cache, const int64_t *table, int64_t len,
-                            float *scores, float *out_seq) {
+                            const float *v_cache, const int64_t *table, int64_t first,
+                            int64_t len, float *scores, float *out_seq) {
     const int64_t d = a->head_dim, heads = a->num_heads;
     const int64_t group = heads / a->num_kv_heads;
 #if defined(__AVX2__) && defined(__FMA__)
     if (d % 8 == 0 && heads <= MAX_HEADS) {
-        const int64_t stride = a->num_kv_heads * d, bs = a->block_size;
+        const int64_t stride = a->num_kv_heads * d, bs = a->block_size, n = len - first;
         float maxima[MAX_HEADS], sums[MAX_HEADS];
         for (int64_t h = 0; h < heads; h++) maxima[h] = -INFINITY;
-        for (int64_t b = 0, t = 0; t < len; b++) {
+        for (int64_t b = first / bs, i0 = first % bs, t = 0; t < n; b++, i0 = 0) {
             const float *kb = k_cache + table[b] * bs * stride;
-            for (int64_t i = 0; i < bs && t < len; i++, t++) {
+            for (int64_t i = i0; i < bs && t < n; i++, t++) {
                 const float *kt = kb + i * stride;
                 for (int64_t h = 0; h < heads; h++) {
                     const float *qh = q_seq + h * d, *kh = kt + (h / group) * d;
@@ -98,20 +107,20 @@ static void attend_sequence(const AttentionShape *a, const float *q_seq, const f
                     for (int64_t j = 0; j < d; j += 8)
                         acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + j), _mm256_loadu_ps(kh + j), acc);
                     const float dot = sum8(acc) * a->scale;
-                    scores[h * len + t] = dot;
+                    scores[h * n + t] = dot;
                     if (dot > maxima[h]) maxima[h] = dot;
                 }
             }
         }
         for (int64_t h = 0; h < heads; h++)
-            sums[h] = exp_shifted(scores + h * len, maxima[h], scores + h * len, len);
+            sums[h] = exp_shifted(scores + h * n, maxima[h], scores + h * n, n);
         for (int64_t j = 0; j < heads * d; j++) out_seq[j] = 0.f;
-        for (int64_t b = 0, t = 0; t < len; b++) {
+        for (int64_t b = first / bs, i0 = first % bs, t = 0; t < n; b++, i0 = 0) {
             const float *vb = v_cache + table[b] * bs * stride;
-            for (int64_t i = 0; i < bs && t < len; i++, t++) {
+            for (int64_t i = i0; i < bs && t < n; i++, t++) {
                 const float *vt = vb + i * stride;
                 for (int64_t h = 0; h < heads; h++) {
-                    const __m256 p = _mm256_set1_ps(scores[h * len + t]);
+                    const __m256 p = _mm256_set1_ps(scores[h * n + t]);
                     const float *vh = vt + (h / group) * d;
                     float *oh = out_seq + h * d;
                     for (int64_t j = 0; j < d; j += 8)
@@ -128,16 +137,18 @@ static void attend_sequence(const AttentionShape *a, const float *q_seq, const f
     }
 #endif
     for (int64_t h = 0; h < heads; h++)
-        attend_head(a, q_seq + h * d, k_cache, v_cache, table, len, h, scores, out_seq + h * d);
+        attend_head(a, q_seq + h * d, k_cache, v_cache, table, first, len, h, scores,
+                    out_seq + h * d);
 }
 
 /* Every head of every sequence: q, out [num_seqs, num_heads, head_dim];
-   block_tables [num_seqs, max_blocks]; context_lens [num_seqs], each >= 1.
-   Returns nonzero when scratch could not be allocated. */
+   block_tables [num_seqs, max_blocks]; context_lens [num_seqs], each >= 1; window:
+   the layer's sliding window (0: none). Returns nonzero when scratch could not be
+   allocated. */
 static int attend_all(const AttentionShape *a, const float *q, const float *k_cache,
                       const float *v_cache, const int64_t *block_tables, int64_t max_blocks,
-                      const int64_t *context_lens, int64_t num_seqs, float *out,
-                      int num_threads) {
+                      const int64_t *context_lens, int64_t window, int64_t num_seqs,
+                      float *out, int num_threads) {
     int64_t longest = 1;
     for (int64_t s = 0; s < num_seqs; s++)
         if (context_lens[s] > longest) longest = context_lens[s];
@@ -154,7 +165,8 @@ static int attend_all(const AttentionShape *a, const float *q, const float *k_ca
         for (int64_t s = 0; s < num_seqs; s++) {
             if (scores == NULL) continue;
             attend_sequence(a, q + s * seq_size, k_cache, v_cache, block_tables + s * max_blocks,
-                            context_lens[s], scores, out + s * seq_size);
+                            window_start(context_lens[s], window), context_lens[s], scores,
+                            out + s * seq_size);
         }
         free(scores);
     }

@@ -2,7 +2,8 @@
    carpool.models.decode_kernel: one query token per sequence.
 
    q, out:       [num_seqs, num_heads, head_dim], float32, contiguous
-   block_tables: [num_seqs, max_blocks], int64; context_lens: [num_seqs], int64, >= 1 */
+   block_tables: [num_seqs, max_blocks], int64; context_lens: [num_seqs], int64, >= 1;
+   window: a sliding-window layer's window, 0 for none */
 
 #include "abi.h"
 
@@ -12,8 +13,8 @@ int paged_decode_attention(const float *q, const float *k_cache, const float *v_
                            const int64_t *block_tables, const int64_t *context_lens,
                            float *out, int64_t num_seqs, int64_t num_heads,
                            int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-                           int64_t max_blocks, float scale, int num_threads) {
+                           int64_t max_blocks, int64_t window, float scale, int num_threads) {
     const AttentionShape a = {num_heads, num_kv_heads, head_dim, block_size, scale};
-    return attend_all(&a, q, k_cache, v_cache, block_tables, max_blocks, context_lens, num_seqs,
-                      out, num_threads);
+    return attend_all(&a, q, k_cache, v_cache, block_tables, max_blocks, context_lens, window,
+                      num_seqs, out, num_threads);
 }

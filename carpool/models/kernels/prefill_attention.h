@@ -263,7 +263,7 @@ static int attend_rows(const AttentionShape *a, const float *q, const float *k_c
             const AttentionItem it = items[i];
             if (it.chunk < 0) {
                 const int64_t *table = block_tables + row_seqs[it.first_row] * max_blocks;
-                attend_sequence(a, q + it.first_row * row_size, k_cache, v_cache, table,
+                attend_sequence(a, q + it.first_row * row_size, k_cache, v_cache, table, 0,
                                 context_lens[it.first_row], scores, out + it.first_row * row_size);
             } else {
                 attend_chunk_tile(a, q, chunks + it.chunk, context_lens, it.first_row, it.rows,

@@ -63,6 +63,26 @@ def test_tiny_model_matches_transformers_alone_and_batched(
     assert generate(lm, prompts, 20, max_num_batched_tokens=64) == expected
 
 
+@pytest.mark.parametrize("arch", ["mistral", "gemma3"])
+def test_sliding_windows_match_transformers_past_the_window(
+    arch: str, tmp_path: Path, smollm_folder: Path
+) -> None:
+    """A window of 16 (Mistral: every layer; Gemma 3: its sliding layer beside a
+    global one) under prompts and outputs well past it: alone, then batched with
+    prompts prefilled in chunks that start past the window, on the native decode
+    kernel and on torch's grouped path."""
+    reference = tiny_models.build(arch, tmp_path, smollm_folder, sliding_window=16)
+    lm = load_causal_lm(tmp_path, progress=False)
+    assert set(lm.config.layer_windows()) >= {16}
+    rng = random.Random(arch)
+    prompts = [[rng.randrange(3, tiny_models.VOCAB) for _ in range(n)] for n in (5, 23, 90)]
+    expected = [tiny_models.hf_greedy(reference, p, 24) for p in prompts]
+    assert [generate(lm, [p], 24)[0] for p in prompts] == expected
+    for kernel in ("native", "torch"):
+        got = generate(lm, prompts, 24, max_num_batched_tokens=32, attention_kernel=kernel)
+        assert got == expected, kernel
+
+
 def test_gguf_tensors_land_in_place_for_each_type(tmp_path: Path, smollm_folder: Path) -> None:
     reference = tiny_models.build("llama", tmp_path / "hf", smollm_folder)
     cfg = reference.config

@@ -45,6 +45,7 @@ def attend(
     contexts: list[int],
     native: bool,
     kernel: DecodeKernel | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     width = max(len(t) for t in tables)
     padded = torch.tensor([t + [0] * (width - len(t)) for t in tables])
@@ -69,7 +70,7 @@ def attend(
         group = SingleGroup(0, len(contexts), padded, mask)
         meta = AttentionMetadata(torch.empty(0, dtype=torch.long), (group,), ())
     empty = torch.empty(0, cache.shape[3], cache.shape[4])
-    return paged_attention(q, empty, empty, cache, meta, scale=0.25)
+    return paged_attention(q, empty, empty, cache, meta, scale=0.25, window=window)
 
 
 @pytest.mark.parametrize(
@@ -82,6 +83,22 @@ def test_native_matches_torch(heads: int, kv_heads: int, block_size: int, head_d
     torch_out = attend(cache, q, tables, contexts, native=False)
     native_out = attend(cache, q, tables, contexts, native=True)
     torch.testing.assert_close(native_out, torch_out, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("head_dim", [16, 12])  # 12: the scalar path
+def test_a_sliding_window_starts_each_row_where_torch_does(head_dim: int) -> None:
+    """Windows that start mid-block, on a block edge, and before the context (all of it)."""
+    contexts = [1, 7, 16, 17, 40, 131]
+    cache, q, tables = paged_inputs(contexts, 6, 2, 8, head_dim=head_dim)
+    whole = attend(cache, q, tables, contexts, native=True)
+    for window in (5, 8, 17):
+        torch_out = attend(cache, q, tables, contexts, native=False, window=window)
+        native_out = attend(cache, q, tables, contexts, native=True, window=window)
+        torch.testing.assert_close(native_out, torch_out, rtol=1e-5, atol=1e-5)
+        within = [i for i, c in enumerate(contexts) if c <= window]
+        assert torch.equal(native_out[within], whole[within])
+        past = [i for i, c in enumerate(contexts) if c > window]
+        assert not torch.allclose(native_out[past], whole[past])
 
 
 def test_a_sequence_gets_the_same_bits_alone_and_in_a_batch() -> None:

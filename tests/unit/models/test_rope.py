@@ -105,7 +105,7 @@ def test_what_is_not_supported_says_so(extra: dict[str, Any], message: str) -> N
         DecoderConfig.from_hf(config)
 
 
-def test_a_sliding_window_bounds_the_context_served() -> None:
+def test_which_layers_a_sliding_window_narrows() -> None:
     base = {
         "architectures": ["MistralForCausalLM"],
         "vocab_size": 10,
@@ -115,7 +115,19 @@ def test_a_sliding_window_bounds_the_context_served() -> None:
         "intermediate_size": 8,
         "max_position_embeddings": 32768,
     }
-    assert DecoderConfig.from_hf(base | {"sliding_window": 4096}).max_context == 4096
-    assert DecoderConfig.from_hf(base | {"sliding_window": None}).max_context == 32768
-    qwen = base | {"architectures": ["Qwen2ForCausalLM"], "sliding_window": 4096}
-    assert DecoderConfig.from_hf(qwen | {"use_sliding_window": False}).max_context == 32768
+    mistral = DecoderConfig.from_hf(base | {"sliding_window": 4096, "num_hidden_layers": 2})
+    assert mistral.layer_windows() == (4096, 4096)
+    assert mistral.max_context == 32768  # windowed attention serves every position
+    assert mistral.unwindowed_context == 4096  # what the GPU runner serves
+    assert DecoderConfig.from_hf(base | {"sliding_window": None}).layer_windows() == (None,)
+    qwen = base | {
+        "architectures": ["Qwen2ForCausalLM"],
+        "sliding_window": 4096,
+        "num_hidden_layers": 3,
+        "max_window_layers": 2,
+    }
+    unused = DecoderConfig.from_hf(qwen | {"use_sliding_window": False})
+    assert unused.layer_windows() == (None, None, None)
+    assert unused.unwindowed_context == 32768
+    used = DecoderConfig.from_hf(qwen | {"use_sliding_window": True})
+    assert used.layer_windows() == (None, None, 4096)
