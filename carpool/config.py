@@ -299,8 +299,9 @@ class EngineConfig:
         default="auto",
     )
     weight_kernel: str = _help(
-        "Linear layers of a GGUF model with Q4_1 or Q8_0 matrices: native (C kernels over "
-        "the file's blocks, the same float32 weights; with native attention a step's whole "
+        "Linear layers of a GGUF model with quantized matrices (Q4_0, Q4_1, Q5_0, Q5_1, "
+        "Q8_0, Q4_K, Q5_K, Q6_K): native (C kernels over the file's blocks, the same float32 "
+        "weights; with native attention a step's whole "
         "decoder stack runs in one C call), native-int8 (native, but rows round their "
         "activations to int8 per block of 32 and use integer dot products, as llama.cpp "
         "does: every step's rows with AVX-512 VNNI, else steps of up to 8 rows; faster, not "

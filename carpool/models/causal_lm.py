@@ -37,7 +37,7 @@ from carpool.paths import PathTaken
 log = logging.getLogger(__name__)
 
 # Bump when the converted folder's layout or contents change.
-_CONVERSION_VERSION = "2"  # 2: the Q4_1 and Q8_0 blocks are kept too (PACKED)
+_CONVERSION_VERSION = "3"  # 2: the Q4_1 and Q8_0 blocks are kept too (PACKED); 3: K-quants
 # In a subfolder: every *.safetensors of the folder itself is a model weight file.
 PACKED = Path("blocks") / "gguf-blocks.safetensors"
 
@@ -149,7 +149,7 @@ def _attach_packed(
         return 0, PathTaken(part, False, "weight_kernel is torch")
     unavailable = False
     if not (folder / PACKED).exists():
-        why = "the model has no Q4_1 or Q8_0 blocks (it is not a GGUF file holding them)"
+        why = "the model has no quantized blocks (it is not a GGUF file holding them)"
     elif torch.device(device).type != "cpu":
         why = f"the kernel runs on the CPU and the model is on {device}"
     elif dtype != torch.float32:
@@ -172,7 +172,7 @@ def _attach_packed(
                     detail += ", int8 dot products for up to 8 rows (no AVX-512 VNNI here)"
                 log.info("%d linear layers run steps of few rows on the file's blocks", count)
                 return count, PathTaken(part, True, detail)
-            why = "no linear layer has all its weights in Q4_1 or Q8_0 blocks"
+            why = "no linear layer has all its weights in blocks of one native layout"
     if choice != "auto":
         raise ValueError(f"weight_kernel {choice} cannot be used: {why}")
     return 0, torch_because(part, why, unavailable)

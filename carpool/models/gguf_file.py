@@ -19,7 +19,8 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 from tqdm import tqdm
 
-from carpool.models.packed_linear import BlockType, PackedWeight
+from carpool.models.gguf_blocks import to_packed
+from carpool.models.packed_linear import PackedWeight
 
 _ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -125,21 +126,19 @@ class GGUFCheckpoint:
             yield name, weight
 
     def packed_weights(self) -> dict[str, PackedWeight]:
-        """Hugging Face name -> the file's blocks, for every Q4_1 and Q8_0 matrix
+        """Hugging Face name -> the file's blocks in a native layout
+        (``carpool.models.gguf_blocks``), for every matrix of a type that has one
         (rows permuted back as ``tensors`` does); read without dequantizing."""
         config = self.hf_config()
         heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-        kinds = {
-            GGMLQuantizationType.Q4_1: BlockType.Q4_1,
-            GGMLQuantizationType.Q8_0: BlockType.Q8_0,
-        }
         packed = {}
         for tensor in self.reader.tensors:
-            kind = kinds.get(tensor.tensor_type)
-            if kind is None or len(tensor.shape) != 2:
+            if len(tensor.shape) != 2:
+                continue
+            weight = to_packed(GGMLQuantizationType(tensor.tensor_type), np.asarray(tensor.data))
+            if weight is None:
                 continue
             name = hf_name(tensor.name)
-            weight = PackedWeight.from_gguf_blocks(kind, np.asarray(tensor.data))
             if self.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
                 n = heads if name.endswith("q_proj.weight") else kv_heads
                 order = unpermute(torch.arange(weight.shape[0])[:, None], n)[:, 0]

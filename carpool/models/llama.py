@@ -263,7 +263,7 @@ class LlamaForCausalLM(nn.Module):
                 hf = [f"{prefix}.{p}.weight" for p in sources.get(part, [part])]
             parts = [packed[h] for h in hf if h in packed]
             usable = kernel is not None and len(parts) == len(hf)
-            if usable and len({p.kind for p in parts}) == 1:
+            if usable:
                 module.attach(PackedWeight.stack(parts), kernel)
                 attached += 1
             else:

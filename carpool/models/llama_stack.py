@@ -34,7 +34,7 @@ from carpool.models.native import (
 from carpool.models.packed_linear import BlockType, Linear, check_interleaved
 from carpool.models.rope import RotaryEmbedding
 
-_KIND = {BlockType.Q4_1: 0, BlockType.Q8_0: 1}
+_KIND = {BlockType.Q4_1: 0, BlockType.Q8_0: 1, BlockType.Q8_16: 2}  # quantized_dot.h's
 
 
 class _Matrix(ctypes.Structure):

@@ -1,9 +1,10 @@
-"""Linear layers that also keep their weight in a GGUF file's blocks (Q4_1, Q8_0)
-and run steps of up to ``MAX_KERNEL_ROWS`` rows with the C kernel
+"""Linear layers that also keep their weight in a GGUF file's blocks, in one of
+three layouts (``BlockType``; ``carpool.models.gguf_blocks`` maps the file's types
+onto them), and run steps of up to ``MAX_KERNEL_ROWS`` rows with the C kernel
 ``kernels/quantized_linear.c``.
 
 A decode step of one or a few streams is bound by reading the weights; the blocks
-are 5 (Q4_1) or 8.5 (Q8_0) bits a weight instead of float32's 32. A step of tens of
+are 5 (Q4_1), 8.5 (Q8_0) or 10-12 (Q8_16) bits a weight instead of float32's 32. A step of tens of
 streams is bound by arithmetic; the kernel then dequantizes strips of the weight
 once per step and runs its own register-tiled GEMM. Each weight the kernel uses is
 the float32 the file defines, the same value the float32 matrix holds (checked
@@ -39,22 +40,27 @@ MAX_KERNEL_ROWS = 128
 
 
 class BlockType(Enum):
-    Q4_1 = "Q4_1"
-    Q8_0 = "Q8_0"
+    Q4_1 = "Q4_1"  # 4-bit quants, a scale and a min per 32
+    Q8_0 = "Q8_0"  # int8 quants, a scale per 32
+    Q8_16 = "Q8_16"  # int8 quants, a scale and optionally a min per 16 (the K-quants)
+
+
+HALF = 16  # Q8_16's weights per scale
 
 
 @dataclass(frozen=True)
 class PackedWeight:
-    """A weight [n, k] in blocks of 32 along k: w = scale * q (+ min for Q4_1)."""
+    """A weight [n, k] in blocks of 32 along k: w = scale * q (+ min for Q4_1, and
+    for Q8_16 where it has mins); Q8_16's scale and min change every 16 weights."""
 
     kind: BlockType
-    quants: torch.Tensor  # Q4_1: [n, k/32, 16] uint8 (two per byte); Q8_0: [n, k/32, 32] int8
-    scales: torch.Tensor  # [n, k/32] float32
-    mins: torch.Tensor | None  # [n, k/32] float32, Q4_1 only
+    quants: torch.Tensor  # Q4_1: [n, k/32, 16] uint8 (two per byte); Q8_*: [n, k/32, 32] int8
+    scales: torch.Tensor  # [n, k/32] float32; Q8_16: [n, k/16]
+    mins: torch.Tensor | None  # like scales; Q4_1 always, Q8_16 optionally, Q8_0 never
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.scales.shape[0], self.scales.shape[1] * BLOCK
+        return self.quants.shape[0], self.quants.shape[1] * BLOCK
 
     @staticmethod
     def from_gguf_blocks(kind: BlockType, raw: np.ndarray) -> PackedWeight:
@@ -74,17 +80,33 @@ class PackedWeight:
 
     @staticmethod
     def stack(parts: list[PackedWeight]) -> PackedWeight:
-        """The rows of ``parts`` one after another (a fused projection)."""
+        """The rows of ``parts`` one after another (a fused projection). Parts of
+        different layouts (a Q4_K_M file's Q4_K query beside its Q6_K value) are all
+        given as Q8_16, which holds each of them exactly; a part without mins beside
+        one with them gets zeros."""
         kind = parts[0].kind
         if any(p.kind is not kind for p in parts):
-            raise ValueError("fused parts have different block types")
-        mins = [p.mins for p in parts if p.mins is not None]
+            parts, kind = [p.as_q8_16() for p in parts], BlockType.Q8_16
+        mins = None
+        if any(p.mins is not None for p in parts):
+            zeros = torch.zeros_like
+            mins = torch.cat([zeros(p.scales) if p.mins is None else p.mins for p in parts])
         return PackedWeight(
             kind,
             torch.cat([p.quants for p in parts]),
             torch.cat([p.scales for p in parts]),
-            torch.cat(mins) if mins else None,
+            mins,
         )
+
+    def as_q8_16(self) -> PackedWeight:
+        """The same weights in the Q8_16 layout (each scale and min given twice)."""
+        if self.kind is BlockType.Q8_16:
+            return self
+        quants = self.quants
+        if self.kind is BlockType.Q4_1:
+            quants = torch.cat([quants & 15, quants >> 4], dim=-1).to(torch.int8)
+        mins = None if self.mins is None else self.mins.repeat_interleave(2, dim=-1)
+        return PackedWeight(BlockType.Q8_16, quants, self.scales.repeat_interleave(2, dim=-1), mins)
 
     def permute_rows(self, order: torch.Tensor) -> PackedWeight:
         mins = None if self.mins is None else self.mins[order].contiguous()
@@ -99,6 +121,11 @@ class PackedWeight:
             assert self.mins is not None
             q = torch.cat([self.quants & 15, self.quants >> 4], dim=-1).float()
             return (self.scales[..., None] * q + self.mins[..., None]).view(n, k)
+        if self.kind is BlockType.Q8_16:
+            w = self.scales[..., None] * self.quants.float().view(n, -1, HALF)
+            if self.mins is not None:
+                w = w + self.mins[..., None]
+            return w.view(n, k)
         return (self.scales[..., None] * self.quants.float()).view(n, k)
 
 
@@ -120,9 +147,11 @@ class Interleaved:
 
     @staticmethod
     def of(packed: PackedWeight) -> Interleaved | None:
-        """``packed`` interleaved; None unless its rows are a multiple of 16."""
+        """``packed`` interleaved; None unless its rows are a multiple of 16 and it is
+        Q4_1 or Q8_0 (Q8_16 has no interleaved kernel: its int8 dot products run on
+        the few-rows kernels, more rows exact)."""
         n, k = packed.shape
-        if n % FEATURES:
+        if n % FEATURES or packed.kind is BlockType.Q8_16:
             return None
         strips, groups = n // FEATURES, k // BLOCK
         lanes = 4 if packed.kind is BlockType.Q4_1 else 8  # 32-bit lanes a feature's block fills
@@ -204,6 +233,9 @@ class QuantizedLinearKernel:
         self._q8_0 = library.q8_0_linear
         self._q8_0.restype = ctypes.c_int
         self._q8_0.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_int]
+        self._q8_16 = library.q8_16_linear
+        self._q8_16.restype = ctypes.c_int
+        self._q8_16.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4 + [ctypes.c_int]
 
     def __call__(
         self,
@@ -232,6 +264,19 @@ class QuantizedLinearKernel:
                 weight.quants.data_ptr(),
                 weight.scales.data_ptr(),
                 weight.mins.data_ptr(),
+                y.data_ptr(),
+                x.shape[0],
+                n,
+                k,
+                self.int8_dots,
+                threads,
+            )
+        elif weight.kind is BlockType.Q8_16:
+            failed = self._q8_16(
+                x.data_ptr(),
+                weight.quants.data_ptr(),
+                weight.scales.data_ptr(),
+                None if weight.mins is None else weight.mins.data_ptr(),
                 y.data_ptr(),
                 x.shape[0],
                 n,
@@ -282,12 +327,15 @@ class QuantizedLinearKernel:
         q4 = weight.kind is BlockType.Q4_1
         check_tensors(quants=(weight.quants, torch.uint8 if q4 else torch.int8))
         check_shape("quants", weight.quants, n, k // 32, 16 if q4 else 32)
-        check_shape("scales", weight.scales, n, k // 32)
-        if q4:
-            if weight.mins is None:
-                raise ValueError("Q4_1 blocks need their mins")
+        per_scale = HALF if weight.kind is BlockType.Q8_16 else BLOCK
+        check_shape("scales", weight.scales, n, k // per_scale)
+        if q4 and weight.mins is None:
+            raise ValueError("Q4_1 blocks need their mins")
+        if weight.kind is BlockType.Q8_0 and weight.mins is not None:
+            raise ValueError("Q8_0 blocks have no mins")
+        if weight.mins is not None:
             check_tensors(mins=(weight.mins, torch.float32))
-            check_shape("mins", weight.mins, n, k // 32)
+            check_shape("mins", weight.mins, n, k // per_scale)
 
 
 def check_interleaved(weight: Interleaved) -> None:

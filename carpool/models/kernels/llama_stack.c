@@ -25,17 +25,15 @@
 #include "quantized_linear.h"
 #include "vector_math.h"
 
-enum { KIND_Q4_1 = 0, KIND_Q8_0 = 1 };
-
 typedef struct {
-    int64_t kind; /* KIND_Q4_1 or KIND_Q8_0 */
+    int64_t kind; /* KIND_Q4_1, KIND_Q8_0 or KIND_Q8_16 (quantized_dot.h) */
     const void *quants;
     const float *scales;
-    const float *mins; /* Q4_1 only */
+    const float *mins; /* Q4_1's; Q8_16's where it has them; else NULL */
     const float *bias; /* NULL: none */
     int64_t n, k;
     /* the blocks interleaved (interleaved.h), or NULL: with int8_dots every step's
-       rows use them */
+       rows use them (Q4_1 and Q8_0 only) */
     const void *iquants;
     const float *iscales;
     const void *iextra;
@@ -71,8 +69,8 @@ static int linear(const Matrix *w, const float *x, float *y, int64_t rows, int64
     const int failed =
         int8_dots && w->iquants != NULL
             ? interleaved_linear(&interleaved, x, y, rows, w->n, w->k, threads)
-            : quantized_linear(w->kind == KIND_Q8_0, x, w->quants, w->scales, w->mins, y, rows,
-                               w->n, w->k, int8_dots, threads);
+            : quantized_linear(w->kind, x, w->quants, w->scales, w->mins, y, rows, w->n, w->k,
+                               int8_dots, threads);
     if (!failed && w->bias != NULL)
         for (int64_t r = 0; r < rows; r++)
             for (int64_t o = 0; o < w->n; o++) y[r * w->n + o] += w->bias[o];

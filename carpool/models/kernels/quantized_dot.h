@@ -7,6 +7,9 @@
    q4_1: quants [n, k / 32, 16] uint8, weight j of a block in the low nibble of byte
          j, weight j + 16 in the high nibble; w = scale * q + min
    q8_0: quants [n, k / 32, 32] int8; w = scale * q
+   q8_16: quants [n, k / 32, 32] int8; scales (and mins, or none) [n, k / 16]: one
+         per 16 weights; w = scale * q (+ min). The K-quants' layout once unpacked
+         (Q6_K: a scale per 16; Q5_K, Q5_1: a scale and a min, given per 16 here)
 
    With int8_dots (opt-in: --weight-kernel native-int8, llama.cpp's way) each row of x
    is first rounded per block of 32 to int8 steps of amax / 127 (quantize_rows), and a
@@ -33,6 +36,10 @@ static inline int omp_get_thread_num(void) { return 0; } /* built without OpenMP
 #endif
 
 #define BLOCK 32
+#define HALF 16 /* Q8_16's weights per scale */
+
+/* The block kinds, as carpool/models/packed_linear.py and llama_stack.py number them */
+enum { KIND_Q4_1 = 0, KIND_Q8_0 = 1, KIND_Q8_16 = 2 };
 /* inlined into each row count's copy (see FOR_EACH_ROW_COUNT) */
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
@@ -165,6 +172,52 @@ ALWAYS_INLINE void q8_0_dot_int8(const int8_t *q, const float *scales, const int
     }
     for (int64_t r = 0; r < rows; r++) out[r] = horizontal_sum(acc[r]);
 }
+
+/* As q8_0_dot with the scale changing after 16 weights (Q8_16's mins are added by
+   the caller) */
+ALWAYS_INLINE void q8_16_dot(const int8_t *q, const float *scales, const float *x, int64_t k,
+                             int64_t rows, int64_t groups, float *out) {
+    __m256 acc[ROWS];
+    for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; g++, q += BLOCK) {
+        __m256 w[BLOCK / 8];
+        for (int j = 0; j < BLOCK / 8; j++)
+            w[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * j))));
+        const __m256 s0 = _mm256_set1_ps(scales[2 * g]), s1 = _mm256_set1_ps(scales[2 * g + 1]);
+        for (int64_t r = 0; r < rows; r++) {
+            const float *xg = x + r * k + g * BLOCK;
+            __m256 d0 = _mm256_mul_ps(w[0], _mm256_loadu_ps(xg));
+            d0 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xg + 8), d0);
+            __m256 d1 = _mm256_mul_ps(w[2], _mm256_loadu_ps(xg + 16));
+            d1 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xg + 24), d1);
+            acc[r] = _mm256_fmadd_ps(s0, d0, acc[r]);
+            acc[r] = _mm256_fmadd_ps(s1, d1, acc[r]);
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) out[r] = horizontal_sum(acc[r]);
+}
+
+/* As q8_0_dot_int8 with the scale changing after 16 weights: the integer sums' lanes
+   0-3 hold weights 0-15, lanes 4-7 weights 16-31 */
+ALWAYS_INLINE void q8_16_dot_int8(const int8_t *q, const float *scales, const int8_t *xq,
+                                  const float *xscales, int64_t k, int64_t rows, int64_t groups,
+                                  float *out) {
+    __m256 acc[ROWS];
+    for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; g++, q += BLOCK) {
+        const __m256i w = _mm256_loadu_si256((const __m256i *)q);
+        const __m256i magnitude = _mm256_abs_epi8(w);
+        const __m256 halves =
+            _mm256_set_m128(_mm_set1_ps(scales[2 * g + 1]), _mm_set1_ps(scales[2 * g]));
+        for (int64_t r = 0; r < rows; r++) {
+            const __m256i a = _mm256_loadu_si256((const __m256i *)(xq + r * k + g * BLOCK));
+            const __m256 dot = _mm256_cvtepi32_ps(dot_u8_s8(magnitude, _mm256_sign_epi8(a, w)));
+            const __m256 scale = _mm256_mul_ps(halves, _mm256_set1_ps(xscales[r * groups + g]));
+            acc[r] = _mm256_fmadd_ps(scale, dot, acc[r]);
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) out[r] = horizontal_sum(acc[r]);
+}
 #else
 #define ROWS 8
 
@@ -231,6 +284,35 @@ static void q8_0_dot_int8(const int8_t *q, const float *scales, const int8_t *xq
         out[r] = acc;
     }
 }
+
+static void q8_16_dot(const int8_t *q, const float *scales, const float *x, int64_t k,
+                      int64_t rows, int64_t groups, float *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        float acc = 0.f;
+        for (int64_t h = 0; h < 2 * groups; h++) {
+            const float *xh = x + r * k + h * HALF;
+            float dot = 0.f;
+            for (int j = 0; j < HALF; j++) dot += (float)q[h * HALF + j] * xh[j];
+            acc += scales[h] * dot;
+        }
+        out[r] = acc;
+    }
+}
+
+static void q8_16_dot_int8(const int8_t *q, const float *scales, const int8_t *xq,
+                           const float *xscales, int64_t k, int64_t rows, int64_t groups,
+                           float *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        float acc = 0.f;
+        for (int64_t h = 0; h < 2 * groups; h++) {
+            const int8_t *a = xq + r * k + h * HALF;
+            int32_t dot = 0;
+            for (int j = 0; j < HALF; j++) dot += q[h * HALF + j] * a[j];
+            acc += scales[h] * xscales[r * groups + h / 2] * (float)dot;
+        }
+        out[r] = acc;
+    }
+}
 #endif
 
 /* Each dot product compiled for 1 to ROWS rows, so a row's accumulators stay in
@@ -274,6 +356,21 @@ static void q8_0_dot_int8_rows(const int8_t *q, const float *scales, const int8_
                                const float *xscales, int64_t k, int64_t rows, int64_t groups,
                                float *out) {
 #define CALL(n) q8_0_dot_int8(q, scales, xq, xscales, k, n, groups, out)
+    FOR_EACH_ROW_COUNT(CALL)
+#undef CALL
+}
+
+static void q8_16_dot_rows(const int8_t *q, const float *scales, const float *x, int64_t k,
+                           int64_t rows, int64_t groups, float *out) {
+#define CALL(n) q8_16_dot(q, scales, x, k, n, groups, out)
+    FOR_EACH_ROW_COUNT(CALL)
+#undef CALL
+}
+
+static void q8_16_dot_int8_rows(const int8_t *q, const float *scales, const int8_t *xq,
+                                const float *xscales, int64_t k, int64_t rows, int64_t groups,
+                                float *out) {
+#define CALL(n) q8_16_dot_int8(q, scales, xq, xscales, k, n, groups, out)
     FOR_EACH_ROW_COUNT(CALL)
 #undef CALL
 }
@@ -431,6 +528,74 @@ static int q8_0_few_rows(const float *x, const int8_t *quants, const float *scal
                 }
     }
     free_rows(&xq);
+    free(shares);
+    return 0;
+}
+
+/* sums[r * 2 * groups + h]: the sum of x's row r over weights 16h ... 16h + 15, in one
+   fixed order (halves added lane by lane, then halved again), for Q8_16's mins; NULL
+   when out of memory */
+static float *half_sums(const float *x, int64_t rows, int64_t k) {
+    const int64_t halves = k / HALF;
+    float *sums = malloc(sizeof(float) * (size_t)(rows * halves));
+    if (sums == NULL) return NULL;
+    for (int64_t b = 0; b < rows * halves; b++) {
+        const float *xb = x + b * HALF;
+        float v[8];
+        for (int i = 0; i < 8; i++) v[i] = xb[i] + xb[i + 8];
+        for (int width = 4; width >= 1; width /= 2)
+            for (int i = 0; i < width; i++) v[i] = v[i] + v[i + width];
+        sums[b] = v[0];
+    }
+    return sums;
+}
+
+/* sum over the halves of min * (the half's sum of x) */
+static inline float half_min_share(const float *mins, const float *sums, int64_t halves) {
+    float share = 0.f;
+    for (int64_t h = 0; h < halves; h++) share += mins[h] * sums[h];
+    return share;
+}
+
+static int q8_16_few_rows(const float *x, const int8_t *quants, const float *scales,
+                          const float *mins, float *y, int64_t rows, int64_t n, int64_t k,
+                          int int8_dots, int num_threads) {
+    const int64_t groups = k / BLOCK, halves = k / HALF, chunks = (n + CHUNK - 1) / CHUNK;
+    QuantizedRows xq = {NULL, NULL, NULL};
+    if (int8_dots && quantize_rows(x, rows, k, 1, &xq)) return 1;
+    float *sums = mins != NULL ? half_sums(x, rows, k) : NULL;
+    Share *shares = new_shares(chunks, num_threads);
+    if (shares == NULL || (mins != NULL && sums == NULL)) {
+        free_rows(&xq);
+        free(sums);
+        free(shares);
+        return 1;
+    }
+#pragma omp parallel num_threads(num_threads)
+    {
+        int victim = 0;
+        for (int64_t c; (c = next_chunk(shares, num_threads, omp_get_thread_num(), &victim)) >= 0;)
+            for (int64_t o = c * CHUNK; o < n && o < (c + 1) * CHUNK; o++)
+                for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
+                    const int64_t count = rows - r0 < ROWS ? rows - r0 : ROWS;
+                    float dots[ROWS];
+                    if (int8_dots)
+                        q8_16_dot_int8_rows(quants + o * groups * BLOCK, scales + o * halves,
+                                            xq.quants + r0 * k, xq.scales + r0 * groups, k,
+                                            count, groups, dots);
+                    else
+                        q8_16_dot_rows(quants + o * groups * BLOCK, scales + o * halves,
+                                       x + r0 * k, k, count, groups, dots);
+                    for (int64_t r = 0; r < count; r++)
+                        y[(r0 + r) * n + o] =
+                            dots[r] + (mins == NULL ? 0.f
+                                                    : half_min_share(mins + o * halves,
+                                                                     sums + (r0 + r) * halves,
+                                                                     halves));
+                }
+    }
+    free_rows(&xq);
+    free(sums);
     free(shares);
     return 0;
 }

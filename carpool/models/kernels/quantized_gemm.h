@@ -13,6 +13,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "quantized_dot.h" /* the block kinds */
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
@@ -21,15 +23,30 @@
 #define STRIP 6  /* output features per tile */
 #define LANES 16 /* rows per tile: two AVX2 vectors */
 
-/* w[0..32) = the weights of one block: scale * q (+ min for Q4_1). The product is
+/* w[0..32) = the weights of one block: scale * q (+ min for Q4_1, and for Q8_16
+   where it has mins; Q8_16's scale and min change after 16 weights). The product is
    rounded before the sum, as torch's and the gguf package's dequantization round
    it (the kernels are built with -ffp-contract=off, so no fused multiply-add). */
-static void dequantize_block(int64_t kind_q8_0, const void *quants, const float *scales,
+static void dequantize_block(int64_t kind, const void *quants, const float *scales,
                              const float *mins, int64_t index, float *w) {
+    if (kind == KIND_Q8_16) {
+        const int8_t *q = (const int8_t *)quants + index * GEMM_BLOCK;
+        for (int half = 0; half < 2; half++) {
+            const float scale = scales[2 * index + half];
+            const int8_t *qh = q + half * (GEMM_BLOCK / 2);
+            float *wh = w + half * (GEMM_BLOCK / 2);
+            if (mins == NULL)
+                for (int j = 0; j < GEMM_BLOCK / 2; j++) wh[j] = scale * (float)qh[j];
+            else
+                for (int j = 0; j < GEMM_BLOCK / 2; j++)
+                    wh[j] = scale * (float)qh[j] + mins[2 * index + half];
+        }
+        return;
+    }
     const float scale = scales[index];
 #if defined(__AVX2__) && defined(__FMA__)
     const __m256 s = _mm256_set1_ps(scale);
-    if (kind_q8_0) {
+    if (kind == KIND_Q8_0) {
         const int8_t *q = (const int8_t *)quants + index * GEMM_BLOCK;
         for (int j = 0; j < GEMM_BLOCK / 8; j++) {
             const __m128i bytes = _mm_loadl_epi64((const __m128i *)(q + 8 * j));
@@ -47,7 +64,7 @@ static void dequantize_block(int64_t kind_q8_0, const void *quants, const float 
         _mm256_storeu_ps(w + 8 * j, _mm256_add_ps(_mm256_mul_ps(s, qf), m));
     }
 #else
-    if (kind_q8_0) {
+    if (kind == KIND_Q8_0) {
         const int8_t *q = (const int8_t *)quants + index * GEMM_BLOCK;
         for (int j = 0; j < GEMM_BLOCK; j++) w[j] = scale * (float)q[j];
         return;
@@ -62,13 +79,13 @@ static void dequantize_block(int64_t kind_q8_0, const void *quants, const float 
 }
 
 /* out[i * k + j] = weight (o0 + i, j) for i < count, as float32; zeros past count */
-static void dequantize_strip(int64_t kind_q8_0, const void *quants, const float *scales,
+static void dequantize_strip(int64_t kind, const void *quants, const float *scales,
                              const float *mins, int64_t o0, int64_t count, int64_t k,
                              float *out) {
     const int64_t groups = k / GEMM_BLOCK;
     for (int64_t i = 0; i < count; i++)
         for (int64_t g = 0; g < groups; g++)
-            dequantize_block(kind_q8_0, quants, scales, mins, (o0 + i) * groups + g,
+            dequantize_block(kind, quants, scales, mins, (o0 + i) * groups + g,
                              out + i * k + g * GEMM_BLOCK);
     memset(out + count * k, 0, sizeof(float) * (size_t)((STRIP - count) * k));
 }
@@ -101,7 +118,7 @@ static void strip_times_rows(const float *w, const float *xt, int64_t k, float *
 #endif
 }
 
-static int quantized_gemm(int64_t kind_q8_0, const float *x, const void *quants,
+static int quantized_gemm(int64_t kind, const float *x, const void *quants,
                           const float *scales, const float *mins, float *y, int64_t rows,
                           int64_t n, int64_t k, int num_threads) {
     const int64_t tiles = (rows + LANES - 1) / LANES, strips = (n + STRIP - 1) / STRIP;
@@ -128,7 +145,7 @@ static int quantized_gemm(int64_t kind_q8_0, const float *x, const void *quants,
         for (int64_t s = 0; s < strips; s++) {
             if (w == NULL) continue;
             const int64_t o0 = s * STRIP, count = n - o0 < STRIP ? n - o0 : STRIP;
-            dequantize_strip(kind_q8_0, quants, scales, mins, o0, count, k, w);
+            dequantize_strip(kind, quants, scales, mins, o0, count, k, w);
             for (int64_t t = 0; t < tiles; t++) {
                 strip_times_rows(w, xt + t * k * LANES, k, tile);
                 const int64_t r0 = t * LANES, valid = rows - r0 < LANES ? rows - r0 : LANES;

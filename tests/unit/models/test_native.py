@@ -16,9 +16,9 @@ from carpool.config import default_compiler
 from carpool.models import llama_stack, native
 from carpool.models.decode_kernel import decode_kernel_in
 from carpool.models.native import BASE_FLAGS, FLAG_LADDER, build_key, build_library
-from carpool.models.packed_linear import BlockType, Interleaved, QuantizedLinearKernel
+from carpool.models.packed_linear import Interleaved, QuantizedLinearKernel
 from tests.unit.models.test_decode_kernel import attend, paged_inputs
-from tests.unit.models.test_packed_linear import gguf_weight
+from tests.unit.models.test_packed_linear import INTERLEAVED, gguf_weight, rounded_rows_product
 
 KERNEL = "paged_decode_attention"
 
@@ -97,9 +97,9 @@ def test_every_rung_of_the_flag_ladder_matches_torch(
     )
 
 
-@pytest.mark.parametrize("kind", list(BlockType))
+@pytest.mark.parametrize("kind", INTERLEAVED)
 def test_the_interleaved_int8_kernel_computes_the_same_bits_on_every_rung(
-    compiler: str, tmp_path: Path, kind: BlockType
+    compiler: str, tmp_path: Path, kind: str
 ) -> None:
     """Its portable C (the plain rungs, or a CPU without AVX-512 VNNI) and its vector
     code do the same arithmetic: one result, bit for bit."""
@@ -112,6 +112,24 @@ def test_the_interleaved_int8_kernel_computes_the_same_bits_on_every_rung(
         kernel = QuantizedLinearKernel(ctypes.CDLL(str(path)), int8_dots=True)
         results.append(kernel(x, packed, interleaved))
     assert all(torch.equal(r, results[0]) for r in results[1:])
+
+
+def test_the_k_quant_layout_computes_its_products_on_every_rung(
+    compiler: str, tmp_path: Path
+) -> None:
+    """Q8_16 (scales and mins per 16) in the vector code and the portable C: the
+    float32 product, and with int8 dots the rounded rows' integer products."""
+    packed, weight = gguf_weight("Q8_16+mins", 40, 128, seed=6)
+    x = torch.randn(3, 128, generator=torch.Generator().manual_seed(6))
+    exact, rounded = x @ weight.T, rounded_rows_product(x, packed)
+    for extra in FLAG_LADDER:
+        library = ctypes.CDLL(
+            str(build_library("quantized_linear", compiler, (*BASE_FLAGS, *extra), tmp_path))
+        )
+        got = QuantizedLinearKernel(library)(x, packed)
+        torch.testing.assert_close(got, exact, rtol=1e-5, atol=1e-5, msg=str(extra))
+        got8 = QuantizedLinearKernel(library, int8_dots=True)(x, packed).double()
+        torch.testing.assert_close(got8, rounded, rtol=1e-5, atol=1e-5, msg=str(extra))
 
 
 def test_a_failing_rung_falls_to_the_next_with_a_warning(

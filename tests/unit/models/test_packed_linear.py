@@ -30,36 +30,50 @@ from carpool.workers.factory import engine_for
 from tests import tiny_models
 
 KINDS = {BlockType.Q4_1: GGMLQuantizationType.Q4_1, BlockType.Q8_0: GGMLQuantizationType.Q8_0}
+# Each layout the kernels read; Q8_16 (the K-quants') with and without mins.
+LAYOUTS = ["Q4_1", "Q8_0", "Q8_16", "Q8_16+mins"]
+INTERLEAVED = ["Q4_1", "Q8_0"]  # Q8_16 has no interleaved kernel
 
 
 def gguf_weight(
-    kind: BlockType, n: int, k: int, seed: int = 0
+    kind: BlockType | str, n: int, k: int, seed: int = 0
 ) -> tuple[PackedWeight, torch.Tensor]:
-    """Blocks made by the gguf package, and the float32 weight it reads them as."""
+    """Blocks of ``kind`` (a layout name of ``LAYOUTS``), and the float32 weight they
+    hold: Q4_1 and Q8_0 made by the gguf package (and read as it reads them);
+    Q8_16 random quants of 6 bits with scales (and mins) per 16, as a Q6_K's (a
+    Q5_K's) unpack to (``test_gguf_blocks.py`` checks the unpacking against gguf)."""
+    if kind in ("Q8_16", "Q8_16+mins"):
+        gen = torch.Generator().manual_seed(seed)
+        quants = torch.randint(-32, 32, (n, k // 32, 32), generator=gen, dtype=torch.int8)
+        scales = torch.rand(n, k // 16, generator=gen) * 0.004
+        mins = -torch.rand(n, k // 16, generator=gen) * 0.05 if kind == "Q8_16+mins" else None
+        packed = PackedWeight(BlockType.Q8_16, quants, scales, mins)
+        return packed, packed.dequantize()
+    kind = BlockType(kind)
     data = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32) * 0.05
     raw = quantize(data, KINDS[kind])
     weight = torch.from_numpy(np.array(dequantize(raw, KINDS[kind]), dtype=np.float32))
     return PackedWeight.from_gguf_blocks(kind, raw), weight.reshape(n, k)
 
 
-@pytest.mark.parametrize("kind", list(BlockType))
-def test_blocks_hold_the_weights_the_file_defines(kind: BlockType) -> None:
+@pytest.mark.parametrize("kind", INTERLEAVED)
+def test_blocks_hold_the_weights_the_file_defines(kind: str) -> None:
     packed, weight = gguf_weight(kind, 40, 96)
     assert packed.shape == (40, 96)
     assert torch.equal(packed.dequantize(), weight)
 
 
-@pytest.mark.parametrize("kind", list(BlockType))
+@pytest.mark.parametrize("kind", LAYOUTS)
 @pytest.mark.parametrize("rows", [1, 3, 4, 7, 8, 9, 17, 40, MAX_KERNEL_ROWS])
-def test_the_kernel_computes_the_float32_product(kind: BlockType, rows: int) -> None:
+def test_the_kernel_computes_the_float32_product(kind: str, rows: int) -> None:
     packed, weight = gguf_weight(kind, 70, 160, seed=rows)  # 70: a partial strip of 6
     x = torch.randn(rows, 160, generator=torch.Generator().manual_seed(rows))
     out = quantized_linear_kernel()(x, packed)
     torch.testing.assert_close(out, x @ weight.T, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", list(BlockType))
-def test_past_a_few_rows_a_rows_bits_do_not_depend_on_the_batch(kind: BlockType) -> None:
+@pytest.mark.parametrize("kind", LAYOUTS)
+def test_past_a_few_rows_a_rows_bits_do_not_depend_on_the_batch(kind: str) -> None:
     """Steps of more than a few rows go through dequantized strips; each output
     still sums over k in order, so a row gets the same bits in any batch."""
     packed, _ = gguf_weight(kind, 64, 96, seed=4)
@@ -159,8 +173,8 @@ def test_native_weights_are_refused_where_there_are_no_blocks(
 
 def rounded_rows_product(x: torch.Tensor, packed: PackedWeight) -> torch.Tensor:
     """What int8 dot products compute, in float64: each block of 32 of x rounded to
-    steps of its amax / 127, times the blocks' integer quants and both scales; Q4_1's
-    mins times the block's float32 sum."""
+    steps of its amax / 127, times the blocks' integer quants and both scales; the
+    mins times the float32 sum of x's elements they apply to (Q8_16: per 16)."""
     blocks = x.view(x.shape[0], -1, 32)
     step = blocks.abs().amax(-1) / 127
     inverse = torch.where(step > 0, 1 / step, torch.zeros_like(step))
@@ -169,26 +183,30 @@ def rounded_rows_product(x: torch.Tensor, packed: PackedWeight) -> torch.Tensor:
         q = torch.cat([packed.quants & 15, packed.quants >> 4], dim=-1).double()
     else:
         q = packed.quants.double()
-    dots = torch.einsum("rgj,ngj->rng", xq, q)
-    y = (dots * packed.scales.double()[None] * step.double()[:, None, :]).sum(-1)
+    per = 16 if packed.kind is BlockType.Q8_16 else 32
+    rows, n = x.shape[0], q.shape[0]
+    dots = torch.einsum("rgj,ngj->rng", xq.view(rows, -1, per), q.view(n, -1, per))
+    steps = step.double().repeat_interleave(32 // per, dim=-1)
+    y = (dots * packed.scales.double()[None] * steps[:, None, :]).sum(-1)
     if packed.mins is not None:
-        y += (blocks.sum(-1).double()[:, None, :] * packed.mins.double()[None]).sum(-1)
+        sums = x.view(rows, -1, per).sum(-1).double()
+        y += (sums[:, None, :] * packed.mins.double()[None]).sum(-1)
     return y
 
 
-@pytest.mark.parametrize("kind", list(BlockType))
+@pytest.mark.parametrize("kind", LAYOUTS)
 @pytest.mark.parametrize(
     ("n", "rows"), [(70, 1), (70, 3), (70, 5), (70, 8), (80, 1), (80, 3), (80, 9), (80, 40)]
 )
-def test_int8_dots_are_integer_products_of_the_rounded_rows(
-    kind: BlockType, n: int, rows: int
-) -> None:
+def test_int8_dots_are_integer_products_of_the_rounded_rows(kind: str, n: int, rows: int) -> None:
     """70 features are not interleaved: steps of up to 8 rows run the few-rows int8
-    kernel; 80 are: every row count runs the interleaved kernel. The same arithmetic,
-    up to the order of float32 sums."""
+    kernel; 80 are (Q4_1, Q8_0): every row count runs the interleaved kernel. The same
+    arithmetic, up to the order of float32 sums."""
+    if kind.startswith("Q8_16") and rows > 8:
+        pytest.skip("Q8_16 is not interleaved: more than 8 rows stay exact")
     packed, weight = gguf_weight(kind, n, 160, seed=rows)
     interleaved = Interleaved.of(packed)
-    assert (interleaved is None) == (n % 16 != 0)
+    assert (interleaved is None) == (n % 16 != 0 or kind not in INTERLEAVED)
     x = torch.randn(rows, 160, generator=torch.Generator().manual_seed(rows)) * 4
     x[0, 32:64] = 0.0  # an all-zero block: step 0
     x[-1, 64] = 1e4  # one large element: the rest of its block rounds to few steps
@@ -200,9 +218,9 @@ def test_int8_dots_are_integer_products_of_the_rounded_rows(
     assert (out - exact).norm() <= 0.02 * exact.norm()
 
 
-@pytest.mark.parametrize("kind", list(BlockType))
+@pytest.mark.parametrize("kind", LAYOUTS)
 def test_int8_dots_leave_steps_of_more_than_8_rows_exact_without_interleaving(
-    kind: BlockType,
+    kind: str,
 ) -> None:
     packed, _ = gguf_weight(kind, 70, 96, seed=9)  # 70 rows: not interleaved
     assert Interleaved.of(packed) is None
@@ -211,8 +229,8 @@ def test_int8_dots_leave_steps_of_more_than_8_rows_exact_without_interleaving(
     assert torch.equal(quantized_linear_kernel(int8_dots=True)(x, packed), exact)
 
 
-@pytest.mark.parametrize("kind", list(BlockType))
-def test_interleaving_keeps_every_block(kind: BlockType) -> None:
+@pytest.mark.parametrize("kind", INTERLEAVED)
+def test_interleaving_keeps_every_block(kind: str) -> None:
     packed, _ = gguf_weight(kind, 48, 96, seed=3)
     interleaved = Interleaved.of(packed)
     assert interleaved is not None
@@ -222,8 +240,8 @@ def test_interleaving_keeps_every_block(kind: BlockType) -> None:
     assert back.mins is None if packed.mins is None else torch.equal(back.mins, packed.mins)
 
 
-@pytest.mark.parametrize("kind", list(BlockType))
-def test_an_interleaved_rows_bits_do_not_depend_on_its_step(kind: BlockType) -> None:
+@pytest.mark.parametrize("kind", INTERLEAVED)
+def test_an_interleaved_rows_bits_do_not_depend_on_its_step(kind: str) -> None:
     """A row computed alone, in a few rows (speculative verification) or in a prompt
     chunk gets the same bits: greedy speculation then keeps the tokens."""
     packed, _ = gguf_weight(kind, 64, 128, seed=5)
@@ -293,3 +311,13 @@ def prompt_logprobs(lm: LoadedLM, prompt: list[int]) -> list[float]:
                 entries = out.prompt_logprobs[1:]
                 return [entry.logprob for entry in entries]
     raise AssertionError("no final output")
+
+
+def test_a_fused_projection_of_mixed_layouts_keeps_every_weight() -> None:
+    """A Q4_K_M file's Q4_K query and key beside its Q6_K value: one Q8_16 matrix."""
+    parts = [gguf_weight(kind, 16, 64, seed=i) for i, kind in enumerate(LAYOUTS)]
+    fused = PackedWeight.stack([p for p, _ in parts])
+    assert fused.kind is BlockType.Q8_16
+    assert torch.equal(fused.dequantize(), torch.cat([w for _, w in parts]))
+    same = PackedWeight.stack([parts[0][0], parts[0][0]])
+    assert same.kind is BlockType.Q4_1

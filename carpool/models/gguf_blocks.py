@@ -1,0 +1,143 @@
+"""A GGUF matrix's blocks in the layouts the native kernels read (``PackedWeight``),
+each weight exactly the float32 the ``gguf`` package dequantizes it to.
+
+The file's block types map onto three layouts:
+
+- ``Q4_1`` (4-bit quants, a scale and a min per 32): Q4_1 itself, Q4_0 (min -8
+  scale) and Q4_K (each sub-block of 32 its own scale ``d * sc`` and min
+  ``-dmin * m``), which keeps Q4_K_M's bulk at 5 bits a weight (the file's 4.5);
+- ``Q8_0`` (int8 quants, a scale per 32): Q8_0 itself, and Q5_0 (quants ``q - 16``);
+- ``Q8_16`` (int8 quants, a scale and optionally a min per 16): Q6_K (quants ``q -
+  32``, scales ``d * sc``), Q5_K and Q5_1 (5-bit quants with a scale and a min per
+  32, given per 16): 10 bits a weight for Q6_K, 12 for the 5-bit types with mins.
+
+The bit fields are unpacked by the ``gguf`` package itself where it can be made to
+(its dequantization of the blocks with unit scales gives the integer quants), so
+the layouts read here are the ones it reads. Other types (Q2_K, Q3_K, the IQ
+types) have no native layout: their layers run on float32 weights.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import Q4_K, dequantize
+
+from carpool.models.packed_linear import BlockType, PackedWeight
+
+T = GGMLQuantizationType
+ONE = np.frombuffer(np.float16(1.0).tobytes(), dtype=np.uint8)  # float16 1.0's two bytes
+
+# Q4_K / Q5_K's 12 scale bytes with every 6-bit scale 1 and every min 0
+_UNIT_K_SCALES = np.array([1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1], dtype=np.uint8)
+
+NATIVE_TYPES = (T.Q4_0, T.Q4_1, T.Q4_K, T.Q5_0, T.Q5_1, T.Q5_K, T.Q6_K, T.Q8_0)
+
+
+def to_packed(kind: GGMLQuantizationType, raw: np.ndarray) -> PackedWeight | None:
+    """``raw``: the file's rows [n, bytes] of a matrix of ``kind``; None for a type
+    with no native layout."""
+    n = raw.shape[0]
+    if kind is T.Q4_1:
+        return PackedWeight.from_gguf_blocks(BlockType.Q4_1, raw)
+    if kind is T.Q8_0:
+        return PackedWeight.from_gguf_blocks(BlockType.Q8_0, raw)
+    if kind is T.Q4_0:
+        blocks = raw.reshape(n, -1, 18)
+        d = _f16(blocks[..., 0:2])
+        return _q4_1(np.ascontiguousarray(blocks[..., 2:]), d, -8 * d)
+    if kind is T.Q4_K:
+        return _q4_k(raw.reshape(n, -1, 144))
+    if kind is T.Q5_0:
+        blocks = raw.reshape(n, -1, 22)
+        quants = _unit_quants(kind, blocks, [(0, ONE)])
+        return PackedWeight(
+            BlockType.Q8_0, _int8(quants, n), torch.from_numpy(_f16(blocks[..., 0:2])), None
+        )
+    if kind is T.Q5_1:
+        blocks = raw.reshape(n, -1, 24)
+        quants = _unit_quants(kind, blocks, [(0, ONE), (2, np.zeros(2, np.uint8))])
+        scales, mins = _f16(blocks[..., 0:2]), _f16(blocks[..., 2:4])
+        return _q8_16(quants, n, _twice(scales), _twice(mins))
+    if kind is T.Q5_K:
+        blocks = raw.reshape(n, -1, 176)
+        unit = [(0, ONE), (2, np.zeros(2, np.uint8)), (4, _UNIT_K_SCALES)]
+        quants = _unit_quants(kind, blocks, unit)
+        scales, mins = _k_scales(blocks)
+        return _q8_16(quants, n, _twice(scales), _twice(mins))
+    if kind is T.Q6_K:
+        blocks = raw.reshape(n, -1, 210)
+        quants = _unit_quants(kind, blocks, [(192, np.ones(16, np.uint8)), (208, ONE)])
+        sc = blocks[..., 192:208].copy().view(np.int8).astype(np.float32)
+        scales = _f16(blocks[..., 208:210])[..., None] * sc  # [n, blocks, 16]
+        return _q8_16(quants, n, scales.reshape(n, -1), None)
+    return None
+
+
+def _f16(field: np.ndarray) -> np.ndarray:
+    """Two bytes a block -> their float16 as float32, [n, blocks]."""
+    return field.copy().view(np.float16)[..., 0].astype(np.float32)
+
+
+def _twice(per_32: np.ndarray) -> np.ndarray:
+    """[n, groups] -> [n, 2 * groups]: each value for both halves of its 32."""
+    return np.repeat(per_32, 2, axis=-1)
+
+
+def _unit_quants(
+    kind: GGMLQuantizationType, blocks: np.ndarray, fields: list[tuple[int, np.ndarray]]
+) -> np.ndarray:
+    """The integer quants of ``blocks`` [n, blocks, bytes]: the gguf package's
+    dequantization of a copy whose scale fields (offset, bytes) are set to one and
+    whose mins to zero. Returns [n, k] float32 integers."""
+    unit = blocks.copy()
+    for offset, value in fields:
+        unit[..., offset : offset + len(value)] = value
+    n = blocks.shape[0]
+    return np.asarray(dequantize(unit.reshape(n, -1), kind), dtype=np.float32).reshape(n, -1)
+
+
+def _int8(quants: np.ndarray, n: int) -> torch.Tensor:
+    return torch.from_numpy(quants.astype(np.int8).reshape(n, -1, 32))
+
+
+def _q8_16(quants: np.ndarray, n: int, scales: np.ndarray, mins: np.ndarray | None) -> PackedWeight:
+    return PackedWeight(
+        BlockType.Q8_16,
+        _int8(quants, n),
+        torch.from_numpy(np.ascontiguousarray(scales, dtype=np.float32)),
+        None if mins is None else torch.from_numpy(np.ascontiguousarray(mins, dtype=np.float32)),
+    )
+
+
+def _q4_1(quants: np.ndarray, scales: np.ndarray, mins: np.ndarray) -> PackedWeight:
+    return PackedWeight(
+        BlockType.Q4_1,
+        torch.from_numpy(quants),
+        torch.from_numpy(np.ascontiguousarray(scales)),
+        torch.from_numpy(np.ascontiguousarray(mins)),
+    )
+
+
+def _k_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K / Q5_K: each sub-block of 32's scale ``d * sc`` and min ``-(dmin * m)``,
+    [n, blocks * 8] float32, computed as the gguf package computes them."""
+    n, count = blocks.shape[:2]
+    d, dmin = _f16(blocks[..., 0:2]), _f16(blocks[..., 2:4])
+    sc, m = Q4_K.get_scale_min(np.ascontiguousarray(blocks[..., 4:16]).reshape(-1, 12))
+    sc, m = sc.reshape(n, count, 8), m.reshape(n, count, 8)
+    scales = d[..., None] * sc.astype(np.float32)
+    mins = -(dmin[..., None] * m.astype(np.float32))
+    return scales.reshape(n, -1), mins.reshape(n, -1)
+
+
+def _q4_k(blocks: np.ndarray) -> PackedWeight:
+    """Q4_K's 4 chunks of 32 bytes a super-block hold sub-block 2c in the low nibbles
+    and 2c + 1 in the high ones; Q4_1 packs weights j and j + 16 of a block in a byte."""
+    n, count = blocks.shape[:2]
+    qs = blocks[..., 16:].reshape(n, count, 4, 32)
+    values = np.stack([qs & 15, qs >> 4], axis=3).reshape(n, count * 8, 32)
+    packed = (values[..., :16] | (values[..., 16:] << 4)).astype(np.uint8)
+    scales, mins = _k_scales(blocks)
+    return _q4_1(np.ascontiguousarray(packed), scales, mins)

@@ -1,0 +1,167 @@
+"""GGUF's quantized types in the native kernels' layouts: every type with a layout
+unpacks to exactly the float32 weights the gguf package reads, and a model whose
+file is K-quants (Q4_K_M's mix: Q4_K, Q5_K, Q6_K beside Q8_0) runs its linear
+layers and its fused stack on them, with the tokens of its float32 weights."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf.quants import dequantize
+from safetensors.torch import save_file
+
+from carpool.models.causal_lm import PACKED, load_causal_lm
+from carpool.models.gguf_blocks import NATIVE_TYPES, to_packed
+from carpool.models.gguf_file import GGUFCheckpoint
+from carpool.models.packed_linear import BlockType, save_packed
+from tests import tiny_models
+from tests.unit.models.test_causal_lm import generate, gguf_writer
+
+T = gguf.GGMLQuantizationType
+# Each type's (bytes a block, weights a block, where its float16 scale fields are and
+# the scale to give them, so a random block's weights stay near those of a model)
+BLOCKS = {
+    T.Q4_0: (18, 32, [(0, 0.01)]),
+    T.Q4_1: (20, 32, [(0, 0.01), (2, -0.05)]),
+    T.Q5_0: (22, 32, [(0, 0.005)]),
+    T.Q5_1: (24, 32, [(0, 0.005), (2, -0.05)]),
+    T.Q8_0: (34, 32, [(0, 0.001)]),
+    T.Q4_K: (144, 256, [(0, 2e-4), (2, 1e-3)]),
+    T.Q5_K: (176, 256, [(0, 1e-4), (2, 1e-3)]),
+    T.Q6_K: (210, 256, [(208, 2e-5)]),
+    T.Q2_K: (84, 256, [(80, 1e-3), (82, 1e-3)]),
+}
+
+
+def random_blocks(kind: gguf.GGMLQuantizationType, n: int, k: int, seed: int) -> np.ndarray:
+    """[n, bytes] rows of ``kind``: random quants and sub-block scales, float16 scale
+    fields drawn near the table's values (any bits there would do, but infinities)."""
+    size, per, fields = BLOCKS[kind]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(n, k // per, size), dtype=np.uint8)
+    for offset, scale in fields:
+        values = (scale * rng.uniform(0.5, 1.5, size=(n, k // per))).astype(np.float16)
+        raw[..., offset : offset + 2] = values[..., None].view(np.uint8)
+    return raw.reshape(n, -1)
+
+
+def file_weight(kind: gguf.GGMLQuantizationType, raw: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(dequantize(raw, kind), dtype=np.float32))
+
+
+@pytest.mark.parametrize("kind", NATIVE_TYPES, ids=lambda t: t.name)
+def test_every_type_with_a_layout_holds_the_weights_gguf_reads(
+    kind: gguf.GGMLQuantizationType,
+) -> None:
+    raw = random_blocks(kind, 24, 512, seed=int(kind))
+    packed = to_packed(kind, raw)
+    assert packed is not None and packed.shape == (24, 512)
+    assert torch.equal(packed.dequantize(), file_weight(kind, raw).view(24, 512))
+
+
+def test_a_type_without_a_layout_is_left_to_float32() -> None:
+    assert to_packed(T.Q2_K, random_blocks(T.Q2_K, 4, 256, seed=1)) is None
+
+
+# Q4_K_M's mix, as llama-quantize writes it: most matrices Q4_K, some Q6_K (the
+# output, V and down projections), here also Q5_K and Q8_0 for coverage.
+K_QUANT_MIX = {
+    "attn_q": T.Q4_K,
+    "attn_k": T.Q4_K,
+    "attn_v": T.Q6_K,
+    "attn_output": T.Q5_K,
+    "ffn_gate": T.Q4_K,
+    "ffn_up": T.Q4_K,
+    "ffn_down": T.Q6_K,
+    "token_embd": T.Q8_0,
+    "output": T.Q6_K,
+}
+
+
+def k_quant_model(folder: Path, smollm_folder: Path) -> Path:
+    """A tiny Llama (hidden 256: the K-quants' super-blocks) written as a GGUF of
+    random K-quant blocks, then laid out as carpool's conversion lays it out (the
+    tokenizer copied: this file has none)."""
+    import transformers as tf
+
+    cfg = tf.LlamaConfig(
+        vocab_size=tiny_models.VOCAB,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+    )
+    path = folder / "tiny-k.gguf"
+    folder.mkdir(parents=True)
+    writer = gguf_writer(path, "llama", cfg)
+    shapes = {
+        "token_embd": (cfg.vocab_size, 256),
+        "output": (cfg.vocab_size, 256),
+        "attn_q": (256, 256),
+        "attn_k": (128, 256),
+        "attn_v": (128, 256),
+        "attn_output": (256, 256),
+        "ffn_gate": (512, 256),
+        "ffn_up": (512, 256),
+        "ffn_down": (256, 512),
+    }
+    seed = 0
+    for layer in range(cfg.num_hidden_layers):
+        for part in ("attn_norm", "ffn_norm"):
+            writer.add_tensor(f"blk.{layer}.{part}.weight", np.ones(256, np.float32))
+        for part in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
+            n, k = shapes[part]
+            seed += 1
+            raw = random_blocks(K_QUANT_MIX[part], n, k, seed)
+            writer.add_tensor(
+                f"blk.{layer}.{part}.weight", raw, raw_shape=raw.shape, raw_dtype=K_QUANT_MIX[part]
+            )
+    for name in ("token_embd", "output"):
+        n, k = shapes[name]
+        raw = random_blocks(K_QUANT_MIX[name], n, k, seed=100 + len(name))
+        writer.add_tensor(f"{name}.weight", raw, raw_shape=raw.shape, raw_dtype=K_QUANT_MIX[name])
+    writer.add_tensor("output_norm.weight", np.ones(256, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    checkpoint = GGUFCheckpoint(path)
+    converted = folder / "converted"
+    converted.mkdir()
+    save_file(dict(checkpoint.tensors(progress=False)), str(converted / "model.safetensors"))
+    save_packed(checkpoint.packed_weights(), converted / PACKED)
+    (converted / "config.json").write_text(json.dumps(checkpoint.hf_config()))
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (smollm_folder / name).exists():
+            shutil.copy(smollm_folder / name, converted / name)
+    return converted
+
+
+def test_a_k_quant_model_runs_on_its_blocks_with_its_float32_tokens(
+    tmp_path: Path, smollm_folder: Path
+) -> None:
+    folder = k_quant_model(tmp_path / "k", smollm_folder)
+    packed = GGUFCheckpoint(tmp_path / "k" / "tiny-k.gguf").packed_weights()
+    assert {w.kind for w in packed.values()} == {BlockType.Q4_1, BlockType.Q8_16, BlockType.Q8_0}
+    native = load_causal_lm(folder, progress=False, weight_kernel="native")
+    plain = load_causal_lm(folder, progress=False, weight_kernel="torch")
+    assert native.packed_layers == 4 * 2 + 1  # qkv, o, gate_up, down per layer; the head
+    assert native.model.stack is not None  # the fused stack runs K-quant layers too
+    rng = random.Random(7)
+    prompts = [[rng.randrange(3, tiny_models.VOCAB) for _ in range(n)] for n in (1, 9, 60)]
+    expected = generate(plain, prompts, 16)
+    assert generate(native, prompts, 16) == expected
+    assert generate(native, prompts, 16, max_num_batched_tokens=32) == expected
+    native.model.stack = None  # layer by layer: the few-rows kernels and the strips
+    assert generate(native, prompts, 16, max_num_batched_tokens=32) == expected
