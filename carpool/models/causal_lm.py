@@ -30,8 +30,14 @@ from carpool.models.gguf_file import GGUFCheckpoint
 from carpool.models.gpt2 import GPT2LMHeadModel
 from carpool.models.llama import LlamaForCausalLM
 from carpool.models.native import KernelUnavailable, torch_because
-from carpool.models.packed_linear import load_packed, quantized_linear_kernel, save_packed
-from carpool.models.weights import load_safetensors, read_json
+from carpool.models.packed_linear import (
+    PackedWeight,
+    QuantizedLinearKernel,
+    load_packed,
+    quantized_linear_kernel,
+    save_packed,
+)
+from carpool.models.weights import iter_safetensors, read_json
 from carpool.paths import PathTaken
 
 log = logging.getLogger(__name__)
@@ -107,11 +113,18 @@ def load_causal_lm(
     config = DecoderConfig.from_hf(read_json(folder / "config.json"))
     with torch.device("meta"):
         model = MODEL_CLASSES[config.architecture](config)
+    blocks = _blocks_for(model, folder, weight_kernel, device, dtype)
+    held: set[str] = set()
+    if blocks.packed is not None:  # the blocks alone hold those weights
+        held = model.drop_float_where_blocks(blocks.packed)  # type: ignore[operator]
     model = model.to_empty(device=device)
     _reset_buffers(model, config, device)
-    model.load_weights(load_safetensors(folder).items())  # type: ignore[operator]
+    if held:
+        model.load_weights(iter_safetensors(folder, held), blocks_hold=held)  # type: ignore[operator]
+    else:
+        model.load_weights(iter_safetensors(folder))  # type: ignore[operator]
     model = model.to(dtype).eval().requires_grad_(False)
-    packed_layers, linear = _attach_packed(model, folder, weight_kernel, device, dtype)
+    packed_layers, linear = _attach_packed(model, blocks, weight_kernel)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
@@ -138,16 +151,23 @@ def _stack_path(model: nn.Module, packed_layers: int) -> tuple[PathTaken, ...]:
     return (PathTaken("decoder stack", False, model.stack_unused_because),)
 
 
-def _attach_packed(
+@dataclass(frozen=True)
+class _Blocks:
+    """A GGUF conversion's blocks and the kernel to run them, or why not."""
+
+    packed: dict[str, PackedWeight] | None
+    kernel: QuantizedLinearKernel | None
+    why: str = ""
+    unavailable: bool = False  # no compiler (as opposed to a setting)
+
+
+def _blocks_for(
     model: nn.Module, folder: Path, choice: str, device: str, dtype: torch.dtype
-) -> tuple[int, PathTaken]:
-    """Attach the blocks a GGUF file's conversion kept (``PACKED``) as ``choice``
-    asks; the number of layers that got them and the path taken. ``native`` and
-    ``native-int8`` raise ValueError where they cannot be used; ``auto`` logs why not."""
-    part = "linear layers"
+) -> _Blocks:
+    """The blocks a GGUF file's conversion kept (``PACKED``), where ``choice``
+    (auto, native, native-int8, torch) and the model let them run."""
     if choice == "torch":
-        return 0, PathTaken(part, False, "weight_kernel is torch")
-    unavailable = False
+        return _Blocks(None, None, "weight_kernel is torch")
     if not (folder / PACKED).exists():
         why = "the model has no quantized blocks (it is not a GGUF file holding them)"
     elif torch.device(device).type != "cpu":
@@ -160,22 +180,34 @@ def _attach_packed(
         try:
             kernel = quantized_linear_kernel(int8_dots=choice == "native-int8")
         except KernelUnavailable as exc:
-            why, unavailable = str(exc), True
-        else:
-            packed = load_packed(folder / PACKED)
-            count: int = model.attach_packed(packed, kernel)  # type: ignore[operator]
-            if count:
-                detail = f"quantized_linear on the file's blocks, {count} layers, steps of few rows"
-                if kernel.int8_dots and kernel.interleaved_vectorized:
-                    detail += ", int8 dot products on interleaved blocks (AVX-512 VNNI)"
-                elif kernel.int8_dots:
-                    detail += ", int8 dot products for up to 8 rows (no AVX-512 VNNI here)"
-                log.info("%d linear layers run steps of few rows on the file's blocks", count)
-                return count, PathTaken(part, True, detail)
-            why = "no linear layer has all its weights in blocks of one native layout"
+            return _Blocks(None, None, str(exc), True)
+        return _Blocks(load_packed(folder / PACKED), kernel)
+    return _Blocks(None, None, why)
+
+
+def _attach_packed(model: nn.Module, blocks: _Blocks, choice: str) -> tuple[int, PathTaken]:
+    """Attach ``blocks``; the number of linear layers that got them and the path
+    taken. ``native`` and ``native-int8`` raise ValueError where they cannot be
+    used; ``auto`` logs why not."""
+    part = "linear layers"
+    if choice == "torch":
+        return 0, PathTaken(part, False, blocks.why)
+    why = blocks.why
+    if blocks.packed is not None and blocks.kernel is not None:
+        kernel = blocks.kernel
+        count: int = model.attach_packed(blocks.packed, kernel)  # type: ignore[operator]
+        if count:
+            detail = f"quantized_linear on the file's blocks, {count} layers (no float32 copy)"
+            if kernel.int8_dots and kernel.interleaved_vectorized:
+                detail += ", int8 dot products on interleaved blocks (AVX-512 VNNI)"
+            elif kernel.int8_dots:
+                detail += ", int8 dot products for up to 8 rows (no AVX-512 VNNI here)"
+            log.info("%d linear layers run on the file's blocks", count)
+            return count, PathTaken(part, True, detail)
+        why = "no linear layer has all its weights in blocks of a native layout"
     if choice != "auto":
         raise ValueError(f"weight_kernel {choice} cannot be used: {why}")
-    return 0, torch_because(part, why, unavailable)
+    return 0, torch_because(part, why, blocks.unavailable)
 
 
 def _reset_buffers(model: nn.Module, config: DecoderConfig, device: str) -> None:

@@ -22,7 +22,7 @@ from carpool.models.attention import AttentionMetadata
 from carpool.models.decoder_config import DecoderConfig
 from carpool.models.llama import LlamaAttention, LlamaForCausalLM
 from carpool.models.llama_stack import LayerWeights
-from carpool.models.packed_linear import Linear
+from carpool.models.packed_linear import Embedding, Linear
 from carpool.models.rope import RotaryEmbedding
 
 
@@ -99,7 +99,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
             cfg.local_rope_theta,
             cfg.local_rope_scaling,
         )
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
         self.embed_scale = math.sqrt(cfg.hidden_size)
         self.layers = nn.ModuleList(
             [Gemma3Layer(cfg, full if w is None else local, w) for w in cfg.layer_windows()]

@@ -10,7 +10,7 @@ tensor names and stacks them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import ClassVar, cast
 
 import torch
@@ -21,7 +21,13 @@ from carpool.models.attention import AttentionMetadata, rotary_attention
 from carpool.models.decoder_config import DecoderConfig
 from carpool.models.llama_stack import LayerWeights, LlamaStack, StackShape
 from carpool.models.native import KernelUnavailable
-from carpool.models.packed_linear import Linear, PackedWeight, QuantizedLinearKernel
+from carpool.models.packed_linear import (
+    Embedding,
+    Linear,
+    PackedWeight,
+    QuantizedLinearKernel,
+    drop_float,
+)
 from carpool.models.rope import RotaryEmbedding
 
 log = logging.getLogger(__name__)
@@ -154,7 +160,7 @@ class LlamaForCausalLM(nn.Module):
         rope = RotaryEmbedding(
             cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
         )
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList([LlamaLayer(cfg, rope, w) for w in cfg.layer_windows()])
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
@@ -210,64 +216,106 @@ class LlamaForCausalLM(nn.Module):
             attention.rope,
         )
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(
+        self, weights: Iterable[tuple[str, torch.Tensor]], blocks_hold: Collection[str] = ()
+    ) -> None:
         """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up. Every
-        parameter must be covered (tied heads excepted)."""
+        parameter must be covered (tied heads excepted): by a tensor, or by the
+        blocks of ``blocks_hold``'s names (``drop_float_where_blocks``)."""
         cfg = self.config
         if cfg.tie_word_embeddings:  # re-tie: moving off the meta device unties
             self.lm_head.weight = self.embed_tokens.weight
         params = dict(self.named_parameters())
         loaded: set[str] = set()
-        qkv_sizes = [cfg.num_heads * cfg.head_dim] + [cfg.num_kv_heads * cfg.head_dim] * 2
+        for hf_name in blocks_hold:
+            target = self._target(hf_name)
+            if target is not None:
+                loaded.add(target[0] if target[1] is None else f"{target[0]}:{target[1]}")
         for hf_name, tensor in weights:
-            name = hf_name.removeprefix("model.")
-            if "rotary_emb" in name:
+            target = self._target(hf_name)
+            if target is None:
                 continue
-            if name == "lm_head.weight" and cfg.tie_word_embeddings:
-                continue
-            for part, (fused, index) in self._stacked.items():
-                if f".{part}." in name:
-                    name = name.replace(part, fused)
-                    sizes = qkv_sizes if fused == "qkv_proj" else [cfg.intermediate_size] * 2
-                    start = sum(sizes[:index])
-                    params[name].data[start : start + sizes[index]].copy_(tensor)
-                    loaded.add(f"{name}:{index}")
-                    break
-            else:
-                if name not in params:
-                    raise ValueError(f"unexpected weight {hf_name!r}")
+            name, index = target
+            if name not in params:
+                raise ValueError(f"unexpected weight {hf_name!r}")
+            if index is None:
                 params[name].data.copy_(tensor)
                 loaded.add(name)
+                continue
+            sizes = self._fused_sizes(name)
+            start = sum(sizes[:index])
+            params[name].data[start : start + sizes[index]].copy_(tensor)
+            loaded.add(f"{name}:{index}")
         _check_complete(self, loaded)
 
-    def attach_packed(
-        self, packed: dict[str, PackedWeight], kernel: QuantizedLinearKernel | None
-    ) -> int:
-        """Give each linear layer whose Hugging Face weights are all in ``packed``
-        (with one block type) its blocks; None detaches. Returns how many got them.
-        When every decoder layer has them, steps run on the fused stack
-        (``carpool.models.llama_stack``) where attention is native."""
+    def _target(self, hf_name: str) -> tuple[str, int | None] | None:
+        """Our parameter for a Hugging Face tensor, and its slice of a fused one;
+        None for a tensor not loaded (rotary tables, a tied head)."""
+        name = hf_name.removeprefix("model.")
+        if "rotary_emb" in name:
+            return None
+        if name == "lm_head.weight" and self.config.tie_word_embeddings:
+            return None
+        for part, (fused, index) in self._stacked.items():
+            if f".{part}." in name:
+                return name.replace(part, fused), index
+        return name, None
+
+    def _fused_sizes(self, name: str) -> list[int]:
+        cfg = self.config
+        if "qkv_proj" in name:
+            return [cfg.num_heads * cfg.head_dim] + [cfg.num_kv_heads * cfg.head_dim] * 2
+        return [cfg.intermediate_size] * 2
+
+    def _block_sources(self) -> Iterator[tuple[nn.Module, list[str]]]:
+        """Each layer that can run on a GGUF file's blocks, with the Hugging Face
+        tensors its weight is made of."""
         sources = {
             "qkv_proj": ["q_proj", "k_proj", "v_proj"],
             "gate_up_proj": ["gate_proj", "up_proj"],
         }
-        attached = 0
+        yield self.embed_tokens, ["model.embed_tokens.weight"]
         for name, module in self.named_modules():
             if not isinstance(module, Linear):
                 continue
             if name == "lm_head":
                 tied = self.config.tie_word_embeddings
-                hf = ["model.embed_tokens.weight" if tied else "lm_head.weight"]
+                yield module, ["model.embed_tokens.weight" if tied else "lm_head.weight"]
             else:
                 prefix, part = f"model.{name}".rsplit(".", 1)
-                hf = [f"{prefix}.{p}.weight" for p in sources.get(part, [part])]
+                yield module, [f"{prefix}.{p}.weight" for p in sources.get(part, [part])]
+
+    def drop_float_where_blocks(self, packed: Mapping[str, PackedWeight]) -> set[str]:
+        """Before loading: give every layer whose weight ``packed`` holds whole an
+        empty float32 weight (a GGUF model then takes about its file's memory, not
+        float32's 4-8x). Returns the Hugging Face names the blocks hold."""
+        held: set[str] = set()
+        for module, hf in self._block_sources():
+            if all(h in packed for h in hf):
+                drop_float(module)  # type: ignore[arg-type]
+                held.update(hf)
+        return held
+
+    def attach_packed(
+        self, packed: dict[str, PackedWeight], kernel: QuantizedLinearKernel | None
+    ) -> int:
+        """Give each linear layer whose Hugging Face weights are all in ``packed``
+        its blocks (a fused projection of mixed layouts as Q8_16); None detaches.
+        An embedding whose float32 table was dropped looks its rows up in the
+        blocks. Returns how many linear layers got them. When every decoder layer
+        has them, steps run on the fused stack (``carpool.models.llama_stack``)
+        where attention is native."""
+        attached = 0
+        for module, hf in self._block_sources():
             parts = [packed[h] for h in hf if h in packed]
             usable = kernel is not None and len(parts) == len(hf)
-            if usable:
-                module.attach(PackedWeight.stack(parts), kernel)
+            if isinstance(module, Embedding):
+                module.packed = parts[0] if usable and not module.weight.numel() else None
+            elif usable:
+                module.attach(PackedWeight.stack(parts), kernel)  # type: ignore[operator]
                 attached += 1
             else:
-                module.attach(None, None)
+                module.attach(None, None)  # type: ignore[operator]
         self.stack = None
         self.stack_unused_because = "not every linear layer has its blocks"
         weights = self.stack_weights()

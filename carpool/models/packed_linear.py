@@ -114,6 +114,14 @@ class PackedWeight:
             self.kind, self.quants[order].contiguous(), self.scales[order].contiguous(), mins
         )
 
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The float32 rows ``ids`` of the weight, [*ids.shape, k] (an embedding's
+        lookup, dequantizing those rows only)."""
+        flat = ids.reshape(-1)
+        mins = None if self.mins is None else self.mins[flat]
+        picked = PackedWeight(self.kind, self.quants[flat], self.scales[flat], mins)
+        return picked.dequantize().view(*ids.shape, -1)
+
     def dequantize(self) -> torch.Tensor:
         """The float32 weight [n, k], computed as the gguf package does."""
         n, k = self.shape
@@ -361,24 +369,34 @@ def quantized_linear_kernel(int8_dots: bool = False) -> QuantizedLinearKernel:
     return QuantizedLinearKernel(load_library("quantized_linear"), int8_dots)
 
 
+def drop_float(layer: nn.Linear | nn.Embedding) -> None:
+    """Give ``layer`` an empty weight: its blocks will hold it (``blocks only``)."""
+    layer.weight = nn.Parameter(torch.empty(0, device=layer.weight.device), requires_grad=False)
+
+
 class Linear(nn.Linear):
     """``nn.Linear`` that runs inputs of at most ``MAX_KERNEL_ROWS`` rows on its
-    packed blocks when it has them (``attach``)."""
+    packed blocks when it has them (``attach``); with no float32 weight beside them
+    (``drop_float``: a GGUF model loaded blocks only), every input."""
 
     packed: PackedWeight | None = None
     interleaved: Interleaved | None = None
     kernel: QuantizedLinearKernel | None = None
 
     def attach(self, packed: PackedWeight | None, kernel: QuantizedLinearKernel | None) -> None:
-        """Use ``packed`` for few rows; it must hold exactly this layer's weight. A
-        kernel with int8 dot products also gets the blocks interleaved where it has
-        the vector code for them (AVX-512 VNNI; elsewhere the portable C would be
-        slower than the few-rows int8 kernels, which then run instead)."""
+        """Use ``packed`` for few rows; it must hold exactly this layer's weight
+        where the layer keeps one. A kernel with int8 dot products also gets the
+        blocks interleaved where it has the vector code for them (AVX-512 VNNI;
+        elsewhere the portable C would be slower than the few-rows int8 kernels,
+        which then run instead)."""
+        shape = (self.out_features, self.in_features)
         if packed is not None:
-            if packed.shape != tuple(self.weight.shape):
-                raise ValueError(f"packed {packed.shape} for weight {tuple(self.weight.shape)}")
-            if not torch.equal(packed.dequantize(), self.weight.detach()):
+            if packed.shape != shape:
+                raise ValueError(f"packed {packed.shape} for weight {shape}")
+            if self.weight.numel() and not torch.equal(packed.dequantize(), self.weight.detach()):
                 raise ValueError("packed blocks do not hold this layer's float32 weight")
+        elif not self.weight.numel():
+            raise ValueError("a layer whose blocks hold its weight cannot drop them")
         self.packed, self.kernel = packed, kernel
         interleave = kernel is not None and kernel.int8_dots and kernel.interleaved_vectorized
         self.interleaved = Interleaved.of(packed) if interleave and packed is not None else None
@@ -388,9 +406,25 @@ class Linear(nn.Linear):
             self.packed is not None
             and self.kernel is not None
             and x.dim() == 2
-            and (x.shape[0] <= MAX_KERNEL_ROWS or self.interleaved is not None)
+            and (
+                x.shape[0] <= MAX_KERNEL_ROWS
+                or self.interleaved is not None
+                or not self.weight.numel()
+            )
             and x.dtype == torch.float32
         ):
             y = self.kernel(x, self.packed, self.interleaved)
             return y if self.bias is None else y + self.bias
         return F.linear(x, self.weight, self.bias)
+
+
+class Embedding(nn.Embedding):
+    """``nn.Embedding`` whose table may be a GGUF file's blocks instead (``packed``,
+    with ``drop_float``): a lookup dequantizes the rows it reads."""
+
+    packed: PackedWeight | None = None
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return self.packed.rows(ids)
+        return super().forward(ids)

@@ -3,15 +3,36 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 
 def load_safetensors(folder: Path) -> dict[str, torch.Tensor]:
     """Every tensor in ``folder``'s safetensors files (single file or sharded index)."""
+    tensors: dict[str, torch.Tensor] = {}
+    for file in _weight_files(folder):
+        tensors.update(load_file(str(file)))
+    return tensors
+
+
+def iter_safetensors(
+    folder: Path, skip: Collection[str] = ()
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``folder``'s tensors one at a time, those named in ``skip`` left unread (so
+    at most one tensor beyond the model's own is in memory)."""
+    for file in _weight_files(folder):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                if name not in skip:
+                    yield name, f.get_tensor(name)
+
+
+def _weight_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.exists():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -20,10 +41,7 @@ def load_safetensors(folder: Path) -> dict[str, torch.Tensor]:
         files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no .safetensors files in {folder}")
-    tensors: dict[str, torch.Tensor] = {}
-    for file in files:
-        tensors.update(load_file(str(file)))
-    return tensors
+    return files
 
 
 def read_json(path: Path) -> dict[str, object]:

@@ -17,7 +17,7 @@ import torch
 from gguf.quants import dequantize
 from safetensors.torch import save_file
 
-from carpool.models.causal_lm import PACKED, load_causal_lm
+from carpool.models.causal_lm import PACKED, LoadedLM, load_causal_lm
 from carpool.models.gguf_blocks import NATIVE_TYPES, to_packed
 from carpool.models.gguf_file import GGUFCheckpoint
 from carpool.models.packed_linear import BlockType, save_packed
@@ -148,6 +148,10 @@ def k_quant_model(folder: Path, smollm_folder: Path) -> Path:
     return converted
 
 
+def float_bytes(lm: LoadedLM) -> int:
+    return sum(p.numel() * p.element_size() for p in lm.model.parameters())
+
+
 def test_a_k_quant_model_runs_on_its_blocks_with_its_float32_tokens(
     tmp_path: Path, smollm_folder: Path
 ) -> None:
@@ -158,6 +162,10 @@ def test_a_k_quant_model_runs_on_its_blocks_with_its_float32_tokens(
     plain = load_causal_lm(folder, progress=False, weight_kernel="torch")
     assert native.packed_layers == 4 * 2 + 1  # qkv, o, gate_up, down per layer; the head
     assert native.model.stack is not None  # the fused stack runs K-quant layers too
+    # The blocks alone hold the matrices and the embedding table: the float32
+    # parameters left are the norms.
+    assert float_bytes(native) == 4 * 256 * (2 * 2 + 1)
+    assert float_bytes(plain) > 100 * float_bytes(native)
     rng = random.Random(7)
     prompts = [[rng.randrange(3, tiny_models.VOCAB) for _ in range(n)] for n in (1, 9, 60)]
     expected = generate(plain, prompts, 16)
