@@ -13,6 +13,7 @@ import json
 import logging
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -119,10 +120,11 @@ def load_causal_lm(
         held = model.drop_float_where_blocks(blocks.packed)  # type: ignore[operator]
     model = model.to_empty(device=device)
     _reset_buffers(model, config, device)
+    weights = _weights(folder, held)
     if held:
-        model.load_weights(iter_safetensors(folder, held), blocks_hold=held)  # type: ignore[operator]
+        model.load_weights(weights, blocks_hold=held)  # type: ignore[operator]
     else:
-        model.load_weights(iter_safetensors(folder))  # type: ignore[operator]
+        model.load_weights(weights)  # type: ignore[operator]
     model = model.to(dtype).eval().requires_grad_(False)
     packed_layers, linear = _attach_packed(model, blocks, weight_kernel)
     from transformers import AutoTokenizer
@@ -149,6 +151,17 @@ def _stack_path(model: nn.Module, packed_layers: int) -> tuple[PathTaken, ...]:
     if model.stack is not None:
         return (PathTaken("decoder stack", True, "llama_stack, one call per step"),)
     return (PathTaken("decoder stack", False, model.stack_unused_because),)
+
+
+def _weights(folder: Path, held: set[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The folder's float tensors, then the float32 of every block matrix the model
+    does not run on its blocks (a GGUF conversion keeps those as blocks only),
+    none of those named in ``held``; one tensor at a time."""
+    yield from iter_safetensors(folder, held)
+    if (folder / PACKED).exists():
+        for name, weight in load_packed(folder / PACKED).items():
+            if name not in held:
+                yield name, weight.dequantize()
 
 
 @dataclass(frozen=True)
@@ -234,13 +247,15 @@ def convert_gguf(path: Path, cache_dir: Path, progress: bool = True) -> Path:
     try:
         checkpoint = GGUFCheckpoint(path)
         config = checkpoint.hf_config()
-        tensors = dict(checkpoint.tensors(progress))
-        if config["tie_word_embeddings"]:
-            tensors.pop("lm_head.weight", None)
-        save_file(tensors, str(staging / "model.safetensors"))
+        # The blocks are kept as they are; only the other tensors (norms, float
+        # matrices, types without a native layout) are dequantized.
         packed = checkpoint.packed_weights()
         if packed:
             save_packed(packed, staging / PACKED)
+        tensors = dict(checkpoint.tensors(progress, skip=set(packed)))
+        if config["tie_word_embeddings"]:
+            tensors.pop("lm_head.weight", None)
+        save_file(tensors, str(staging / "model.safetensors"))
         (staging / "config.json").write_text(json.dumps(config, indent=2))
         from transformers import AutoTokenizer
 

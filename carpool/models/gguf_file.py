@@ -9,7 +9,7 @@ rotary layout; they are permuted back here.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -107,8 +107,11 @@ class GGUFCheckpoint:
             raise ValueError(f"{self.path}: rope scaling {scaling!r} is not supported")
         return config
 
-    def tensors(self, progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
-        """(Hugging Face name, float32 tensor) for every tensor, dequantized."""
+    def tensors(
+        self, progress: bool = True, skip: Collection[str] = ()
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """(Hugging Face name, float32 tensor) for every tensor not named in
+        ``skip``, dequantized."""
         config = self.hf_config()
         heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
         bar = tqdm(self.reader.tensors, desc=f"dequantizing {self.path.name}", disable=not progress)
@@ -116,6 +119,8 @@ class GGUFCheckpoint:
             if tensor.name == "rope_freqs.weight":
                 raise ValueError(f"{self.path}: rope_freqs scaling is not supported")
             name = hf_name(tensor.name)
+            if name in skip:
+                continue
             shape = tuple(reversed([int(n) for n in tensor.shape]))
             array = np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
             weight = torch.from_numpy(array.reshape(shape))

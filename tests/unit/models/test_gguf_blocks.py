@@ -139,8 +139,10 @@ def k_quant_model(folder: Path, smollm_folder: Path) -> Path:
     checkpoint = GGUFCheckpoint(path)
     converted = folder / "converted"
     converted.mkdir()
-    save_file(dict(checkpoint.tensors(progress=False)), str(converted / "model.safetensors"))
-    save_packed(checkpoint.packed_weights(), converted / PACKED)
+    packed = checkpoint.packed_weights()
+    save_packed(packed, converted / PACKED)
+    floats = dict(checkpoint.tensors(progress=False, skip=set(packed)))
+    save_file(floats, str(converted / "model.safetensors"))
     (converted / "config.json").write_text(json.dumps(checkpoint.hf_config()))
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (smollm_folder / name).exists():
