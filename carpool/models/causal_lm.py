@@ -120,7 +120,7 @@ def load_causal_lm(
         held = model.drop_float_where_blocks(blocks.packed)  # type: ignore[operator]
     model = model.to_empty(device=device)
     _reset_buffers(model, config, device)
-    weights = _weights(folder, held)
+    weights = _weights(folder, blocks.packed, held)
     if held:
         model.load_weights(weights, blocks_hold=held)  # type: ignore[operator]
     else:
@@ -153,15 +153,19 @@ def _stack_path(model: nn.Module, packed_layers: int) -> tuple[PathTaken, ...]:
     return (PathTaken("decoder stack", False, model.stack_unused_because),)
 
 
-def _weights(folder: Path, held: set[str]) -> Iterator[tuple[str, torch.Tensor]]:
+def _weights(
+    folder: Path, packed: dict[str, PackedWeight] | None, held: set[str]
+) -> Iterator[tuple[str, torch.Tensor]]:
     """The folder's float tensors, then the float32 of every block matrix the model
     does not run on its blocks (a GGUF conversion keeps those as blocks only),
-    none of those named in ``held``; one tensor at a time."""
+    none of those named in ``held``; one tensor at a time. ``packed``: the blocks
+    if already read."""
     yield from iter_safetensors(folder, held)
-    if (folder / PACKED).exists():
-        for name, weight in load_packed(folder / PACKED).items():
-            if name not in held:
-                yield name, weight.dequantize()
+    if packed is None and (folder / PACKED).exists():
+        packed = load_packed(folder / PACKED)
+    for name, weight in (packed or {}).items():
+        if name not in held:
+            yield name, weight.dequantize()
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ tensor names and stacks them.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import ClassVar, cast
 
@@ -301,12 +302,16 @@ class LlamaForCausalLM(nn.Module):
     ) -> int:
         """Give each linear layer whose Hugging Face weights are all in ``packed``
         its blocks (a fused projection of mixed layouts as Q8_16); None detaches.
+        The entries of ``packed`` are taken (removed from it) as they are used, so
+        a fused projection's parts are freed once stacked.
         An embedding whose float32 table was dropped looks its rows up in the
         blocks. Returns how many linear layers got them. When every decoder layer
         has them, steps run on the fused stack (``carpool.models.llama_stack``)
         where attention is native."""
         attached = 0
-        for module, hf in self._block_sources():
+        sources = list(self._block_sources())
+        uses = Counter(h for _, hf in sources for h in hf)
+        for module, hf in sources:
             parts = [packed[h] for h in hf if h in packed]
             usable = kernel is not None and len(parts) == len(hf)
             if isinstance(module, Embedding):
@@ -316,6 +321,10 @@ class LlamaForCausalLM(nn.Module):
                 attached += 1
             else:
                 module.attach(None, None)  # type: ignore[operator]
+            for h in hf:  # taken: a fused part's own blocks can go once stacked
+                uses[h] -= 1
+                if not uses[h]:
+                    packed.pop(h, None)
         self.stack = None
         self.stack_unused_because = "not every linear layer has its blocks"
         weights = self.stack_weights()

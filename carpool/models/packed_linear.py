@@ -202,16 +202,18 @@ def save_packed(weights: dict[str, PackedWeight], path: Path) -> None:
 
 
 def load_packed(path: Path) -> dict[str, PackedWeight]:
-    """What ``save_packed`` wrote."""
+    """What ``save_packed`` wrote, copied out of the file: tensors left on its
+    memory map would keep every page they touched resident, the fused projections'
+    parts included after they are stacked."""
     with safe_open(str(path), framework="pt") as f:
         kinds = f.metadata() or {}
         names = set(f.keys())
         return {
             name: PackedWeight(
                 BlockType(kind),
-                f.get_tensor(f"{name}:quants"),
-                f.get_tensor(f"{name}:scales"),
-                f.get_tensor(f"{name}:mins") if f"{name}:mins" in names else None,
+                f.get_tensor(f"{name}:quants").clone(),
+                f.get_tensor(f"{name}:scales").clone(),
+                f.get_tensor(f"{name}:mins").clone() if f"{name}:mins" in names else None,
             )
             for name, kind in kinds.items()
         }

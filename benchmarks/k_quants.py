@@ -1,0 +1,163 @@
+"""A K-quant GGUF (Q4_K_M) on carpool's native kernels against llama.cpp on the
+same file, side by side in one run, 2 threads each: one stream (``llama-bench``
+tg128 against carpool's offline engine), 64 concurrent streams over HTTP (``carpool
+bench``, the same random prompts for ``carpool serve`` and ``llama-server``), and
+each server's peak resident memory against the file's size plus its KV cache.
+
+    python -m benchmarks.k_quants --llama-bin /path/to/llama.cpp/build/bin [--gguf F]
+
+Without ``--gguf`` the file is made from the built-in model with ``llama-quantize
+--allow-requantize ... Q4_K_M`` (its 576-wide rows are not whole 256-weight
+super-blocks, so llama.cpp writes most of them as Q5_0, the rest Q4_K, Q6_K, Q8_0).
+Build llama.cpp as ``benchmarks/vs_llama_server.py`` says, with the targets
+``llama-server llama-bench llama-quantize``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.single_stream import llama_bench
+from benchmarks.vs_llama_server import builtin_gguf, start, stop
+from carpool.bench.config import BenchConfig
+from carpool.bench.run import run
+from carpool.testing import spawn
+
+TOKENS = 128
+KV_CACHE = "256MiB"  # carpool's; llama-server's is what its context needs
+
+
+def make_q4_k_m(llama_bin: Path, out_dir: Path) -> Path:
+    target = out_dir / "smollm2-135m-instruct.Q4_K_M.gguf"
+    if not target.exists():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        quantize = [str(llama_bin / "llama-quantize"), "--allow-requantize"]
+        subprocess.run([*quantize, builtin_gguf(), str(target), "Q4_K_M"], check=True)
+    return target
+
+
+def tensor_types(gguf: Path) -> str:
+    from gguf import GGUFReader
+
+    counts = collections.Counter(t.tensor_type.name for t in GGUFReader(str(gguf)).tensors)
+    return ", ".join(f"{n} {kind}" for kind, n in counts.most_common())
+
+
+def offline_ms_per_token(gguf: Path, threads: int, requests: int) -> float:
+    """carpool's offline engine, one request at a time: the median of (time for 128
+    tokens - time for the first) / 127."""
+    import torch
+
+    from carpool import LLM, SamplingParams
+
+    torch.set_num_threads(threads)
+    llm = LLM(str(gguf), enable_prefix_caching=False, kv_cache_memory=KV_CACHE)
+    first = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    whole = SamplingParams(max_tokens=TOKENS, temperature=0.0, ignore_eos=True)
+    per_token = []
+    for i in range(requests + 1):  # the first warms up
+        prompt = f"Request {i}: write about the sea, the sky and the hills."
+        started = time.perf_counter()
+        llm.generate([prompt], first, use_tqdm=False)
+        one = time.perf_counter() - started
+        started = time.perf_counter()
+        llm.generate([prompt], whole, use_tqdm=False)
+        if i:
+            per_token.append((time.perf_counter() - started - one) / (TOKENS - 1))
+    return 1000 * statistics.median(per_token)
+
+
+def peak_rss_mib(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmHWM:")[1].split()[0]) / 1024
+
+
+def serve(name: str, args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
+    if name == "llama-server":
+        return start(name, args)
+    command = [sys.executable, "-m", "carpool.cli", "serve", "--port", "0", "--model"]
+    command += [str(args.gguf), "--served-model-name", "smollm2-135m-instruct"]
+    command += ["--threads", str(args.threads), "--kv-cache-memory", KV_CACHE]
+    process, match, _ = spawn(command, re.compile(r"carpool ready on (http://\S+)"), 300.0)
+    return process, match.group(1)
+
+
+def concurrent(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    process, url = serve(name, args)
+    try:
+        config = BenchConfig(
+            base_url=url,
+            dataset="random",
+            random_input_len=64,
+            random_output_len=TOKENS,
+            num_prompts=args.num_prompts,
+            num_warmups=2,
+            concurrency=args.concurrency,
+            ignore_eos=True,
+            seed=args.seed,
+        )
+        [result] = run(config, progress=False)
+        return {**result, "peak_rss_mib": peak_rss_mib(process.pid)}
+    finally:
+        stop(process)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--llama-bin", required=True, help="llama.cpp's build/bin folder")
+    parser.add_argument("--gguf", default="", help="a Q4_K_M file (default: the built-in's)")
+    parser.add_argument("--out-dir", default="benchmarks/results/k_quants")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--requests", type=int, default=8, help="one-stream requests")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--num-prompts", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--llama-port", type=int, default=8093)
+    args = parser.parse_args()
+    bin_dir = Path(args.llama_bin)
+    args.gguf = Path(args.gguf) if args.gguf else make_q4_k_m(bin_dir, Path(args.out_dir))
+    args.llama_server = str(bin_dir / "llama-server")
+    args.parallel = args.concurrency
+    file_mib = args.gguf.stat().st_size / 2**20
+    print(f"{args.gguf} ({file_mib:.1f} MiB): {tensor_types(args.gguf)}")
+
+    bench_ts = llama_bench(bin_dir / "llama-bench", str(args.gguf), args.threads)
+    own_ms = offline_ms_per_token(args.gguf, args.threads, args.requests)
+    carpool = concurrent("carpool", args)
+    llama = concurrent("llama-server", args)
+
+    kv = int(KV_CACHE.removesuffix("MiB"))
+    print(
+        f"\none stream: llama-bench tg128 {bench_ts:.1f} tok/s | carpool offline "
+        f"{1000 / own_ms:.1f} tok/s | ratio {1000 / own_ms / bench_ts:.2f}"
+    )
+    print(
+        f"c={args.concurrency}: output tok/s carpool {carpool['output_throughput']:.1f} | "
+        f"llama-server {llama['output_throughput']:.1f} | ratio "
+        f"{carpool['output_throughput'] / llama['output_throughput']:.2f}"
+    )
+    for name, r in (("carpool", carpool), ("llama-server", llama)):
+        print(
+            f"  {name}: TPOT p50 {r['median_tpot_ms']:.1f} ms, p99 {r['p99_tpot_ms']:.1f} ms;"
+            f" TTFT p50 {r['median_ttft_ms']:.0f} ms; peak RSS {r['peak_rss_mib']:.0f} MiB"
+        )
+    print(
+        f"carpool's peak RSS {carpool['peak_rss_mib']:.0f} MiB against 1.3 x the file "
+        f"({1.3 * file_mib:.0f} MiB) + its KV cache ({kv} MiB) = {1.3 * file_mib + kv:.0f} MiB"
+    )
+    print(
+        f"\nreproduce: python -m benchmarks.k_quants --llama-bin {args.llama_bin}"
+        + (f" --gguf {args.gguf}" if args.gguf else "")
+    )
+
+
+if __name__ == "__main__":
+    main()
