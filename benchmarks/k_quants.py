@@ -75,6 +75,29 @@ def offline_ms_per_token(gguf: Path, threads: int, requests: int) -> float:
     return 1000 * statistics.median(per_token)
 
 
+MEMORY_PROBE = """
+import sys
+from pathlib import Path
+import torch, transformers, carpool.server.app
+from carpool.models.causal_lm import load_causal_lm
+def status(key):
+    return int(Path("/proc/self/status").read_text().split(key + ":")[1].split()[0]) / 1024
+before = status("VmRSS")
+lm = load_causal_lm(Path(sys.argv[1]), progress=False, weight_kernel=sys.argv[2])
+print(before, status("VmRSS"), status("VmHWM"))
+"""
+
+
+def model_memory(gguf: Path, weight_kernel: str) -> tuple[float, float, float]:
+    """In a fresh process with the server's modules imported: RSS before loading the
+    model, after, and the peak (MiB). The file is converted beforehand, so the
+    conversion's own memory is not counted."""
+    command = [sys.executable, "-c", MEMORY_PROBE, str(gguf), weight_kernel]
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    before, after, peak = (float(v) for v in out.split()[-3:])
+    return before, after, peak
+
+
 def peak_rss_mib(pid: int) -> float:
     status = Path(f"/proc/{pid}/status").read_text()
     return int(status.split("VmHWM:")[1].split()[0]) / 1024
@@ -129,6 +152,7 @@ def main() -> None:
     file_mib = args.gguf.stat().st_size / 2**20
     print(f"{args.gguf} ({file_mib:.1f} MiB): {tensor_types(args.gguf)}")
 
+    memory = {kernel: model_memory(args.gguf, kernel) for kernel in ("native", "torch")}
     bench_ts = llama_bench(bin_dir / "llama-bench", str(args.gguf), args.threads)
     own_ms = offline_ms_per_token(args.gguf, args.threads, args.requests)
     carpool = concurrent("carpool", args)
@@ -153,6 +177,12 @@ def main() -> None:
         f"carpool's peak RSS {carpool['peak_rss_mib']:.0f} MiB against 1.3 x the file "
         f"({1.3 * file_mib:.0f} MiB) + its KV cache ({kv} MiB) = {1.3 * file_mib + kv:.0f} MiB"
     )
+    for kernel, (before, after, peak) in memory.items():
+        print(
+            f"  loading the model alone, weight kernel {kernel}: RSS {before:.0f} MiB before "
+            f"(the server's modules), +{after - before:.0f} MiB after (model and tokenizer), "
+            f"peak +{peak - before:.0f} MiB"
+        )
     print(
         f"\nreproduce: python -m benchmarks.k_quants --llama-bin {args.llama_bin}"
         + (f" --gguf {args.gguf}" if args.gguf else "")

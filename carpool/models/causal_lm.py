@@ -105,9 +105,9 @@ def load_causal_lm(
     weight_kernel: str = "auto",
 ) -> LoadedLM:
     """Load ``path`` (a folder or a .gguf file) onto ``device``. ``weight_kernel``
-    (auto, native, native-int8 or torch): whether linear layers also keep a GGUF
-    file's blocks for steps of few rows (``carpool.models.packed_linear``), and with
-    native-int8 use integer dot products there."""
+    (auto, native, native-int8 or torch): whether linear layers run on a GGUF file's
+    blocks (``carpool.models.packed_linear``), keeping no float32 copy of those
+    weights, and with native-int8 use integer dot products there."""
     folder = path
     if path.suffix == ".gguf":
         folder = convert_gguf(path, cache_dir or default_cache_dir(), progress)
@@ -214,7 +214,7 @@ def _attach_packed(model: nn.Module, blocks: _Blocks, choice: str) -> tuple[int,
         kernel = blocks.kernel
         count: int = model.attach_packed(blocks.packed, kernel)  # type: ignore[operator]
         if count:
-            detail = f"quantized_linear on the file's blocks, {count} layers (no float32 copy)"
+            detail = f"quantized_linear on the file's blocks, {count} layers, no float32 copy"
             if kernel.int8_dots and kernel.interleaved_vectorized:
                 detail += ", int8 dot products on interleaved blocks (AVX-512 VNNI)"
             elif kernel.int8_dots:

@@ -5,8 +5,10 @@ The file's block types map onto three layouts:
 
 - ``Q4_1`` (4-bit quants, a scale and a min per 32): Q4_1 itself, Q4_0 (min -8
   scale) and Q4_K (each sub-block of 32 its own scale ``d * sc`` and min
-  ``-dmin * m``), which keeps Q4_K_M's bulk at 5 bits a weight (the file's 4.5);
-- ``Q8_0`` (int8 quants, a scale per 32): Q8_0 itself, and Q5_0 (quants ``q - 16``);
+  ``-dmin * m``): Q4_K_M's bulk at 6 bits a weight in memory (float32 scales and
+  mins; the file's 4.5);
+- ``Q8_0`` (int8 quants, a scale per 32): Q8_0 itself, and Q5_0 (quants ``q - 16``),
+  9 bits;
 - ``Q8_16`` (int8 quants, a scale and optionally a min per 16): Q6_K (quants ``q -
   32``, scales ``d * sc``), Q5_K and Q5_1 (5-bit quants with a scale and a min per
   32, given per 16): 10 bits a weight for Q6_K, 12 for the 5-bit types with mins.

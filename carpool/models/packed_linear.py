@@ -4,7 +4,7 @@ onto them), and run steps of up to ``MAX_KERNEL_ROWS`` rows with the C kernel
 ``kernels/quantized_linear.c``.
 
 A decode step of one or a few streams is bound by reading the weights; the blocks
-are 5 (Q4_1), 8.5 (Q8_0) or 10-12 (Q8_16) bits a weight instead of float32's 32. A step of tens of
+are 6 (Q4_1), 9 (Q8_0) or 10-12 (Q8_16) bits a weight instead of float32's 32. A step of tens of
 streams is bound by arithmetic; the kernel then dequantizes strips of the weight
 once per step and runs its own register-tiled GEMM. Each weight the kernel uses is
 the float32 the file defines, the same value the float32 matrix holds (checked

@@ -46,8 +46,8 @@ def test_the_log_says_which_code_runs_each_model_before_the_ready_line(server: S
         if " runs: " in line
     }
     assert said == {
-        CHAT: "linear layers: native (quantized_linear on the file's blocks, 121 layers, steps "
-        "of few rows); decoder stack: native (llama_stack, one call per step); "
+        CHAT: "linear layers: native (quantized_linear on the file's blocks, 121 layers, no "
+        "float32 copy); decoder stack: native (llama_stack, one call per step); "
         "decode attention: native (paged_decode_attention)",
         EMBED: "encoder attention: native (ragged_attention)",
     }

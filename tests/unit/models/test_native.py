@@ -97,9 +97,22 @@ def test_every_rung_of_the_flag_ladder_matches_torch(
     )
 
 
+@pytest.fixture(scope="module")
+def linear_rungs(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[tuple[str, ...], Path]]:
+    """``quantized_linear`` built once on each rung of the flag ladder."""
+    found = default_compiler()
+    if found is None:
+        pytest.skip("no C compiler")
+    folder = tmp_path_factory.mktemp("rungs")
+    return [
+        (extra, build_library("quantized_linear", found, (*BASE_FLAGS, *extra), folder))
+        for extra in FLAG_LADDER
+    ]
+
+
 @pytest.mark.parametrize("kind", INTERLEAVED)
 def test_the_interleaved_int8_kernel_computes_the_same_bits_on_every_rung(
-    compiler: str, tmp_path: Path, kind: str
+    linear_rungs: list[tuple[tuple[str, ...], Path]], kind: str
 ) -> None:
     """Its portable C (the plain rungs, or a CPU without AVX-512 VNNI) and its vector
     code do the same arithmetic: one result, bit for bit."""
@@ -107,25 +120,22 @@ def test_the_interleaved_int8_kernel_computes_the_same_bits_on_every_rung(
     interleaved = Interleaved.of(packed)
     x = torch.randn(11, 128, generator=torch.Generator().manual_seed(2))
     results = []
-    for extra in FLAG_LADDER:
-        path = build_library("quantized_linear", compiler, (*BASE_FLAGS, *extra), tmp_path)
+    for _, path in linear_rungs:
         kernel = QuantizedLinearKernel(ctypes.CDLL(str(path)), int8_dots=True)
         results.append(kernel(x, packed, interleaved))
     assert all(torch.equal(r, results[0]) for r in results[1:])
 
 
 def test_the_k_quant_layout_computes_its_products_on_every_rung(
-    compiler: str, tmp_path: Path
+    linear_rungs: list[tuple[tuple[str, ...], Path]],
 ) -> None:
     """Q8_16 (scales and mins per 16) in the vector code and the portable C: the
     float32 product, and with int8 dots the rounded rows' integer products."""
     packed, weight = gguf_weight("Q8_16+mins", 40, 128, seed=6)
     x = torch.randn(3, 128, generator=torch.Generator().manual_seed(6))
     exact, rounded = x @ weight.T, rounded_rows_product(x, packed)
-    for extra in FLAG_LADDER:
-        library = ctypes.CDLL(
-            str(build_library("quantized_linear", compiler, (*BASE_FLAGS, *extra), tmp_path))
-        )
+    for extra, path in linear_rungs:
+        library = ctypes.CDLL(str(path))
         got = QuantizedLinearKernel(library)(x, packed)
         torch.testing.assert_close(got, exact, rtol=1e-5, atol=1e-5, msg=str(extra))
         got8 = QuantizedLinearKernel(library, int8_dots=True)(x, packed).double()
