@@ -14,9 +14,8 @@ The cache of one layer is a tensor [2, num_blocks, block_size, kv_heads, head_di
 (keys, then values); a token's slot is ``block * block_size + offset``.
 
 A sliding-window layer (``window``) attends a query at position p to keys p - window
-+ 1 ... p only; its masks are the step's narrowed, and the native kernel starts each
-row there. The device path ignores windows: its runner serves no context longer than
-the narrowest window (``DecoderConfig.unwindowed_context``), so none ever cuts.
++ 1 ... p only; its masks are the step's narrowed, and the native kernel (and the
+device's, ``carpool.models.triton_attention``) starts each row there.
 """
 
 from __future__ import annotations
@@ -73,7 +72,13 @@ class DeviceAttention(Protocol):
     triton_attention``): stores the step's keys and values, returns the output."""
 
     def attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, scale: float
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cache: torch.Tensor,
+        scale: float,
+        window: int | None = None,
     ) -> torch.Tensor: ...
 
     def attend_rotary(
@@ -84,6 +89,7 @@ class DeviceAttention(Protocol):
         cache: torch.Tensor,
         heads: int,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         """``attend`` with the rotary embedding applied first (fused there)."""
         ...
@@ -135,7 +141,7 @@ def paged_attention(
     returns the attention output [T, H, D] (over the last ``window`` positions where
     one is given)."""
     if meta.device is not None:
-        return meta.device.attend(q, k, v, cache, scale)
+        return meta.device.attend(q, k, v, cache, scale, window)
     kv_heads, head_dim = cache.shape[-2:]
     keys, values = cache[0], cache[1]
     keys.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
@@ -196,7 +202,7 @@ def rotary_attention(
     Returns [T, H, D]."""
     h, hkv, d = heads
     if meta.device is not None:
-        return meta.device.attend_rotary(qkv, positions, rope, cache, h, scale)
+        return meta.device.attend_rotary(qkv, positions, rope, cache, h, scale, window)
     t = qkv.shape[0]
     q, k, v = qkv.split([h * d, hkv * d, hkv * d], dim=-1)
     q, k = rope(q.view(t, h, d), k.view(t, hkv, d), positions)

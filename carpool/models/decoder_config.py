@@ -68,14 +68,6 @@ class DecoderConfig:
         """The longest sequence served: the positions the model knows."""
         return self.max_position_embeddings
 
-    @property
-    def unwindowed_context(self) -> int:
-        """The longest sequence a runner without windowed attention serves (the GPU
-        runner's Triton kernels): one no window has to cut."""
-        if self.sliding_window is None:
-            return self.max_position_embeddings
-        return min(self.max_position_embeddings, self.sliding_window)
-
     def layer_windows(self) -> tuple[int | None, ...]:
         """Each layer's sliding window, None where it attends the whole context."""
         if self.sliding_window is None:

@@ -186,8 +186,9 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, slots: torch
 
 # Triton compiles a variant per integer argument's value class (1, a multiple of 16,
 # other): the block tables' row stride changes from step to step, so it is not
-# specialised (each new variant would cost a compile of about a second mid-run).
-@triton.jit(do_not_specialize=["stride_table"])
+# specialised (each new variant would cost a compile of about a second mid-run); nor
+# is a layer's sliding window (one variant for windowed and global layers).
+@triton.jit(do_not_specialize=["stride_table", "window"])
 def _paged_attention_kernel(  # type: ignore[no-untyped-def]
     q_ptr,
     out_ptr,
@@ -205,6 +206,7 @@ def _paged_attention_kernel(  # type: ignore[no-untyped-def]
     stride_table,
     values_offset,
     scale,
+    window,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_P: tl.constexpr,
     KV_HEADS: tl.constexpr,
@@ -248,13 +250,16 @@ def _paged_attention_kernel(  # type: ignore[no-untyped-def]
         other=0.0,
     )
     position = cached + row  # each row's own position: it sees keys 0..position
+    # ... and within a sliding window only keys past position - window: the tile's
+    # first row needs none before its own position - window + 1.
+    lowest = tl.maximum(cached + first_row - window + 1, 0)
 
     peak = tl.full([BLOCK_M], float("-inf"), tl.float32)
     total = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_P], tl.float32)
     n = tl.arange(0, BLOCK_N)
     table = block_tables_ptr + seq.to(tl.int64) * stride_table
-    start = 0
+    start = lowest // BLOCK_N * BLOCK_N
     # A while loop, not range(): Triton's interpreter cannot take a loaded bound there.
     while start < end:
         key = start + n
@@ -270,6 +275,7 @@ def _paged_attention_kernel(  # type: ignore[no-untyped-def]
             s = tl.dot(q, tl.trans(k))
         s = s * scale
         allowed = valid_n[None, :] & (key[None, :] <= position[:, None])
+        allowed = allowed & (key[None, :] > position[:, None] - window)
         s = tl.where(allowed, s, float("-inf"))
         new_peak = tl.maximum(peak, tl.max(s, 1))
         # A row that has seen no key yet keeps -inf: shift by 0 instead (no NaN).
@@ -293,6 +299,11 @@ def _paged_attention_kernel(  # type: ignore[no-untyped-def]
         result.to(out_ptr.dtype.element_ty),
         mask=valid_m[:, None] & valid_d[None, :],
     )
+
+
+# The window of a layer that has none: past any context (an int32 the kernel can
+# subtract from a position without overflowing).
+NO_WINDOW = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -336,11 +347,13 @@ def paged_attention(
     scale: float,
     tiles: Tiles | None = None,
     out: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Attention of ``q`` [T, H, D] over ``cache`` (this step's keys and values
     already stored). ``block_tables`` [S, W] int32, ``query_start`` [S + 1] int32,
     ``seq_lens`` [S] int32. ``tiles`` None: decode, one row per sequence (T >= S).
-    Returns ``out`` [T, H, D] (allocated if None)."""
+    ``window``: a sliding-window layer's (each row attends its last ``window``
+    positions). Returns ``out`` [T, H, D] (allocated if None)."""
     heads, head_dim = q.shape[1:]
     _, _, page, kv_heads, cache_dim = cache.shape
     if cache_dim != head_dim or heads % kv_heads:
@@ -355,6 +368,8 @@ def paged_attention(
         raise ValueError("block_tables must be int32 with contiguous rows")
     if query_start.shape != (sequences + 1,) or seq_lens.shape != (sequences,):
         raise ValueError(f"query_start / seq_lens do not match {sequences} block tables")
+    if window is not None and window < 1:
+        raise ValueError(f"a sliding window of {window} tokens")
     if out is None:
         out = torch.empty_like(q)
     group = heads // kv_heads
@@ -387,6 +402,7 @@ def paged_attention(
         block_tables.stride(0),
         cache[0].numel(),
         scale,
+        NO_WINDOW if window is None else window,
         HEAD_DIM=head_dim,
         HEAD_DIM_P=max(16, triton.next_power_of_2(head_dim)),
         KV_HEADS=kv_heads,
@@ -421,10 +437,16 @@ class PagedMetadata:
     tiles: Tiles | None = None
 
     def attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, scale: float
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cache: torch.Tensor,
+        scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         store_kv(k, v, cache, self.slot_mapping)
-        return self._attend(q, cache, scale)
+        return self._attend(q, cache, scale, window)
 
     def attend_rotary(
         self,
@@ -434,14 +456,25 @@ class PagedMetadata:
         cache: torch.Tensor,
         heads: int,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         q = rotary_store(
             qkv, positions, rope.cos_table, rope.sin_table, cache, self.slot_mapping, heads
         )
-        return self._attend(q, cache, scale)
+        return self._attend(q, cache, scale, window)
 
-    def _attend(self, q: torch.Tensor, cache: torch.Tensor, scale: float) -> torch.Tensor:
+    def _attend(
+        self, q: torch.Tensor, cache: torch.Tensor, scale: float, window: int | None
+    ) -> torch.Tensor:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         return paged_attention(
-            q, cache, self.block_tables, self.query_start, self.seq_lens, scale, self.tiles, out
+            q,
+            cache,
+            self.block_tables,
+            self.query_start,
+            self.seq_lens,
+            scale,
+            self.tiles,
+            out,
+            window,
         )

@@ -12,7 +12,6 @@ report how long the GPU waited on the host.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 
 import torch
 
@@ -49,8 +48,6 @@ class CudaModelRunner(ModelRunner):
         ``max_passes``: the most forward passes of one decode step (multi-step
         decoding, ``EngineConfig.num_scheduler_steps``)."""
         super().__init__(lm, num_blocks, block_size, None, paths)
-        # Triton's kernels attend whole contexts: none may outgrow a sliding window.
-        self.spec = replace(self.spec, max_position_embeddings=lm.config.unwindowed_context)
         self.max_blocks = -(-max_model_len // block_size)
         self.block_q = prefill_block_q(lm.config.num_heads // lm.config.num_kv_heads)
         self.decode = DecodeGraphs(

@@ -106,7 +106,7 @@ def _cuda_runner(lm: LoadedLM, config: EngineConfig, blocks: int) -> ModelRunner
         config.block_size,
         paths,
         config.max_num_seqs,
-        config.model_len(lm.config.unwindowed_context, blocks * config.block_size),
+        config.model_len(lm.config.max_context, blocks * config.block_size),
         config.cuda_graphs,
         config.num_scheduler_steps,
     )

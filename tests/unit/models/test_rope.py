@@ -118,7 +118,6 @@ def test_which_layers_a_sliding_window_narrows() -> None:
     mistral = DecoderConfig.from_hf(base | {"sliding_window": 4096, "num_hidden_layers": 2})
     assert mistral.layer_windows() == (4096, 4096)
     assert mistral.max_context == 32768  # windowed attention serves every position
-    assert mistral.unwindowed_context == 4096  # what the GPU runner serves
     assert DecoderConfig.from_hf(base | {"sliding_window": None}).layer_windows() == (None,)
     qwen = base | {
         "architectures": ["Qwen2ForCausalLM"],
@@ -128,6 +127,5 @@ def test_which_layers_a_sliding_window_narrows() -> None:
     }
     unused = DecoderConfig.from_hf(qwen | {"use_sliding_window": False})
     assert unused.layer_windows() == (None, None, None)
-    assert unused.unwindowed_context == 32768
     used = DecoderConfig.from_hf(qwen | {"use_sliding_window": True})
     assert used.layer_windows() == (None, None, 4096)

@@ -121,6 +121,19 @@ def test_the_newer_architectures_match_transformers_batched(
     assert run(gpu_engine(lm, max_num_batched_tokens=32), prompts, 10) == expected
 
 
+def test_a_sliding_window_matches_transformers_past_it(
+    tmp_path: Path, smollm_folder: Path
+) -> None:
+    """Gemma 3's sliding layer with a window of 16 beside its global one: prompts
+    prefilled in tiles that start past the window, decodes past it."""
+    reference = tiny_models.build("gemma3", tmp_path, smollm_folder, sliding_window=16)
+    lm = load_causal_lm(tmp_path, progress=False, device=DEVICE)
+    rng = random.Random("mistral")  # prompts whose tokens the window changes
+    prompts = [[rng.randrange(3, tiny_models.VOCAB) for _ in range(n)] for n in (5, 23, 90)]
+    expected = [tiny_models.hf_greedy(reference, p, 24) for p in prompts]
+    assert run(gpu_engine(lm, max_num_batched_tokens=32), prompts, 24) == expected
+
+
 def test_multi_step_decoding_gives_the_tokens_of_one_step_at_a_time(
     tmp_path: Path, smollm_folder: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
