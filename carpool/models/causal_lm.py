@@ -43,8 +43,9 @@ from carpool.paths import PathTaken
 
 log = logging.getLogger(__name__)
 
-# Bump when the converted folder's layout or contents change.
-_CONVERSION_VERSION = "3"  # 2: the Q4_1 and Q8_0 blocks are kept too (PACKED); 3: K-quants
+# Bump when the converted folder's layout or contents change (2: Q4_1 and Q8_0 blocks
+# kept, PACKED; 3: the K-quants, blocks only; 4: the Q5_1 layout).
+_CONVERSION_VERSION = "4"
 # In a subfolder: every *.safetensors of the folder itself is a model weight file.
 PACKED = Path("blocks") / "gguf-blocks.safetensors"
 

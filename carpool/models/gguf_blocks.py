@@ -1,17 +1,18 @@
 """A GGUF matrix's blocks in the layouts the native kernels read (``PackedWeight``),
 each weight exactly the float32 the ``gguf`` package dequantizes it to.
 
-The file's block types map onto three layouts:
+The file's block types map onto four layouts:
 
 - ``Q4_1`` (4-bit quants, a scale and a min per 32): Q4_1 itself, Q4_0 (min -8
   scale) and Q4_K (each sub-block of 32 its own scale ``d * sc`` and min
   ``-dmin * m``): Q4_K_M's bulk at 6 bits a weight in memory (float32 scales and
   mins; the file's 4.5);
-- ``Q8_0`` (int8 quants, a scale per 32): Q8_0 itself, and Q5_0 (quants ``q - 16``),
-  9 bits;
+- ``Q5_1`` (5-bit quants, a scale and a min per 32): Q5_1 itself, Q5_0 (min -16
+  scale) and Q5_K (as Q4_K), 7 bits a weight (the files' 5.5 to 6);
+- ``Q8_0`` (int8 quants, a scale per 32): Q8_0 itself, 9 bits;
 - ``Q8_16`` (int8 quants, a scale and optionally a min per 16): Q6_K (quants ``q -
-  32``, scales ``d * sc``), Q5_K and Q5_1 (5-bit quants with a scale and a min per
-  32, given per 16): 10 bits a weight for Q6_K, 12 for the 5-bit types with mins.
+  32``, scales ``d * sc``), 10 bits a weight against the file's 6.56; also a fused
+  projection whose parts differ (``PackedWeight.stack``), with mins.
 
 The bit fields are unpacked by the ``gguf`` package itself where it can be made to
 (its dequantization of the blocks with unit scales gives the integer quants), so
@@ -53,21 +54,19 @@ def to_packed(kind: GGMLQuantizationType, raw: np.ndarray) -> PackedWeight | Non
         return _q4_k(raw.reshape(n, -1, 144))
     if kind is T.Q5_0:
         blocks = raw.reshape(n, -1, 22)
-        quants = _unit_quants(kind, blocks, [(0, ONE)])
-        return PackedWeight(
-            BlockType.Q8_0, _int8(quants, n), torch.from_numpy(_f16(blocks[..., 0:2])), None
-        )
+        quants = _unit_quants(kind, blocks, [(0, ONE)]) + 16
+        d = _f16(blocks[..., 0:2])
+        return _q5_1(quants, n, d, -16 * d)
     if kind is T.Q5_1:
         blocks = raw.reshape(n, -1, 24)
         quants = _unit_quants(kind, blocks, [(0, ONE), (2, np.zeros(2, np.uint8))])
-        scales, mins = _f16(blocks[..., 0:2]), _f16(blocks[..., 2:4])
-        return _q8_16(quants, n, _twice(scales), _twice(mins))
+        return _q5_1(quants, n, _f16(blocks[..., 0:2]), _f16(blocks[..., 2:4]))
     if kind is T.Q5_K:
         blocks = raw.reshape(n, -1, 176)
         unit = [(0, ONE), (2, np.zeros(2, np.uint8)), (4, _UNIT_K_SCALES)]
         quants = _unit_quants(kind, blocks, unit)
         scales, mins = _k_scales(blocks)
-        return _q8_16(quants, n, _twice(scales), _twice(mins))
+        return _q5_1(quants, n, scales, mins)
     if kind is T.Q6_K:
         blocks = raw.reshape(n, -1, 210)
         quants = _unit_quants(kind, blocks, [(192, np.ones(16, np.uint8)), (208, ONE)])
@@ -80,11 +79,6 @@ def to_packed(kind: GGMLQuantizationType, raw: np.ndarray) -> PackedWeight | Non
 def _f16(field: np.ndarray) -> np.ndarray:
     """Two bytes a block -> their float16 as float32, [n, blocks]."""
     return field.copy().view(np.float16)[..., 0].astype(np.float32)
-
-
-def _twice(per_32: np.ndarray) -> np.ndarray:
-    """[n, groups] -> [n, 2 * groups]: each value for both halves of its 32."""
-    return np.repeat(per_32, 2, axis=-1)
 
 
 def _unit_quants(
@@ -110,6 +104,22 @@ def _q8_16(quants: np.ndarray, n: int, scales: np.ndarray, mins: np.ndarray | No
         _int8(quants, n),
         torch.from_numpy(np.ascontiguousarray(scales, dtype=np.float32)),
         None if mins is None else torch.from_numpy(np.ascontiguousarray(mins, dtype=np.float32)),
+    )
+
+
+def _q5_1(quants: np.ndarray, n: int, scales: np.ndarray, mins: np.ndarray) -> PackedWeight:
+    """``quants`` [n, k] (0-31 as float) into Q5_1 blocks: weights j and j + 16's low
+    nibbles in byte j, then the 32 fifth bits as a little-endian word."""
+    q = quants.astype(np.uint8).reshape(n, -1, 32)
+    nibbles = (q[..., :16] & 15) | ((q[..., 16:] & 15) << 4)
+    fifth = ((q >> 4) & 1).astype(np.uint32) << np.arange(32, dtype=np.uint32)
+    word = np.bitwise_or.reduce(fifth, axis=-1).astype("<u4")
+    bits = word[..., None].view(np.uint8).reshape(n, -1, 4)
+    return PackedWeight(
+        BlockType.Q5_1,
+        torch.from_numpy(np.ascontiguousarray(np.concatenate([nibbles, bits], axis=-1))),
+        torch.from_numpy(np.ascontiguousarray(scales, dtype=np.float32)),
+        torch.from_numpy(np.ascontiguousarray(mins, dtype=np.float32)),
     )
 
 

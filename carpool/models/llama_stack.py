@@ -34,7 +34,8 @@ from carpool.models.native import (
 from carpool.models.packed_linear import BlockType, Linear, check_interleaved
 from carpool.models.rope import RotaryEmbedding
 
-_KIND = {BlockType.Q4_1: 0, BlockType.Q8_0: 1, BlockType.Q8_16: 2}  # quantized_dot.h's
+# quantized_dot.h's numbers
+_KIND = {BlockType.Q4_1: 0, BlockType.Q8_0: 1, BlockType.Q8_16: 2, BlockType.Q5_1: 3}
 
 
 class _Matrix(ctypes.Structure):

@@ -4,7 +4,8 @@ onto them), and run steps of up to ``MAX_KERNEL_ROWS`` rows with the C kernel
 ``kernels/quantized_linear.c``.
 
 A decode step of one or a few streams is bound by reading the weights; the blocks
-are 6 (Q4_1), 9 (Q8_0) or 10-12 (Q8_16) bits a weight instead of float32's 32. A step of tens of
+are 6 (Q4_1), 7 (Q5_1), 9 (Q8_0) or 10-12 (Q8_16) bits a weight instead of
+float32's 32. A step of tens of
 streams is bound by arithmetic; the kernel then dequantizes strips of the weight
 once per step and runs its own register-tiled GEMM. Each weight the kernel uses is
 the float32 the file defines, the same value the float32 matrix holds (checked
@@ -43,20 +44,24 @@ class BlockType(Enum):
     Q4_1 = "Q4_1"  # 4-bit quants, a scale and a min per 32
     Q8_0 = "Q8_0"  # int8 quants, a scale per 32
     Q8_16 = "Q8_16"  # int8 quants, a scale and optionally a min per 16 (the K-quants)
+    Q5_1 = "Q5_1"  # 5-bit quants (Q4_1's nibbles and a plane of fifth bits), scale and min
 
 
 HALF = 16  # Q8_16's weights per scale
+Q5_BYTES = 20  # a Q5_1 block in memory: 16 bytes of nibbles, then 4 of fifth bits
 
 
 @dataclass(frozen=True)
 class PackedWeight:
-    """A weight [n, k] in blocks of 32 along k: w = scale * q (+ min for Q4_1, and
+    """A weight [n, k] in blocks of 32 along k: w = scale * q (+ min for Q4_1 and Q5_1, and
     for Q8_16 where it has mins); Q8_16's scale and min change every 16 weights."""
 
     kind: BlockType
-    quants: torch.Tensor  # Q4_1: [n, k/32, 16] uint8 (two per byte); Q8_*: [n, k/32, 32] int8
+    # Q4_1: [n, k/32, 16] uint8 (two per byte); Q8_*: [n, k/32, 32] int8; Q5_1: [n, k/32,
+    # 20] uint8, Q4_1's 16 bytes then 4 (little-endian) whose bit j is weight j's fifth
+    quants: torch.Tensor
     scales: torch.Tensor  # [n, k/32] float32; Q8_16: [n, k/16]
-    mins: torch.Tensor | None  # like scales; Q4_1 always, Q8_16 optionally, Q8_0 never
+    mins: torch.Tensor | None  # like scales; Q4_1, Q5_1 always, Q8_16 optionally, Q8_0 never
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -103,8 +108,8 @@ class PackedWeight:
         if self.kind is BlockType.Q8_16:
             return self
         quants = self.quants
-        if self.kind is BlockType.Q4_1:
-            quants = torch.cat([quants & 15, quants >> 4], dim=-1).to(torch.int8)
+        if self.kind in (BlockType.Q4_1, BlockType.Q5_1):
+            quants = self.integer_quants().to(torch.int8)
         mins = None if self.mins is None else self.mins.repeat_interleave(2, dim=-1)
         return PackedWeight(BlockType.Q8_16, quants, self.scales.repeat_interleave(2, dim=-1), mins)
 
@@ -122,12 +127,23 @@ class PackedWeight:
         picked = PackedWeight(self.kind, self.quants[flat], self.scales[flat], mins)
         return picked.dequantize().view(*ids.shape, -1)
 
+    def integer_quants(self) -> torch.Tensor:
+        """Q4_1's and Q5_1's quants one a weight, [n, k/32, 32] uint8."""
+        nibbles = self.quants[..., :16]
+        q = torch.cat([nibbles & 15, nibbles >> 4], dim=-1)
+        if self.kind is BlockType.Q5_1:
+            bits = self.quants[..., 16:].to(torch.int64)
+            word = bits[..., 0] | bits[..., 1] << 8 | bits[..., 2] << 16 | bits[..., 3] << 24
+            fifth = (word[..., None] >> torch.arange(32)) & 1
+            q = q | (fifth << 4).to(torch.uint8)
+        return q
+
     def dequantize(self) -> torch.Tensor:
         """The float32 weight [n, k], computed as the gguf package does."""
         n, k = self.shape
-        if self.kind is BlockType.Q4_1:
+        if self.kind in (BlockType.Q4_1, BlockType.Q5_1):
             assert self.mins is not None
-            q = torch.cat([self.quants & 15, self.quants >> 4], dim=-1).float()
+            q = self.integer_quants().float()
             return (self.scales[..., None] * q + self.mins[..., None]).view(n, k)
         if self.kind is BlockType.Q8_16:
             w = self.scales[..., None] * self.quants.float().view(n, -1, HALF)
@@ -156,10 +172,10 @@ class Interleaved:
     @staticmethod
     def of(packed: PackedWeight) -> Interleaved | None:
         """``packed`` interleaved; None unless its rows are a multiple of 16 and it is
-        Q4_1 or Q8_0 (Q8_16 has no interleaved kernel: its int8 dot products run on
-        the few-rows kernels, more rows exact)."""
+        Q4_1 or Q8_0 (Q8_16 and Q5_1 have no interleaved kernel: their int8 dot
+        products run on the few-rows kernels, more rows exact)."""
         n, k = packed.shape
-        if n % FEATURES or packed.kind is BlockType.Q8_16:
+        if n % FEATURES or packed.kind not in (BlockType.Q4_1, BlockType.Q8_0):
             return None
         strips, groups = n // FEATURES, k // BLOCK
         lanes = 4 if packed.kind is BlockType.Q4_1 else 8  # 32-bit lanes a feature's block fills
@@ -246,6 +262,9 @@ class QuantizedLinearKernel:
         self._q8_16 = library.q8_16_linear
         self._q8_16.restype = ctypes.c_int
         self._q8_16.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4 + [ctypes.c_int]
+        self._q5_1 = library.q5_1_linear
+        self._q5_1.restype = ctypes.c_int
+        self._q5_1.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4 + [ctypes.c_int]
 
     def __call__(
         self,
@@ -267,9 +286,10 @@ class QuantizedLinearKernel:
         self._check_blocks(weight)
         y = torch.empty(x.shape[0], n, dtype=torch.float32)
         threads = torch.get_num_threads()
-        if weight.kind is BlockType.Q4_1:
+        if weight.kind in (BlockType.Q4_1, BlockType.Q5_1):
             assert weight.mins is not None
-            failed = self._q4_1(
+            function = self._q4_1 if weight.kind is BlockType.Q4_1 else self._q5_1
+            failed = function(
                 x.data_ptr(),
                 weight.quants.data_ptr(),
                 weight.scales.data_ptr(),
@@ -334,13 +354,14 @@ class QuantizedLinearKernel:
         n, k = weight.shape
         if k % 32:
             raise ValueError(f"k = {k} is not a whole number of 32-weight blocks")
-        q4 = weight.kind is BlockType.Q4_1
+        q4 = weight.kind in (BlockType.Q4_1, BlockType.Q5_1)
         check_tensors(quants=(weight.quants, torch.uint8 if q4 else torch.int8))
-        check_shape("quants", weight.quants, n, k // 32, 16 if q4 else 32)
+        width = {BlockType.Q4_1: 16, BlockType.Q5_1: Q5_BYTES}.get(weight.kind, 32)
+        check_shape("quants", weight.quants, n, k // 32, width)
         per_scale = HALF if weight.kind is BlockType.Q8_16 else BLOCK
         check_shape("scales", weight.scales, n, k // per_scale)
         if q4 and weight.mins is None:
-            raise ValueError("Q4_1 blocks need their mins")
+            raise ValueError(f"{weight.kind.value} blocks need their mins")
         if weight.kind is BlockType.Q8_0 and weight.mins is not None:
             raise ValueError("Q8_0 blocks have no mins")
         if weight.mins is not None:

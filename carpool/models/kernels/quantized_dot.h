@@ -7,6 +7,9 @@
    q4_1: quants [n, k / 32, 16] uint8, weight j of a block in the low nibble of byte
          j, weight j + 16 in the high nibble; w = scale * q + min
    q8_0: quants [n, k / 32, 32] int8; w = scale * q
+   q5_1: quants [n, k / 32, 20] uint8: Q4_1's 16 bytes of low nibbles, then 4 bytes
+         (little-endian) whose bit j is weight j's fifth bit; w = scale * q + min
+         (Q5_0, Q5_1 and Q5_K's sub-blocks of 32)
    q8_16: quants [n, k / 32, 32] int8; scales (and mins, or none) [n, k / 16]: one
          per 16 weights; w = scale * q (+ min). The K-quants' layout once unpacked
          (Q6_K: a scale per 16; Q5_K, Q5_1: a scale and a min, given per 16 here)
@@ -37,9 +40,22 @@ static inline int omp_get_thread_num(void) { return 0; } /* built without OpenMP
 
 #define BLOCK 32
 #define HALF 16 /* Q8_16's weights per scale */
+#define Q5_BYTES 20 /* a Q5_1 block: 16 bytes of nibbles, 4 of fifth bits */
 
 /* The block kinds, as carpool/models/packed_linear.py and llama_stack.py number them */
-enum { KIND_Q4_1 = 0, KIND_Q8_0 = 1, KIND_Q8_16 = 2 };
+enum { KIND_Q4_1 = 0, KIND_Q8_0 = 1, KIND_Q8_16 = 2, KIND_Q5_1 = 3 };
+
+/* A Q5_1 block's fifth bits (bytes 16-19, little-endian) */
+static inline uint32_t fifth_bits(const uint8_t *q) {
+    return (uint32_t)q[16] | (uint32_t)q[17] << 8 | (uint32_t)q[18] << 16 |
+           (uint32_t)q[19] << 24;
+}
+
+/* Weight j (0-31) of a Q5_1 block, 0-31 */
+static inline int q5_value(const uint8_t *q, uint32_t bits, int j) {
+    const int nibble = j < 16 ? q[j] & 15 : q[j - 16] >> 4;
+    return nibble | (int)((bits >> j) & 1) << 4;
+}
 /* inlined into each row count's copy (see FOR_EACH_ROW_COUNT) */
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
@@ -218,6 +234,68 @@ ALWAYS_INLINE void q8_16_dot_int8(const int8_t *q, const float *scales, const in
     }
     for (int64_t r = 0; r < rows; r++) out[r] = horizontal_sum(acc[r]);
 }
+
+/* 32 bytes: byte j is 16 where bit j of bits is set, else 0 (each 128-bit lane
+   spreads its bytes of bits over 8 bytes each, then tests one bit a byte) */
+static inline __m256i sixteens_of_bits(uint32_t bits) {
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)bits),
+        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+    const __m256i select = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select);
+    return _mm256_and_si256(set, _mm256_set1_epi8(16));
+}
+
+/* A Q5_1 block's 32 quants, one a byte, in weight order */
+static inline __m256i q5_bytes(const uint8_t *q) {
+    __m128i lo, hi;
+    split_nibbles(q, &lo, &hi);
+    return _mm256_or_si256(_mm256_set_m128i(hi, lo), sixteens_of_bits(fifth_bits(q)));
+}
+
+/* As q4_1_dot, for Q5_1 blocks */
+ALWAYS_INLINE void q5_1_dot(const uint8_t *q, const float *scales, const float *mins,
+                            const float *sums, const float *x, int64_t k, int64_t rows,
+                            int64_t groups, float *out) {
+    __m256 acc[ROWS];
+    for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; g++, q += Q5_BYTES) {
+        const __m256i bytes = q5_bytes(q);
+        const __m128i low = _mm256_castsi256_si128(bytes), high = _mm256_extracti128_si256(bytes, 1);
+        const __m256 w0 = bytes_to_floats(low), w1 = bytes_to_floats(_mm_srli_si128(low, 8));
+        const __m256 w2 = bytes_to_floats(high), w3 = bytes_to_floats(_mm_srli_si128(high, 8));
+        const __m256 scale = _mm256_set1_ps(scales[g]);
+        for (int64_t r = 0; r < rows; r++) {
+            const float *xg = x + r * k + g * BLOCK;
+            __m256 dot = _mm256_mul_ps(w0, _mm256_loadu_ps(xg));
+            dot = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xg + 8), dot);
+            dot = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xg + 16), dot);
+            dot = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), dot);
+            acc[r] = _mm256_fmadd_ps(scale, dot, acc[r]);
+        }
+    }
+    for (int64_t r = 0; r < rows; r++)
+        out[r] = horizontal_sum(acc[r]) + min_share(mins, sums + r * groups, groups);
+}
+
+/* As q4_1_dot_int8, for Q5_1 blocks (pairs of products fit in int16: 2 * 31 * 127) */
+ALWAYS_INLINE void q5_1_dot_int8(const uint8_t *q, const float *scales, const float *mins,
+                                 const float *sums, const int8_t *xq, const float *xscales,
+                                 int64_t k, int64_t rows, int64_t groups, float *out) {
+    __m256 acc[ROWS];
+    for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; g++, q += Q5_BYTES) {
+        const __m256i w = q5_bytes(q);
+        for (int64_t r = 0; r < rows; r++) {
+            const __m256i a = _mm256_loadu_si256((const __m256i *)(xq + r * k + g * BLOCK));
+            const __m256 dot = _mm256_cvtepi32_ps(dot_u8_s8(w, a));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(scales[g] * xscales[r * groups + g]), dot,
+                                     acc[r]);
+        }
+    }
+    for (int64_t r = 0; r < rows; r++)
+        out[r] = horizontal_sum(acc[r]) + min_share(mins, sums + r * groups, groups);
+}
 #else
 #define ROWS 8
 
@@ -313,6 +391,41 @@ static void q8_16_dot_int8(const int8_t *q, const float *scales, const int8_t *x
         out[r] = acc;
     }
 }
+
+static void q5_1_dot(const uint8_t *q, const float *scales, const float *mins,
+                     const float *sums, const float *x, int64_t k, int64_t rows, int64_t groups,
+                     float *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *qb = q;
+        float acc = 0.f;
+        for (int64_t g = 0; g < groups; g++, qb += Q5_BYTES) {
+            const float *xg = x + r * k + g * BLOCK;
+            const uint32_t bits = fifth_bits(qb);
+            float dot = 0.f;
+            for (int j = 0; j < BLOCK; j++) dot += (float)q5_value(qb, bits, j) * xg[j];
+            acc += scales[g] * dot + mins[g] * sums[r * groups + g];
+        }
+        out[r] = acc;
+    }
+}
+
+static void q5_1_dot_int8(const uint8_t *q, const float *scales, const float *mins,
+                          const float *sums, const int8_t *xq, const float *xscales, int64_t k,
+                          int64_t rows, int64_t groups, float *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *qb = q;
+        float acc = 0.f;
+        for (int64_t g = 0; g < groups; g++, qb += Q5_BYTES) {
+            const int8_t *a = xq + r * k + g * BLOCK;
+            const uint32_t bits = fifth_bits(qb);
+            int32_t dot = 0;
+            for (int j = 0; j < BLOCK; j++) dot += q5_value(qb, bits, j) * a[j];
+            acc += scales[g] * xscales[r * groups + g] * (float)dot +
+                   mins[g] * sums[r * groups + g];
+        }
+        out[r] = acc;
+    }
+}
 #endif
 
 /* Each dot product compiled for 1 to ROWS rows, so a row's accumulators stay in
@@ -356,6 +469,22 @@ static void q8_0_dot_int8_rows(const int8_t *q, const float *scales, const int8_
                                const float *xscales, int64_t k, int64_t rows, int64_t groups,
                                float *out) {
 #define CALL(n) q8_0_dot_int8(q, scales, xq, xscales, k, n, groups, out)
+    FOR_EACH_ROW_COUNT(CALL)
+#undef CALL
+}
+
+static void q5_1_dot_rows(const uint8_t *q, const float *scales, const float *mins,
+                          const float *sums, const float *x, int64_t k, int64_t rows,
+                          int64_t groups, float *out) {
+#define CALL(n) q5_1_dot(q, scales, mins, sums, x, k, n, groups, out)
+    FOR_EACH_ROW_COUNT(CALL)
+#undef CALL
+}
+
+static void q5_1_dot_int8_rows(const uint8_t *q, const float *scales, const float *mins,
+                               const float *sums, const int8_t *xq, const float *xscales,
+                               int64_t k, int64_t rows, int64_t groups, float *out) {
+#define CALL(n) q5_1_dot_int8(q, scales, mins, sums, xq, xscales, k, n, groups, out)
     FOR_EACH_ROW_COUNT(CALL)
 #undef CALL
 }
@@ -462,10 +591,12 @@ static int quantize_rows(const float *x, int64_t rows, int64_t k, int with_quant
     return 0;
 }
 
+/* Q4_1 blocks, or with five_bits Q5_1's (both a scale and a min per 32) */
 static int q4_1_few_rows(const float *x, const uint8_t *quants, const float *scales,
                          const float *mins, float *y, int64_t rows, int64_t n, int64_t k,
-                         int int8_dots, int num_threads) {
+                         int int8_dots, int five_bits, int num_threads) {
     const int64_t groups = k / BLOCK, chunks = (n + CHUNK - 1) / CHUNK;
+    const int64_t block_bytes = five_bits ? Q5_BYTES : BLOCK / 2;
     QuantizedRows xq;
     if (quantize_rows(x, rows, k, int8_dots, &xq)) return 1;
     Share *shares = new_shares(chunks, num_threads);
@@ -478,15 +609,21 @@ static int q4_1_few_rows(const float *x, const uint8_t *quants, const float *sca
         int victim = 0;
         for (int64_t c; (c = next_chunk(shares, num_threads, omp_get_thread_num(), &victim)) >= 0;)
             for (int64_t o = c * CHUNK; o < n && o < (c + 1) * CHUNK; o++) {
-                const uint8_t *qo = quants + o * groups * (BLOCK / 2);
+                const uint8_t *qo = quants + o * groups * block_bytes;
                 const float *mo = mins + o * groups;
                 for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
                     const int64_t count = rows - r0 < ROWS ? rows - r0 : ROWS;
                     float dots[ROWS];
                     const float *sums = xq.sums + r0 * groups;
-                    if (int8_dots)
+                    if (int8_dots && five_bits)
+                        q5_1_dot_int8_rows(qo, scales + o * groups, mo, sums, xq.quants + r0 * k,
+                                           xq.scales + r0 * groups, k, count, groups, dots);
+                    else if (int8_dots)
                         q4_1_dot_int8_rows(qo, scales + o * groups, mo, sums, xq.quants + r0 * k,
                                            xq.scales + r0 * groups, k, count, groups, dots);
+                    else if (five_bits)
+                        q5_1_dot_rows(qo, scales + o * groups, mo, sums, x + r0 * k, k, count,
+                                      groups, dots);
                     else
                         q4_1_dot_rows(qo, scales + o * groups, mo, sums, x + r0 * k, k, count,
                                       groups, dots);

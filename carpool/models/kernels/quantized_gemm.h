@@ -23,7 +23,7 @@
 #define STRIP 6  /* output features per tile */
 #define LANES 16 /* rows per tile: two AVX2 vectors */
 
-/* w[0..32) = the weights of one block: scale * q (+ min for Q4_1, and for Q8_16
+/* w[0..32) = the weights of one block: scale * q (+ min for Q4_1 and Q5_1, and for Q8_16
    where it has mins; Q8_16's scale and min change after 16 weights). The product is
    rounded before the sum, as torch's and the gguf package's dequantization round
    it (the kernels are built with -ffp-contract=off, so no fused multiply-add). */
@@ -44,6 +44,12 @@ static void dequantize_block(int64_t kind, const void *quants, const float *scal
         return;
     }
     const float scale = scales[index];
+    if (kind == KIND_Q5_1) {
+        const uint8_t *q = (const uint8_t *)quants + index * Q5_BYTES;
+        const uint32_t bits = fifth_bits(q);
+        for (int j = 0; j < GEMM_BLOCK; j++) w[j] = scale * (float)q5_value(q, bits, j) + mins[index];
+        return;
+    }
 #if defined(__AVX2__) && defined(__FMA__)
     const __m256 s = _mm256_set1_ps(scale);
     if (kind == KIND_Q8_0) {

@@ -159,7 +159,8 @@ def test_a_k_quant_model_runs_on_its_blocks_with_its_float32_tokens(
 ) -> None:
     folder = k_quant_model(tmp_path / "k", smollm_folder)
     packed = GGUFCheckpoint(tmp_path / "k" / "tiny-k.gguf").packed_weights()
-    assert {w.kind for w in packed.values()} == {BlockType.Q4_1, BlockType.Q8_16, BlockType.Q8_0}
+    layouts = {w.kind for w in packed.values()}
+    assert layouts == {BlockType.Q4_1, BlockType.Q5_1, BlockType.Q8_16, BlockType.Q8_0}
     native = load_causal_lm(folder, progress=False, weight_kernel="native")
     plain = load_causal_lm(folder, progress=False, weight_kernel="torch")
     assert native.packed_layers == 4 * 2 + 1  # qkv, o, gate_up, down per layer; the head

@@ -16,6 +16,7 @@ from gguf.quants import dequantize, quantize
 from carpool.config import EngineConfig
 from carpool.engine.sampling_params import SamplingParams
 from carpool.models.causal_lm import LoadedLM, load_causal_lm
+from carpool.models.gguf_blocks import to_packed
 from carpool.models.packed_linear import (
     MAX_KERNEL_ROWS,
     BlockType,
@@ -30,8 +31,9 @@ from carpool.workers.factory import engine_for
 from tests import tiny_models
 
 KINDS = {BlockType.Q4_1: GGMLQuantizationType.Q4_1, BlockType.Q8_0: GGMLQuantizationType.Q8_0}
-# Each layout the kernels read; Q8_16 (the K-quants') with and without mins.
-LAYOUTS = ["Q4_1", "Q8_0", "Q8_16", "Q8_16+mins"]
+# Each layout the kernels read; Q8_16 (Q6_K's, and a mixed fused projection's) with
+# and without mins.
+LAYOUTS = ["Q4_1", "Q8_0", "Q5_1", "Q8_16", "Q8_16+mins"]
 INTERLEAVED = ["Q4_1", "Q8_0"]  # Q8_16 has no interleaved kernel
 
 
@@ -49,8 +51,14 @@ def gguf_weight(
         mins = -torch.rand(n, k // 16, generator=gen) * 0.05 if kind == "Q8_16+mins" else None
         packed = PackedWeight(BlockType.Q8_16, quants, scales, mins)
         return packed, packed.dequantize()
-    kind = BlockType(kind)
     data = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32) * 0.05
+    if kind == "Q5_1":  # made by the gguf package, unpacked by carpool.models.gguf_blocks
+        raw = quantize(data, GGMLQuantizationType.Q5_1)
+        weight = np.array(dequantize(raw, GGMLQuantizationType.Q5_1), dtype=np.float32)
+        packed = to_packed(GGMLQuantizationType.Q5_1, raw)
+        assert packed is not None
+        return packed, torch.from_numpy(weight).reshape(n, k)
+    kind = BlockType(kind)
     raw = quantize(data, KINDS[kind])
     weight = torch.from_numpy(np.array(dequantize(raw, KINDS[kind]), dtype=np.float32))
     return PackedWeight.from_gguf_blocks(kind, raw), weight.reshape(n, k)
@@ -179,8 +187,8 @@ def rounded_rows_product(x: torch.Tensor, packed: PackedWeight) -> torch.Tensor:
     step = blocks.abs().amax(-1) / 127
     inverse = torch.where(step > 0, 1 / step, torch.zeros_like(step))
     xq = torch.round(blocks * inverse[..., None]).double()
-    if packed.kind is BlockType.Q4_1:
-        q = torch.cat([packed.quants & 15, packed.quants >> 4], dim=-1).double()
+    if packed.kind in (BlockType.Q4_1, BlockType.Q5_1):
+        q = packed.integer_quants().double()
     else:
         q = packed.quants.double()
     per = 16 if packed.kind is BlockType.Q8_16 else 32
@@ -202,8 +210,8 @@ def test_int8_dots_are_integer_products_of_the_rounded_rows(kind: str, n: int, r
     """70 features are not interleaved: steps of up to 8 rows run the few-rows int8
     kernel; 80 are (Q4_1, Q8_0): every row count runs the interleaved kernel. The same
     arithmetic, up to the order of float32 sums."""
-    if kind.startswith("Q8_16") and rows > 8:
-        pytest.skip("Q8_16 is not interleaved: more than 8 rows stay exact")
+    if kind not in INTERLEAVED and rows > 8:
+        pytest.skip(f"{kind} is not interleaved: more than 8 rows stay exact")
     packed, weight = gguf_weight(kind, n, 160, seed=rows)
     interleaved = Interleaved.of(packed)
     assert (interleaved is None) == (n % 16 != 0 or kind not in INTERLEAVED)

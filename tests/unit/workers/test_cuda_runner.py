@@ -121,9 +121,7 @@ def test_the_newer_architectures_match_transformers_batched(
     assert run(gpu_engine(lm, max_num_batched_tokens=32), prompts, 10) == expected
 
 
-def test_a_sliding_window_matches_transformers_past_it(
-    tmp_path: Path, smollm_folder: Path
-) -> None:
+def test_a_sliding_window_matches_transformers_past_it(tmp_path: Path, smollm_folder: Path) -> None:
     """Gemma 3's sliding layer with a window of 16 beside its global one: prompts
     prefilled in tiles that start past the window, decodes past it."""
     reference = tiny_models.build("gemma3", tmp_path, smollm_folder, sliding_window=16)
