@@ -152,6 +152,10 @@ def main() -> None:
     file_mib = args.gguf.stat().st_size / 2**20
     print(f"{args.gguf} ({file_mib:.1f} MiB): {tensor_types(args.gguf)}")
 
+    from carpool.config import default_cache_dir
+    from carpool.models.causal_lm import convert_gguf
+
+    convert_gguf(args.gguf, default_cache_dir(), progress=False)  # not in what is measured
     memory = {kernel: model_memory(args.gguf, kernel) for kernel in ("native", "torch")}
     bench_ts = llama_bench(bin_dir / "llama-bench", str(args.gguf), args.threads)
     own_ms = offline_ms_per_token(args.gguf, args.threads, args.requests)

@@ -44,14 +44,19 @@ static void dequantize_block(int64_t kind, const void *quants, const float *scal
         return;
     }
     const float scale = scales[index];
-    if (kind == KIND_Q5_1) {
-        const uint8_t *q = (const uint8_t *)quants + index * Q5_BYTES;
-        const uint32_t bits = fifth_bits(q);
-        for (int j = 0; j < GEMM_BLOCK; j++) w[j] = scale * (float)q5_value(q, bits, j) + mins[index];
-        return;
-    }
 #if defined(__AVX2__) && defined(__FMA__)
     const __m256 s = _mm256_set1_ps(scale);
+    if (kind == KIND_Q5_1) {
+        const __m256i bytes = q5_bytes((const uint8_t *)quants + index * Q5_BYTES);
+        const __m128i low = _mm256_castsi256_si128(bytes), high = _mm256_extracti128_si256(bytes, 1);
+        const __m128i parts[4] = {low, _mm_srli_si128(low, 8), high, _mm_srli_si128(high, 8)};
+        const __m256 m = _mm256_set1_ps(mins[index]);
+        for (int j = 0; j < 4; j++) {
+            const __m256 qf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[j]));
+            _mm256_storeu_ps(w + 8 * j, _mm256_add_ps(_mm256_mul_ps(s, qf), m));
+        }
+        return;
+    }
     if (kind == KIND_Q8_0) {
         const int8_t *q = (const int8_t *)quants + index * GEMM_BLOCK;
         for (int j = 0; j < GEMM_BLOCK / 8; j++) {
@@ -70,6 +75,13 @@ static void dequantize_block(int64_t kind, const void *quants, const float *scal
         _mm256_storeu_ps(w + 8 * j, _mm256_add_ps(_mm256_mul_ps(s, qf), m));
     }
 #else
+    if (kind == KIND_Q5_1) {
+        const uint8_t *q = (const uint8_t *)quants + index * Q5_BYTES;
+        const uint32_t bits = fifth_bits(q);
+        for (int j = 0; j < GEMM_BLOCK; j++)
+            w[j] = scale * (float)q5_value(q, bits, j) + mins[index];
+        return;
+    }
     if (kind == KIND_Q8_0) {
         const int8_t *q = (const int8_t *)quants + index * GEMM_BLOCK;
         for (int j = 0; j < GEMM_BLOCK; j++) w[j] = scale * (float)q[j];
