@@ -70,7 +70,8 @@ def test_sliding_windows_match_transformers_past_the_window(
     """A window of 16 (Mistral: every layer; Gemma 3: its sliding layer beside a
     global one) under prompts and outputs well past it: alone, then batched with
     prompts prefilled in chunks that start past the window, on the native decode
-    kernel and on torch's grouped path."""
+    kernel and on torch's grouped path; then a prompt whose first 80 tokens come
+    from the prefix cache."""
     reference = tiny_models.build(arch, tmp_path, smollm_folder, sliding_window=16)
     lm = load_causal_lm(tmp_path, progress=False)
     assert set(lm.config.layer_windows()) >= {16}
@@ -81,6 +82,15 @@ def test_sliding_windows_match_transformers_past_the_window(
     for kernel in ("native", "torch"):
         got = generate(lm, prompts, 24, max_num_batched_tokens=32, attention_kernel=kernel)
         assert got == expected, kernel
+    shared = [*prompts[2][:80], 7, 8, 9]
+    engine = engine_for(lm, EngineConfig(kv_cache_memory="64MiB", max_num_batched_tokens=32))
+    done: dict[str, list[int]] = {}
+    for i, prompt in enumerate([prompts[2], shared]):
+        engine.add_request(str(i), prompt, SamplingParams(max_tokens=24, **GREEDY))  # type: ignore[arg-type]
+        while engine.has_work:
+            done.update({o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished})
+    assert engine.blocks.stats.hits > 0
+    assert done["1"] == tiny_models.hf_greedy(reference, shared, 24)
 
 
 def test_gguf_tensors_land_in_place_for_each_type(tmp_path: Path, smollm_folder: Path) -> None:
