@@ -31,7 +31,12 @@ from carpool.models.native import (
     check_tensors,
     load_library,
 )
-from carpool.models.packed_linear import BlockType, Linear, check_interleaved
+from carpool.models.packed_linear import (
+    BlockType,
+    Linear,
+    QuantizedLinearKernel,
+    check_interleaved,
+)
 from carpool.models.rope import RotaryEmbedding
 
 # quantized_dot.h's numbers
@@ -114,6 +119,7 @@ def _function() -> Any:
 def _matrix(linear: Linear) -> _Matrix:
     packed, interleaved = linear.packed, linear.interleaved
     assert packed is not None
+    QuantizedLinearKernel.check_blocks(packed)
     n, k = packed.shape
     if interleaved is not None:
         check_interleaved(interleaved)

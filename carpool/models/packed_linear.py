@@ -1,7 +1,7 @@
 """Linear layers that also keep their weight in a GGUF file's blocks, in one of
-three layouts (``BlockType``; ``carpool.models.gguf_blocks`` maps the file's types
-onto them), and run steps of up to ``MAX_KERNEL_ROWS`` rows with the C kernel
-``kernels/quantized_linear.c``.
+four layouts (``BlockType``; ``carpool.models.gguf_blocks`` maps the file's types
+onto them), and run steps of up to ``MAX_KERNEL_ROWS`` rows (every step, where the
+blocks alone hold the weight) with the C kernel ``kernels/quantized_linear.c``.
 
 A decode step of one or a few streams is bound by reading the weights; the blocks
 are 6 (Q4_1), 7 (Q5_1), 9 (Q8_0) or 10-12 (Q8_16) bits a weight instead of
@@ -283,7 +283,7 @@ class QuantizedLinearKernel:
             if interleaved.shape != weight.shape or interleaved.kind is not weight.kind:
                 raise ValueError("the interleaved blocks are not this weight's")
             return self._run_interleaved(x, interleaved)
-        self._check_blocks(weight)
+        self.check_blocks(weight)
         y = torch.empty(x.shape[0], n, dtype=torch.float32)
         threads = torch.get_num_threads()
         if weight.kind in (BlockType.Q4_1, BlockType.Q5_1):
@@ -349,7 +349,7 @@ class QuantizedLinearKernel:
         return y
 
     @staticmethod
-    def _check_blocks(weight: PackedWeight) -> None:
+    def check_blocks(weight: PackedWeight) -> None:
         """Raise ValueError unless the blocks are laid out as the C side reads them."""
         n, k = weight.shape
         if k % 32:
