@@ -57,6 +57,12 @@ class DecoderConfig:
     final_logit_softcap: float | None = None
 
     def __post_init__(self) -> None:
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window {self.sliding_window} is not a positive size")
+        if self.layer_types and len(self.layer_types) != self.num_layers:
+            raise ValueError(
+                f"layer_types names {len(self.layer_types)} layers, the model has {self.num_layers}"
+            )
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_attention_heads {self.num_heads} is not a multiple of "

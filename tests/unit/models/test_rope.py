@@ -129,3 +129,7 @@ def test_which_layers_a_sliding_window_narrows() -> None:
     assert unused.layer_windows() == (None, None, None)
     used = DecoderConfig.from_hf(qwen | {"use_sliding_window": True})
     assert used.layer_windows() == (None, None, 4096)
+    with pytest.raises(ValueError, match="sliding_window 0"):
+        DecoderConfig.from_hf(base | {"sliding_window": 0})
+    with pytest.raises(ValueError, match="layer_types names 1 layers"):
+        DecoderConfig.from_hf(qwen | {"layer_types": ["full_attention"]})
