@@ -18,14 +18,12 @@ from __future__ import annotations
 import argparse
 import collections
 import re
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.single_stream import llama_bench
+from benchmarks.single_stream import llama_bench, offline
 from benchmarks.vs_llama_server import builtin_gguf, start, stop
 from carpool.bench.config import BenchConfig
 from carpool.bench.run import run
@@ -49,30 +47,6 @@ def tensor_types(gguf: Path) -> str:
 
     counts = collections.Counter(t.tensor_type.name for t in GGUFReader(str(gguf)).tensors)
     return ", ".join(f"{n} {kind}" for kind, n in counts.most_common())
-
-
-def offline_ms_per_token(gguf: Path, threads: int, requests: int) -> float:
-    """carpool's offline engine, one request at a time: the median of (time for 128
-    tokens - time for the first) / 127."""
-    import torch
-
-    from carpool import LLM, SamplingParams
-
-    torch.set_num_threads(threads)
-    llm = LLM(str(gguf), enable_prefix_caching=False, kv_cache_memory=KV_CACHE)
-    first = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-    whole = SamplingParams(max_tokens=TOKENS, temperature=0.0, ignore_eos=True)
-    per_token = []
-    for i in range(requests + 1):  # the first warms up
-        prompt = f"Request {i}: write about the sea, the sky and the hills."
-        started = time.perf_counter()
-        llm.generate([prompt], first, use_tqdm=False)
-        one = time.perf_counter() - started
-        started = time.perf_counter()
-        llm.generate([prompt], whole, use_tqdm=False)
-        if i:
-            per_token.append((time.perf_counter() - started - one) / (TOKENS - 1))
-    return 1000 * statistics.median(per_token)
 
 
 MEMORY_PROBE = """
@@ -158,7 +132,9 @@ def main() -> None:
     convert_gguf(args.gguf, default_cache_dir(), progress=False)  # not in what is measured
     memory = {kernel: model_memory(args.gguf, kernel) for kernel in ("native", "torch")}
     bench_ts = llama_bench(bin_dir / "llama-bench", str(args.gguf), args.threads)
-    own_ms = offline_ms_per_token(args.gguf, args.threads, args.requests)
+    own_ms = 1000 * offline(
+        args.threads, args.requests, "auto", str(args.gguf), kv_cache_memory=KV_CACHE
+    )
     carpool = concurrent("carpool", args)
     llama = concurrent("llama-server", args)
 

@@ -46,15 +46,22 @@ def llama_bench(binary: Path, gguf: str, threads: int) -> float:
     return float(rows[-1].split(",")[column].strip('"'))
 
 
-def offline(threads: int, requests: int, weight_kernel: str) -> float:
-    """carpool's offline engine, one request at a time: the median of (time for 128
-    tokens - time for the first) / 127, the prefix cache off so both prefill."""
+def offline(
+    threads: int,
+    requests: int,
+    weight_kernel: str,
+    model: str = "smollm2-135m-instruct",
+    **engine: Any,
+) -> float:
+    """carpool's offline engine on ``model``, one request at a time: the median of
+    (time for 128 tokens - time for the first) / 127, the prefix cache off so both
+    prefill. ``engine``: more of the engine's settings."""
     import torch
 
     from carpool import LLM, SamplingParams
 
     torch.set_num_threads(threads)
-    llm = LLM("smollm2-135m-instruct", enable_prefix_caching=False, weight_kernel=weight_kernel)
+    llm = LLM(model, enable_prefix_caching=False, weight_kernel=weight_kernel, **engine)
     first = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     whole = SamplingParams(max_tokens=TOKENS, temperature=0.0, ignore_eos=True)
     per_token = []
