@@ -43,9 +43,13 @@ def to_packed(kind: GGMLQuantizationType, raw: np.ndarray) -> PackedWeight | Non
     with no native layout."""
     n = raw.shape[0]
     if kind is T.Q4_1:
-        return PackedWeight.from_gguf_blocks(BlockType.Q4_1, raw)
+        blocks = raw.reshape(n, -1, 20)
+        quants = np.ascontiguousarray(blocks[..., 4:])
+        return _q4_1(quants, _f16(blocks[..., 0:2]), _f16(blocks[..., 2:4]))
     if kind is T.Q8_0:
-        return PackedWeight.from_gguf_blocks(BlockType.Q8_0, raw)
+        blocks = raw.reshape(n, -1, 34)
+        int8 = torch.from_numpy(np.ascontiguousarray(blocks[..., 2:]).view(np.int8))
+        return PackedWeight(BlockType.Q8_0, int8, torch.from_numpy(_f16(blocks[..., 0:2])), None)
     if kind is T.Q4_0:
         blocks = raw.reshape(n, -1, 18)
         d = _f16(blocks[..., 0:2])

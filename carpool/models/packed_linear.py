@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open
@@ -66,22 +65,6 @@ class PackedWeight:
     @property
     def shape(self) -> tuple[int, int]:
         return self.quants.shape[0], self.quants.shape[1] * BLOCK
-
-    @staticmethod
-    def from_gguf_blocks(kind: BlockType, raw: np.ndarray) -> PackedWeight:
-        """``raw``: [n, k/32 * block bytes] uint8, the file's rows."""
-        if kind is BlockType.Q4_1:
-            blocks = raw.reshape(raw.shape[0], -1, 20)
-            scales = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-            mins = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-            quants = np.ascontiguousarray(blocks[..., 4:])
-            return PackedWeight(
-                kind, torch.from_numpy(quants), torch.from_numpy(scales), torch.from_numpy(mins)
-            )
-        blocks = raw.reshape(raw.shape[0], -1, 34)
-        scales = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-        quants = np.ascontiguousarray(blocks[..., 2:]).view(np.int8)
-        return PackedWeight(kind, torch.from_numpy(quants), torch.from_numpy(scales), None)
 
     @staticmethod
     def stack(parts: list[PackedWeight]) -> PackedWeight:

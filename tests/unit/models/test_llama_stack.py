@@ -23,9 +23,10 @@ from carpool.engine.sampling_params import SamplingParams
 from carpool.models.attention import AttentionMetadata, NativeDecode, PrefillSegment
 from carpool.models.causal_lm import LoadedLM, load_causal_lm
 from carpool.models.decode_kernel import compile_decode_kernel
+from carpool.models.gguf_blocks import to_packed
 from carpool.models.llama import LlamaForCausalLM
 from carpool.models.llama_stack import LlamaStack
-from carpool.models.packed_linear import BlockType, PackedWeight, quantized_linear_kernel
+from carpool.models.packed_linear import BlockType, quantized_linear_kernel
 from carpool.workers.factory import engine_for
 from tests import tiny_models
 
@@ -44,7 +45,7 @@ def tiny_with_blocks(arch: str, folder: Path, smollm_folder: Path, kind: BlockTy
             raw = quantize(weight.numpy(), KINDS[kind])
             values = np.array(dequantize(raw, KINDS[kind]), dtype=np.float32)
             tensors[name] = torch.from_numpy(values).reshape(weight.shape)
-            packed[name] = PackedWeight.from_gguf_blocks(kind, raw)
+            packed[name] = to_packed(KINDS[kind], raw)
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     lm = load_causal_lm(folder, progress=False, weight_kernel="torch")
     model = lm.model

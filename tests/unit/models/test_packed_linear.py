@@ -30,7 +30,12 @@ from carpool.models.packed_linear import (
 from carpool.workers.factory import engine_for
 from tests import tiny_models
 
-KINDS = {BlockType.Q4_1: GGMLQuantizationType.Q4_1, BlockType.Q8_0: GGMLQuantizationType.Q8_0}
+# The file type each layout is made from here.
+KINDS = {
+    BlockType.Q4_1: GGMLQuantizationType.Q4_1,
+    BlockType.Q8_0: GGMLQuantizationType.Q8_0,
+    BlockType.Q5_1: GGMLQuantizationType.Q5_1,
+}
 # Each layout the kernels read; Q8_16 (Q6_K's, and a mixed fused projection's) with
 # and without mins.
 LAYOUTS = ["Q4_1", "Q8_0", "Q5_1", "Q8_16", "Q8_16+mins"]
@@ -41,7 +46,7 @@ def gguf_weight(
     kind: BlockType | str, n: int, k: int, seed: int = 0
 ) -> tuple[PackedWeight, torch.Tensor]:
     """Blocks of ``kind`` (a layout name of ``LAYOUTS``), and the float32 weight they
-    hold: Q4_1 and Q8_0 made by the gguf package (and read as it reads them);
+    hold: Q4_1, Q5_1 and Q8_0 made by the gguf package (and read as it reads them);
     Q8_16 random quants of 6 bits with scales (and mins) per 16, as a Q6_K's (a
     Q5_K's) unpack to (``test_gguf_blocks.py`` checks the unpacking against gguf)."""
     if kind in ("Q8_16", "Q8_16+mins"):
@@ -52,16 +57,12 @@ def gguf_weight(
         packed = PackedWeight(BlockType.Q8_16, quants, scales, mins)
         return packed, packed.dequantize()
     data = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32) * 0.05
-    if kind == "Q5_1":  # made by the gguf package, unpacked by carpool.models.gguf_blocks
-        raw = quantize(data, GGMLQuantizationType.Q5_1)
-        weight = np.array(dequantize(raw, GGMLQuantizationType.Q5_1), dtype=np.float32)
-        packed = to_packed(GGMLQuantizationType.Q5_1, raw)
-        assert packed is not None
-        return packed, torch.from_numpy(weight).reshape(n, k)
-    kind = BlockType(kind)
-    raw = quantize(data, KINDS[kind])
-    weight = torch.from_numpy(np.array(dequantize(raw, KINDS[kind]), dtype=np.float32))
-    return PackedWeight.from_gguf_blocks(kind, raw), weight.reshape(n, k)
+    file_type = KINDS[BlockType(kind)]  # made by the gguf package, read by gguf_blocks
+    raw = quantize(data, file_type)
+    weight = torch.from_numpy(np.array(dequantize(raw, file_type), dtype=np.float32))
+    packed = to_packed(file_type, raw)
+    assert packed is not None and packed.kind is BlockType(kind)
+    return packed, weight.reshape(n, k)
 
 
 @pytest.mark.parametrize("kind", INTERLEAVED)
