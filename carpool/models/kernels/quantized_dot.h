@@ -41,6 +41,8 @@ static inline int omp_get_thread_num(void) { return 0; } /* built without OpenMP
 #define BLOCK 32
 #define HALF 16 /* Q8_16's weights per scale */
 #define Q5_BYTES 20 /* a Q5_1 block: 16 bytes of nibbles, 4 of fifth bits */
+/* A Q4_1 (five_bits 0) or Q5_1 (1) block's bytes */
+#define NIBBLE_BLOCK_BYTES(five_bits) ((five_bits) ? Q5_BYTES : BLOCK / 2)
 
 /* The block kinds, as carpool/models/packed_linear.py and llama_stack.py number them */
 enum { KIND_Q4_1 = 0, KIND_Q8_0 = 1, KIND_Q8_16 = 2, KIND_Q5_1 = 3 };
@@ -51,8 +53,8 @@ static inline uint32_t fifth_bits(const uint8_t *q) {
            (uint32_t)q[19] << 24;
 }
 
-/* Weight j (0-31) of a Q5_1 block, 0-31 */
-static inline int q5_value(const uint8_t *q, uint32_t bits, int j) {
+/* Weight j (0-31) of a Q4_1 block (bits 0) or of a Q5_1 block (bits: its fifth_bits) */
+static inline int block_value(const uint8_t *q, uint32_t bits, int j) {
     const int nibble = j < 16 ? q[j] & 15 : q[j - 16] >> 4;
     return nibble | (int)((bits >> j) & 1) << 4;
 }
@@ -90,27 +92,68 @@ static inline __m256 bytes_to_floats(__m128i bytes) {
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
 }
 
+/* 32 bytes: byte j is 16 where bit j of bits is set, else 0 (each 128-bit lane
+   spreads its bytes of bits over 8 bytes each, then tests one bit a byte) */
+static inline __m256i sixteens_of_bits(uint32_t bits) {
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)bits),
+        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+    const __m256i select = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select);
+    return _mm256_and_si256(set, _mm256_set1_epi8(16));
+}
+
+/* A Q5_1 block's 32 quants, one a byte, in weight order */
+static inline __m256i q5_bytes(const uint8_t *q) {
+    __m128i lo, hi;
+    split_nibbles(q, &lo, &hi);
+    return _mm256_or_si256(_mm256_set_m128i(hi, lo), sixteens_of_bits(fifth_bits(q)));
+}
+
+/* A Q4_1 (five_bits 0) or Q5_1 block's 32 quants, one a byte, in weight order */
+ALWAYS_INLINE __m256i block_bytes(const uint8_t *q, int five_bits) {
+    if (five_bits) return q5_bytes(q);
+    __m128i lo, hi;
+    split_nibbles(q, &lo, &hi);
+    return _mm256_set_m128i(hi, lo); /* weights 0-15, then 16-31 */
+}
+
+/* The same quants as four vectors of 8 floats, in weight order */
+ALWAYS_INLINE void block_floats(const uint8_t *q, int five_bits, __m256 w[4]) {
+    __m128i lo, hi;
+    if (five_bits) {
+        const __m256i bytes = q5_bytes(q);
+        lo = _mm256_castsi256_si128(bytes);
+        hi = _mm256_extracti128_si256(bytes, 1);
+    } else {
+        split_nibbles(q, &lo, &hi);
+    }
+    w[0] = bytes_to_floats(lo);
+    w[1] = bytes_to_floats(_mm_srli_si128(lo, 8));
+    w[2] = bytes_to_floats(hi);
+    w[3] = bytes_to_floats(_mm_srli_si128(hi, 8));
+}
+
 /* out[r] = sum over blocks of scale * (q . x_r) + min * (the block's sum of x_r), for
-   ROWS rows of x at once (sums: [rows, groups]): each block is unpacked once for all */
+   ROWS rows of x at once (sums: [rows, groups]), Q4_1 or Q5_1 blocks (five_bits, a
+   constant in each inlined copy): each block is unpacked once for all */
 #define ROWS 8
 
-ALWAYS_INLINE void q4_1_dot(const uint8_t *q, const float *scales, const float *mins,
-                            const float *sums, const float *x, int64_t k, int64_t rows,
-                            int64_t groups, float *out) {
+ALWAYS_INLINE void nibble_dot(const uint8_t *q, int five_bits, const float *scales,
+                              const float *mins, const float *sums, const float *x, int64_t k,
+                              int64_t rows, int64_t groups, float *out) {
     __m256 acc[ROWS];
     for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < groups; g++, q += BLOCK / 2) {
-        __m128i lo, hi;
-        split_nibbles(q, &lo, &hi);
-        const __m256 w0 = bytes_to_floats(lo), w1 = bytes_to_floats(_mm_srli_si128(lo, 8));
-        const __m256 w2 = bytes_to_floats(hi), w3 = bytes_to_floats(_mm_srli_si128(hi, 8));
+    for (int64_t g = 0; g < groups; g++, q += NIBBLE_BLOCK_BYTES(five_bits)) {
+        __m256 w[4];
+        block_floats(q, five_bits, w);
         const __m256 scale = _mm256_set1_ps(scales[g]);
         for (int64_t r = 0; r < rows; r++) {
             const float *xg = x + r * k + g * BLOCK;
-            __m256 dot = _mm256_mul_ps(w0, _mm256_loadu_ps(xg));
-            dot = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xg + 8), dot);
-            dot = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xg + 16), dot);
-            dot = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), dot);
+            __m256 dot = _mm256_mul_ps(w[0], _mm256_loadu_ps(xg));
+            dot = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xg + 8), dot);
+            dot = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xg + 16), dot);
+            dot = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xg + 24), dot);
             acc[r] = _mm256_fmadd_ps(scale, dot, acc[r]);
         }
     }
@@ -148,17 +191,16 @@ static inline __m256i dot_u8_s8(__m256i u, __m256i s) {
 #endif
 }
 
-/* As q4_1_dot, with scale * xscale * (q . xq_r) for rows of quantized x (xq: [rows, k]
-   int8, xscales: [rows, groups]) */
-ALWAYS_INLINE void q4_1_dot_int8(const uint8_t *q, const float *scales, const float *mins,
-                                 const float *sums, const int8_t *xq, const float *xscales,
-                                 int64_t k, int64_t rows, int64_t groups, float *out) {
+/* As nibble_dot, with scale * xscale * (q . xq_r) for rows of quantized x (xq: [rows,
+   k] int8, xscales: [rows, groups]); pairs of products fit in int16: 2 * 31 * 127 */
+ALWAYS_INLINE void nibble_dot_int8(const uint8_t *q, int five_bits, const float *scales,
+                                   const float *mins, const float *sums, const int8_t *xq,
+                                   const float *xscales, int64_t k, int64_t rows, int64_t groups,
+                                   float *out) {
     __m256 acc[ROWS];
     for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < groups; g++, q += BLOCK / 2) {
-        __m128i lo, hi;
-        split_nibbles(q, &lo, &hi);
-        const __m256i w = _mm256_set_m128i(hi, lo); /* weights 0-15, then 16-31 */
+    for (int64_t g = 0; g < groups; g++, q += NIBBLE_BLOCK_BYTES(five_bits)) {
+        const __m256i w = block_bytes(q, five_bits);
         for (int64_t r = 0; r < rows; r++) {
             const __m256i a = _mm256_loadu_si256((const __m256i *)(xq + r * k + g * BLOCK));
             const __m256 dot = _mm256_cvtepi32_ps(dot_u8_s8(w, a));
@@ -235,81 +277,22 @@ ALWAYS_INLINE void q8_16_dot_int8(const int8_t *q, const float *scales, const in
     for (int64_t r = 0; r < rows; r++) out[r] = horizontal_sum(acc[r]);
 }
 
-/* 32 bytes: byte j is 16 where bit j of bits is set, else 0 (each 128-bit lane
-   spreads its bytes of bits over 8 bytes each, then tests one bit a byte) */
-static inline __m256i sixteens_of_bits(uint32_t bits) {
-    const __m256i spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32((int)bits),
-        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
-    const __m256i select = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select);
-    return _mm256_and_si256(set, _mm256_set1_epi8(16));
-}
-
-/* A Q5_1 block's 32 quants, one a byte, in weight order */
-static inline __m256i q5_bytes(const uint8_t *q) {
-    __m128i lo, hi;
-    split_nibbles(q, &lo, &hi);
-    return _mm256_or_si256(_mm256_set_m128i(hi, lo), sixteens_of_bits(fifth_bits(q)));
-}
-
-/* As q4_1_dot, for Q5_1 blocks */
-ALWAYS_INLINE void q5_1_dot(const uint8_t *q, const float *scales, const float *mins,
-                            const float *sums, const float *x, int64_t k, int64_t rows,
-                            int64_t groups, float *out) {
-    __m256 acc[ROWS];
-    for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < groups; g++, q += Q5_BYTES) {
-        const __m256i bytes = q5_bytes(q);
-        const __m128i low = _mm256_castsi256_si128(bytes), high = _mm256_extracti128_si256(bytes, 1);
-        const __m256 w0 = bytes_to_floats(low), w1 = bytes_to_floats(_mm_srli_si128(low, 8));
-        const __m256 w2 = bytes_to_floats(high), w3 = bytes_to_floats(_mm_srli_si128(high, 8));
-        const __m256 scale = _mm256_set1_ps(scales[g]);
-        for (int64_t r = 0; r < rows; r++) {
-            const float *xg = x + r * k + g * BLOCK;
-            __m256 dot = _mm256_mul_ps(w0, _mm256_loadu_ps(xg));
-            dot = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xg + 8), dot);
-            dot = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xg + 16), dot);
-            dot = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), dot);
-            acc[r] = _mm256_fmadd_ps(scale, dot, acc[r]);
-        }
-    }
-    for (int64_t r = 0; r < rows; r++)
-        out[r] = horizontal_sum(acc[r]) + min_share(mins, sums + r * groups, groups);
-}
-
-/* As q4_1_dot_int8, for Q5_1 blocks (pairs of products fit in int16: 2 * 31 * 127) */
-ALWAYS_INLINE void q5_1_dot_int8(const uint8_t *q, const float *scales, const float *mins,
-                                 const float *sums, const int8_t *xq, const float *xscales,
-                                 int64_t k, int64_t rows, int64_t groups, float *out) {
-    __m256 acc[ROWS];
-    for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < groups; g++, q += Q5_BYTES) {
-        const __m256i w = q5_bytes(q);
-        for (int64_t r = 0; r < rows; r++) {
-            const __m256i a = _mm256_loadu_si256((const __m256i *)(xq + r * k + g * BLOCK));
-            const __m256 dot = _mm256_cvtepi32_ps(dot_u8_s8(w, a));
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(scales[g] * xscales[r * groups + g]), dot,
-                                     acc[r]);
-        }
-    }
-    for (int64_t r = 0; r < rows; r++)
-        out[r] = horizontal_sum(acc[r]) + min_share(mins, sums + r * groups, groups);
-}
 #else
 #define ROWS 8
 
-static void q4_1_dot(const uint8_t *q, const float *scales, const float *mins,
-                     const float *sums, const float *x, int64_t k, int64_t rows, int64_t groups,
-                     float *out) {
+static void nibble_dot(const uint8_t *q, int five_bits, const float *scales,
+                       const float *mins, const float *sums, const float *x, int64_t k,
+                       int64_t rows, int64_t groups, float *out) {
     for (int64_t r = 0; r < rows; r++) {
         const uint8_t *qb = q;
         float acc = 0.f;
-        for (int64_t g = 0; g < groups; g++, qb += BLOCK / 2) {
+        for (int64_t g = 0; g < groups; g++, qb += NIBBLE_BLOCK_BYTES(five_bits)) {
             const float *xg = x + r * k + g * BLOCK;
+            const uint32_t bits = five_bits ? fifth_bits(qb) : 0;
             float dot = 0.f;
             for (int j = 0; j < BLOCK / 2; j++)
-                dot += (float)(qb[j] & 15) * xg[j] + (float)(qb[j] >> 4) * xg[j + BLOCK / 2];
+                dot += (float)block_value(qb, bits, j) * xg[j] +
+                       (float)block_value(qb, bits, j + BLOCK / 2) * xg[j + BLOCK / 2];
             acc += scales[g] * dot + mins[g] * sums[r * groups + g];
         }
         out[r] = acc;
@@ -330,17 +313,20 @@ static void q8_0_dot(const int8_t *q, const float *scales, const float *x, int64
     }
 }
 
-static void q4_1_dot_int8(const uint8_t *q, const float *scales, const float *mins,
-                          const float *sums, const int8_t *xq, const float *xscales, int64_t k,
-                          int64_t rows, int64_t groups, float *out) {
+static void nibble_dot_int8(const uint8_t *q, int five_bits, const float *scales,
+                            const float *mins, const float *sums, const int8_t *xq,
+                            const float *xscales, int64_t k, int64_t rows, int64_t groups,
+                            float *out) {
     for (int64_t r = 0; r < rows; r++) {
         const uint8_t *qb = q;
         float acc = 0.f;
-        for (int64_t g = 0; g < groups; g++, qb += BLOCK / 2) {
+        for (int64_t g = 0; g < groups; g++, qb += NIBBLE_BLOCK_BYTES(five_bits)) {
             const int8_t *a = xq + r * k + g * BLOCK;
+            const uint32_t bits = five_bits ? fifth_bits(qb) : 0;
             int32_t dot = 0;
             for (int j = 0; j < BLOCK / 2; j++)
-                dot += (qb[j] & 15) * a[j] + (qb[j] >> 4) * a[j + BLOCK / 2];
+                dot += block_value(qb, bits, j) * a[j] +
+                       block_value(qb, bits, j + BLOCK / 2) * a[j + BLOCK / 2];
             acc += scales[g] * xscales[r * groups + g] * (float)dot +
                    mins[g] * sums[r * groups + g];
         }
@@ -392,40 +378,6 @@ static void q8_16_dot_int8(const int8_t *q, const float *scales, const int8_t *x
     }
 }
 
-static void q5_1_dot(const uint8_t *q, const float *scales, const float *mins,
-                     const float *sums, const float *x, int64_t k, int64_t rows, int64_t groups,
-                     float *out) {
-    for (int64_t r = 0; r < rows; r++) {
-        const uint8_t *qb = q;
-        float acc = 0.f;
-        for (int64_t g = 0; g < groups; g++, qb += Q5_BYTES) {
-            const float *xg = x + r * k + g * BLOCK;
-            const uint32_t bits = fifth_bits(qb);
-            float dot = 0.f;
-            for (int j = 0; j < BLOCK; j++) dot += (float)q5_value(qb, bits, j) * xg[j];
-            acc += scales[g] * dot + mins[g] * sums[r * groups + g];
-        }
-        out[r] = acc;
-    }
-}
-
-static void q5_1_dot_int8(const uint8_t *q, const float *scales, const float *mins,
-                          const float *sums, const int8_t *xq, const float *xscales, int64_t k,
-                          int64_t rows, int64_t groups, float *out) {
-    for (int64_t r = 0; r < rows; r++) {
-        const uint8_t *qb = q;
-        float acc = 0.f;
-        for (int64_t g = 0; g < groups; g++, qb += Q5_BYTES) {
-            const int8_t *a = xq + r * k + g * BLOCK;
-            const uint32_t bits = fifth_bits(qb);
-            int32_t dot = 0;
-            for (int j = 0; j < BLOCK; j++) dot += q5_value(qb, bits, j) * a[j];
-            acc += scales[g] * xscales[r * groups + g] * (float)dot +
-                   mins[g] * sums[r * groups + g];
-        }
-        out[r] = acc;
-    }
-}
 #endif
 
 /* Each dot product compiled for 1 to ROWS rows, so a row's accumulators stay in
@@ -442,12 +394,19 @@ static void q5_1_dot_int8(const uint8_t *q, const float *scales, const float *mi
         default: call(8); break; \
     }
 
-static void q4_1_dot_rows(const uint8_t *q, const float *scales, const float *mins,
-                          const float *sums, const float *x, int64_t k, int64_t rows,
-                          int64_t groups, float *out) {
-#define CALL(n) q4_1_dot(q, scales, mins, sums, x, k, n, groups, out)
-    FOR_EACH_ROW_COUNT(CALL)
-#undef CALL
+/* A copy per kind too: five_bits is a constant in each */
+static void nibble_dot_rows(const uint8_t *q, int five_bits, const float *scales,
+                            const float *mins, const float *sums, const float *x, int64_t k,
+                            int64_t rows, int64_t groups, float *out) {
+#define CALL4(n) nibble_dot(q, 0, scales, mins, sums, x, k, n, groups, out)
+#define CALL5(n) nibble_dot(q, 1, scales, mins, sums, x, k, n, groups, out)
+    if (five_bits) {
+        FOR_EACH_ROW_COUNT(CALL5)
+    } else {
+        FOR_EACH_ROW_COUNT(CALL4)
+    }
+#undef CALL4
+#undef CALL5
 }
 
 static void q8_0_dot_rows(const int8_t *q, const float *scales, const float *x, int64_t k,
@@ -457,34 +416,25 @@ static void q8_0_dot_rows(const int8_t *q, const float *scales, const float *x, 
 #undef CALL
 }
 
-static void q4_1_dot_int8_rows(const uint8_t *q, const float *scales, const float *mins,
-                               const float *sums, const int8_t *xq, const float *xscales,
-                               int64_t k, int64_t rows, int64_t groups, float *out) {
-#define CALL(n) q4_1_dot_int8(q, scales, mins, sums, xq, xscales, k, n, groups, out)
-    FOR_EACH_ROW_COUNT(CALL)
-#undef CALL
+static void nibble_dot_int8_rows(const uint8_t *q, int five_bits, const float *scales,
+                                 const float *mins, const float *sums, const int8_t *xq,
+                                 const float *xscales, int64_t k, int64_t rows, int64_t groups,
+                                 float *out) {
+#define CALL4(n) nibble_dot_int8(q, 0, scales, mins, sums, xq, xscales, k, n, groups, out)
+#define CALL5(n) nibble_dot_int8(q, 1, scales, mins, sums, xq, xscales, k, n, groups, out)
+    if (five_bits) {
+        FOR_EACH_ROW_COUNT(CALL5)
+    } else {
+        FOR_EACH_ROW_COUNT(CALL4)
+    }
+#undef CALL4
+#undef CALL5
 }
 
 static void q8_0_dot_int8_rows(const int8_t *q, const float *scales, const int8_t *xq,
                                const float *xscales, int64_t k, int64_t rows, int64_t groups,
                                float *out) {
 #define CALL(n) q8_0_dot_int8(q, scales, xq, xscales, k, n, groups, out)
-    FOR_EACH_ROW_COUNT(CALL)
-#undef CALL
-}
-
-static void q5_1_dot_rows(const uint8_t *q, const float *scales, const float *mins,
-                          const float *sums, const float *x, int64_t k, int64_t rows,
-                          int64_t groups, float *out) {
-#define CALL(n) q5_1_dot(q, scales, mins, sums, x, k, n, groups, out)
-    FOR_EACH_ROW_COUNT(CALL)
-#undef CALL
-}
-
-static void q5_1_dot_int8_rows(const uint8_t *q, const float *scales, const float *mins,
-                               const float *sums, const int8_t *xq, const float *xscales,
-                               int64_t k, int64_t rows, int64_t groups, float *out) {
-#define CALL(n) q5_1_dot_int8(q, scales, mins, sums, xq, xscales, k, n, groups, out)
     FOR_EACH_ROW_COUNT(CALL)
 #undef CALL
 }
@@ -592,11 +542,11 @@ static int quantize_rows(const float *x, int64_t rows, int64_t k, int with_quant
 }
 
 /* Q4_1 blocks, or with five_bits Q5_1's (both a scale and a min per 32) */
-static int q4_1_few_rows(const float *x, const uint8_t *quants, const float *scales,
+static int nibble_few_rows(const float *x, const uint8_t *quants, const float *scales,
                          const float *mins, float *y, int64_t rows, int64_t n, int64_t k,
                          int int8_dots, int five_bits, int num_threads) {
     const int64_t groups = k / BLOCK, chunks = (n + CHUNK - 1) / CHUNK;
-    const int64_t block_bytes = five_bits ? Q5_BYTES : BLOCK / 2;
+    const int64_t block_size = NIBBLE_BLOCK_BYTES(five_bits);
     QuantizedRows xq;
     if (quantize_rows(x, rows, k, int8_dots, &xq)) return 1;
     Share *shares = new_shares(chunks, num_threads);
@@ -609,60 +559,22 @@ static int q4_1_few_rows(const float *x, const uint8_t *quants, const float *sca
         int victim = 0;
         for (int64_t c; (c = next_chunk(shares, num_threads, omp_get_thread_num(), &victim)) >= 0;)
             for (int64_t o = c * CHUNK; o < n && o < (c + 1) * CHUNK; o++) {
-                const uint8_t *qo = quants + o * groups * block_bytes;
+                const uint8_t *qo = quants + o * groups * block_size;
                 const float *mo = mins + o * groups;
                 for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
                     const int64_t count = rows - r0 < ROWS ? rows - r0 : ROWS;
                     float dots[ROWS];
                     const float *sums = xq.sums + r0 * groups;
-                    if (int8_dots && five_bits)
-                        q5_1_dot_int8_rows(qo, scales + o * groups, mo, sums, xq.quants + r0 * k,
-                                           xq.scales + r0 * groups, k, count, groups, dots);
-                    else if (int8_dots)
-                        q4_1_dot_int8_rows(qo, scales + o * groups, mo, sums, xq.quants + r0 * k,
-                                           xq.scales + r0 * groups, k, count, groups, dots);
-                    else if (five_bits)
-                        q5_1_dot_rows(qo, scales + o * groups, mo, sums, x + r0 * k, k, count,
-                                      groups, dots);
+                    if (int8_dots)
+                        nibble_dot_int8_rows(qo, five_bits, scales + o * groups, mo, sums,
+                                             xq.quants + r0 * k, xq.scales + r0 * groups, k,
+                                             count, groups, dots);
                     else
-                        q4_1_dot_rows(qo, scales + o * groups, mo, sums, x + r0 * k, k, count,
-                                      groups, dots);
+                        nibble_dot_rows(qo, five_bits, scales + o * groups, mo, sums, x + r0 * k,
+                                        k, count, groups, dots);
                     for (int64_t r = 0; r < count; r++) y[(r0 + r) * n + o] = dots[r];
                 }
             }
-    }
-    free_rows(&xq);
-    free(shares);
-    return 0;
-}
-
-static int q8_0_few_rows(const float *x, const int8_t *quants, const float *scales, float *y,
-                         int64_t rows, int64_t n, int64_t k, int int8_dots, int num_threads) {
-    const int64_t groups = k / BLOCK, chunks = (n + CHUNK - 1) / CHUNK;
-    QuantizedRows xq = {NULL, NULL, NULL};
-    if (int8_dots && quantize_rows(x, rows, k, 1, &xq)) return 1;
-    Share *shares = new_shares(chunks, num_threads);
-    if (shares == NULL) {
-        free_rows(&xq);
-        return 1;
-    }
-#pragma omp parallel num_threads(num_threads)
-    {
-        int victim = 0;
-        for (int64_t c; (c = next_chunk(shares, num_threads, omp_get_thread_num(), &victim)) >= 0;)
-            for (int64_t o = c * CHUNK; o < n && o < (c + 1) * CHUNK; o++)
-                for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
-                    const int64_t count = rows - r0 < ROWS ? rows - r0 : ROWS;
-                    float dots[ROWS];
-                    if (int8_dots)
-                        q8_0_dot_int8_rows(quants + o * groups * BLOCK, scales + o * groups,
-                                           xq.quants + r0 * k, xq.scales + r0 * groups, k,
-                                           count, groups, dots);
-                    else
-                        q8_0_dot_rows(quants + o * groups * BLOCK, scales + o * groups,
-                                      x + r0 * k, k, count, groups, dots);
-                    for (int64_t r = 0; r < count; r++) y[(r0 + r) * n + o] = dots[r];
-                }
     }
     free_rows(&xq);
     free(shares);
@@ -694,10 +606,13 @@ static inline float half_min_share(const float *mins, const float *sums, int64_t
     return share;
 }
 
-static int q8_16_few_rows(const float *x, const int8_t *quants, const float *scales,
-                          const float *mins, float *y, int64_t rows, int64_t n, int64_t k,
-                          int int8_dots, int num_threads) {
+/* Q8_0 blocks (a scale per 32), or with per_16 Q8_16's (a scale per 16, and mins
+   where they are not NULL) */
+static int q8_few_rows(const float *x, const int8_t *quants, const float *scales,
+                       const float *mins, float *y, int64_t rows, int64_t n, int64_t k,
+                       int int8_dots, int per_16, int num_threads) {
     const int64_t groups = k / BLOCK, halves = k / HALF, chunks = (n + CHUNK - 1) / CHUNK;
+    const int64_t per_feature = per_16 ? halves : groups; /* scales a feature has */
     QuantizedRows xq = {NULL, NULL, NULL};
     if (int8_dots && quantize_rows(x, rows, k, 1, &xq)) return 1;
     float *sums = mins != NULL ? half_sums(x, rows, k) : NULL;
@@ -712,24 +627,30 @@ static int q8_16_few_rows(const float *x, const int8_t *quants, const float *sca
     {
         int victim = 0;
         for (int64_t c; (c = next_chunk(shares, num_threads, omp_get_thread_num(), &victim)) >= 0;)
-            for (int64_t o = c * CHUNK; o < n && o < (c + 1) * CHUNK; o++)
+            for (int64_t o = c * CHUNK; o < n && o < (c + 1) * CHUNK; o++) {
+                const int8_t *qo = quants + o * groups * BLOCK;
+                const float *so = scales + o * per_feature;
                 for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
                     const int64_t count = rows - r0 < ROWS ? rows - r0 : ROWS;
+                    const int8_t *xq0 = xq.quants + r0 * k;
+                    const float *xs0 = xq.scales + r0 * groups;
                     float dots[ROWS];
-                    if (int8_dots)
-                        q8_16_dot_int8_rows(quants + o * groups * BLOCK, scales + o * halves,
-                                            xq.quants + r0 * k, xq.scales + r0 * groups, k,
-                                            count, groups, dots);
+                    if (int8_dots && per_16)
+                        q8_16_dot_int8_rows(qo, so, xq0, xs0, k, count, groups, dots);
+                    else if (int8_dots)
+                        q8_0_dot_int8_rows(qo, so, xq0, xs0, k, count, groups, dots);
+                    else if (per_16)
+                        q8_16_dot_rows(qo, so, x + r0 * k, k, count, groups, dots);
                     else
-                        q8_16_dot_rows(quants + o * groups * BLOCK, scales + o * halves,
-                                       x + r0 * k, k, count, groups, dots);
+                        q8_0_dot_rows(qo, so, x + r0 * k, k, count, groups, dots);
                     for (int64_t r = 0; r < count; r++)
                         y[(r0 + r) * n + o] =
-                            dots[r] + (mins == NULL ? 0.f
-                                                    : half_min_share(mins + o * halves,
-                                                                     sums + (r0 + r) * halves,
-                                                                     halves));
+                            mins == NULL ? dots[r]
+                                         : dots[r] + half_min_share(mins + o * halves,
+                                                                    sums + (r0 + r) * halves,
+                                                                    halves);
                 }
+            }
     }
     free_rows(&xq);
     free(sums);

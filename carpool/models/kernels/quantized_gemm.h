@@ -46,17 +46,6 @@ static void dequantize_block(int64_t kind, const void *quants, const float *scal
     const float scale = scales[index];
 #if defined(__AVX2__) && defined(__FMA__)
     const __m256 s = _mm256_set1_ps(scale);
-    if (kind == KIND_Q5_1) {
-        const __m256i bytes = q5_bytes((const uint8_t *)quants + index * Q5_BYTES);
-        const __m128i low = _mm256_castsi256_si128(bytes), high = _mm256_extracti128_si256(bytes, 1);
-        const __m128i parts[4] = {low, _mm_srli_si128(low, 8), high, _mm_srli_si128(high, 8)};
-        const __m256 m = _mm256_set1_ps(mins[index]);
-        for (int j = 0; j < 4; j++) {
-            const __m256 qf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[j]));
-            _mm256_storeu_ps(w + 8 * j, _mm256_add_ps(_mm256_mul_ps(s, qf), m));
-        }
-        return;
-    }
     if (kind == KIND_Q8_0) {
         const int8_t *q = (const int8_t *)quants + index * GEMM_BLOCK;
         for (int j = 0; j < GEMM_BLOCK / 8; j++) {
@@ -65,34 +54,25 @@ static void dequantize_block(int64_t kind, const void *quants, const float *scal
         }
         return;
     }
-    const uint8_t *q = (const uint8_t *)quants + index * (GEMM_BLOCK / 2);
+    /* Q4_1 or Q5_1 */
+    const int five_bits = kind == KIND_Q5_1;
+    const uint8_t *q = (const uint8_t *)quants + index * NIBBLE_BLOCK_BYTES(five_bits);
     const __m256 m = _mm256_set1_ps(mins[index]);
-    const __m128i bytes = _mm_loadu_si128((const __m128i *)q), low = _mm_set1_epi8(15);
-    const __m128i lo = _mm_and_si128(bytes, low), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);
-    const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-    for (int j = 0; j < 4; j++) {
-        const __m256 qf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[j]));
-        _mm256_storeu_ps(w + 8 * j, _mm256_add_ps(_mm256_mul_ps(s, qf), m));
-    }
+    __m256 qf[4];
+    block_floats(q, five_bits, qf);
+    for (int j = 0; j < 4; j++)
+        _mm256_storeu_ps(w + 8 * j, _mm256_add_ps(_mm256_mul_ps(s, qf[j]), m));
 #else
-    if (kind == KIND_Q5_1) {
-        const uint8_t *q = (const uint8_t *)quants + index * Q5_BYTES;
-        const uint32_t bits = fifth_bits(q);
-        for (int j = 0; j < GEMM_BLOCK; j++)
-            w[j] = scale * (float)q5_value(q, bits, j) + mins[index];
-        return;
-    }
     if (kind == KIND_Q8_0) {
         const int8_t *q = (const int8_t *)quants + index * GEMM_BLOCK;
         for (int j = 0; j < GEMM_BLOCK; j++) w[j] = scale * (float)q[j];
         return;
     }
-    const uint8_t *q = (const uint8_t *)quants + index * (GEMM_BLOCK / 2);
-    const float min = mins[index];
-    for (int j = 0; j < GEMM_BLOCK / 2; j++) {
-        w[j] = scale * (float)(q[j] & 15) + min;
-        w[j + GEMM_BLOCK / 2] = scale * (float)(q[j] >> 4) + min;
-    }
+    /* Q4_1 or Q5_1 */
+    const int five_bits = kind == KIND_Q5_1;
+    const uint8_t *q = (const uint8_t *)quants + index * NIBBLE_BLOCK_BYTES(five_bits);
+    const uint32_t bits = five_bits ? fifth_bits(q) : 0;
+    for (int j = 0; j < GEMM_BLOCK; j++) w[j] = scale * (float)block_value(q, bits, j) + mins[index];
 #endif
 }
 

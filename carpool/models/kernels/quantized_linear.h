@@ -21,13 +21,11 @@ static int quantized_linear(int64_t kind, const float *x, const void *quants,
                             int64_t n, int64_t k, int64_t int8_dots, int num_threads) {
     if (rows > DIRECT_MAX_ROWS)
         return quantized_gemm(kind, x, quants, scales, mins, y, rows, n, k, num_threads);
-    if (kind == KIND_Q8_16)
-        return q8_16_few_rows(x, quants, scales, mins, y, rows, n, k, int8_dots != 0,
-                              num_threads);
-    if (kind == KIND_Q8_0)
-        return q8_0_few_rows(x, quants, scales, y, rows, n, k, int8_dots != 0, num_threads);
-    return q4_1_few_rows(x, quants, scales, mins, y, rows, n, k, int8_dots != 0,
-                         kind == KIND_Q5_1, num_threads);
+    if (kind == KIND_Q8_0 || kind == KIND_Q8_16)
+        return q8_few_rows(x, quants, scales, mins, y, rows, n, k, int8_dots != 0,
+                           kind == KIND_Q8_16, num_threads);
+    return nibble_few_rows(x, quants, scales, mins, y, rows, n, k, int8_dots != 0,
+                           kind == KIND_Q5_1, num_threads);
 }
 
 #endif
