@@ -271,10 +271,9 @@ class LlamaForCausalLM(nn.Module):
     def _block_sources(self) -> Iterator[tuple[nn.Module, list[str]]]:
         """Each layer that can run on a GGUF file's blocks, with the Hugging Face
         tensors its weight is made of."""
-        sources = {
-            "qkv_proj": ["q_proj", "k_proj", "v_proj"],
-            "gate_up_proj": ["gate_proj", "up_proj"],
-        }
+        sources: dict[str, list[str]] = {}  # fused parameter -> its parts, in order
+        for part, (fused, _) in sorted(self._stacked.items(), key=lambda item: item[1]):
+            sources.setdefault(fused, []).append(part)
         yield self.embed_tokens, ["model.embed_tokens.weight"]
         for name, module in self.named_modules():
             if not isinstance(module, Linear):
