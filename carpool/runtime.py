@@ -87,8 +87,11 @@ class DeviceRuntime:
         self._clock = clock or MonotonicClock()
         self._on_death = on_death
         self._workers: list[Worker] = []
-        # Workers added or removed while running; the runtime thread applies them.
-        self._changes: queue.SimpleQueue[tuple[Worker, Future[None] | None]] = queue.SimpleQueue()
+        # Workers added, removed or retired while running; the runtime thread applies them.
+        self._changes: queue.SimpleQueue[tuple[Worker, Future[None] | None, bool]] = (
+            queue.SimpleQueue()
+        )
+        self._retiring: dict[Worker, list[Future[None]]] = {}  # runtime thread only
         self._wakeup = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
@@ -106,7 +109,7 @@ class DeviceRuntime:
         """Add a worker while running (a model loaded at runtime); any thread. It is
         polled from the runtime's next turn on."""
         worker.attach(self.notify)
-        self._changes.put((worker, None))
+        self._changes.put((worker, None, False))
         self.notify()
 
     def remove(self, worker: Worker) -> Future[None]:
@@ -119,7 +122,23 @@ class DeviceRuntime:
                 self._workers.remove(worker)
             done.set_result(None)
             return done
-        self._changes.put((worker, done))
+        self._changes.put((worker, done, False))
+        self.notify()
+        return done
+
+    def retire(self, worker: Worker) -> Future[None]:
+        """Drop ``worker`` once it is idle (a model unloaded with its requests
+        finishing): it keeps running its queued and running work, and the returned
+        future is done on the first turn that finds it with none; no unit of it runs
+        after that. Any thread. The caller stops new work reaching it first, and fails
+        whatever lands in it after (``fail_all``)."""
+        done: Future[None] = Future()
+        if not self._thread.is_alive():
+            if worker in self._workers:
+                self._workers.remove(worker)
+            done.set_result(None)
+            return done
+        self._changes.put((worker, done, True))
         self.notify()
         return done
 
@@ -165,13 +184,31 @@ class DeviceRuntime:
         self._wakeup.clear()
         self._apply_changes()
         now = self._clock.now()
+        best, wake_at = self._poll_all(now)
+        if best is not None:
+            try:
+                best.run_once(now)
+            except Exception as exc:
+                self._contain(best, exc)
+            self.stats.record_unit(best.name, self._clock.now() - now)
+            return
+        timeout = None if wake_at is None else max(0.0, wake_at - self._clock.now())
+        self._wakeup.wait(timeout)
+
+    def _poll_all(self, now: float) -> tuple[Worker | None, float | None]:
+        """Poll every worker (dropping retired ones that are idle): the one to run
+        now, if any, and the earliest time one asked to be polled again. Its own
+        function so that no worker stays referenced while the runtime sleeps."""
         best: tuple[int, float, Worker] | None = None
         wake_at: float | None = None
-        for worker in self._workers:
+        for worker in list(self._workers):
             try:
                 state = worker.poll(now)
             except Exception as exc:
                 self._contain(worker, exc)
+                continue
+            if state == IDLE and worker in self._retiring:
+                self._drop(worker)
                 continue
             if state.ready_since is not None:
                 key = (worker.priority, state.ready_since)
@@ -179,29 +216,27 @@ class DeviceRuntime:
                     best = (*key, worker)
             if state.wake_at is not None:
                 wake_at = state.wake_at if wake_at is None else min(wake_at, state.wake_at)
-        if best is not None:
-            worker = best[2]
-            try:
-                worker.run_once(now)
-            except Exception as exc:
-                self._contain(worker, exc)
-            self.stats.record_unit(worker.name, self._clock.now() - now)
-            return
-        timeout = None if wake_at is None else max(0.0, wake_at - self._clock.now())
-        self._wakeup.wait(timeout)
+        return (None if best is None else best[2]), wake_at
 
     def _apply_changes(self) -> None:
         while True:
             try:
-                worker, removed = self._changes.get_nowait()
+                worker, done, when_idle = self._changes.get_nowait()
             except queue.Empty:
                 return
-            if removed is None:
+            if done is None:
                 self._workers.append(worker)
-                continue
-            if worker in self._workers:
-                self._workers.remove(worker)
-            removed.set_result(None)
+            elif worker not in self._workers:
+                done.set_result(None)
+            else:
+                self._retiring.setdefault(worker, []).append(done)
+                if not when_idle:
+                    self._drop(worker)
+
+    def _drop(self, worker: Worker) -> None:
+        self._workers.remove(worker)
+        for done in self._retiring.pop(worker):
+            done.set_result(None)
 
     def _contain(self, worker: Worker, exc: Exception) -> None:
         log.error("worker %s failed; failing the requests it holds", worker.name, exc_info=exc)
@@ -213,3 +248,7 @@ class DeviceRuntime:
                 worker.fail_all(error)
             except Exception:
                 log.exception("worker %s failed to fail its requests", worker.name)
+        for waiting in self._retiring.values():
+            for done in waiting:
+                done.set_result(None)
+        self._retiring.clear()

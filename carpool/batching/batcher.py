@@ -25,6 +25,7 @@ from carpool.errors import (
     CarpoolError,
     InvalidRequest,
     ModelExecutionError,
+    ModelNotFound,
     Overloaded,
     QueueTimeout,
     RequestTooLarge,
@@ -109,6 +110,9 @@ class DynamicBatcher:
         self._notify: Callable[[], None] = lambda: None
         self._decision: SendBatch | None = None
         self._running: list[BatchRequest] = []  # the batch run_once is running
+        # Held from the closed check to the inbox put, so nothing lands after ``close``.
+        self._entry = threading.Lock()
+        self._closed: str | None = None
 
     # --- any thread -------------------------------------------------------------
 
@@ -149,8 +153,9 @@ class DynamicBatcher:
         """Queue one request's inputs (payload, cost) all together; one future each.
 
         Raises before anything is queued: ``InvalidRequest`` for a bad level or
-        timeout, ``RequestTooLarge`` for more inputs than ``max_request_inputs``, and
-        ``Overloaded`` when the level's queue has no room for all of them.
+        timeout, ``RequestTooLarge`` for more inputs than ``max_request_inputs``,
+        ``Overloaded`` when the level's queue has no room for all of them, and
+        ``ModelNotFound`` once the batcher is closed.
         """
         level = self.config.default_priority_level if level is None else level
         if not 1 <= level <= self.config.priority_levels:
@@ -174,26 +179,44 @@ class DynamicBatcher:
                 f"{most} per request",
                 param="input",
             )
-        if not self._admission.try_acquire(level, len(inputs)):
-            for _ in inputs:
-                self.stats.record_outcome(Outcome.REJECTED, 0.0)
-            raise Overloaded(
-                f"model {self.name!r} has too many requests waiting", retry_after_s=1.0
-            )
-        now = self._clock.now()
-        requests = [
-            BatchRequest(
-                payload, cost, level, arrival=now, deadline=now + timeout, size=size, group=group
-            )
-            for payload, cost in inputs
-        ]
-        for request in requests:
-            # A cancelled future wakes the runtime so the request leaves the queue promptly.
-            request.future.add_done_callback(self._wake_if_cancelled)
-            self._inbox.put(request)
+        with self._entry:
+            if self._closed is not None:
+                raise ModelNotFound(self._closed, param="model")
+            if not self._admission.try_acquire(level, len(inputs)):
+                for _ in inputs:
+                    self.stats.record_outcome(Outcome.REJECTED, 0.0)
+                raise Overloaded(
+                    f"model {self.name!r} has too many requests waiting", retry_after_s=1.0
+                )
+            now = self._clock.now()
+            requests = [
+                BatchRequest(
+                    payload,
+                    cost,
+                    level,
+                    arrival=now,
+                    deadline=now + timeout,
+                    size=size,
+                    group=group,
+                )
+                for payload, cost in inputs
+            ]
+            for request in requests:
+                # A cancelled future wakes the runtime so the request leaves the queue
+                # promptly.
+                request.future.add_done_callback(self._wake_if_cancelled)
+                self._inbox.put(request)
         self.stats.set_pending(self._admission.total())
         self._notify()
         return [r.future for r in requests]
+
+    def close(self, reason: str) -> None:
+        """Take no more requests (``ModelNotFound`` saying ``reason``) and fail those
+        still queued with it. Any thread, once the runtime no longer drives this
+        batcher (``DeviceRuntime.retire``)."""
+        with self._entry:
+            self._closed = reason
+        self.fail_all(ModelNotFound(reason, param="model"))
 
     def _wake_if_cancelled(self, future: Future[Any]) -> None:
         if future.cancelled():

@@ -28,6 +28,7 @@ from carpool.engine.sequence import FinishReason
 from carpool.errors import (
     CarpoolError,
     ModelExecutionError,
+    ModelNotFound,
     Overloaded,
     RequestTooLarge,
     ServerShuttingDown,
@@ -83,7 +84,9 @@ class EngineWorker:
         self._waiting_lock = threading.Lock()
         self._started: set[str] = set()  # runtime thread only
         self._ids = itertools.count()
-        self.closed = False
+        # Held from the closed check to the inbox put, so nothing lands after closing.
+        self._entry = threading.Lock()
+        self._refusal: Callable[[], CarpoolError] | None = None  # set once closed
 
     # -- any thread -------------------------------------------------------------------
 
@@ -126,14 +129,15 @@ class EngineWorker:
         for more than half of ``max_waiting`` at once, ``Overloaded`` when the waiting
         room has no space for all of them. Returns the prompts as they will run (after
         truncation)."""
-        if self.closed:
-            raise ServerShuttingDown(f"{self.name} is not running")
         prompts = [self.engine.check_request(p, params) for _, p, params, _ in requests]
-        self._admit(len(requests), max_waiting)
-        now = self.clock.now()
-        deadline = None if timeout_s is None else now + timeout_s
-        for (request_id, _, params, sink), prompt in zip(requests, prompts, strict=True):
-            self._inbox.put(_Add(request_id, prompt, params, priority, deadline, now, sink))
+        with self._entry:
+            if self._refusal is not None:
+                raise self._refusal()
+            self._admit(len(requests), max_waiting)
+            now = self.clock.now()
+            deadline = None if timeout_s is None else now + timeout_s
+            for (request_id, _, params, sink), prompt in zip(requests, prompts, strict=True):
+                self._inbox.put(_Add(request_id, prompt, params, priority, deadline, now, sink))
         self._notify()
         return prompts
 
@@ -247,8 +251,21 @@ class EngineWorker:
         with self._waiting_lock:
             self._waiting += delta
 
+    def close(self, reason: str) -> None:
+        """Take no more requests (``ModelNotFound`` saying ``reason``) and fail any
+        still held with it. Any thread, once the runtime no longer drives this worker
+        (``DeviceRuntime.retire``)."""
+        with self._entry:
+            self._refusal = lambda: ModelNotFound(reason, param="model")
+        self.fail_all(ModelNotFound(reason, param="model"))
+
     def fail_all(self, error: Exception) -> None:
-        self.closed = True  # the runtime is stopping: later submits are refused
+        """End everything held with ``error``; later submits are refused (the runtime
+        is stopping, or the model was unloaded)."""
+        with self._entry:
+            if self._refusal is None:
+                name = self.name
+                self._refusal = lambda: ServerShuttingDown(f"{name} is not running")
         carpool_error = (
             error if isinstance(error, CarpoolError) else ModelExecutionError(str(error))
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from carpool.runtime import DeviceRuntime
 from carpool.server.app import create_app
 from carpool.server.drain import DrainingServer
 from carpool.server.model_control import ModelControl
-from carpool.server.served import ServedEmbedding, ServedGenerator, ServedModels
+from carpool.server.served import Builtin, ServedEmbedding, ServedGenerator, ServedModels
 from carpool.workers.factory import engine_for
 
 log = logging.getLogger("carpool")
@@ -39,6 +39,7 @@ class ServerBundle:
 
     config: CarpoolConfig
     models: ServedModels
+    loaders: dict[str, Callable[[], Builtin]] = field(default_factory=dict)
     runtime: DeviceRuntime = field(init=False)
     control: ModelControl = field(init=False)
     exit_code: int = 0
@@ -57,7 +58,9 @@ class ServerBundle:
             if repo.model_repository
             else None
         )
-        self.control = ModelControl(repository, repo, self.models, self.runtime)
+        self.control = ModelControl(
+            repository, repo, self.models, self.runtime, builtins=self.loaders
+        )
 
     def on_runtime_death(self, exc: BaseException) -> None:
         """The runtime thread died: exit non-zero so a supervisor restarts us (on Ray
@@ -97,30 +100,16 @@ def build_server(config: CarpoolConfig, functions: Sequence[FunctionModel] = ())
         import torch
 
         torch.set_num_threads(config.runtime.threads)
-    options = LoadOptions(
-        device=config.runtime.device,
-        dtype=config.engine.dtype_on(config.runtime.device),
-        cache_dir=Path(config.runtime.cache_dir) if config.runtime.cache_dir else None,
-        weight_kernel=config.engine.weight_kernel,
-    )
     faults = (
         FaultPlan.parse(config.runtime.fault_injection) if config.runtime.fault_injection else None
     )
-    served: list[ServedEmbedding] = []
-    generators: list[ServedGenerator] = []
-    for source in served_sources(config.server):
-        log.info("loading %s (%s) from %s", source.name, source.task.value, source.path)
-        model = registry.load(source, options)
-        if source.task is Task.GENERATE:
-            customize_tokenizer(model, config.server.tokenizer, config.server.chat_template)
-        if faults is not None:
-            model = _with_faults(model, source.task, faults)
-        if source.task is Task.GENERATE:
-            generators.append(_generator(source.name, model, config))
-        else:
-            batcher = DynamicBatcher(source.name, model, config.batching_for(source.name))
-            served.append(ServedEmbedding(source.name, model, batcher))
-    bundle = ServerBundle(config, ServedModels(served, generators))
+    loaders = {
+        source.name: _loader(source, config, faults) for source in served_sources(config.server)
+    }
+    built = [load() for load in loaders.values()]
+    served = [m for m in built if isinstance(m, ServedEmbedding)]
+    generators = [m for m in built if isinstance(m, ServedGenerator)]
+    bundle = ServerBundle(config, ServedModels(served, generators), loaders)
     bundle.control.load_at_start(bundle.control.initial_models(config.repository))
     for function in functions:
         bundle.control.install_function(function)
@@ -147,6 +136,35 @@ def served_sources(server: ServerConfig) -> list[registry.ModelSource]:
     if len(set(seen)) != len(seen):
         raise ConfigError(f"two models would be served under one name: {seen}")
     return renamed
+
+
+def _loader(
+    source: registry.ModelSource, config: CarpoolConfig, faults: FaultPlan | None
+) -> Callable[[], Builtin]:
+    """Loads the ``--model`` ``source`` afresh on each call (at start, and when model
+    control loads it again after an unload)."""
+
+    def load() -> Builtin:
+        options = LoadOptions(
+            device=config.runtime.device,
+            dtype=config.engine.dtype_on(config.runtime.device),
+            cache_dir=Path(config.runtime.cache_dir) if config.runtime.cache_dir else None,
+            weight_kernel=config.engine.weight_kernel,
+        )
+        log.info("loading %s (%s) from %s", source.name, source.task.value, source.path)
+        model = registry.load(source, options)
+        if source.task is Task.GENERATE:
+            customize_tokenizer(model, config.server.tokenizer, config.server.chat_template)
+        if config.runtime.fault_injection:
+            model = _with_faults(
+                model, source.task, FaultPlan.parse(config.runtime.fault_injection)
+            )
+        if source.task is Task.GENERATE:
+            return _generator(source.name, model, config)
+        batcher = DynamicBatcher(source.name, model, config.batching_for(source.name))
+        return ServedEmbedding(source.name, model, batcher)
+
+    return load
 
 
 def _with_faults(model: Any, task: Task, plan: FaultPlan) -> Any:

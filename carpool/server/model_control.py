@@ -1,11 +1,13 @@
-"""Model control (Triton's repository extension): which repository models are served,
-loading and unloading them while the server runs.
+"""Model control (Triton's repository extension): which models are served, loading
+and unloading them while the server runs.
 
-Owned by the event loop. Loading imports and initialises the user's code on a
-worker thread, then hands the model's batchers to the device runtime; a load that
-fails leaves nothing behind and every other model serving. Unloading refuses new
-requests (503 + Retry-After), waits for those in flight, takes the batchers off the
-runtime, then finalises the user's code; after that the model is gone (404).
+Owned by the event loop. Two kinds of model are controlled: the repository's, and
+the built-in ones named by ``--model`` (an LLM, an embedder), each reloaded from its
+source. Loading reads and initialises a model on a worker thread, then hands its
+batchers (or engine) to the device runtime; a load that fails leaves nothing behind
+and every other model serving. Unloading refuses new requests (503 + Retry-After),
+lets those in flight finish, takes the model off the runtime, then frees it (a
+repository model's code is finalised); after that the model is gone (404).
 """
 
 from __future__ import annotations
@@ -13,17 +15,20 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from carpool.batching import DynamicBatcher
 from carpool.config import RepositoryConfig
+from carpool.engine.async_engine import EngineWorker
 from carpool.errors import InvalidRequest, ModelNotFound
 from carpool.repository.errors import RepositoryError
 from carpool.repository.function_model import FunctionBackend, FunctionModel
 from carpool.repository.repository import LoadedVersion, ModelRepository
 from carpool.repository.user_model import UserBatchModel
 from carpool.runtime import DeviceRuntime
-from carpool.server.served import ServedModels
+from carpool.server.served import Builtin, ServedGenerator, ServedModels
 from carpool.server.served_user import ModelState, ServedUserModel
 
 log = logging.getLogger(__name__)
@@ -39,8 +44,12 @@ class IndexEntry:
     reason: str
 
 
+BUILTIN_VERSION = "1"
+
+
 class ModelControl:
-    """Loads and unloads the repository's models into ``models`` and ``runtime``."""
+    """Loads and unloads models into ``models`` and ``runtime``: the repository's,
+    and the built-in ones ``builtins`` loads (name -> a function loading it afresh)."""
 
     def __init__(
         self,
@@ -48,6 +57,7 @@ class ModelControl:
         config: RepositoryConfig,
         models: ServedModels,
         runtime: DeviceRuntime,
+        builtins: dict[str, Callable[[], Builtin]] | None = None,
     ) -> None:
         self.repository = repository
         self.mode = config.model_control_mode
@@ -55,6 +65,7 @@ class ModelControl:
         self.poll_s = config.repository_poll_secs
         self._models = models
         self._runtime = runtime
+        self._builtins = dict(builtins or {})
         self._failures: dict[str, str] = {}
         self._stamps: dict[str, float] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -96,36 +107,47 @@ class ModelControl:
     # --- the repository API (event loop) ------------------------------------------
 
     def index(self, ready_only: bool = False) -> list[IndexEntry]:
-        """Every model in the repository (and every one served), with its state."""
+        """Every model in the repository and every built-in one (loaded or not), and
+        every one served, with its state."""
         names = set(self.repository.names()) if self.repository else set()
-        names |= set(self._models.user_models)
+        names |= set(self._models.user_models) | set(self._builtins)
         entries = []
         for name in sorted(names):
             served = self._models.user_models.get(name)
-            if served is not None:
+            if name in self._builtins and self._models.builtin(name) is not None:
+                closing = self._models.is_closing(name)
+                now = ModelState.UNLOADING if closing else ModelState.READY
+                entries.append(IndexEntry(name, BUILTIN_VERSION, now.value, ""))
+            elif served is not None:
                 for version in sorted(served.versions):
                     entries.append(IndexEntry(name, str(version), served.state.value, ""))
             elif not ready_only:
                 reason = self._failures.get(name, "unloaded")
-                state = ModelState.UNAVAILABLE.value
-                entries.append(IndexEntry(name, "", state, reason))
+                entries.append(IndexEntry(name, "", ModelState.UNAVAILABLE.value, reason))
         if ready_only:
             entries = [e for e in entries if e.state == ModelState.READY.value]
         return entries
 
     async def load(self, name: str) -> None:
-        """Load (or reload) ``name``; ``InvalidRequest`` if it cannot be loaded."""
-        self._require_explicit("load")
+        """Load (or reload) ``name``; ``InvalidRequest`` if it cannot be loaded. A
+        built-in model already loaded stays as it is (its source does not change)."""
+        self._require_explicit("load", name)
         async with self._lock(name):
-            await self._load(name)
+            if name in self._builtins:
+                await self._load_builtin(name)
+            else:
+                await self._load(name)
 
     async def unload(self, name: str) -> None:
         """Drain and unload ``name``; ``ModelNotFound`` if it is not loaded."""
-        self._require_explicit("unload")
+        self._require_explicit("unload", name)
         async with self._lock(name):
-            if not self._models.is_user(name):
+            if name in self._builtins and self._models.builtin(name) is not None:
+                await self._unload_builtin(name)
+            elif self._models.is_user(name):
+                await self._unload(name)
+            else:
                 raise ModelNotFound(f"model '{name}' is not loaded", param="model")
-            await self._unload(name)
 
     async def poll(self) -> None:
         """Poll mode: follow the repository forever (load new and changed models,
@@ -156,9 +178,12 @@ class ModelControl:
 
     # --- inside ---------------------------------------------------------------
 
-    def _require_explicit(self, action: str) -> None:
-        if self.repository is None:
-            raise InvalidRequest(f"cannot {action}: the server has no --model-repository")
+    def _require_explicit(self, action: str, name: str) -> None:
+        if self.repository is None and name not in self._builtins:
+            raise InvalidRequest(
+                f"cannot {action} '{name}': it is not a --model, and the server has no "
+                "--model-repository"
+            )
         if self.mode != "explicit":
             raise InvalidRequest(
                 f"explicit model {action} is not allowed in model control mode '{self.mode}' "
@@ -220,6 +245,38 @@ class ModelControl:
         del served
         gc.collect()
         log.info("model %s unloaded", name)
+
+    async def _load_builtin(self, name: str) -> None:
+        if self._models.builtin(name) is not None:
+            return
+        try:
+            served = await asyncio.to_thread(self._builtins[name])
+        except Exception as exc:  # a model that cannot load leaves the rest serving
+            reason = f"{type(exc).__name__}: {exc}"
+            self._failures[name] = reason
+            log.exception("model %s failed to load", name)
+            raise InvalidRequest(f"failed to load '{name}': {reason}") from None
+        self._models.add_builtin(served)
+        self._runtime.add(_worker(served))
+        self._failures.pop(name, None)
+        log.info("model %s loaded", name)
+
+    async def _unload_builtin(self, name: str) -> None:
+        served = self._models.builtin(name)
+        assert served is not None
+        self._models.close_builtin(name)
+        worker = _worker(served)
+        await asyncio.wrap_future(self._runtime.retire(worker))
+        worker.close(f"model '{name}' was unloaded")
+        self._models.remove_builtin(name)
+        del served, worker
+        gc.collect()
+        log.info("model %s unloaded", name)
+
+
+def _worker(served: Builtin) -> DynamicBatcher | EngineWorker:
+    """What the runtime drives for a built-in model."""
+    return served.engine.worker if isinstance(served, ServedGenerator) else served.batcher
 
 
 def _stamp(folder: Path) -> float:

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from carpool.batching import DynamicBatcher
 from carpool.engine.async_engine import AsyncEngine
 from carpool.engine.sampling_params import Grammar
-from carpool.errors import InvalidRequest, ModelNotFound
+from carpool.errors import InvalidRequest, ModelNotFound, ModelUnavailable
 from carpool.models.causal_lm import LoadedLM
 from carpool.models.embedding import EmbeddingModel
 from carpool.paths import PathTaken
@@ -108,10 +108,14 @@ class Batched(Protocol):
     def batcher(self) -> DynamicBatcher: ...
 
 
+Builtin = ServedEmbedding | ServedGenerator
+
+
 class ServedModels:
     """Name -> served model, of every kind: embedders, generators and repository
-    models (user models, added and removed at runtime by model control, on the event
-    loop). Iterating yields the embedding models; ``all`` yields every model."""
+    models. Model control adds and removes any of them at runtime, on the event loop;
+    a built-in model it is unloading is ``closing``: looking it up is a 503 until it
+    is gone. Iterating yields the embedding models; ``all`` yields every model."""
 
     def __init__(
         self, models: list[ServedEmbedding], generators: list[ServedGenerator] | None = None
@@ -119,6 +123,7 @@ class ServedModels:
         self._models = {m.name: m for m in models}
         self._generators = {g.name: g for g in generators or []}
         self._user: dict[str, ServedUserModel] = {}
+        self._closing: set[str] = set()
         self.preprocess = Preprocessor()
 
     def __iter__(self) -> Iterator[ServedEmbedding]:
@@ -147,6 +152,34 @@ class ServedModels:
     def remove_user(self, name: str) -> None:
         self._user.pop(name, None)
 
+    def builtin(self, name: str) -> Builtin | None:
+        """The built-in (``--model``) model ``name`` if it is served, closing or not."""
+        return self._models.get(name) or self._generators.get(name)
+
+    def add_builtin(self, model: Builtin) -> None:
+        """Serve a (re)loaded built-in model."""
+        if model.name in self._user:
+            raise InvalidRequest(
+                f"model '{model.name}' is already served as a repository model", param="model"
+            )
+        if isinstance(model, ServedGenerator):
+            self._generators[model.name] = model
+        else:
+            self._models[model.name] = model
+        self._closing.discard(model.name)
+
+    def close_builtin(self, name: str) -> None:
+        """Refuse new requests for ``name`` (503 + Retry-After) while it drains."""
+        self._closing.add(name)
+
+    def is_closing(self, name: str) -> bool:
+        return name in self._closing
+
+    def remove_builtin(self, name: str) -> None:
+        self._models.pop(name, None)
+        self._generators.pop(name, None)
+        self._closing.discard(name)
+
     def user(self, name: str) -> ServedUserModel:
         """The repository model ``name``."""
         model = self._user.get(name)
@@ -165,8 +198,13 @@ class ServedModels:
         served = ", ".join(m.name for m in self.all())
         return ModelNotFound(f"model {name!r} is not served here; served: {served}", param="model")
 
+    def _refuse_closing(self, name: str) -> None:
+        if name in self._closing:
+            raise ModelUnavailable(f"model '{name}' is unloading", retry_after_s=1.0)
+
     def any(self, name: str) -> ServedEmbedding | ServedGenerator | ServedUserModel:
         """The model ``name``, of either kind."""
+        self._refuse_closing(name)
         model = self._models.get(name) or self._generators.get(name) or self._user.get(name)
         if model is None:
             raise self._unknown(name)
@@ -174,6 +212,7 @@ class ServedModels:
 
     def get(self, name: str) -> ServedEmbedding:
         """The embedding model ``name``."""
+        self._refuse_closing(name)
         model = self._models.get(name)
         if model is not None:
             return model
@@ -194,6 +233,7 @@ class ServedModels:
 
     def generator(self, name: str) -> ServedGenerator:
         """The generation model ``name``."""
+        self._refuse_closing(name)
         model = self._generators.get(name)
         if model is not None:
             return model

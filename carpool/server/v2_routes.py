@@ -46,7 +46,8 @@ def router(models: ServedModels, is_ready: Callable[[], bool]) -> APIRouter:
 
     @api.get("/v2/models/stats")
     async def all_stats() -> dict[str, Any]:
-        names = [m.name for m in models] + sorted(models.user_models)
+        names = [m.name for m in models if not models.is_closing(m.name)]
+        names += sorted(models.user_models)
         return {"model_stats": [s for name in names for s in model(name).stats(None)]}
 
     @api.get("/v2/models/{name}")

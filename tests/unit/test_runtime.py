@@ -157,3 +157,32 @@ def test_a_fatal_failure_kills_the_runtime_and_fails_every_worker(failure: str) 
     assert isinstance(seen[0], Fatal if failure == "base_exception" else RuntimeError)
     assert not runtime.alive
     assert isinstance(bystander.failed_with, RuntimeDead)
+
+
+def test_a_retired_worker_finishes_its_work_then_leaves() -> None:
+    log: list[str] = []
+    running, release = threading.Event(), threading.Event()
+
+    class Held(ScriptedWorker):
+        def run_once(self, now: float) -> None:
+            running.set()
+            release.wait()
+            super().run_once(now)
+
+    runtime = DeviceRuntime()
+    worker = Held("old", 0, ready_since=1.0, units=2, log=log)
+    other = ScriptedWorker("other", 0, ready_since=2.0, units=0, log=log)
+    runtime.register(worker)
+    runtime.register(other)
+    runtime.start()
+    try:
+        running.wait()
+        retired = runtime.retire(worker)
+        assert not retired.done()  # the runtime thread is inside the worker's first unit
+        release.set()
+        retired.result(timeout=30)
+        assert log == ["old", "old"] and worker.units == 0
+        assert runtime.workers == ["other"]
+        assert runtime.retire(worker).result(timeout=30) is None  # already gone: at once
+    finally:
+        runtime.stop()
