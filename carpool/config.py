@@ -540,6 +540,11 @@ class RepositoryConfig:
         "in flight and the worker is restarted). A model's own isolation wins.",
         default="thread",
     )
+    disable_auto_complete_config: bool = _help(
+        "Do not call a Python-backend model's auto_complete_config: its config.pbtxt "
+        "must then be complete (Triton's flag of the same name).",
+        default=False,
+    )
     model_execution_timeout_s: float = _help(
         "Seconds one batch of a user model may run; past it the batch fails and the model "
         "is marked unready (a process-isolated one is restarted). 0: no limit. A model's "

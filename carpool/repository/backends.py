@@ -56,7 +56,7 @@ def _on_path(folder: Path) -> Iterator[None]:
             sys.path.remove(str(folder))
 
 
-def _import_file(path: Path, module_name: str) -> ModuleType:
+def import_file(path: Path, module_name: str) -> ModuleType:
     # Python-backend models import the shim by Triton's name.
     sys.modules.setdefault("triton_python_backend_utils", pb_utils)
     spec = importlib.util.spec_from_file_location(module_name, path)
@@ -73,12 +73,12 @@ def _import_module(folder: Path, module_name: str, model: str) -> ModuleType:
     ``model.py`` must not share ``sys.modules["model"]``); else an installed module."""
     path = folder.joinpath(*module_name.split(".")).with_suffix(".py")
     if path.is_file():
-        return _import_file(path, f"carpool_user_{model}_{module_name}")
+        return import_file(path, f"carpool_user_{model}_{module_name}")
     with _on_path(folder):
         return importlib.import_module(module_name)
 
 
-def _describe(exc: BaseException) -> str:
+def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -91,7 +91,7 @@ def _call_hook(model: Any, name: str, argument: Any, where: str) -> None:
     try:
         hook(argument)
     except (Exception, SystemExit) as exc:
-        raise RepositoryError(f"{where}: {name} failed: {_describe(exc)}") from exc
+        raise RepositoryError(f"{where}: {name} failed: {describe(exc)}") from exc
 
 
 def _one_per_request(results: Any, count: int, model: str, noun: str) -> None:
@@ -110,10 +110,10 @@ class TritonPythonBackend:
         path = Path(spec.source.path)
         where = f"model '{spec.name}' version {spec.version}"
         try:
-            module = _import_file(path, f"carpool_user_{spec.name}_{spec.version}_{instance}")
+            module = import_file(path, f"carpool_user_{spec.name}_{spec.version}_{instance}")
             self.model = module.TritonPythonModel()
         except (Exception, SystemExit) as exc:
-            raise RepositoryError(f"{where}: loading {path} failed: {_describe(exc)}") from exc
+            raise RepositoryError(f"{where}: loading {path} failed: {describe(exc)}") from exc
         self.spec = spec
         kind = "GPU" if device.startswith("cuda") else "CPU"
         args = {
@@ -186,7 +186,7 @@ class PythonClassBackend:
             self.model = model_class(**dict(spec.source.options))
         except (Exception, SystemExit) as exc:
             raise RepositoryError(
-                f"{where}: loading {spec.source.target} failed: {_describe(exc)}"
+                f"{where}: loading {spec.source.target} failed: {describe(exc)}"
             ) from exc
         if not callable(getattr(self.model, "predict", None)):
             raise RepositoryError(f"{where}: {spec.source.target} has no predict method")

@@ -3,9 +3,10 @@
 A Triton Python-backend ``model.py`` does ``import triton_python_backend_utils as
 pb_utils``; carpool puts this module under that name before it imports a model, so
 the file is served unchanged. Tensors live on the host as numpy arrays (DLPack
-round-trips through torch where a model asks for it). Decoupled models, BLS
-(``InferenceRequest.exec``) and the response sender are not provided: a model that
-uses them fails at that call with a ``TritonModelException`` saying so.
+round-trips through torch where a model asks for it). ``ModelConfig`` is what
+``auto_complete_config`` gets. Decoupled models, BLS (``InferenceRequest.exec``) and
+the response sender are not provided: a model that uses them fails at that call with
+a ``TritonModelException`` saying so.
 """
 
 from __future__ import annotations
@@ -199,6 +200,67 @@ def triton_string_to_numpy(triton_type_string: str) -> Any:
 
 def numpy_to_triton_type(data_type: Any) -> str:
     return str(np_to_triton_dtype(np.dtype(data_type)))
+
+
+class ModelConfig:
+    """The configuration a model's ``auto_complete_config`` reads and completes (Triton's
+    ``pb_utils.ModelConfig``): ``max_batch_size``, ``input``, ``output`` and the
+    scheduler may be set; what the config file set already is checked, not replaced."""
+
+    def __init__(self, model_config: dict[str, Any]) -> None:
+        self._config = model_config
+        self._config.setdefault("max_batch_size", 0)
+        self._config.setdefault("input", [])
+        self._config.setdefault("output", [])
+
+    def as_dict(self) -> dict[str, Any]:
+        return self._config
+
+    def set_max_batch_size(self, max_batch_size: int) -> None:
+        if not isinstance(max_batch_size, int) or max_batch_size < 0:
+            raise ValueError(f"max_batch_size must be an integer >= 0, got {max_batch_size!r}")
+        current = int(self._config.get("max_batch_size", 0))
+        if current not in (0, max_batch_size):
+            raise ValueError(
+                f"the configuration sets max_batch_size {current}; auto-complete tried "
+                f"to set {max_batch_size}"
+            )
+        self._config["max_batch_size"] = max_batch_size
+
+    def set_dynamic_batching(self) -> None:
+        for other in ("sequence_batching", "ensemble_scheduling"):
+            if other in self._config:
+                raise ValueError(f"the configuration sets {other}; dynamic batching cannot be set")
+        self._config.setdefault("dynamic_batching", {})
+
+    def add_input(self, input: dict[str, Any]) -> None:
+        self._add("input", input)
+
+    def add_output(self, output: dict[str, Any]) -> None:
+        self._add("output", output)
+
+    def set_model_transaction_policy(self, transaction_policy_dict: dict[str, Any]) -> None:
+        self._config["model_transaction_policy"] = dict(transaction_policy_dict)
+
+    def add_model_warmup(self, model_warmup: dict[str, Any]) -> None:
+        self._config.setdefault("model_warmup", []).append(dict(model_warmup))
+
+    def _add(self, kind: str, tensor: dict[str, Any]) -> None:
+        if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
+            raise ValueError(f"an {kind} must be a dict with a 'name'")
+        known = next((t for t in self._config[kind] if t.get("name") == tensor["name"]), None)
+        if known is None:
+            self._config[kind].append(dict(tensor))
+            return
+        for key in ("data_type", "dims"):
+            if key not in tensor:
+                continue
+            if key in known and known[key] != tensor[key]:
+                raise ValueError(
+                    f"{kind} '{tensor['name']}' has {key} {known[key]!r} in the configuration; "
+                    f"auto-complete gave {tensor[key]!r}"
+                )
+            known[key] = tensor[key]
 
 
 class Logger:

@@ -32,7 +32,8 @@ class LoadedVersion:
 
 
 class ModelRepository:
-    """The models under ``root``, for a runtime on ``device``."""
+    """The models under ``root``, for a runtime on ``device``; ``auto_complete``: let
+    Python-backend models complete their configs (Triton's default)."""
 
     def __init__(
         self,
@@ -40,6 +41,7 @@ class ModelRepository:
         device: str = "cpu",
         execution_timeout_s: float = 0.0,
         isolation: str = "thread",
+        auto_complete: bool = True,
     ) -> None:
         if not root.is_dir():
             raise RepositoryError(f"model repository {root} is not a folder")
@@ -47,6 +49,7 @@ class ModelRepository:
         self.device = device
         self.execution_timeout_s = execution_timeout_s
         self.isolation = isolation
+        self.auto_complete = auto_complete
 
     def names(self) -> list[str]:
         """Every model folder's name, sorted."""
@@ -64,7 +67,7 @@ class ModelRepository:
         if is_triton_model(folder) and is_carpool_model(folder):
             raise RepositoryError(f"{folder}: holds both config.pbtxt and carpool.toml; keep one")
         if is_triton_model(folder):
-            return read_triton_model(folder, self.device)
+            return read_triton_model(folder, self.device, complete=self.auto_complete)
         if is_carpool_model(folder):
             return read_carpool_model(folder)
         raise RepositoryError(f"{folder}: holds neither config.pbtxt nor carpool.toml")

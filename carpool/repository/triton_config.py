@@ -14,11 +14,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from google.protobuf import text_format
+from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from carpool.config import BatchingConfig, ConfigError, QueuePolicy
+from carpool.repository.auto_complete import auto_complete
 from carpool.repository.datatypes import from_config_name
 from carpool.repository.errors import RepositoryError
 from carpool.repository.spec import ISOLATIONS, ModelSpec, Source, TensorSpec
@@ -44,6 +45,7 @@ _SUPPORTED = {
         "version_policy",
         "parameters",
         "default_model_filename",
+        "model_transaction_policy",
     },
     "input": {"name", "data_type", "dims", "allow_ragged_batch", "optional", "format"},
     "output": {"name", "data_type", "dims"},
@@ -126,15 +128,15 @@ def _refuse_unsupported(config: dict[str, Any], where: str) -> None:
                     )
 
 
-def read_triton_model(folder: Path, device: str = "cpu") -> list[ModelSpec]:
-    """Every version of the Triton model in ``folder`` that its version policy serves."""
+def read_triton_model(folder: Path, device: str = "cpu", complete: bool = True) -> list[ModelSpec]:
+    """Every version of the Triton model in ``folder`` that its version policy serves;
+    ``complete``: let the newest version's ``auto_complete_config`` fill the config in."""
     where = str(folder / CONFIG_FILE)
     try:
         text = (folder / CONFIG_FILE).read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise RepositoryError(f"{where}: {exc}") from None
     config = to_dict(parse_config(text, where))
-    _refuse_unsupported(config, where)
     name = config.setdefault("name", folder.name)
     if name != folder.name:
         raise RepositoryError(f"{where}: name '{name}' differs from its folder '{folder.name}'")
@@ -143,6 +145,17 @@ def read_triton_model(folder: Path, device: str = "cpu") -> list[ModelSpec]:
         raise RepositoryError(
             f"{where}: backend '{backend}' is not supported; carpool runs Triton's "
             "'python' backend (and its own carpool.toml models)"
+        )
+    filename = config.get("default_model_filename") or DEFAULT_MODEL_FILE
+    versions = _versions(folder, config, filename, where)
+    if complete:
+        completed = auto_complete(config, folder / str(versions[-1]) / filename, where)
+        config = _reparsed(completed, where)
+    _refuse_unsupported(config, where)
+    if config.get("model_transaction_policy", {}).get("decoupled", False):
+        raise RepositoryError(
+            f"{where}: field 'model_transaction_policy.decoupled' is not supported by carpool "
+            "(a model answers each request with one response)"
         )
     config["backend"] = "python"
     max_batch_size = int(config.get("max_batch_size", 0))
@@ -162,9 +175,8 @@ def read_triton_model(folder: Path, device: str = "cpu") -> list[ModelSpec]:
         raise RepositoryError(
             f"{where}: parameter 'isolation' must be thread or process, got {isolation!r}"
         )
-    filename = config.get("default_model_filename") or DEFAULT_MODEL_FILE
     specs = []
-    for version in _versions(folder, config, filename, where):
+    for version in versions:
         specs.append(
             ModelSpec(
                 name=name,
@@ -182,6 +194,17 @@ def read_triton_model(folder: Path, device: str = "cpu") -> list[ModelSpec]:
             )
         )
     return specs
+
+
+def _reparsed(config: dict[str, Any], where: str) -> dict[str, Any]:
+    """An auto-completed config through Triton's ``ModelConfig`` message again."""
+    try:
+        message = json_format.ParseDict(config, model_config_pb2().ModelConfig())
+    except (json_format.ParseError, TypeError, ValueError) as exc:
+        raise RepositoryError(
+            f"{where}: auto_complete_config gave a malformed configuration: {exc}"
+        ) from None
+    return to_dict(message)
 
 
 def _tensor(entry: dict[str, Any], where: str, kind: str) -> TensorSpec:

@@ -54,6 +54,7 @@ class ServerBundle:
                 self.config.runtime.device,
                 execution_timeout_s=repo.model_execution_timeout_s,
                 isolation=repo.model_isolation,
+                auto_complete=not repo.disable_auto_complete_config,
             )
             if repo.model_repository
             else None

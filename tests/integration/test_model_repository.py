@@ -259,6 +259,25 @@ def test_a_crashing_isolated_model_is_restarted(server: Server) -> None:
     assert c.is_server_live()
 
 
+def test_a_config_completed_by_the_model(server: Server) -> None:
+    c = client(server)
+    config = c.get_model_config("auto_completed")
+    assert config["max_batch_size"] == 4 and "dynamic_batching" in config
+    assert [(t["name"], t["data_type"], t["dims"]) for t in config["input"]] == [
+        ("a", "TYPE_FP32", [3]),
+        ("b", "TYPE_FP32", [3]),
+    ]
+    a, b = triton.InferInput("a", [2, 3], "FP32"), triton.InferInput("b", [2, 3], "FP32")
+    a.set_data_from_numpy(np.ones((2, 3), np.float32))
+    b.set_data_from_numpy(np.full((2, 3), 2, np.float32))
+    assert c.infer("auto_completed", [a, b]).as_numpy("sum").tolist() == [[3.0] * 3] * 2
+    too_many = triton.InferInput("a", [5, 3], "FP32")
+    too_many.set_data_from_numpy(np.ones((5, 3), np.float32))
+    with pytest.raises(InferenceServerException) as refused:
+        c.infer("auto_completed", [too_many, b])
+    assert refused.value.status() == "400"
+
+
 def test_python_class_model(server: Server) -> None:
     features = np.random.default_rng(0).random((5, 16), dtype=np.float32)
     tensor = triton.InferInput("features", [5, 16], "FP32")

@@ -154,6 +154,31 @@ SLOW_DOUBLE_CONFIG = """
 """
 
 
+AUTO_COMPLETED_CODE = """
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        @staticmethod
+        def auto_complete_config(config):
+            config.add_input({"name": "a", "data_type": "TYPE_FP32", "dims": [3]})
+            config.add_input({"name": "b", "data_type": "TYPE_FP32", "dims": [3]})
+            config.add_output({"name": "sum", "data_type": "TYPE_FP32", "dims": [3]})
+            config.set_max_batch_size(4)
+            config.set_dynamic_batching()
+            return config
+
+        def execute(self, requests):
+            get = pb_utils.get_input_tensor_by_name
+            return [
+                pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("sum", get(r, "a").as_numpy() + get(r, "b").as_numpy())]
+                )
+                for r in requests
+            ]
+"""
+
+
 def build(root: Path) -> Path:
     """The repository every live test uses."""
     shutil.copytree(EXAMPLES, root, dirs_exist_ok=True, ignore=shutil.ignore_patterns("weights"))
@@ -205,6 +230,7 @@ def build(root: Path) -> Path:
     )
     carpool_model(root, "echo", ECHO_TOML, ECHO_CODE)
     triton_model(root, "slow_double", SLOW_DOUBLE_CONFIG, SLOW_DOUBLE_CODE)
+    triton_model(root, "auto_completed", 'backend: "python"', AUTO_COMPLETED_CODE)
     return root
 
 

@@ -117,3 +117,56 @@ def test_version_policies(tmp_path: Path) -> None:
 def test_without_dynamic_batching_each_request_runs_alone(tmp_path: Path) -> None:
     [spec] = read_triton_model(model(tmp_path, BASE))
     assert not spec.dynamic_batching
+
+
+def with_hook(tmp_path: Path, config: str, body: str) -> Path:
+    """A model whose ``auto_complete_config`` runs ``body`` (``c``: the config)."""
+    folder = model(tmp_path, config)
+    hook = textwrap.indent(textwrap.dedent(body), " " * 8)
+    (folder / "1" / "model.py").write_text(
+        "class TritonPythonModel:\n"
+        "    @staticmethod\n"
+        "    def auto_complete_config(c):\n"
+        f"{hook}\n"
+        "        return c\n"
+    )
+    return folder
+
+
+def test_auto_complete_fills_in_a_minimal_config(tmp_path: Path) -> None:
+    folder = with_hook(
+        tmp_path,
+        'backend: "python"',
+        """\
+        assert c.as_dict()["input"] == [] and c.as_dict()["max_batch_size"] == 0
+        c.add_input({"name": "x", "data_type": "TYPE_INT64", "dims": [-1]})
+        c.add_output({"name": "y", "data_type": "TYPE_FP32", "dims": [2]})
+        c.set_max_batch_size(8)
+        c.set_dynamic_batching()
+        """,
+    )
+    [spec] = read_triton_model(folder)
+    assert spec.max_batch_size == 8 and spec.dynamic_batching
+    assert [(t.name, t.datatype, t.dims) for t in spec.inputs] == [("x", "INT64", (-1,))]
+    assert spec.model_config["output"] == [{"name": "y", "data_type": "TYPE_FP32", "dims": [2]}]
+    with pytest.raises(RepositoryError, match="at least one input"):
+        read_triton_model(folder, complete=False)  # the file alone
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("c.set_max_batch_size(4)", "max_batch_size 16"),
+        ('c.add_input({"name": "x", "data_type": "TYPE_INT8"})', "auto-complete gave 'TYPE_INT8'"),
+        ('c.add_input({"name": "z", "dims": "three"})', "malformed configuration"),
+        ('raise RuntimeError("no weights")', "auto_complete_config failed: RuntimeError"),
+        ("c = 3", "returned a int"),
+        ('c.set_model_transaction_policy({"decoupled": True})', "decoupled"),
+        ('c.add_model_warmup({"name": "w"})', "model_warmup"),
+    ],
+)
+def test_auto_complete_that_conflicts_or_fails_is_a_load_error(
+    tmp_path: Path, body: str, message: str
+) -> None:
+    with pytest.raises(RepositoryError, match=message):
+        read_triton_model(with_hook(tmp_path, BASE, body))
