@@ -7,8 +7,10 @@ user code and trusts nothing about it beyond what ``user_model`` checks afterwar
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.util
+import inspect
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -21,7 +23,7 @@ import numpy as np
 
 from carpool.batching.request import Failed
 from carpool.errors import InvalidRequest, ModelExecutionError
-from carpool.repository import pb_utils
+from carpool.repository import bls, pb_utils
 from carpool.repository.errors import RepositoryError
 from carpool.repository.library_models import (
     CrossEncoderBackend,
@@ -104,9 +106,13 @@ def _one_per_request(results: Any, count: int, model: str, noun: str) -> None:
 
 
 class TritonPythonBackend:
-    """A ``TritonPythonModel`` from a Python-backend ``model.py``."""
+    """A ``TritonPythonModel`` from a Python-backend ``model.py``; ``call_model`` serves
+    its BLS calls (``InferenceRequest.exec``). An ``async def execute`` is run to its
+    end on the instance's thread."""
 
-    def __init__(self, spec: ModelSpec, instance: int, device: str) -> None:
+    def __init__(
+        self, spec: ModelSpec, instance: int, device: str, call_model: bls.CallModel | None = None
+    ) -> None:
         path = Path(spec.source.path)
         where = f"model '{spec.name}' version {spec.version}"
         try:
@@ -115,6 +121,7 @@ class TritonPythonBackend:
         except (Exception, SystemExit) as exc:
             raise RepositoryError(f"{where}: loading {path} failed: {describe(exc)}") from exc
         self.spec = spec
+        self.call_model = call_model
         kind = "GPU" if device.startswith("cuda") else "CPU"
         args = {
             "model_config": json.dumps(spec.model_config),
@@ -138,7 +145,10 @@ class TritonPythonBackend:
             )
             for p in payloads
         ]
-        responses = self.model.execute(requests)
+        with bls.calling_as(self.spec.name, self.call_model):
+            responses = self.model.execute(requests)
+            if inspect.iscoroutine(responses):
+                responses = asyncio.run(responses)
         _one_per_request(responses, len(requests), self.spec.name, "responses")
         return [_outputs_of(r, self.spec.name) for r in responses]
 
@@ -220,7 +230,6 @@ class PythonClassBackend:
 
 
 BACKENDS: dict[str, Callable[[ModelSpec, int, str], Backend]] = {
-    "triton_python": TritonPythonBackend,
     "python_class": PythonClassBackend,
     "pipeline": PipelineBackend,
     "cross_encoder": CrossEncoderBackend,
@@ -228,8 +237,13 @@ BACKENDS: dict[str, Callable[[ModelSpec, int, str], Backend]] = {
 }
 
 
-def create_backend(spec: ModelSpec, instance: int, device: str) -> Backend:
-    """Load instance ``instance`` of ``spec``'s model; ``RepositoryError`` if it fails."""
+def create_backend(
+    spec: ModelSpec, instance: int, device: str, call_model: bls.CallModel | None = None
+) -> Backend:
+    """Load instance ``instance`` of ``spec``'s model; ``RepositoryError`` if it fails.
+    ``call_model`` serves a Python-backend model's BLS calls."""
+    if spec.source.kind == "triton_python":
+        return TritonPythonBackend(spec, instance, device, call_model)
     factory = BACKENDS.get(spec.source.kind)
     if factory is None:
         raise RepositoryError(f"model '{spec.name}': unknown source kind '{spec.source.kind}'")

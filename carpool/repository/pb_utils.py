@@ -4,13 +4,15 @@ A Triton Python-backend ``model.py`` does ``import triton_python_backend_utils a
 pb_utils``; carpool puts this module under that name before it imports a model, so
 the file is served unchanged. Tensors live on the host as numpy arrays (DLPack
 round-trips through torch where a model asks for it). ``ModelConfig`` is what
-``auto_complete_config`` gets. Decoupled models, BLS (``InferenceRequest.exec``) and
-the response sender are not provided: a model that uses them fails at that call with
-a ``TritonModelException`` saying so.
+``auto_complete_config`` gets; ``InferenceRequest.exec`` / ``async_exec`` call
+another served model (BLS, see ``bls``). Decoupled models and the response sender
+are not provided: a model that uses them fails at that call with a
+``TritonModelException`` saying so.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Mapping
@@ -19,6 +21,8 @@ from typing import Any
 import numpy as np
 from tritonclient.utils import np_to_triton_dtype, triton_to_np_dtype
 
+from carpool.errors import CarpoolError, InvalidRequest, ModelNotFound, Overloaded
+from carpool.repository import bls
 from carpool.repository.datatypes import with_bytes
 
 log = logging.getLogger("carpool.user_model")
@@ -99,23 +103,29 @@ class Tensor:
 
 
 class InferenceRequest:
-    """One client request as a model's ``execute`` receives it."""
+    """One client request as a model's ``execute`` receives it, or a request a model
+    makes of another model (BLS: ``model_name``, ``exec``)."""
 
     def __init__(
         self,
-        inputs: list[Tensor],
-        requested_output_names: list[str],
+        inputs: list[Tensor] | None = None,
+        requested_output_names: list[str] | None = None,
         request_id: str = "",
-        parameters: Mapping[str, Any] | None = None,
+        parameters: Mapping[str, Any] | str | None = None,
         model_name: str = "",
         correlation_id: int | str = 0,
         flags: int = 0,
+        model_version: int = -1,
+        timeout: int = 0,
+        preferred_memory: Any = None,
     ) -> None:
-        self._inputs = inputs
-        self._outputs = requested_output_names
+        self._inputs = list(inputs or [])
+        self._outputs = list(requested_output_names or [])
         self._id = request_id
-        self._parameters = dict(parameters or {})
+        given = json.loads(parameters) if isinstance(parameters, str) else parameters
+        self._parameters: dict[str, Any] = dict(given or {})
         self._model_name = model_name
+        self._model_version = model_version
         self._correlation_id = correlation_id
         self._flags = flags
 
@@ -149,12 +159,54 @@ class InferenceRequest:
             "decoupled models (response senders) are not supported by carpool"
         )
 
-    def exec(self, *args: Any, **kwargs: Any) -> Any:
-        raise TritonModelException(
-            "BLS requests (InferenceRequest.exec) are not supported by carpool"
-        )
+    def exec(self, decoupled: bool = False) -> InferenceResponse:
+        """Run this request on model ``model_name`` (BLS) and return its response; a
+        failure is the response's ``error``, as in Triton."""
+        if decoupled:
+            raise TritonModelException("decoupled BLS calls are not supported by carpool")
+        current = bls.current()
+        if current is None:
+            raise TritonModelException(
+                "BLS calls (InferenceRequest.exec) need a model running in the server's "
+                "process (isolation 'thread'), called from its execute"
+            )
+        caller, call = current
+        names = [t.name() for t in self._inputs]
+        duplicate = next((n for n in names if names.count(n) > 1), None)
+        if duplicate is not None:
+            return InferenceResponse(
+                error=TritonError(f"input '{duplicate}' is given twice", TritonError.INVALID_ARG)
+            )
+        version = str(self._model_version) if self._model_version > 0 else ""
+        try:
+            outputs = call(
+                caller,
+                self._model_name,
+                version,
+                {t.name(): t.as_numpy() for t in self._inputs},
+                tuple(self._outputs),
+                self._parameters,
+            )
+        except Exception as exc:
+            return InferenceResponse(error=_error_of(exc))
+        return InferenceResponse([Tensor(name, array) for name, array in outputs.items()])
 
-    async_exec = exec
+    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
+        """``exec`` for an ``async def execute``: awaited, it runs on a helper thread."""
+        return await asyncio.to_thread(self.exec, decoupled)
+
+
+def _error_of(exc: Exception) -> TritonError:
+    """A BLS call's failure as Triton reports it in the response."""
+    message = exc.message if isinstance(exc, CarpoolError) else f"{type(exc).__name__}: {exc}"
+    code = TritonError.INTERNAL
+    if isinstance(exc, InvalidRequest):
+        code = TritonError.INVALID_ARG
+    elif isinstance(exc, ModelNotFound):
+        code = TritonError.NOT_FOUND
+    elif isinstance(exc, Overloaded):
+        code = TritonError.UNAVAILABLE
+    return TritonError(message, code)
 
 
 class InferenceResponse:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from carpool.repository.backends import Backend, create_backend
+from carpool.repository.bls import CallModel
 from carpool.repository.carpool_config import is_carpool_model, read_carpool_model
 from carpool.repository.errors import RepositoryError
 from carpool.repository.process import ProcessBackend
@@ -50,6 +51,7 @@ class ModelRepository:
         self.execution_timeout_s = execution_timeout_s
         self.isolation = isolation
         self.auto_complete = auto_complete
+        self.call_model: CallModel | None = None  # serves BLS calls; set by the server
 
     def names(self) -> list[str]:
         """Every model folder's name, sorted."""
@@ -96,7 +98,7 @@ class ModelRepository:
     def _instance(self, spec: ModelSpec, index: int) -> Backend:
         if (spec.isolation or self.isolation) == "process":
             return ProcessBackend(spec, index, self.device)
-        return create_backend(spec, index, self.device)
+        return create_backend(spec, index, self.device, self.call_model)
 
 
 def _finalize_quietly(instance: Backend, name: str) -> None:

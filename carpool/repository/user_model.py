@@ -18,12 +18,12 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import numpy as np
 
 from carpool.batching.request import Failed
-from carpool.errors import BatchFailed, ModelExecutionError
+from carpool.errors import BatchFailed, CarpoolError, ModelExecutionError, ModelUnavailable
 from carpool.repository.backends import Backend, Outputs
 from carpool.repository.datatypes import datatype_of, with_bytes
 from carpool.repository.payload import TensorPayload
@@ -74,6 +74,33 @@ class UserBatchModel:
         payloads, results = output
         return [self._check(p, r) for p, r in zip(payloads, results, strict=True)]
 
+    # --- BLS (another model's instance thread) -------------------------------------
+
+    def call(self, payload: TensorPayload) -> dict[str, np.ndarray[Any, Any]]:
+        """Run one checked request now, outside the batcher: a BLS call from another
+        model's ``execute``, made while the runtime waits on that model. Its outputs,
+        checked as a batch's are; raises its ``CarpoolError``."""
+        if self.unready_reason:
+            raise ModelUnavailable(self.unready_reason)
+        index = self._next
+        self._next = (index + 1) % len(self._instances)
+        instance = self._instances[index]
+        future = self._threads[index].submit(instance.execute, [payload])
+        try:
+            results = future.result(self.timeout_s or None)
+        except concurrent.futures.TimeoutError:
+            self._timed_out(instance)
+        except CarpoolError:
+            raise
+        except Exception as exc:
+            log.error("model %s failed on a BLS request", self.spec.name, exc_info=exc)
+            raise ModelExecutionError(f"model '{self.spec.name}' failed on this request") from None
+        checked = self._check(payload, results[0])
+        if isinstance(checked, Failed):
+            raise checked.error
+        outputs: dict[str, np.ndarray[Any, Any]] = checked
+        return outputs
+
     # --- control ------------------------------------------------------------------
 
     def finalize(self) -> None:
@@ -85,7 +112,7 @@ class UserBatchModel:
                 log.exception("model %s: finalize failed", self.spec.name)
             thread.stop()
 
-    def _timed_out(self, instance: Backend) -> list[Outputs | Failed]:
+    def _timed_out(self, instance: Backend) -> NoReturn:
         message = (
             f"model '{self.spec.name}' did not finish a batch within its execution timeout "
             f"of {self.timeout_s:g}s"

@@ -15,17 +15,21 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from carpool.batching import DynamicBatcher
 from carpool.config import RepositoryConfig
 from carpool.engine.async_engine import EngineWorker
-from carpool.errors import InvalidRequest, ModelNotFound
+from carpool.errors import InvalidRequest, ModelExecutionError, ModelNotFound, ModelUnavailable
+from carpool.repository.bls import Arrays
 from carpool.repository.errors import RepositoryError
 from carpool.repository.function_model import FunctionBackend, FunctionModel
+from carpool.repository.payload import TensorPayload
 from carpool.repository.repository import LoadedVersion, ModelRepository
+from carpool.repository.spec import check_inputs
 from carpool.repository.user_model import UserBatchModel
 from carpool.runtime import DeviceRuntime
 from carpool.server.served import Builtin, ServedGenerator, ServedModels
@@ -69,6 +73,8 @@ class ModelControl:
         self._failures: dict[str, str] = {}
         self._stamps: dict[str, float] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        if repository is not None:
+            repository.call_model = self._call_model
 
     # --- start-up (before the event loop serves) -----------------------------------
 
@@ -175,6 +181,36 @@ class ModelControl:
             async with self._lock(name):
                 if self._models.is_user(name):
                     await self._unload(name)
+
+    # --- BLS (a model's instance thread) ---------------------------------------------
+
+    def _call_model(
+        self,
+        caller: str,
+        name: str,
+        version: str,
+        inputs: Arrays,
+        outputs: tuple[str, ...],
+        parameters: Mapping[str, Any],
+    ) -> Arrays:
+        """Serve one BLS call of ``caller`` to repository model ``name`` (``bls``);
+        raises the call's ``CarpoolError``. Reads the served models from an instance
+        thread: a model loaded or unloaded meanwhile is found or not, whole."""
+        if name == caller:
+            raise ModelExecutionError(f"model '{caller}' cannot call itself through BLS")
+        served = self._models.user_models.get(name)
+        if served is None:
+            raise ModelNotFound(f"BLS: no repository model '{name}' is served", param="model_name")
+        if served.state is not ModelState.READY:
+            raise ModelUnavailable(f"model '{name}' is unloading")
+        target = served.version(version)
+        checked = check_inputs(target.spec, inputs)
+        known = {t.name for t in target.spec.outputs}
+        unknown = next((o for o in outputs if o not in known), None)
+        if unknown is not None:
+            raise InvalidRequest(f"model '{name}' has no output '{unknown}'", param=unknown)
+        payload = TensorPayload(checked.arrays, outputs, parameters=dict(parameters))
+        return target.model.call(payload)
 
     # --- inside ---------------------------------------------------------------
 

@@ -278,6 +278,51 @@ def test_a_config_completed_by_the_model(server: Server) -> None:
     assert refused.value.status() == "400"
 
 
+def bls(server: Server, model: str = "bls_caller", **params: Any) -> httpx.Response:
+    body = {
+        "inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}],
+        "parameters": params,
+    }
+    with httpx.Client(base_url=server.url, timeout=60) as h:
+        return h.post(f"/v2/models/{model}/infer", json=body)
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_a_model_calls_another_through_bls(server: Server, sync: bool) -> None:
+    answer = bls(server, sync=sync)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["outputs"][0]["data"] == [3.0, 5.0]  # slow_double's 2x, then + 1
+
+
+@pytest.mark.parametrize(
+    ("model", "target", "status", "message"),
+    [
+        ("bls_caller", "nope", 500, "no repository model 'nope'"),
+        ("bls_caller", "bls_caller", 500, "cannot call itself"),
+        ("bls_caller", "auto_completed", 400, "unexpected input 'x'"),
+        ("bls_isolated", "slow_double", 500, "failed on this input"),
+    ],
+)
+def test_a_bls_call_that_fails_fails_its_request(
+    server: Server, model: str, target: str, status: int, message: str
+) -> None:
+    answer = bls(server, model, target=target)
+    assert answer.status_code == status, answer.text
+    assert message in answer.json()["error"]
+    if model == "bls_isolated":  # exec raised in the worker process; its log says why
+        _log_until(server, "need a model running in the server's process")
+
+
+def _log_until(server: Server, text: str, timeout_s: float = 60) -> None:
+    """Until the server's log (read by a thread) holds ``text``."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not any(text in line for line in list(server.log)):
+        assert time.monotonic() < deadline, f"{text!r} never logged"
+        time.sleep(0.1)
+
+
 def test_python_class_model(server: Server) -> None:
     features = np.random.default_rng(0).random((5, 16), dtype=np.float32)
     tensor = triton.InferInput("features", [5, 16], "FP32")

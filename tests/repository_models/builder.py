@@ -179,6 +179,32 @@ AUTO_COMPLETED_CODE = """
 """
 
 
+BLS_CALLER_CODE = """
+    import json
+
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        async def execute(self, requests):
+            return [await self.one(r) for r in requests]
+
+        async def one(self, request):
+            params = json.loads(request.parameters())
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            call = pb_utils.InferenceRequest(
+                model_name=params.get("target", "slow_double"),
+                requested_output_names=["y"],
+                inputs=[pb_utils.Tensor("x", x)],
+            )
+            answer = call.exec() if params.get("sync") else await call.async_exec()
+            if answer.has_error():
+                return pb_utils.InferenceResponse(error=answer.error())
+            y = pb_utils.get_output_tensor_by_name(answer, "y").as_numpy()
+            return pb_utils.InferenceResponse([pb_utils.Tensor("y", y + 1)])
+"""
+
+
 def build(root: Path) -> Path:
     """The repository every live test uses."""
     shutil.copytree(EXAMPLES, root, dirs_exist_ok=True, ignore=shutil.ignore_patterns("weights"))
@@ -231,6 +257,13 @@ def build(root: Path) -> Path:
     carpool_model(root, "echo", ECHO_TOML, ECHO_CODE)
     triton_model(root, "slow_double", SLOW_DOUBLE_CONFIG, SLOW_DOUBLE_CODE)
     triton_model(root, "auto_completed", 'backend: "python"', AUTO_COMPLETED_CODE)
+    triton_model(root, "bls_caller", SLOW_DOUBLE_CONFIG, BLS_CALLER_CODE)
+    triton_model(
+        root,
+        "bls_isolated",
+        SLOW_DOUBLE_CONFIG + 'parameters { key: "isolation" value: { string_value: "process" } }',
+        BLS_CALLER_CODE,
+    )
     return root
 
 
