@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import copy
+import itertools
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -46,6 +47,9 @@ class Histogram:
     def count(self) -> int:
         return sum(self.counts)
 
+
+# Numbers each statistics holder (a model's load), so readers tell one from the next.
+_SERIALS = itertools.count()
 
 LATENCY_BOUNDS_S = (
     0.001,
@@ -132,9 +136,11 @@ class BatcherStatsData:
 
 
 class BatcherStats:
-    """Thread-safe holder of ``BatcherStatsData``: the runtime writes, anyone snapshots."""
+    """Thread-safe holder of ``BatcherStatsData``: the runtime writes, anyone snapshots.
+    ``serial`` tells one holder from another (a model loaded again gets a new one)."""
 
     def __init__(self) -> None:
+        self.serial = next(_SERIALS)
         self._lock = threading.Lock()
         self._data = BatcherStatsData()
 
@@ -213,6 +219,7 @@ class EngineStats:
     ``update``, anyone snapshots."""
 
     def __init__(self) -> None:
+        self.serial = next(_SERIALS)
         self._lock = threading.Lock()
         self._data = EngineStatsData()
 

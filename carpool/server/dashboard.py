@@ -27,10 +27,15 @@ def static_dir() -> Path:
 def reading(models: ServedModels) -> Reading:
     """Snapshots of every served model's statistics."""
     engines = {g.name: g.engine.engine for g in models.generators}
+    batched = {m.name: m.batcher.stats for m in models.batched()}
     return Reading(
         engines={name: e.stats.snapshot() for name, e in engines.items()},
         block_sizes={name: e.blocks.block_size for name, e in engines.items()},
-        batchers={m.name: m.batcher.stats.snapshot() for m in models.batched()},
+        batchers={name: stats.snapshot() for name, stats in batched.items()},
+        serials={
+            **{name: e.stats.serial for name, e in engines.items()},
+            **{name: stats.serial for name, stats in batched.items()},
+        },
     )
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
@@ -45,17 +45,27 @@ class Reading:
     engines: dict[str, EngineStatsData]
     block_sizes: dict[str, int]
     batchers: dict[str, BatcherStatsData]
+    serials: dict[str, int] = field(default_factory=dict)  # which load of each model
 
 
 @dataclass(frozen=True)
 class Sample:
-    """Every model's statistics at wall-clock time ``t`` (seconds since the epoch)."""
+    """Every model's statistics at wall-clock time ``t`` (seconds since the epoch).
+    ``serials``: which load of each model the statistics are of (a model unloaded and
+    loaded again counts from zero)."""
 
     t: float
     engines: dict[str, EngineStatsData]
     block_sizes: dict[str, int]
     batchers: dict[str, BatcherStatsData]
     runtime: RuntimeStatsData
+    serials: dict[str, int] = field(default_factory=dict)
+
+
+def _same_load(name: str, *samples: Sample) -> bool:
+    """Whether ``samples`` hold statistics of one and the same load of ``name``."""
+    first = samples[0].serials.get(name)
+    return all(s.serials.get(name) == first for s in samples)
 
 
 def quantile(bounds: Sequence[float], counts: Sequence[int], q: float) -> float | None:
@@ -198,15 +208,20 @@ def _series(points: list[dict[str, Any]], keys: Iterable[str]) -> dict[str, list
 
 def view(samples: Sequence[Sample], window_s: float = WINDOW_S) -> dict[str, Any]:
     """What the dashboard shows, from samples oldest first (at least one). A model
-    loaded or unloaded meanwhile has points only where two samples in a row hold it."""
+    loaded or unloaded meanwhile has points only where two samples in a row hold the
+    same load of it, and percentiles only from a baseline of that load."""
     last = samples[-1]
     baseline = next((s for s in samples[:-1] if s.t >= last.t - window_s), None)
     pairs = list(pairwise(samples))
     times = [new.t for _, new in pairs]
     models: dict[str, Any] = {}
     for name, stats in last.engines.items():
-        old = baseline.engines.get(name) if baseline else None
-        held = [(a, b) for a, b in pairs if name in a.engines]
+        old = baseline.engines.get(name) if baseline and _same_load(name, baseline, last) else None
+        held = [
+            (a, b)
+            for a, b in pairs
+            if name in a.engines and name in b.engines and _same_load(name, a, b, last)
+        ]
         points = [engine_point(b.engines[name], a.engines[name], b.t - a.t) for a, b in held]
         models[name] = {
             "kind": "generation",
@@ -218,8 +233,13 @@ def view(samples: Sequence[Sample], window_s: float = WINDOW_S) -> dict[str, Any
             },
         }
     for name, bstats in last.batchers.items():
-        bold = baseline.batchers.get(name) if baseline else None
-        held = [(a, b) for a, b in pairs if name in a.batchers]
+        same = baseline is not None and _same_load(name, baseline, last)
+        bold = baseline.batchers.get(name) if baseline and same else None
+        held = [
+            (a, b)
+            for a, b in pairs
+            if name in a.batchers and name in b.batchers and _same_load(name, a, b, last)
+        ]
         points = [batcher_point(b.batchers[name], a.batchers[name], b.t - a.t) for a, b in held]
         models[name] = {
             "kind": "embedding",
@@ -265,7 +285,8 @@ class LiveStats:
             return
         r = self._read()
         runtime = self._runtime.snapshot() if self._runtime else RuntimeStatsData()
-        self._samples.append(Sample(now, r.engines, r.block_sizes, r.batchers, runtime))
+        sample = Sample(now, r.engines, r.block_sizes, r.batchers, runtime, r.serials)
+        self._samples.append(sample)
         while now - self._samples[0].t > KEEP_S:
             self._samples.popleft()
 

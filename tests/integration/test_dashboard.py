@@ -52,7 +52,18 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     shutil.copytree(EXAMPLES / USER, repository / USER)
     shutil.copytree(EXAMPLES / IDLE, repository / IDLE)
     s = start_server(
-        "--api-key", KEY, "--model", CHAT, "--model", MODEL, "--model-repository", str(repository)
+        "--api-key",
+        KEY,
+        "--model",
+        CHAT,
+        "--model",
+        MODEL,
+        "--model-repository",
+        str(repository),
+        "--model-control-mode",
+        "explicit",
+        "--load-model",
+        "*",
     )
     yield s
     assert stop_server(s) == 0
@@ -257,4 +268,22 @@ def test_an_empty_chart_says_why(server: Server, browser: Browser) -> None:
     assert text == "no requests yet"
     for chart in charts.values():
         assert chart["xmax"] - chart["xmin"] == pytest.approx(SPAN_S), chart
+    page.close()
+
+
+def test_a_model_unloaded_leaves_the_page_and_comes_back_when_loaded(
+    server: Server, browser: Browser
+) -> None:
+    page = browser.new_page()
+    page.goto(f"{server.url}/dashboard#key={KEY}")
+    section = f'section[data-model="{IDLE}"]'
+    page.wait_for_selector(section, timeout=WAIT_MS)
+    with server.client() as c:
+        c.post(f"/v2/repository/models/{IDLE}/unload", headers=AUTH).raise_for_status()
+        page.wait_for_selector(section, state="detached", timeout=WAIT_MS)
+        assert IDLE not in page.evaluate("() => Object.keys(window.carpoolDashboard.charts)")
+        assert page.is_visible(f'section[data-model="{USER}"]')  # the others stay
+        c.post(f"/v2/repository/models/{IDLE}/load", headers=AUTH).raise_for_status()
+    page.wait_for_selector(section, timeout=WAIT_MS)
+    assert page.locator(section).count() == 1
     page.close()

@@ -149,3 +149,20 @@ def test_a_model_loaded_meanwhile_has_points_from_when_it_came() -> None:
     assert v["models"]["user"]["series"]["t"] == [102.0, 103.0]
     assert v["models"]["user"]["series"]["requests_per_s"] == [6.0, 2.0]
     assert v["models"]["later"]["series"]["t"] == []
+
+
+def test_a_model_unloaded_and_loaded_again_counts_afresh() -> None:
+    empty = RuntimeStatsData()
+    samples = [
+        Sample(100.0, {}, {}, {"user": batcher(0, 0)}, empty, {"user": 1}),
+        Sample(101.0, {}, {}, {"user": batcher(9, 3)}, empty, {"user": 1}),
+        Sample(102.0, {}, {}, {}, empty),  # unloaded
+        Sample(103.0, {}, {}, {"user": batcher(0, 0)}, empty, {"user": 2}),
+        Sample(104.0, {}, {}, {"user": batcher(4, 2)}, empty, {"user": 2}),
+    ]
+    v = view(samples)["models"]["user"]
+    assert v["series"]["t"] == [104.0]  # only the pair within the second load
+    assert v["series"]["requests_per_s"] == [4.0]
+    assert v["totals"]["requests"]["success"] == 4
+    back_to_back = [samples[1], Sample(101.5, {}, {}, {"user": batcher(1, 1)}, empty, {"user": 2})]
+    assert view(back_to_back)["models"]["user"]["series"]["t"] == []  # no negative rate

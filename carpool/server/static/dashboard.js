@@ -9,7 +9,7 @@
   const SPAN_S = 120;
   const KEY = "carpool-api-key";
   const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"];
-  const state = { frames: 0, last: null, charts: {}, runtimeWorkers: "", error: null };
+  const state = { frames: 0, last: null, charts: {}, kinds: {}, runtimeWorkers: "", error: null };
   window.carpoolDashboard = state;
 
   // The key may come in the URL fragment (never sent to the server, so never in a
@@ -151,13 +151,24 @@
   }
 
   function ensureModel(name, kind) {
-    if (state.charts[name]) return;
+    if (state.charts[name] && state.kinds[name] === kind) return;
+    dropModel(name); // new, or loaded again as another kind of model
+    state.kinds[name] = kind;
     const section = element("section", { class: "model", "data-model": name }, document.getElementById("models"));
     const h2 = element("h2", { text: name + " " }, section);
     element("span", { class: "kind", text: kind === "generation" ? "(text generation, continuous batching)" : "(dynamic batching)" }, h2);
     statGrid(element("div", { class: "stats" }, section), name, STATS[kind]);
     const charts = element("div", { class: "charts" }, section);
     state.charts[name] = CHARTS[kind].map(([id, title, lines]) => makeChart(charts, id, title, lines));
+  }
+
+  // A model unloaded while the page is open leaves the page with its charts.
+  function dropModel(name) {
+    for (const chart of state.charts[name] || []) chart.plot.destroy();
+    delete state.charts[name];
+    delete state.kinds[name];
+    const section = document.querySelector('section[data-model="' + CSS.escape(name) + '"]');
+    if (section) section.remove();
   }
 
   function drawModel(name, model) {
@@ -204,6 +215,7 @@
       const view = await response.json();
       state.last = view; // first: the charts' time axis ends at this sample
       for (const [name, model] of Object.entries(view.models)) drawModel(name, model);
+      for (const name of Object.keys(state.kinds)) if (!(name in view.models)) dropModel(name);
       drawRuntime(view.runtime);
       state.frames += 1;
       state.error = null;
