@@ -38,10 +38,13 @@ class WorkState:
     ``ready_since``: when its current unit of work became ready, or None if none is.
     ``wake_at``: when to poll again even if nothing is notified (a queue delay or a
     deadline running out), or None.
+    ``busy``: work of it runs off the runtime thread (concurrent model instances): it
+    is not idle, though nothing of it is ready here.
     """
 
     ready_since: float | None = None
     wake_at: float | None = None
+    busy: bool = False
 
 
 IDLE = WorkState()

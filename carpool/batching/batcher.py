@@ -3,6 +3,12 @@
 Threads: ``submit`` runs on any thread (the event loop); it only admits the request
 (a counted slot per priority level) and posts it to the inbox. Everything else, the
 queues included, belongs to the runtime thread, which drains the inbox in ``poll``.
+
+With ``concurrency`` above 1 (a model with that many instances that may run at
+once, Triton's ``instance_group`` count), the runtime thread forms the batch and
+hands it to one of as many dispatch threads, which runs it (isolating failures as
+the runtime thread would) and reports back through a queue the runtime drains; at
+most ``concurrency`` batches run at once.
 """
 
 from __future__ import annotations
@@ -97,7 +103,10 @@ class DynamicBatcher:
         *,
         priority: int = 0,
         clock: Clock | None = None,
+        concurrency: int = 1,
     ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
         self.name = name
         self.priority = priority
         self.model = model
@@ -113,6 +122,10 @@ class DynamicBatcher:
         # Held from the closed check to the inbox put, so nothing lands after ``close``.
         self._entry = threading.Lock()
         self._closed: str | None = None
+        self.concurrency = concurrency
+        self._dispatch: _Dispatch | None = None  # started with the first concurrent batch
+        self._busy = 0  # batches on dispatch threads (runtime thread only)
+        self._finished: queue.SimpleQueue[None] = queue.SimpleQueue()
 
     # --- any thread -------------------------------------------------------------
 
@@ -217,6 +230,8 @@ class DynamicBatcher:
         with self._entry:
             self._closed = reason
         self.fail_all(ModelNotFound(reason, param="model"))
+        if self._dispatch is not None:
+            self._dispatch.stop()
 
     def _wake_if_cancelled(self, future: Future[Any]) -> None:
         if future.cancelled():
@@ -228,6 +243,12 @@ class DynamicBatcher:
         self._drain_inbox()
         self._drop_cancelled(now)
         self._decision = None
+        while not self._finished.empty():
+            self._finished.get_nowait()
+            self._busy -= 1
+        if self._busy >= self.concurrency:  # every instance runs a batch: only expire
+            self._expire(now, [])
+            return WorkState(wake_at=self._queues.earliest_deadline(), busy=True)
         decision = self._decide(now)
         # A deadline expires only the requests this chance to run passes by (held back
         # by the queue delay or left out of the batch): one that finds the model idle
@@ -236,13 +257,15 @@ class DynamicBatcher:
         if self._expire(now, spared) and not spared:
             decision = self._decide(now)
         deadline = self._queues.earliest_deadline()
+        busy = self._busy > 0
         if decision is None:
-            return IDLE
+            return WorkState(busy=True) if busy else IDLE
         if isinstance(decision, WaitUntil):
             wake = decision.time if deadline is None else min(decision.time, deadline)
-            return WorkState(ready_since=None, wake_at=wake)
+            return WorkState(ready_since=None, wake_at=wake, busy=busy)
         self._decision = decision
-        return WorkState(ready_since=min(r.arrival for r in decision.requests), wake_at=deadline)
+        ready = min(r.arrival for r in decision.requests)
+        return WorkState(ready_since=ready, wake_at=deadline, busy=busy)
 
     def run_once(self, now: float) -> None:
         if self._decision is None:
@@ -259,10 +282,34 @@ class DynamicBatcher:
                 self.stats.record_outcome(Outcome.CANCELLED, now - request.arrival)
         for request in live:
             self.stats.record_queue(now - request.arrival)
-        if live:
-            self._running = live
-            self._run_isolating(live)
-            self._running = []
+        if not live:
+            return
+        if self.concurrency > 1:
+            if self._dispatch is None:
+                self._dispatch = _Dispatch(f"carpool-{self.name}", self.concurrency)
+            self._busy += 1
+            self._dispatch.run(self._run_concurrently, live)
+            return
+        self._running = live
+        self._run_isolating(live)
+        self._running = []
+
+    def _run_concurrently(self, batch: list[BatchRequest]) -> None:
+        """A dispatch thread's part: run ``batch``, then tell the runtime thread. A bug
+        escaping the isolation fails what of the batch is left (the runtime thread's
+        ``recover`` cannot see it here)."""
+        try:
+            self._run_isolating(batch)
+        except Exception as exc:
+            log.error("running a batch of %s failed", self.name, exc_info=exc)
+            for request in batch:
+                if not request.future.done():
+                    request.future.set_exception(
+                        ModelExecutionError(f"model {self.name!r} failed on this request")
+                    )
+        finally:
+            self._finished.put(None)
+            self._notify()
 
     def recover(self, error: Exception) -> None:
         """A bug escaped ``poll`` or ``run_once``: end the batch that was running and
@@ -368,3 +415,30 @@ class DynamicBatcher:
             error = ModelExecutionError(f"model {self.name!r} failed on this input")
         request.future.set_exception(error)
         self.stats.record_outcome(Outcome.ERROR, self._clock.now() - request.arrival)
+
+
+class _Dispatch:
+    """``count`` daemon threads that run what they are handed (a concurrent batcher's
+    batches). Daemons, so a batch hung in user code never holds up the server's exit."""
+
+    def __init__(self, name: str, count: int) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[..., None], Any] | None] = queue.SimpleQueue()
+        self._count = count
+        for i in range(count):
+            threading.Thread(target=self._main, name=f"{name}-{i}", daemon=True).start()
+
+    def run(self, fn: Callable[[Any], None], arg: Any) -> None:
+        self._jobs.put((fn, arg))
+
+    def stop(self) -> None:
+        """End the threads once they finish what they hold."""
+        for _ in range(self._count):
+            self._jobs.put(None)
+
+    def _main(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            fn, arg = job
+            try:
+                fn(arg)
+            except BaseException:
+                log.exception("a concurrent batch failed outside its model")

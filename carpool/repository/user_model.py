@@ -48,6 +48,10 @@ class UserBatchModel:
         self._instances = list(instances)
         self._threads = [InstanceThread(f"carpool-{spec.name}-{i}") for i in range(len(instances))]
         self._next = 0
+        # Instances running a batch: the batcher may run as many batches at once as
+        # there are instances (its dispatch threads), each on a free one.
+        self._busy: set[int] = set()
+        self._busy_lock = threading.Lock()
 
     @property
     def ready(self) -> bool:
@@ -58,17 +62,43 @@ class UserBatchModel:
     def collate(self, payloads: list[TensorPayload]) -> list[TensorPayload]:
         return payloads
 
+    @property
+    def instance_count(self) -> int:
+        return len(self._instances)
+
     def forward(self, payloads: list[TensorPayload]) -> Batch:
+        """Run a batch on a free instance (the next in turn among the free ones) and
+        wait for it; any thread, at most one batch per instance at once."""
         if self.unready_reason:
             raise BatchFailed(self.unready_reason)
-        index = self._next
-        self._next = (index + 1) % len(self._instances)
+        index, taken = self._take_instance()
         instance = self._instances[index]
-        future = self._threads[index].submit(instance.execute, payloads)
         try:
-            return payloads, future.result(self.timeout_s or None)
-        except concurrent.futures.TimeoutError:
-            return payloads, self._timed_out(instance)
+            future = self._threads[index].submit(instance.execute, payloads)
+            try:
+                return payloads, future.result(self.timeout_s or None)
+            except concurrent.futures.TimeoutError:
+                return payloads, self._timed_out(instance)
+        finally:
+            self._release(index, taken)
+
+    def _take_instance(self) -> tuple[int, bool]:
+        """The next free instance in turn, now marked busy (``True``); or, with none
+        free, the next in turn, to queue behind its work (``False``: not marked)."""
+        with self._busy_lock:
+            count = len(self._instances)
+            order = [(self._next + i) % count for i in range(count)]
+            free = next((i for i in order if i not in self._busy), None)
+            index = order[0] if free is None else free
+            self._next = (index + 1) % count
+            if free is not None:
+                self._busy.add(index)
+            return index, free is not None
+
+    def _release(self, index: int, taken: bool) -> None:
+        if taken:
+            with self._busy_lock:
+                self._busy.discard(index)
 
     def split(self, output: Batch, count: int) -> list[Any]:
         payloads, results = output
@@ -82,11 +112,10 @@ class UserBatchModel:
         checked as a batch's are; raises its ``CarpoolError``."""
         if self.unready_reason:
             raise ModelUnavailable(self.unready_reason)
-        index = self._next
-        self._next = (index + 1) % len(self._instances)
+        index, taken = self._take_instance()
         instance = self._instances[index]
-        future = self._threads[index].submit(instance.execute, [payload])
         try:
+            future = self._threads[index].submit(instance.execute, [payload])
             results = future.result(self.timeout_s or None)
         except concurrent.futures.TimeoutError:
             self._timed_out(instance)
@@ -95,6 +124,8 @@ class UserBatchModel:
         except Exception as exc:
             log.error("model %s failed on a BLS request", self.spec.name, exc_info=exc)
             raise ModelExecutionError(f"model '{self.spec.name}' failed on this request") from None
+        finally:
+            self._release(index, taken)
         checked = self._check(payload, results[0])
         if isinstance(checked, Failed):
             raise checked.error

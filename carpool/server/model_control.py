@@ -273,7 +273,7 @@ class ModelControl:
         await served.drained()
         for version in served.versions.values():
             await asyncio.wrap_future(self._runtime.remove(version.batcher))
-            version.batcher.fail_all(ModelNotFound(f"model '{name}' was unloaded"))
+            version.batcher.close(f"model '{name}' was unloaded")
         self._models.remove_user(name)
         self._stamps.pop(name, None)
         for version in served.versions.values():

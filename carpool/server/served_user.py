@@ -60,7 +60,11 @@ class ServedUserModel:
     def from_loaded(cls, loaded: list[LoadedVersion]) -> ServedUserModel:
         versions = {
             v.spec.version: ServedVersion(
-                v.spec, v.model, DynamicBatcher(v.spec.name, v.model, v.spec.batching)
+                v.spec,
+                v.model,
+                DynamicBatcher(
+                    v.spec.name, v.model, v.spec.batching, concurrency=v.model.instance_count
+                ),
             )
             for v in loaded
         }

@@ -323,6 +323,14 @@ def _log_until(server: Server, text: str, timeout_s: float = 60) -> None:
         time.sleep(0.1)
 
 
+def test_instances_run_their_batches_at_once(server: Server) -> None:
+    # Each batch waits inside execute until the other instance runs one too: the two
+    # requests are answered only if the model's two instances run at the same time.
+    arrays = [np.full((1, 2), v, np.float32) for v in (1.0, 2.0)]
+    results = together("pair", server, arrays)
+    assert [r.as_numpy("y").tolist() for r in results] == [[[1.0, 1.0]], [[2.0, 2.0]]]
+
+
 def test_python_class_model(server: Server) -> None:
     features = np.random.default_rng(0).random((5, 16), dtype=np.float32)
     tensor = triton.InferInput("features", [5, 16], "FP32")

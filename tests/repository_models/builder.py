@@ -205,6 +205,29 @@ BLS_CALLER_CODE = """
 """
 
 
+# Two instances that each wait for the other inside execute: only instances running at
+# once can answer (the barrier is shared through a module both import).
+PAIR_CONFIG = """
+    backend: "python"
+    max_batch_size: 4
+    input [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]
+    output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]
+    instance_group [ { count: 2 kind: KIND_CPU } ]
+"""
+PAIR_CODE = """
+    import pair_barrier
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            pair_barrier.BARRIER.wait(timeout=60)
+            get = pb_utils.get_input_tensor_by_name
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("y", get(r, "x").as_numpy())])
+                    for r in requests]
+"""
+
+
 def build(root: Path) -> Path:
     """The repository every live test uses."""
     shutil.copytree(EXAMPLES, root, dirs_exist_ok=True, ignore=shutil.ignore_patterns("weights"))
@@ -258,6 +281,10 @@ def build(root: Path) -> Path:
     triton_model(root, "slow_double", SLOW_DOUBLE_CONFIG, SLOW_DOUBLE_CODE)
     triton_model(root, "auto_completed", 'backend: "python"', AUTO_COMPLETED_CODE)
     triton_model(root, "bls_caller", SLOW_DOUBLE_CONFIG, BLS_CALLER_CODE)
+    triton_model(root, "pair", PAIR_CONFIG, PAIR_CODE)
+    (root / "pair" / "1" / "pair_barrier.py").write_text(
+        "import threading\n\nBARRIER = threading.Barrier(2)\n"
+    )
     triton_model(
         root,
         "bls_isolated",

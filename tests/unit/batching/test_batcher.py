@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import contextlib
+import queue
+import threading
 from concurrent.futures import Future
+from typing import Any
 
 import pytest
 
 from carpool.batching import DynamicBatcher
 from carpool.clock import FakeClock
 from carpool.config import BatchingConfig, QueuePolicy
-from carpool.errors import InvalidRequest, ModelExecutionError, Overloaded, QueueTimeout
+from carpool.errors import (
+    InvalidRequest,
+    ModelExecutionError,
+    ModelNotFound,
+    Overloaded,
+    QueueTimeout,
+)
+from carpool.runtime import IDLE, WorkState
 from carpool.stats import Outcome
 from tests.unit.batching.fakes import EchoModel
 
@@ -229,3 +239,73 @@ def test_random_mix_of_arrivals_cancels_and_timeouts_loses_nothing() -> None:
     while h.step():
         pass
     assert all(f.done() for f in h.futures)
+
+
+def test_a_concurrent_batcher_runs_up_to_that_many_batches_at_once() -> None:
+    gates = {v: threading.Event() for v in (1, 2, 3)}
+    started: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
+
+    class Gated(EchoModel):
+        def forward(self, batch: list[int]) -> list[int]:
+            started.put(batch)
+            assert gates[batch[0]].wait(30)
+            return super().forward(batch)
+
+    clock = FakeClock()
+    batcher = DynamicBatcher(
+        "gated", Gated(), BatchingConfig(max_batch_size=1), clock=clock, concurrency=2
+    )
+    woken = threading.Event()
+    batcher.attach(woken.set)
+
+    def next_state(ready: bool) -> WorkState:
+        """Poll until the batcher has a batch ready (or, ``ready`` false, is idle)."""
+        for _ in range(1000):
+            state = batcher.poll(clock.now())
+            if (state.ready_since is not None) if ready else state == IDLE:
+                return state
+            assert woken.wait(30)
+            woken.clear()
+        raise AssertionError("the batcher never got there")
+
+    futures = [batcher.submit(v, v) for v in (1, 2, 3)]
+    for _ in range(2):
+        next_state(ready=True)
+        batcher.run_once(clock.now())
+    assert sorted([started.get(timeout=30), started.get(timeout=30)]) == [[1], [2]]
+    held = batcher.poll(clock.now())  # both dispatch threads hold a batch: the third waits
+    assert held.busy and held.ready_since is None and started.empty()
+    gates[2].set()
+    assert futures[1].result(timeout=30) == 4
+    next_state(ready=True)
+    batcher.run_once(clock.now())
+    assert started.get(timeout=30) == [3]
+    gates[3].set()
+    gates[1].set()
+    assert [f.result(timeout=30) for f in futures] == [2, 4, 6]
+    next_state(ready=False)  # idle only once no batch runs anywhere
+    batcher.close("gone")
+    with pytest.raises(ModelNotFound):
+        batcher.submit(4, 4)
+
+
+def test_a_bug_in_a_concurrent_batch_fails_that_batch_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    batcher = DynamicBatcher("buggy", EchoModel(), BatchingConfig(), concurrency=2)
+    finished = threading.Event()
+    batcher.attach(finished.set)
+
+    def bug(batch: list[Any]) -> None:
+        raise AssertionError("a bug outside the model")
+
+    monkeypatch.setattr(batcher, "_run_isolating", bug)
+    future = batcher.submit(1, 1)
+    finished.clear()
+    assert batcher.poll(0.0).ready_since is not None
+    batcher.run_once(0.0)
+    with pytest.raises(ModelExecutionError):
+        future.result(timeout=30)
+    assert finished.wait(30)
+    assert batcher.poll(0.0) == IDLE  # its dispatch slot came back
+    batcher.close("gone")
