@@ -152,13 +152,14 @@ def wait_ready(url: str, path: str, body: dict[str, Any], process: subprocess.Po
     raise RuntimeError("not ready in time")
 
 
-def carpool_repository(root: Path, reranker: Path, isolation: str) -> Path:
+def carpool_repository(root: Path, reranker: Path, isolation: str, instances: int) -> Path:
     (root / "mlp").mkdir(parents=True, exist_ok=True)
     (root / "mlp" / "carpool.toml").write_text(
         textwrap.dedent(
             f"""
             max_batch_size = {BATCH}
             isolation = "{isolation}"
+            instance_count = {instances}
             source = {{ kind = "python_class", target = "model:MlpModel" }}
             inputs = [{{ name = "x", datatype = "FP32", dims = [{FEATURES}] }}]
             outputs = [{{ name = "y", datatype = "FP32", dims = [-1] }}]
@@ -190,7 +191,7 @@ def carpool_repository(root: Path, reranker: Path, isolation: str) -> Path:
     )
     (root / "reranker").mkdir(exist_ok=True)
     (root / "reranker" / "carpool.toml").write_text(
-        f'max_batch_size = {BATCH}\nisolation = "{isolation}"\n'
+        f'max_batch_size = {BATCH}\nisolation = "{isolation}"\ninstance_count = {instances}\n'
         f'source = {{ kind = "cross_encoder", path = "{reranker}" }}\n'
     )
     return root
@@ -201,8 +202,10 @@ def start(peer: str, model: str, port: int, python: str, reranker: Path,
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
     log = open(tmp / f"{peer}-{model}.log", "wb")  # noqa: SIM115 (the process keeps it)
     if peer.startswith("carpool"):
-        isolation = "process" if peer.endswith("process") else "thread"
-        repo = carpool_repository(tmp / f"repo-{isolation}", reranker, isolation)
+        # carpool[-process][-xN]: isolation by process, N instances running at once
+        isolation = "process" if "-process" in peer else "thread"
+        instances = int(peer.rpartition("-x")[2]) if "-x" in peer else 1
+        repo = carpool_repository(tmp / f"repo-{peer}", reranker, isolation, instances)
         command = [sys.executable, "-m", "carpool.cli", "serve", "--port", str(port),
                    "--model-repository", str(repo), "--log-level", "warning"]  # fmt: skip
         cwd = str(Path.cwd())
@@ -253,7 +256,13 @@ def main() -> None:
     parser.add_argument("--rayserve", default="/tmp/peers/rayserve/bin/python")
     parser.add_argument("--pytriton", default="/tmp/peers/pytriton/bin/python")
     every = ["carpool", "carpool-process", "litserve", "rayserve", "pytriton"]
-    parser.add_argument("--peers", nargs="+", default=every)
+    parser.add_argument(
+        "--peers",
+        nargs="+",
+        default=every,
+        help="servers to run; carpool[-process][-xN]: carpool by thread or process "
+        "isolation with N instances running at once (default 1)",
+    )
     parser.add_argument("--models", nargs="+", default=["mlp", "reranker"])
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--single", type=int, default=300, help="requests at concurrency 1")
