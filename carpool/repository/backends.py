@@ -24,6 +24,7 @@ import numpy as np
 from carpool.batching.request import Failed
 from carpool.errors import InvalidRequest, ModelExecutionError
 from carpool.repository import bls, pb_utils
+from carpool.repository.decoupled import ResponseStream
 from carpool.repository.errors import RepositoryError
 from carpool.repository.library_models import (
     CrossEncoderBackend,
@@ -134,7 +135,10 @@ class TritonPythonBackend:
         }
         _call_hook(self.model, "initialize", args, where)
 
-    def execute(self, payloads: list[TensorPayload]) -> list[Outputs | Failed]:
+    def execute(self, payloads: list[TensorPayload]) -> list[Any]:
+        """One result per payload: its outputs or ``Failed``; for a decoupled model,
+        its ``ResponseStream`` (the responses come through the request's sender)."""
+        streams = [ResponseStream() for _ in payloads] if self.spec.decoupled else []
         requests = [
             pb_utils.InferenceRequest(
                 [pb_utils.Tensor(name, array) for name, array in p.inputs.items()],
@@ -142,15 +146,28 @@ class TritonPythonBackend:
                 request_id=p.request_id,
                 parameters=p.parameters,
                 model_name=self.spec.name,
+                response_sender=pb_utils.InferenceResponseSender(streams[i], self._outputs_of)
+                if streams
+                else None,
             )
-            for p in payloads
+            for i, p in enumerate(payloads)
         ]
         with bls.calling_as(self.spec.name, self.call_model):
             responses = self.model.execute(requests)
             if inspect.iscoroutine(responses):
                 responses = asyncio.run(responses)
+        if streams:
+            if responses is not None:
+                raise ModelExecutionError(
+                    f"decoupled model '{self.spec.name}' returned responses from execute; "
+                    "it must send them through each request's response sender and return None"
+                )
+            return list(streams)
         _one_per_request(responses, len(requests), self.spec.name, "responses")
         return [_outputs_of(r, self.spec.name) for r in responses]
+
+    def _outputs_of(self, response: Any) -> Outputs | Failed:
+        return _outputs_of(response, self.spec.name)
 
     def finalize(self) -> None:
         finalize = getattr(self.model, "finalize", None)

@@ -5,9 +5,9 @@ pb_utils``; carpool puts this module under that name before it imports a model, 
 the file is served unchanged. Tensors live on the host as numpy arrays (DLPack
 round-trips through torch where a model asks for it). ``ModelConfig`` is what
 ``auto_complete_config`` gets; ``InferenceRequest.exec`` / ``async_exec`` call
-another served model (BLS, see ``bls``). Decoupled models and the response sender
-are not provided: a model that uses them fails at that call with a
-``TritonModelException`` saying so.
+another served model (BLS, see ``bls``); a decoupled model's requests carry an
+``InferenceResponseSender`` (``decoupled``). Decoupled BLS calls are not provided: a
+model that makes one fails at that call with a ``TritonModelException`` saying so.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +25,7 @@ from tritonclient.utils import np_to_triton_dtype, triton_to_np_dtype
 from carpool.errors import CarpoolError, InvalidRequest, ModelNotFound, Overloaded
 from carpool.repository import bls
 from carpool.repository.datatypes import with_bytes
+from carpool.repository.decoupled import ResponseStream
 
 log = logging.getLogger("carpool.user_model")
 
@@ -118,6 +120,8 @@ class InferenceRequest:
         model_version: int = -1,
         timeout: int = 0,
         preferred_memory: Any = None,
+        *,
+        response_sender: InferenceResponseSender | None = None,
     ) -> None:
         self._inputs = list(inputs or [])
         self._outputs = list(requested_output_names or [])
@@ -128,6 +132,7 @@ class InferenceRequest:
         self._model_version = model_version
         self._correlation_id = correlation_id
         self._flags = flags
+        self._sender = response_sender
 
     def inputs(self) -> list[Tensor]:
         return list(self._inputs)
@@ -152,12 +157,15 @@ class InferenceRequest:
         return self._model_name
 
     def is_cancelled(self) -> bool:
-        return False
+        return self._sender is not None and self._sender.is_cancelled()
 
-    def get_response_sender(self) -> Any:
-        raise TritonModelException(
-            "decoupled models (response senders) are not supported by carpool"
-        )
+    def get_response_sender(self) -> InferenceResponseSender:
+        if self._sender is None:
+            raise TritonModelException(
+                "only a decoupled model's requests have a response sender (set "
+                "model_transaction_policy { decoupled: true } in its config.pbtxt)"
+            )
+        return self._sender
 
     def exec(self, decoupled: bool = False) -> InferenceResponse:
         """Run this request on model ``model_name`` (BLS) and return its response; a
@@ -194,6 +202,34 @@ class InferenceRequest:
     async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
         """``exec`` for an ``async def execute``: awaited, it runs on a helper thread."""
         return await asyncio.to_thread(self.exec, decoupled)
+
+
+class InferenceResponseSender:
+    """Sends a decoupled model's responses to one request: any number, from any
+    thread, the last with ``TRITONSERVER_RESPONSE_COMPLETE_FINAL`` (alone or with a
+    response)."""
+
+    def __init__(self, stream: ResponseStream, outputs_of: Any) -> None:
+        self._stream = stream
+        self._outputs_of = outputs_of
+        self._lock = threading.Lock()
+        self._final = False
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        with self._lock:
+            if self._final:
+                raise TritonModelException("the final response was already sent")
+            if response is None and not flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+                raise TritonModelException("send() needs a response or the final flag")
+            if response is not None:
+                self._stream.put(self._outputs_of(response))
+            if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+                self._final = True
+                self._stream.finish()
+
+    def is_cancelled(self) -> bool:
+        """Whether the client has gone (sending more is then wasted work)."""
+        return self._stream.cancelled
 
 
 def _error_of(exc: Exception) -> TritonError:

@@ -97,6 +97,11 @@ class ModelRepository:
 
     def _instance(self, spec: ModelSpec, index: int) -> Backend:
         if (spec.isolation or self.isolation) == "process":
+            if spec.decoupled:
+                raise RepositoryError(
+                    f"model '{spec.name}': a decoupled model needs isolation 'thread' (a "
+                    "process-isolated model cannot send responses of its own)"
+                )
             return ProcessBackend(spec, index, self.device)
         return create_backend(spec, index, self.device, self.call_model)
 

@@ -64,7 +64,8 @@ class ModelSpec:
     default scheduler. ``model_config`` is the config as JSON (Triton's
     ``args["model_config"]`` and ``GET .../config``). ``isolation``: ``thread`` (in the
     server's process) or ``process`` (a worker process per instance); empty: the
-    server's default.
+    server's default. ``decoupled``: the model answers each request through its
+    response sender, with any number of responses (``decoupled``).
     """
 
     name: str
@@ -79,6 +80,7 @@ class ModelSpec:
     execution_timeout_s: float = 0.0
     isolation: str = ""
     model_config: Mapping[str, Any] = field(default_factory=dict)
+    decoupled: bool = False
 
     @property
     def ragged(self) -> bool:

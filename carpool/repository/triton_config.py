@@ -152,11 +152,6 @@ def read_triton_model(folder: Path, device: str = "cpu", complete: bool = True) 
         completed = auto_complete(config, folder / str(versions[-1]) / filename, where)
         config = _reparsed(completed, where)
     _refuse_unsupported(config, where)
-    if config.get("model_transaction_policy", {}).get("decoupled", False):
-        raise RepositoryError(
-            f"{where}: field 'model_transaction_policy.decoupled' is not supported by carpool "
-            "(a model answers each request with one response)"
-        )
     config["backend"] = "python"
     max_batch_size = int(config.get("max_batch_size", 0))
     if max_batch_size < 0:
@@ -175,6 +170,12 @@ def read_triton_model(folder: Path, device: str = "cpu", complete: bool = True) 
         raise RepositoryError(
             f"{where}: parameter 'isolation' must be thread or process, got {isolation!r}"
         )
+    decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled", False))
+    if decoupled and isolation == "process":
+        raise RepositoryError(
+            f"{where}: field 'model_transaction_policy.decoupled' needs isolation 'thread' "
+            "(a process-isolated model cannot send responses of its own)"
+        )
     specs = []
     for version in versions:
         specs.append(
@@ -191,6 +192,7 @@ def read_triton_model(folder: Path, device: str = "cpu", complete: bool = True) 
                 execution_timeout_s=timeout,
                 isolation=isolation,
                 model_config=config,
+                decoupled=decoupled,
             )
         )
     return specs

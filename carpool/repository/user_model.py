@@ -26,6 +26,7 @@ from carpool.batching.request import Failed
 from carpool.errors import BatchFailed, CarpoolError, ModelExecutionError, ModelUnavailable
 from carpool.repository.backends import Backend, Outputs
 from carpool.repository.datatypes import datatype_of, with_bytes
+from carpool.repository.decoupled import ResponseStream
 from carpool.repository.payload import TensorPayload
 from carpool.repository.spec import ModelSpec
 
@@ -101,8 +102,16 @@ class UserBatchModel:
                 self._busy.discard(index)
 
     def split(self, output: Batch, count: int) -> list[Any]:
+        """Per request: its checked outputs, ``Failed``, or (a decoupled model) its
+        ``ResponseStream``, each response to be checked as it is read."""
         payloads, results = output
-        return [self._check(p, r) for p, r in zip(payloads, results, strict=True)]
+        return [self._checked(p, r) for p, r in zip(payloads, results, strict=True)]
+
+    def _checked(self, payload: TensorPayload, result: Any) -> Any:
+        if not isinstance(result, ResponseStream):
+            return self._check(payload, result)
+        result.check = lambda outputs: self._check(payload, outputs)
+        return result
 
     # --- BLS (another model's instance thread) -------------------------------------
 

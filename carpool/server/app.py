@@ -13,6 +13,7 @@ from fastapi import FastAPI, Response
 from carpool.server import (
     dashboard,
     errors,
+    generate_routes,
     generation_routes,
     messages_routes,
     metrics,
@@ -62,6 +63,7 @@ def create_app(
     app.include_router(responses_routes.router(models, ResponseStore()))
     app.include_router(messages_routes.router(models))
     app.include_router(v2_routes.router(models, is_ready))
+    app.include_router(generate_routes.router(models))
     app.include_router(task_routes.router(models))
     if control is not None:
         app.include_router(repository_routes.router(control))

@@ -204,6 +204,10 @@ class ModelControl:
         if served.state is not ModelState.READY:
             raise ModelUnavailable(f"model '{name}' is unloading")
         target = served.version(version)
+        if target.spec.decoupled:
+            raise ModelExecutionError(
+                f"BLS: model '{name}' is decoupled; carpool's BLS calls take one response"
+            )
         checked = check_inputs(target.spec, inputs)
         known = {t.name for t in target.spec.outputs}
         unknown = next((o for o in outputs if o not in known), None)

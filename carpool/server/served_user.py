@@ -4,8 +4,10 @@ batcher on the device runtime, and the state model control moves it through."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import time
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +15,8 @@ import numpy as np
 from starlette.requests import Request
 
 from carpool.batching import DynamicBatcher
-from carpool.errors import ModelNotFound, ModelUnavailable
+from carpool.errors import InvalidRequest, ModelNotFound, ModelUnavailable
+from carpool.repository.decoupled import ResponseStream
 from carpool.repository.payload import TensorPayload
 from carpool.repository.repository import LoadedVersion
 from carpool.repository.spec import CheckedRequest, ModelSpec
@@ -102,7 +105,34 @@ class ServedUserModel:
         timeout_s: float | None,
         request: Request | None,
     ) -> dict[str, np.ndarray[Any, Any]]:
-        """Run one request through the version's batcher; its outputs by name."""
+        """Run one request through the version's batcher; its outputs by name. A
+        decoupled model must answer it with exactly one response here."""
+        answers = self.responses(
+            served, checked, payload, priority=priority, timeout_s=timeout_s, request=request
+        )
+        async with contextlib.aclosing(answers):
+            collected = [outputs async for outputs in answers]
+        if len(collected) != 1:
+            raise InvalidRequest(
+                f"decoupled model '{self.name}' sent {len(collected)} responses to this "
+                "request; read them from /v2/models/NAME/generate_stream",
+                param="model",
+            )
+        return collected[0]
+
+    async def responses(
+        self,
+        served: ServedVersion,
+        checked: CheckedRequest,
+        payload: TensorPayload,
+        *,
+        priority: int | None,
+        timeout_s: float | None,
+        request: Request | None,
+    ) -> AsyncGenerator[dict[str, np.ndarray[Any, Any]], None]:
+        """Run one request through the version's batcher; each response's outputs
+        (one, but for a decoupled model). Counted in flight until the last response,
+        so unloading waits for the whole answer. Close it (``aclosing``) when done."""
         if self.state is not ModelState.READY:
             raise ModelUnavailable(f"model '{self.name}' is unloading", retry_after_s=1.0)
         if not served.model.ready:
@@ -118,10 +148,12 @@ class ServedUserModel:
         self._in_flight += 1
         self._idle.clear()
         try:
-            result: dict[str, np.ndarray[Any, Any]] = await unless_disconnected(
-                request, asyncio.wrap_future(future)
-            )
-            return result
+            result = await unless_disconnected(request, asyncio.wrap_future(future))
+            if not isinstance(result, ResponseStream):
+                yield result
+                return
+            async for outputs in result.responses(served.model.timeout_s or None):
+                yield outputs
         finally:
             self._in_flight -= 1
             if self._in_flight == 0:

@@ -3,6 +3,7 @@ carpool.toml classes, through tritonclient and httpx (issue 26)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 from collections.abc import Iterator
@@ -329,6 +330,46 @@ def test_instances_run_their_batches_at_once(server: Server) -> None:
     arrays = [np.full((1, 2), v, np.float32) for v in (1.0, 2.0)]
     results = together("pair", server, arrays)
     assert [r.as_numpy("y").tolist() for r in results] == [[[1.0, 1.0]], [[2.0, 2.0]]]
+
+
+def stream_events(server: Server, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The data of each server-sent event of ``path``'s answer to ``body``."""
+    with httpx.Client(base_url=server.url, timeout=60) as h, h.stream("POST", path, json=body) as r:
+        assert r.status_code == 200, r.read()
+        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+
+
+def test_a_decoupled_model_streams_its_responses(server: Server) -> None:
+    events = stream_events(server, "/v2/models/countdown/generate_stream", {"n": 3})
+    assert [e["count"] for e in events] == [3, 2, 1]
+    assert events[0]["model_name"] == "countdown" and events[0]["model_version"] == "1"
+    failing = stream_events(server, "/v2/models/countdown/generate_stream", {"n": -2})
+    assert failing == [
+        {"model_name": "countdown", "model_version": "1", "count": 2},
+        {"model_name": "countdown", "model_version": "1", "count": 1},
+        {"error": "below zero"},
+    ]
+    with httpx.Client(base_url=server.url, timeout=60) as h:
+        one = h.post("/v2/models/countdown/generate", json={"n": 1})
+        assert one.status_code == 200 and one.json()["count"] == 1
+        many = h.post("/v2/models/countdown/generate", json={"n": 2})
+        assert many.status_code == 400 and "sent 2 responses" in many.json()["error"]
+        v2 = {"inputs": [{"name": "n", "shape": [1], "datatype": "INT32", "data": [2]}]}
+        infer = h.post("/v2/models/countdown/infer", json=v2)
+        assert infer.status_code == 400 and "generate_stream" in infer.json()["error"]
+
+
+def test_generate_serves_any_repository_model(server: Server) -> None:
+    with httpx.Client(base_url=server.url, timeout=60) as h:
+        answer = h.post("/v2/models/slow_double/generate", json={"x": [1, 2]})
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == {"model_name": "slow_double", "model_version": "1", "y": [2.0, 4.0]}
+        for body, field in [({"z": 1}, "z"), ({"x": ["a", "b"]}, "x"), ({"x": [1, 2, 3]}, "x")]:
+            bad = h.post("/v2/models/slow_double/generate", json=body)
+            assert bad.status_code == 400, bad.text
+            assert f"'{field}'" in bad.json()["error"]
+    events = stream_events(server, "/v2/models/slow_double/generate_stream", {"x": [1, 2]})
+    assert [e["y"] for e in events] == [[2.0, 4.0]]
 
 
 def test_python_class_model(server: Server) -> None:

@@ -228,6 +228,40 @@ PAIR_CODE = """
 """
 
 
+# A decoupled model: n responses counting down from n, sent from a thread of its own
+# after execute returned; a negative n ends with an error response.
+COUNTDOWN_CONFIG = """
+    backend: "python"
+    max_batch_size: 0
+    model_transaction_policy { decoupled: true }
+    input [ { name: "n" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    output [ { name: "count" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+COUNTDOWN_CODE = """
+    import threading
+
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            for request in requests:
+                n = int(pb_utils.get_input_tensor_by_name(request, "n").as_numpy()[0])
+                threading.Thread(target=self.count, args=(request, n)).start()
+            return None
+
+        def count(self, request, n):
+            sender = request.get_response_sender()
+            for i in range(abs(n), 0, -1):
+                out = pb_utils.Tensor("count", np.array([i], np.int32))
+                sender.send(pb_utils.InferenceResponse([out]))
+            if n < 0:
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("below zero")))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
+
 def build(root: Path) -> Path:
     """The repository every live test uses."""
     shutil.copytree(EXAMPLES, root, dirs_exist_ok=True, ignore=shutil.ignore_patterns("weights"))
@@ -282,6 +316,7 @@ def build(root: Path) -> Path:
     triton_model(root, "auto_completed", 'backend: "python"', AUTO_COMPLETED_CODE)
     triton_model(root, "bls_caller", SLOW_DOUBLE_CONFIG, BLS_CALLER_CODE)
     triton_model(root, "pair", PAIR_CONFIG, PAIR_CODE)
+    triton_model(root, "countdown", COUNTDOWN_CONFIG, COUNTDOWN_CODE)
     (root / "pair" / "1" / "pair_barrier.py").write_text(
         "import threading\n\nBARRIER = threading.Barrier(2)\n"
     )

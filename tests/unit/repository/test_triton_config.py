@@ -161,7 +161,6 @@ def test_auto_complete_fills_in_a_minimal_config(tmp_path: Path) -> None:
         ('c.add_input({"name": "z", "dims": "three"})', "malformed configuration"),
         ('raise RuntimeError("no weights")', "auto_complete_config failed: RuntimeError"),
         ("c = 3", "returned a int"),
-        ('c.set_model_transaction_policy({"decoupled": True})', "decoupled"),
         ('c.add_model_warmup({"name": "w"})', "model_warmup"),
     ],
 )
@@ -170,3 +169,13 @@ def test_auto_complete_that_conflicts_or_fails_is_a_load_error(
 ) -> None:
     with pytest.raises(RepositoryError, match=message):
         read_triton_model(with_hook(tmp_path, BASE, body))
+
+
+def test_a_decoupled_model_is_read_and_needs_thread_isolation(tmp_path: Path) -> None:
+    config = BASE + "model_transaction_policy { decoupled: true }"
+    [spec] = read_triton_model(model(tmp_path, config), complete=False)
+    assert spec.decoupled
+    process = config + ' parameters { key: "isolation" value: { string_value: "process" } }'
+    (tmp_path / "m" / "config.pbtxt").write_text(process)
+    with pytest.raises(RepositoryError, match=r"decoupled.*needs isolation 'thread'"):
+        read_triton_model(tmp_path / "m", complete=False)
