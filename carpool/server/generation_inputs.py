@@ -65,6 +65,12 @@ class PreparedChat:
     params: SamplingParams
     tool_form: str | None
 
+    @property
+    def reasoning(self) -> str | None:
+        """The reasoning parser that splits the reply's thinking off, if any: the
+        model's, unless a grammar constrains the reply from its first token."""
+        return self.served.reasoning_parser if self.params.grammar is None else None
+
     def start(self, body: SamplingFields) -> GenerationStream:
         """The engine stream of this chat (one prompt)."""
         return self.served.engine.start_many(

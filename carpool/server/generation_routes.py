@@ -57,15 +57,13 @@ def router(models: ServedModels) -> APIRouter:
     @api.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         prepared = await prepare_chat(models, body)
-        # Under a grammar the reply is constrained from its first token: no thinking.
-        free = prepared.params.grammar is None
         call = _Call(
             prepared.served,
             body,
             "chatcmpl",
             chat=True,
             tool_form=prepared.tool_form,
-            reasoning=prepared.served.reasoning_parser if free else None,
+            reasoning=prepared.reasoning,
         )
         return await call.respond([prepared.prompt], prepared.params, request)
 

@@ -37,9 +37,10 @@ def router(models: ServedModels) -> APIRouter:
             prepared.served.name, len(prepared.prompt), body.stop_sequences or []
         )
         stream = prepared.start(chat)
+        form, reasoning = prepared.tool_form, prepared.reasoning
         if body.stream:
-            return EventSourceResponse(shape_stream(stream, prepared.tool_form, shaper))
-        await shape_whole(request, stream, prepared.tool_form, shaper)
+            return EventSourceResponse(shape_stream(stream, form, shaper, reasoning))
+        await shape_whole(request, stream, form, shaper, reasoning)
         return Response(orjson.dumps(shaper.message()), media_type="application/json")
 
     @api.post("/v1/messages/count_tokens")

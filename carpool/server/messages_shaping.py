@@ -1,6 +1,6 @@
 """Anthropic's Messages shapes, as functions of a reply's events (``reply_stream``): the
 message object, and the stream's events (``message_start``, ``content_block_start``,
-``content_block_delta`` with ``text_delta`` or ``input_json_delta``,
+``content_block_delta`` with ``thinking_delta``, ``text_delta`` or ``input_json_delta``,
 ``content_block_stop``, ``message_delta``, ``message_stop``). One ``MessageShaper`` per
 reply: fed every event, it returns that event's stream events and keeps the content,
 so the streamed and the whole answer are one code path. No I/O."""
@@ -18,7 +18,7 @@ from carpool.engine.sequence import FinishReason
 from carpool.errors import CarpoolError
 from carpool.server.errors import anthropic_error, status_of
 from carpool.server.reply_reader import ArgumentsDelta, CallStarted, TextDelta
-from carpool.server.reply_stream import Finished, StreamEvent
+from carpool.server.reply_stream import Finished, ReasoningDelta, StreamEvent
 
 Event = dict[str, str]  # one Server-Sent Event: its name and its JSON data
 
@@ -65,6 +65,13 @@ class MessageShaper:
         return [_sse("message_start", message=opening), _sse("ping")]
 
     def on(self, event: StreamEvent) -> list[Event]:
+        if isinstance(event, ReasoningDelta):
+            block: dict[str, Any] = {"type": "thinking", "thinking": "", "signature": ""}
+            events = [] if self._is_open("thinking") else self._start(block)
+            assert self._open is not None
+            self.content[self._open]["thinking"] += event.text
+            delta = {"type": "thinking_delta", "thinking": event.text}
+            return [*events, _sse("content_block_delta", index=self._open, delta=delta)]
         if isinstance(event, TextDelta):
             events = [] if self._is_open("text") else self._start({"type": "text", "text": ""})
             assert self._open is not None

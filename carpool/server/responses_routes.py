@@ -42,9 +42,10 @@ def router(models: ServedModels, store: ResponseStore) -> APIRouter:
         shaper = ResponseShaper(body, prepared.served.name, int(time.time()))
         stream = prepared.start(chat)
         turn = [*history, *conversation(body)]
+        form, reasoning = prepared.tool_form, prepared.reasoning
         if body.stream:
-            return EventSourceResponse(_streamed(shaper, stream, prepared.tool_form, store, turn))
-        await shape_whole(request, stream, prepared.tool_form, shaper)
+            return EventSourceResponse(_streamed(shaper, stream, form, reasoning, store, turn))
+        await shape_whole(request, stream, form, shaper, reasoning)
         _keep(store, shaper, turn)
         return Response(orjson.dumps(shaper.response()), media_type="application/json")
 
@@ -64,10 +65,11 @@ async def _streamed(
     shaper: ResponseShaper,
     stream: GenerationStream,
     tool_form: str | None,
+    reasoning: str | None,
     store: ResponseStore,
     turn: list[dict[str, Any]],
 ) -> AsyncIterator[dict[str, str]]:
-    async for event in shape_stream(stream, tool_form, shaper):
+    async for event in shape_stream(stream, tool_form, shaper, reasoning):
         yield event
     _keep(store, shaper, turn)
 

@@ -53,6 +53,18 @@ class FunctionCallOutputItem(Strict):
     status: StrictStr | None = None
 
 
+class ReasoningItem(Strict):
+    """The model's earlier reasoning, sent back with the conversation (kept out of the
+    next prompt, as chat templates drop earlier turns' thinking)."""
+
+    type: Literal["reasoning"]
+    id: StrictStr | None = None
+    summary: list[dict[str, Any]] | None = None
+    content: list[dict[str, Any]] | None = None
+    encrypted_content: StrictStr | None = None
+    status: StrictStr | None = None
+
+
 def _item_kind(value: Any) -> str:
     if isinstance(value, dict):
         kind = value.get("type", "message")
@@ -63,7 +75,8 @@ def _item_kind(value: Any) -> str:
 InputItem = Annotated[
     Annotated[MessageItem, Tag("message")]
     | Annotated[FunctionCallItem, Tag("function_call")]
-    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[ReasoningItem, Tag("reasoning")],
     Discriminator(_item_kind),
 ]
 

@@ -1,6 +1,7 @@
 """OpenAI's Responses shapes, as functions of a reply's events (``reply_stream``): the
 response object, and the stream's events (``response.created``, ``...output_item.added``,
-``...output_text.delta``, ``...function_call_arguments.delta``, ``...completed``). One
+``...reasoning_text.delta``, ``...output_text.delta``, ``...function_call_arguments.delta``,
+``...completed``). One
 ``ResponseShaper`` per response: fed every event, it returns that event's stream events
 and keeps the output, so the streamed and the whole answer are one code path. No I/O."""
 
@@ -16,7 +17,7 @@ from carpool.engine.sequence import FinishReason
 from carpool.errors import CarpoolError
 from carpool.server.errors import status_of
 from carpool.server.reply_reader import ArgumentsDelta, CallStarted, TextDelta
-from carpool.server.reply_stream import Finished, StreamEvent
+from carpool.server.reply_stream import Finished, ReasoningDelta, StreamEvent
 from carpool.server.responses_schemas import NamedFunction, ResponsesRequest
 
 Event = dict[str, str]  # one Server-Sent Event: its name and its JSON data
@@ -40,6 +41,7 @@ class ResponseShaper:
         self.incomplete: dict[str, str] | None = None
         self._sequence = 0
         self._message: int | None = None  # the output index of the message being written
+        self._reasoning: int | None = None  # ... and of the reasoning item being written
         self._calls: dict[int, int] = {}  # a call's index in the reply -> its output index
 
     # -- the response object -----------------------------------------------------------
@@ -95,10 +97,12 @@ class ResponseShaper:
 
     def on(self, event: StreamEvent) -> list[Event]:
         """The stream events for one reply event (the output is kept either way)."""
+        if isinstance(event, ReasoningDelta):
+            return self._reasoning_text(event.text)
         if isinstance(event, TextDelta):
-            return self._text(event.text)
+            return self._close_reasoning() + self._text(event.text)
         if isinstance(event, CallStarted):
-            return self._call_started(event)
+            return self._close_reasoning() + self._call_started(event)
         if isinstance(event, ArgumentsDelta):
             at = self._calls[event.index]
             self.output[at]["arguments"] += event.text
@@ -140,6 +144,53 @@ class ResponseShaper:
             )
         )
         return events
+
+    def _reasoning_text(self, text: str) -> list[Event]:
+        events: list[Event] = []
+        if self._reasoning is None:
+            item: dict[str, Any] = {
+                "type": "reasoning",
+                "id": _id("rs"),
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": ""}],
+                "status": "in_progress",
+            }
+            self._reasoning = len(self.output)
+            self.output.append(item)
+            events.append(
+                self._event("response.output_item.added", output_index=self._reasoning, item=item)
+            )
+        at = self._reasoning
+        item = self.output[at]
+        item["content"][0]["text"] += text
+        events.append(
+            self._event(
+                "response.reasoning_text.delta",
+                item_id=item["id"],
+                output_index=at,
+                content_index=0,
+                delta=text,
+            )
+        )
+        return events
+
+    def _close_reasoning(self) -> list[Event]:
+        if self._reasoning is None:
+            return []
+        at, self._reasoning = self._reasoning, None
+        item = self.output[at]
+        item["status"] = "completed"
+        text = item["content"][0]["text"]
+        return [
+            self._event(
+                "response.reasoning_text.done",
+                item_id=item["id"],
+                output_index=at,
+                content_index=0,
+                text=text,
+            ),
+            self._event("response.output_item.done", output_index=at, item=item),
+        ]
 
     def _open_message(self) -> list[Event]:
         item: dict[str, Any] = {
@@ -209,7 +260,7 @@ class ResponseShaper:
         return events
 
     def _finished(self, event: Finished) -> list[Event]:
-        events = self._close_message()
+        events = self._close_reasoning() + self._close_message()
         for at in self._calls.values():
             item = self.output[at]
             item["status"] = "completed"
@@ -223,7 +274,8 @@ class ResponseShaper:
                 )
             )
             events.append(self._event("response.output_item.done", output_index=at, item=item))
-        if not self.output:  # an empty answer is still a message
+        if all(item["type"] == "reasoning" for item in self.output):
+            # An empty answer (or one all thinking) is still a message.
             events += self._open_message()
             events += self._close_message()
         self.usage = usage(event.output)

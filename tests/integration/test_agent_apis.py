@@ -25,8 +25,15 @@ CHAT = "smollm2-135m-instruct"
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    # deepseek_r1: a reply reasons until </think>, which this model never writes, so
-    # every free chat reply is all reasoning (Responses and Messages are not split).
+    s = start_server("--model", CHAT, "--kv-cache-memory", "64MiB")
+    yield s
+    assert stop_server(s) == 0
+
+
+@pytest.fixture(scope="module")
+def thinking() -> Iterator[Server]:
+    """The same model behind a reasoning parser. deepseek_r1: a reply reasons until
+    </think>, which this model never writes, so every free reply is all reasoning."""
     s = start_server(
         "--model", CHAT, "--kv-cache-memory", "64MiB", "--reasoning-parser", "deepseek_r1"
     )
@@ -437,33 +444,63 @@ def test_the_anthropic_sdk_raises_its_own_errors(claude: anthropic.Anthropic) ->
         )
 
 
-# -- chat completions' reasoning --------------------------------------------------------
+# -- reasoning, in every API -------------------------------------------------------------
 
 
-def test_a_reasoning_parser_splits_chat_replies_whole_and_streamed(oai: openai.OpenAI) -> None:
+def test_a_reasoning_parser_splits_replies_in_every_api(
+    oai: openai.OpenAI, thinking: Server
+) -> None:
     asked: list[Any] = [{"role": "user", "content": "Name a color."}]
-    said = oai.responses.create(model=CHAT, input=asked, max_output_tokens=12, temperature=0)
-    whole = oai.chat.completions.create(model=CHAT, messages=asked, max_tokens=12, temperature=0)
+    greedy: dict[str, Any] = {"model": CHAT, "temperature": 0}
+    # The same model without a parser answers the same text, as its answer.
+    said = oai.chat.completions.create(messages=asked, max_tokens=12, **greedy)
+    text = said.choices[0].message.content
+    assert text
+    t_oai = openai.OpenAI(base_url=f"{thinking.url}/v1", api_key="unused")
+    whole = t_oai.chat.completions.create(messages=asked, max_tokens=12, **greedy)
     message = whole.choices[0].message
     assert message.content is None
-    assert message.model_extra is not None
-    assert message.model_extra["reasoning_content"] == said.output_text
+    assert message.model_extra is not None and message.model_extra["reasoning_content"] == text
     pieces = [
         (chunk.choices[0].delta.model_extra or {}).get("reasoning_content")
-        for chunk in oai.chat.completions.create(
-            model=CHAT, messages=asked, max_tokens=12, temperature=0, stream=True
+        for chunk in t_oai.chat.completions.create(
+            messages=asked, max_tokens=12, stream=True, **greedy
         )
         if chunk.choices
     ]
-    assert len([p for p in pieces if p]) > 1
-    assert "".join(p for p in pieces if p) == said.output_text
+    assert len([p for p in pieces if p]) > 1 and "".join(p for p in pieces if p) == text
+
+    response = t_oai.responses.create(input=asked, max_output_tokens=12, **greedy)
+    reasoning, answer = response.output
+    assert reasoning.type == "reasoning" and reasoning.content is not None
+    assert reasoning.content[0].text == text
+    assert answer.type == "message" and response.output_text == ""
+    with t_oai.responses.stream(input=asked, max_output_tokens=12, **greedy) as events:
+        seen = list(events)
+    deltas = [e.delta for e in seen if e.type == "response.reasoning_text.delta"]
+    assert len(deltas) > 1 and "".join(deltas) == text
+    last = seen[-1]
+    assert last.type == "response.incomplete"  # cut by max_output_tokens, as asked
+    assert [item.type for item in last.response.output] == ["reasoning", "message"]
+
+    claude = anthropic.Anthropic(base_url=thinking.url, api_key="unused")
+    # This SDK no longer takes temperature as an argument; older ones do.
+    ask: dict[str, Any] = {"model": CHAT, "max_tokens": 12, "messages": asked}
+    ask["extra_body"] = {"temperature": 0}
+    said_in_messages = claude.messages.create(**ask)
+    block = said_in_messages.content[0]
+    assert block.type == "thinking" and block.thinking == text
+    with claude.messages.stream(**ask) as stream:
+        thoughts = [
+            e.delta.thinking
+            for e in stream
+            if e.type == "content_block_delta" and e.delta.type == "thinking_delta"
+        ]
+    assert "".join(thoughts) == text
+
     # Under a grammar the reply is constrained from its first token: not split.
-    shaped = oai.chat.completions.create(
-        model=CHAT,
-        messages=asked,
-        max_tokens=40,
-        temperature=0,
-        response_format={"type": "json_object"},
+    shaped = t_oai.chat.completions.create(
+        messages=asked, max_tokens=40, response_format={"type": "json_object"}, **greedy
     )
     assert isinstance(json.loads(shaped.choices[0].message.content or ""), dict)
     assert "reasoning_content" not in (shaped.choices[0].message.model_extra or {})

@@ -12,7 +12,7 @@ from carpool.engine.sequence import FinishReason
 from carpool.errors import Overloaded
 from carpool.server.messages_shaping import MessageShaper
 from carpool.server.reply_reader import ArgumentsDelta, CallStarted, TextDelta
-from carpool.server.reply_stream import Finished, StreamEvent
+from carpool.server.reply_stream import Finished, ReasoningDelta, StreamEvent
 from carpool.server.responses_schemas import ResponsesRequest
 from carpool.server.responses_shaping import ResponseShaper
 
@@ -210,3 +210,39 @@ def test_a_failed_message_stream_ends_with_anthropics_error() -> None:
         "type": "error",
         "error": {"type": "overloaded_error", "message": "busy"},
     }
+
+
+def test_reasoning_is_its_own_responses_item_before_the_message() -> None:
+    shaper = responses()
+    thought = [ReasoningDelta("Think"), ReasoningDelta("ing.")]
+    sent = run(shaper, [*thought, TextDelta("Blue"), finished()])
+    kinds = [kind for kind, _ in sent]
+    assert kinds[2:7] == [
+        "response.output_item.added",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.done",
+        "response.output_item.done",
+    ]
+    assert kinds[7] == "response.output_item.added"  # the message, after
+    assert sent[5][1]["text"] == "Thinking." and sent[3][1]["delta"] == "Think"
+    reasoning, message = shaper.response()["output"]
+    assert reasoning["type"] == "reasoning" and reasoning["status"] == "completed"
+    assert reasoning["content"] == [{"type": "reasoning_text", "text": "Thinking."}]
+    assert message["content"][0]["text"] == "Blue"
+    all_thought = responses()
+    run(all_thought, [*thought, finished()])
+    kinds_out = [item["type"] for item in all_thought.response()["output"]]
+    assert kinds_out == ["reasoning", "message"]  # an answer all thinking has an empty message
+
+
+def test_reasoning_is_a_thinking_block_before_the_text() -> None:
+    shaper = MessageShaper("m", 4, [])
+    sent = run(shaper, [ReasoningDelta("Hmm"), ReasoningDelta("."), TextDelta("Hi"), finished()])
+    assert sent[2][1]["content_block"] == {"type": "thinking", "thinking": "", "signature": ""}
+    assert sent[3][1]["delta"] == {"type": "thinking_delta", "thinking": "Hmm"}
+    assert [kind for kind, _ in sent][5:7] == ["content_block_stop", "content_block_start"]
+    assert shaper.message()["content"] == [
+        {"type": "thinking", "thinking": "Hmm.", "signature": ""},
+        {"type": "text", "text": "Hi"},
+    ]
