@@ -119,15 +119,7 @@ class DeviceRuntime:
         """Stop driving ``worker`` (a model unloaded); any thread. The returned future
         is done once the runtime thread has dropped it: no unit of it runs after that.
         The caller drains the worker first; anything still queued in it stays there."""
-        done: Future[None] = Future()
-        if not self._thread.is_alive():
-            if worker in self._workers:
-                self._workers.remove(worker)
-            done.set_result(None)
-            return done
-        self._changes.put((worker, done, False))
-        self.notify()
-        return done
+        return self._drop_later(worker, when_idle=False)
 
     def retire(self, worker: Worker) -> Future[None]:
         """Drop ``worker`` once it is idle (a model unloaded with its requests
@@ -135,13 +127,16 @@ class DeviceRuntime:
         future is done on the first turn that finds it with none; no unit of it runs
         after that. Any thread. The caller stops new work reaching it first, and fails
         whatever lands in it after (``fail_all``)."""
+        return self._drop_later(worker, when_idle=True)
+
+    def _drop_later(self, worker: Worker, when_idle: bool) -> Future[None]:
         done: Future[None] = Future()
         if not self._thread.is_alive():
             if worker in self._workers:
                 self._workers.remove(worker)
             done.set_result(None)
             return done
-        self._changes.put((worker, done, True))
+        self._changes.put((worker, done, when_idle))
         self.notify()
         return done
 
