@@ -19,7 +19,7 @@ from carpool.repository.payload import TensorPayload
 from carpool.repository.spec import check_inputs
 from carpool.server.generate_shaping import generate_body, generate_inputs
 from carpool.server.served import ServedModels
-from carpool.server.served_user import ServedUserModel, ServedVersion
+from carpool.server.served_user import ServedUserModel, ServedVersion, one_response
 from carpool.server.v2_models import priority_and_timeout
 
 Arrays = dict[str, np.ndarray[Any, Any]]
@@ -32,15 +32,7 @@ def router(models: ServedModels) -> APIRouter:
     @api.post("/v2/models/{name}/versions/{version}/generate")
     async def generate(name: str, request: Request, version: str | None = None) -> dict[str, Any]:
         served, target, answers = await _answers(models, name, version, request)
-        async with contextlib.aclosing(answers):
-            collected = [outputs async for outputs in answers]
-        if len(collected) != 1:
-            raise InvalidRequest(
-                f"model '{name}' sent {len(collected)} responses to this request; read "
-                "them from generate_stream",
-                param="model",
-            )
-        return _body(served, target, collected[0])
+        return _body(served, target, await one_response(name, answers))
 
     @api.post("/v2/models/{name}/generate_stream")
     @api.post("/v2/models/{name}/versions/{version}/generate_stream")

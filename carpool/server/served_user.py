@@ -110,15 +110,7 @@ class ServedUserModel:
         answers = self.responses(
             served, checked, payload, priority=priority, timeout_s=timeout_s, request=request
         )
-        async with contextlib.aclosing(answers):
-            collected = [outputs async for outputs in answers]
-        if len(collected) != 1:
-            raise InvalidRequest(
-                f"decoupled model '{self.name}' sent {len(collected)} responses to this "
-                "request; read them from /v2/models/NAME/generate_stream",
-                param="model",
-            )
-        return collected[0]
+        return await one_response(self.name, answers)
 
     async def responses(
         self,
@@ -163,3 +155,19 @@ class ServedUserModel:
         """Once every request in flight has finished (new ones are refused while
         ``state`` is not READY)."""
         await self._idle.wait()
+
+
+async def one_response(
+    model: str, answers: AsyncGenerator[dict[str, np.ndarray[Any, Any]], None]
+) -> dict[str, np.ndarray[Any, Any]]:
+    """The one response of ``answers`` (closed after); ``InvalidRequest`` when a
+    decoupled model sent none or several."""
+    async with contextlib.aclosing(answers):
+        collected = [outputs async for outputs in answers]
+    if len(collected) != 1:
+        raise InvalidRequest(
+            f"decoupled model '{model}' sent {len(collected)} responses to this request; "
+            f"read them from /v2/models/{model}/generate_stream",
+            param="model",
+        )
+    return collected[0]
