@@ -16,7 +16,7 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -26,6 +26,7 @@ from carpool.errors import CarpoolError, InvalidRequest, ModelNotFound, Overload
 from carpool.repository import bls
 from carpool.repository.datatypes import with_bytes
 from carpool.repository.decoupled import ResponseStream
+from carpool.repository.spec import check_unique
 
 log = logging.getLogger("carpool.user_model")
 
@@ -179,14 +180,9 @@ class InferenceRequest:
                 "process (isolation 'thread'), called from its execute"
             )
         caller, call = current
-        names = [t.name() for t in self._inputs]
-        duplicate = next((n for n in names if names.count(n) > 1), None)
-        if duplicate is not None:
-            return InferenceResponse(
-                error=TritonError(f"input '{duplicate}' is given twice", TritonError.INVALID_ARG)
-            )
         version = str(self._model_version) if self._model_version > 0 else ""
         try:
+            check_unique([t.name() for t in self._inputs])
             outputs = call(
                 caller,
                 self._model_name,
@@ -209,7 +205,9 @@ class InferenceResponseSender:
     thread, the last with ``TRITONSERVER_RESPONSE_COMPLETE_FINAL`` (alone or with a
     response)."""
 
-    def __init__(self, stream: ResponseStream, outputs_of: Any) -> None:
+    def __init__(
+        self, stream: ResponseStream, outputs_of: Callable[[InferenceResponse], Any]
+    ) -> None:
         self._stream = stream
         self._outputs_of = outputs_of
         self._lock = threading.Lock()

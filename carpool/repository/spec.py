@@ -8,7 +8,7 @@ Pure: no torch, no user code.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,6 +140,13 @@ class CheckedRequest:
     size: int
     group: Hashable
     cost: int
+
+
+def check_unique(names: Sequence[str]) -> None:
+    """``InvalidRequest`` naming the first input a request gives twice."""
+    duplicate = next((n for n in names if names.count(n) > 1), None)
+    if duplicate is not None:
+        raise InvalidRequest(f"input '{duplicate}' is given twice", param=duplicate)
 
 
 def check_inputs(spec: ModelSpec, arrays: Mapping[str, np.ndarray[Any, Any]]) -> CheckedRequest:

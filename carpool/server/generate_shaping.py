@@ -57,13 +57,7 @@ def _tensor(name: str, datatype: str, value: Any) -> np.ndarray[Any, Any]:
                 raise ValueError("not text")
             array = np.vectorize(lambda v: v.encode("utf-8"), otypes=[np.object_])(raw)
         else:
-            boolean = datatype == "BOOL"
-            if not all(
-                isinstance(v, bool)
-                if boolean
-                else isinstance(v, int | float) and not isinstance(v, bool)
-                for v in raw.flat
-            ):
+            if not all(_of_kind(v, datatype == "BOOL") for v in raw.flat):
                 raise ValueError("wrong kind")
             array = np.asarray(value, dtype=numpy_dtype(datatype))
             if datatype.startswith(("INT", "UINT")) and not np.array_equal(array, raw):
@@ -74,6 +68,13 @@ def _tensor(name: str, datatype: str, value: Any) -> np.ndarray[Any, Any]:
             param=name,
         ) from None
     return array.reshape(1) if array.ndim == 0 else array
+
+
+def _of_kind(value: Any, boolean: bool) -> bool:
+    """Whether a JSON value is a bool (for BOOL) or a number that is not a bool."""
+    if boolean:
+        return isinstance(value, bool)
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def generate_body(

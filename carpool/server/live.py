@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import Any
+from typing import Any, TypeVar
 
 from carpool.stats import (
     BatcherStatsData,
@@ -28,6 +28,8 @@ from carpool.stats import (
     RuntimeStats,
     RuntimeStatsData,
 )
+
+T = TypeVar("T")
 
 SAMPLE_EVERY_S = 0.5
 KEEP_S = 120.0
@@ -66,6 +68,25 @@ def _same_load(name: str, *samples: Sample) -> bool:
     """Whether ``samples`` hold statistics of one and the same load of ``name``."""
     first = samples[0].serials.get(name)
     return all(s.serials.get(name) == first for s in samples)
+
+
+def _one_load(
+    name: str,
+    table: Callable[[Sample], Mapping[str, T]],
+    pairs: list[tuple[Sample, Sample]],
+    baseline: Sample | None,
+    last: Sample,
+) -> tuple[list[tuple[Sample, Sample]], T | None]:
+    """The sample pairs that both hold ``last``'s load of ``name`` (in ``table``), and
+    the baseline's statistics of it (None when the baseline holds another load)."""
+    held = [
+        (a, b)
+        for a, b in pairs
+        if name in table(a) and name in table(b) and _same_load(name, a, b, last)
+    ]
+    same = baseline is not None and _same_load(name, baseline, last)
+    old = table(baseline).get(name) if baseline is not None and same else None
+    return held, old
 
 
 def quantile(bounds: Sequence[float], counts: Sequence[int], q: float) -> float | None:
@@ -216,12 +237,7 @@ def view(samples: Sequence[Sample], window_s: float = WINDOW_S) -> dict[str, Any
     times = [new.t for _, new in pairs]
     models: dict[str, Any] = {}
     for name, stats in last.engines.items():
-        old = baseline.engines.get(name) if baseline and _same_load(name, baseline, last) else None
-        held = [
-            (a, b)
-            for a, b in pairs
-            if name in a.engines and name in b.engines and _same_load(name, a, b, last)
-        ]
+        held, old = _one_load(name, lambda s: s.engines, pairs, baseline, last)
         points = [engine_point(b.engines[name], a.engines[name], b.t - a.t) for a, b in held]
         models[name] = {
             "kind": "generation",
@@ -233,13 +249,7 @@ def view(samples: Sequence[Sample], window_s: float = WINDOW_S) -> dict[str, Any
             },
         }
     for name, bstats in last.batchers.items():
-        same = baseline is not None and _same_load(name, baseline, last)
-        bold = baseline.batchers.get(name) if baseline and same else None
-        held = [
-            (a, b)
-            for a, b in pairs
-            if name in a.batchers and name in b.batchers and _same_load(name, a, b, last)
-        ]
+        held, bold = _one_load(name, lambda s: s.batchers, pairs, baseline, last)
         points = [batcher_point(b.batchers[name], a.batchers[name], b.t - a.t) for a, b in held]
         models[name] = {
             "kind": "embedding",

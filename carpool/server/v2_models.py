@@ -12,7 +12,7 @@ from starlette.requests import Request
 
 from carpool.errors import InvalidRequest
 from carpool.repository.payload import TensorPayload
-from carpool.repository.spec import TensorSpec, check_inputs
+from carpool.repository.spec import TensorSpec, check_inputs, check_unique
 from carpool.server.openai_routes import check_input_count, tokenize_texts
 from carpool.server.schemas import V2InferRequest
 from carpool.server.served import ServedEmbedding, ServedModels
@@ -210,10 +210,7 @@ class UserV2:
     ) -> list[Output]:
         served = self.served.version(version)
         spec = served.spec
-        names = [t.name for t in body.inputs]
-        duplicate = next((n for n in names if names.count(n) > 1), None)
-        if duplicate is not None:
-            raise InvalidRequest(f"input '{duplicate}' is given twice", param=duplicate)
+        check_unique([t.name for t in body.inputs])
         arrays = {t.name: decode_tensor(t, blobs.get(t.name)) for t in body.inputs}
         checked = check_inputs(spec, arrays)
         wanted = _check_outputs(body, {t.name for t in spec.outputs})
