@@ -7,6 +7,7 @@ numpy dtype a model sees (tritonclient's mapping: BYTES is an object array of
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,7 @@ def config_name(datatype: str) -> str:
     return "TYPE_STRING" if datatype == "BYTES" else "TYPE_" + datatype
 
 
+@functools.lru_cache(maxsize=64)  # a lookup on every request; names are few
 def numpy_dtype(datatype: str) -> np.dtype[Any]:
     """The numpy dtype a model sees for ``datatype``."""
     return np.dtype(triton_to_np_dtype(datatype))

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,7 +65,7 @@ class ResponseStream:
 
     # --- the consumer (the event loop) ---------------------------------------------
 
-    async def responses(self, gap_s: float | None) -> AsyncIterator[Outputs]:
+    async def responses(self, gap_s: float | None) -> AsyncGenerator[Outputs, None]:
         """Each response's checked outputs until the final flag; raises the first
         failed response's error, or ``ModelExecutionError`` when no response comes
         for ``gap_s`` seconds (None: wait forever). Leaving early cancels."""

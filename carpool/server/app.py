@@ -55,7 +55,13 @@ def create_app(
         if poller is not None:
             poller.cancel()
 
-    app = FastAPI(title="carpool", version=__version__, lifespan=lifespan, **_no_telemetry())
+    app = FastAPI(
+        title="carpool",
+        version=__version__,
+        lifespan=lifespan,
+        routes=v2_routes.infer_routes(models, is_ready),
+        **_no_telemetry(),
+    )
     errors.install(app)
     guard(app, max_body_bytes=max_body_bytes, api_key=api_key)
     app.include_router(openai_routes.router(models))

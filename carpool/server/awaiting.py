@@ -33,17 +33,18 @@ async def unless_disconnected(request: Request | None, work: Awaitable[T]) -> T:
     if request is None:
         return await task
     watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    # The watcher cancels the work when the client leaves: cheaper on the event loop
+    # than asyncio.wait's waiter and callbacks on every request.
+    watcher.add_done_callback(lambda w: w.cancelled() or task.cancel())
     try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        task.cancel()
-        watcher.cancel()
+        return await task
+    except asyncio.CancelledError:
+        if watcher.done() and not watcher.cancelled():
+            raise ClientDisconnected from None
         raise
-    if task in done:
+    finally:
         watcher.cancel()
-        return task.result()
-    task.cancel()
-    raise ClientDisconnected
+        task.cancel()
 
 
 async def _wait_for_disconnect(request: Request) -> None:

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import enum
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,10 +107,12 @@ class ServedUserModel:
     ) -> dict[str, np.ndarray[Any, Any]]:
         """Run one request through the version's batcher; its outputs by name. A
         decoupled model must answer it with exactly one response here."""
-        answers = self.responses(
-            served, checked, payload, priority=priority, timeout_s=timeout_s, request=request
-        )
-        return await one_response(self.name, answers)
+        with self._counted():
+            result = await self._result(served, checked, payload, priority, timeout_s, request)
+            if isinstance(result, ResponseStream):
+                timeout = served.model.timeout_s or None
+                return await one_response(self.name, result.responses(timeout))
+            return result
 
     async def responses(
         self,
@@ -125,6 +127,25 @@ class ServedUserModel:
         """Run one request through the version's batcher; each response's outputs
         (one, but for a decoupled model). Counted in flight until the last response,
         so unloading waits for the whole answer. Close it (``aclosing``) when done."""
+        with self._counted():
+            result = await self._result(served, checked, payload, priority, timeout_s, request)
+            if not isinstance(result, ResponseStream):
+                yield result
+                return
+            async for outputs in result.responses(served.model.timeout_s or None):
+                yield outputs
+
+    async def _result(
+        self,
+        served: ServedVersion,
+        checked: CheckedRequest,
+        payload: TensorPayload,
+        priority: int | None,
+        timeout_s: float | None,
+        request: Request | None,
+    ) -> dict[str, np.ndarray[Any, Any]] | ResponseStream:
+        """The batch's answer to one request: its outputs, or a decoupled model's
+        stream of responses."""
         if self.state is not ModelState.READY:
             raise ModelUnavailable(f"model '{self.name}' is unloading", retry_after_s=1.0)
         if not served.model.ready:
@@ -137,15 +158,18 @@ class ServedUserModel:
             size=checked.size,
             group=checked.group,
         )
+        result: dict[str, np.ndarray[Any, Any]] | ResponseStream = await unless_disconnected(
+            request, asyncio.wrap_future(future)
+        )
+        return result
+
+    @contextlib.contextmanager
+    def _counted(self) -> Iterator[None]:
+        """One request in flight for its whole answer (``drained`` waits for it)."""
         self._in_flight += 1
         self._idle.clear()
         try:
-            result = await unless_disconnected(request, asyncio.wrap_future(future))
-            if not isinstance(result, ResponseStream):
-                yield result
-                return
-            async for outputs in result.responses(served.model.timeout_s or None):
-                yield outputs
+            yield
         finally:
             self._in_flight -= 1
             if self._in_flight == 0:

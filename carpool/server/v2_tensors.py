@@ -108,6 +108,8 @@ def decode_bytes_tensor(tensor: V2Tensor, blob: bytes | None) -> list[str]:
 
 def _flatten(data: list[Any]) -> list[Any]:
     """The leaves of nested lists, in order (iterative: any nesting depth)."""
+    if list not in map(type, data):  # flat already, as tritonclient sends it
+        return data
     leaves: list[Any] = []
     stack = [iter(data)]
     while stack:
@@ -207,7 +209,7 @@ def _json_array(
         parsed = np.array(items) if items else np.zeros(0, dtype)
     except (ValueError, OverflowError):
         parsed = np.array(items, dtype=np.object_)
-    has_bool = parsed.dtype.kind == "b" or any(v is True or v is False for v in items)
+    has_bool = parsed.dtype.kind == "b" or bool in map(type, items)
     if dtype.kind in "iu":
         if has_bool:
             raise InvalidRequest(f"input '{name}' must hold integers", param=name)
