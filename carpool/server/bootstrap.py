@@ -24,6 +24,7 @@ from carpool.models.registry import LoadOptions, Task
 from carpool.repository.function_model import FunctionModel
 from carpool.repository.repository import ModelRepository
 from carpool.runtime import DeviceRuntime
+from carpool.server import heap
 from carpool.server.app import create_app
 from carpool.server.drain import DrainingServer
 from carpool.server.model_control import ModelControl
@@ -122,6 +123,7 @@ def build_server(config: CarpoolConfig, functions: Sequence[FunctionModel] = ())
     # The models run on the runtime thread from now on: this thread's OpenMP team
     # (made while loading) would only make libgomp throttle the runtime's.
     release_thread_team()
+    heap.settle()
     return bundle
 
 

@@ -13,7 +13,6 @@ repository model's code is finalised); after that the model is gone (404).
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from carpool.repository.repository import LoadedVersion, ModelRepository
 from carpool.repository.spec import check_inputs
 from carpool.repository.user_model import UserBatchModel
 from carpool.runtime import DeviceRuntime
+from carpool.server import heap
 from carpool.server.served import Builtin, ServedGenerator, ServedModels
 from carpool.server.served_user import ModelState, ServedUserModel
 
@@ -249,6 +249,7 @@ class ModelControl:
             if self._models.is_user(name):
                 await self._unload(name)
             self._install(name, loaded)
+            heap.settle()
         except RepositoryError as exc:
             self._failures[name] = str(exc)
             log.error("model %s failed to load: %s", name, exc)
@@ -283,7 +284,7 @@ class ModelControl:
         for version in served.versions.values():
             await asyncio.to_thread(version.model.finalize)
         del served
-        gc.collect()
+        heap.settle()
         log.info("model %s unloaded", name)
 
     async def _load_builtin(self, name: str) -> None:
@@ -299,6 +300,7 @@ class ModelControl:
         self._models.add_builtin(served)
         self._runtime.add(_worker(served))
         self._failures.pop(name, None)
+        heap.settle()
         log.info("model %s loaded", name)
 
     async def _unload_builtin(self, name: str) -> None:
@@ -310,7 +312,7 @@ class ModelControl:
         worker.close(f"model '{name}' was unloaded")
         self._models.remove_builtin(name)
         del served, worker
-        gc.collect()
+        heap.settle()
         log.info("model %s unloaded", name)
 
 
