@@ -14,17 +14,21 @@ its PyPI package and torch 2.13.0:
     python -m benchmarks.user_models --litserve /tmp/peers/litserve/bin/python \\
         --rayserve /tmp/peers/rayserve/bin/python --pytriton /tmp/peers/pytriton/bin/python
 
-A peer whose server does not come up is reported with its error.
+A peer whose server does not come up is reported with its error. The in-process
+one-row call is timed alternately with the c=1 requests (the CPU here drifts), and
+carpool's health route alone at c=64 gives the HTTP bound on one-row requests.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -105,7 +109,10 @@ def plain_body(model: str, row: Any) -> tuple[str, dict[str, Any]]:
 
 
 async def closed_loop(url: str, bodies: list[tuple[str, dict[str, Any]]], concurrency: int,
-                      limit_s: float) -> LoadResult:  # fmt: skip
+                      limit_s: float,
+                      before: Callable[[int], None] | None = None) -> LoadResult:  # fmt: skip
+    """``bodies`` sent by ``concurrency`` clients, each waiting for its answer before
+    sending the next; ``before(i)`` runs before body ``i`` is sent."""
     latencies: list[float] = []
     errors = 0
     index = 0
@@ -118,6 +125,8 @@ async def closed_loop(url: str, bodies: list[tuple[str, dict[str, Any]]], concur
         nonlocal index, errors
         while index < len(bodies) and time.monotonic() < deadline:
             path, data = encoded[index]
+            if before is not None:
+                before(index)
             index += 1
             t0 = time.perf_counter()
             async with session.post(url + path, data=data, headers=headers) as response:
@@ -133,6 +142,24 @@ async def closed_loop(url: str, bodies: list[tuple[str, dict[str, Any]]], concur
         started = time.perf_counter()
         await asyncio.gather(*(worker(session) for _ in range(concurrency)))
         return LoadResult(len(latencies), errors, time.perf_counter() - started, latencies)
+
+
+async def route_floor(url: str, count: int, concurrency: int) -> float:
+    """Requests/s of ``GET /v2/health/ready`` (no body, no model) at ``concurrency``:
+    what HTTP alone allows this server on this machine, the bound on one-row requests."""
+    done = 0
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        nonlocal done
+        while done < count:
+            done += 1
+            async with session.get(url + "/v2/health/ready") as response:
+                await response.read()
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+        return count / (time.perf_counter() - started)
 
 
 def wait_ready(url: str, path: str, body: dict[str, Any], process: subprocess.Popen[bytes],
@@ -212,42 +239,70 @@ def start(peer: str, model: str, port: int, python: str, reranker: Path,
     else:
         command = [python, f"{peer}_server.py", model, str(port), str(reranker)]
         cwd = str(PEERS)
-    return subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
+    """Stop a server and every process it started: LitServe's workers outlive their
+    parent and, left spinning, slowed every later measurement of a run."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
     try:
         process.wait(30)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(10)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
 
 
-def in_process(reranker: Path, work: dict[str, Workload]) -> dict[str, tuple[float, float]]:
-    """Per model: (rows/s in batches of 64, median seconds of a one-row call)."""
-    out = {}
-    models: dict[str, Callable[[Any], Any]] = {"mlp": Mlp(), "reranker": Reranker(reranker)}
-    for name, model in models.items():
-        rows = work[name].rows[: BATCH * 20]
-        prepared = (
-            [np.asarray(rows[i : i + BATCH], np.float32) for i in range(0, len(rows), BATCH)]
-            if name == "mlp"
-            else [rows[i : i + BATCH] for i in range(0, len(rows), BATCH)]
-        )
-        model(prepared[0])
-        t0 = time.perf_counter()
-        for batch in prepared:
-            model(batch)
-        ceiling = len(rows) / (time.perf_counter() - t0)
-        singles = []
-        for row in rows[:200]:
-            one = np.asarray([row], np.float32) if name == "mlp" else [row]
-            s = time.perf_counter()
-            model(one)
-            singles.append(time.perf_counter() - s)
-        out[name] = (ceiling, statistics.median(singles))
-    return out
+def in_process_models(reranker: Path) -> dict[str, Callable[[Any], Any]]:
+    return {"mlp": Mlp(), "reranker": Reranker(reranker)}
+
+
+def one_row(name: str, row: Any) -> Any:
+    return np.asarray([row], np.float32) if name == "mlp" else [row]
+
+
+def ceiling(name: str, model: Callable[[Any], Any], rows: list[Any]) -> tuple[float, float]:
+    """Rows/s of ``model`` called in-process in batches of ``BATCH``, and the median
+    seconds of one-row calls made back to back (warm caches, busy threads)."""
+    rows = rows[: BATCH * 20]
+    prepared = (
+        [np.asarray(rows[i : i + BATCH], np.float32) for i in range(0, len(rows), BATCH)]
+        if name == "mlp"
+        else [rows[i : i + BATCH] for i in range(0, len(rows), BATCH)]
+    )
+    model(prepared[0])
+    t0 = time.perf_counter()
+    for batch in prepared:
+        model(batch)
+    rows_s = len(rows) / (time.perf_counter() - t0)
+    singles = []
+    for row in rows[:100]:
+        one = one_row(name, row)
+        started = time.perf_counter()
+        model(one)
+        singles.append(time.perf_counter() - started)
+    return rows_s, statistics.median(singles)
+
+
+def alternating(name: str, model: Callable[[Any], Any], rows: list[Any]) -> tuple[
+        Callable[[int], None], list[float]]:  # fmt: skip
+    """A ``before`` hook for the c=1 run that calls ``model`` in-process on the row
+    about to be sent, and the list of its times: in-process calls and server requests
+    alternate, so both see the same CPU (it drifts by tens of percent in minutes)."""
+    times: list[float] = []
+
+    def call(index: int) -> None:
+        one = one_row(name, rows[index])
+        started = time.perf_counter()
+        model(one)
+        times.append(time.perf_counter() - started)
+
+    return call, times
 
 
 def main() -> None:
@@ -274,10 +329,11 @@ def main() -> None:
     work = workloads(args.requests)
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus; "
           f"logs in {tmp}")  # fmt: skip
-    ceilings = in_process(reranker, work)
-    for name, (ceiling, single) in ceilings.items():
-        print(f"in-process {name}: {ceiling:.0f} rows/s in batches of {BATCH}; "
-              f"one-row call p50 {single * 1e3:.2f} ms")  # fmt: skip
+    models = in_process_models(reranker)
+    ceilings = {name: ceiling(name, model, work[name].rows) for name, model in models.items()}
+    for name, (rows_s, single) in ceilings.items():
+        print(f"in-process {name}: {rows_s:.0f} rows/s in batches of {BATCH}; one-row "
+              f"calls back to back p50 {single * 1e3:.2f} ms")  # fmt: skip
     results: dict[tuple[str, str], dict[str, Any]] = {}
     for model in args.models:
         for peer in args.peers:
@@ -290,22 +346,33 @@ def main() -> None:
             try:
                 wait_ready(url, *bodies[0], process)
                 asyncio.run(closed_loop(url, bodies[:200], 16, args.limit_s))  # warm up
-                one = asyncio.run(closed_loop(url, bodies[: args.single], 1, args.limit_s))
+                before, singles = alternating(model, models[model], work[model].rows)
+                one = asyncio.run(closed_loop(url, bodies[: args.single], 1, args.limit_s, before))
+                single = statistics.median(singles)
                 many = asyncio.run(closed_loop(url, bodies, 64, args.limit_s))
-                results[(model, peer)] = {"c1": one.summary(), "c64": many.summary()}
+                results[(model, peer)] = {
+                    "c1": one.summary(),
+                    "c64": many.summary(),
+                    "in_process_single": single,
+                }
+                if peer.startswith("carpool"):
+                    floor = asyncio.run(route_floor(url, len(bodies), 64))
+                    results[(model, peer)]["route_floor_rps"] = floor
             except Exception as exc:
                 results[(model, peer)] = {"error": str(exc)}
             finally:
                 stop(process)
             print(model, peer, json.dumps(results[(model, peer)]), flush=True)
     print()
-    print("| model | server | c=1 p50 ms | c=64 rows/s | c=64 p50 ms | c=64 p99 ms | errors |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| model | server | in-process one-row p50 ms | c=1 p50 ms | c=64 rows/s | "
+          "c=64 p50 ms | c=64 p99 ms | errors |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for (model, peer), r in results.items():
         if "error" in r:
-            print(f"| {model} | {peer} | did not run: {r['error']} | | | | |")
+            print(f"| {model} | {peer} | did not run: {r['error']} | | | | | |")
             continue
-        print(f"| {model} | {peer} | {r['c1']['p50'] * 1e3:.2f} | {r['c64']['rps']:.0f} | "
+        print(f"| {model} | {peer} | {r['in_process_single'] * 1e3:.2f} | "
+              f"{r['c1']['p50'] * 1e3:.2f} | {r['c64']['rps']:.0f} | "
               f"{r['c64']['p50'] * 1e3:.1f} | {r['c64']['p99'] * 1e3:.1f} | "
               f"{int(r['c1']['errors'] + r['c64']['errors'])} |")  # fmt: skip
     for model in args.models:
@@ -314,10 +381,15 @@ def main() -> None:
             continue
         peers = [r for (m, p), r in results.items() if m == model and not p.startswith("carpool")
                  and "c64" in r]  # fmt: skip
-        ceiling, single = ceilings[model]
-        line = (f"{model}: carpool c=64 = {ours['c64']['rps'] / ceiling:.2f}x the in-process "
-                f"ceiling; c=1 p50 = in-process single call + "
-                f"{(ours['c1']['p50'] - single) * 1e3:.2f} ms")  # fmt: skip
+        over = ours["c1"]["p50"] - ours["in_process_single"]
+        line = (f"{model}: carpool c=64 = {ours['c64']['rps'] / ceilings[model][0]:.2f}x the "
+                f"in-process ceiling; c=1 p50 = in-process one-row call (alternating) + "
+                f"{over * 1e3:.2f} ms (back to back + "
+                f"{(ours['c1']['p50'] - ceilings[model][1]) * 1e3:.2f} ms)")  # fmt: skip
+        if "route_floor_rps" in ours:
+            line += (f"; GET /v2/health/ready alone at c=64: {ours['route_floor_rps']:.0f} "
+                     f"requests/s = {ours['route_floor_rps'] / ceilings[model][0]:.2f}x the "
+                     f"ceiling")  # fmt: skip
         if peers:
             best = max(peers, key=lambda r: r["c64"]["rps"])
             line += (f"; {ours['c64']['rps'] / best['c64']['rps']:.2f}x the best peer's "
