@@ -152,6 +152,7 @@ class ModelControl:
                 await self._unload_builtin(name)
             elif self._models.is_user(name):
                 await self._unload(name)
+                heap.settle()
             else:
                 raise ModelNotFound(f"model '{name}' is not loaded", param="model")
 
@@ -181,6 +182,7 @@ class ModelControl:
             async with self._lock(name):
                 if self._models.is_user(name):
                     await self._unload(name)
+                    heap.settle()
 
     # --- BLS (a model's instance thread) ---------------------------------------------
 
@@ -249,11 +251,13 @@ class ModelControl:
             if self._models.is_user(name):
                 await self._unload(name)
             self._install(name, loaded)
-            heap.settle()
         except RepositoryError as exc:
             self._failures[name] = str(exc)
             log.error("model %s failed to load: %s", name, exc)
             raise InvalidRequest(f"failed to load '{name}': {exc}") from None
+        finally:
+            # The new versions frozen; a replaced version's and a failed load's garbage freed.
+            heap.settle()
         log.info(
             "model %s loaded (versions %s)", name, ", ".join(str(v.spec.version) for v in loaded)
         )
@@ -273,6 +277,8 @@ class ModelControl:
         self._failures.pop(name, None)
 
     async def _unload(self, name: str) -> None:
+        """Drain and unload ``name``; its memory is freed by the caller's
+        ``heap.settle`` (a reload settles once, after the new versions are in)."""
         served = self._models.user(name)
         served.state = ModelState.UNLOADING
         await served.drained()
@@ -283,8 +289,6 @@ class ModelControl:
         self._stamps.pop(name, None)
         for version in served.versions.values():
             await asyncio.to_thread(version.model.finalize)
-        del served
-        heap.settle()
         log.info("model %s unloaded", name)
 
     async def _load_builtin(self, name: str) -> None:
