@@ -4,9 +4,16 @@ static batches of 16 (left padding); plus a single request alone on each. Greedy
 EOS ignored, the built-in smollm2-135m-instruct in float32. Each system runs in
 its own subprocess so its peak memory is its own.
 
-    python -m benchmarks.generation [--workload uniform|mixed] [--hf-single-requests 4]
-                                    [--device cpu|cuda] [--carpool-only]
+    python -m benchmarks.generation [--workload uniform|mixed|nano] [--hf-single-requests 4]
+                                    [--device cpu|cuda] [--carpool-only] [--rows both|batch|single]
                                     [--engine '{"num_scheduler_steps": 8}']
+                                    [--model FOLDER] [--temperature 0.6]
+
+``--model``: a Hugging Face folder instead of the built-in (``benchmarks.real_size``
+makes random-weight ones of real models' shapes); ``--workload nano`` is nano-vllm's
+benchmark (256 requests, prompts and outputs of 100-1024 tokens; it samples at
+temperature 0.6). Each carpool row prints a digest of its tokens: greedy runs of one
+workload under two engine configurations should give the same one.
 
 On a GPU carpool's rows also give its start-up, CUDA-graph capture time and how long
 the GPU sat idle between steps (compare ``--engine '{"async_scheduling": true}'``,
@@ -19,6 +26,7 @@ transformers one-at-a-time runs on the first ``--hf-single-requests`` requests o
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -26,6 +34,7 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,17 +45,18 @@ MODEL = "smollm2-135m-instruct"
 VOCAB = 49152
 
 
-def run_carpool(
-    workload: list[tuple[list[int], int]], engine: dict[str, Any], device: str
-) -> dict[str, Any]:
+def run_carpool(workload: list[tuple[list[int], int]], args: argparse.Namespace) -> dict[str, Any]:
     from carpool import LLM, SamplingParams
 
     started = time.perf_counter()
-    llm = LLM(MODEL, device=device, **engine)
+    llm = LLM(args.model, device=args.device, **json.loads(args.engine))
     startup = time.perf_counter() - started
-    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for _, n in workload]
+    params = [
+        SamplingParams(max_tokens=n, temperature=args.temperature, ignore_eos=True)
+        for _, n in workload
+    ]
     # Warm up on other prompts: the workload's own would be in the prefix cache.
-    warm = token_prompts(2, 32, 64, VOCAB, seed=99)
+    warm = token_prompts(2, 32, 64, vocab_of(args.model), seed=99)
     llm.generate(warm, params[0], use_tqdm=False)
     runner = llm.engine.runner
     busy = getattr(runner, "device_seconds", 0.0)
@@ -54,7 +64,13 @@ def run_carpool(
     outputs = llm.generate([p for p, _ in workload], params, use_tqdm=False)
     elapsed = time.perf_counter() - started
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    result = {"tokens": tokens, "seconds": elapsed, "startup_s": startup}
+    digest = hashlib.sha256(json.dumps([o.outputs[0].token_ids for o in outputs]).encode())
+    result = {
+        "tokens": tokens,
+        "seconds": elapsed,
+        "startup_s": startup,
+        "digest": digest.hexdigest()[:12],
+    }
     if hasattr(runner, "device_seconds"):
         # From each step's first kernel to its tokens on the host; the rest of the
         # wall time the GPU waited on the host (scheduling, detokenizing, outputs).
@@ -64,19 +80,30 @@ def run_carpool(
     return result
 
 
-def _hf_model() -> Any:
+def vocab_of(model: str) -> int:
+    """The vocabulary of ``model``: the built-in's, or a folder's ``config.json``'s."""
+    if model == MODEL:
+        return VOCAB
+    return int(json.loads((Path(model) / "config.json").read_text())["vocab_size"])
+
+
+def _hf_model(model: str) -> Any:
     import transformers
     from transformers import AutoModelForCausalLM
 
     from carpool.models.registry import BUILTIN_MODELS
 
     transformers.logging.set_verbosity_error()
+    if model != MODEL:
+        return AutoModelForCausalLM.from_pretrained(model).eval()
     path = BUILTIN_MODELS[MODEL].locate()
     return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
 
 
-def run_hf(workload: list[tuple[list[int], int]], batch: int, device: str) -> dict[str, Any]:
-    model = _hf_model().to(device)
+def run_hf(
+    workload: list[tuple[list[int], int]], batch: int, device: str, model_name: str
+) -> dict[str, Any]:
+    model = _hf_model(model_name).to(device)
     tokens = 0
     with torch.inference_mode():
         warm = torch.tensor([workload[0][0][:8]], device=device)
@@ -107,15 +134,15 @@ def run_hf(workload: list[tuple[list[int], int]], batch: int, device: str) -> di
 
 
 def child(args: argparse.Namespace) -> None:
-    workload = generation_workload(args.workload, VOCAB)
+    workload = generation_workload(args.workload, vocab_of(args.model))
     if args.single:
         workload = workload[:1]
     if args.system == "carpool":
-        result = run_carpool(workload, json.loads(args.engine), args.device)
+        result = run_carpool(workload, args)
     elif args.system == "hf-one":
-        result = run_hf(workload[: args.hf_single_requests], batch=1, device=args.device)
+        result = run_hf(workload[: args.hf_single_requests], 1, args.device, args.model)
     else:
-        result = run_hf(workload, batch=16, device=args.device)
+        result = run_hf(workload, 16, args.device, args.model)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if args.device.startswith("cuda"):
         result["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
@@ -137,10 +164,16 @@ def measure(system: str, args: argparse.Namespace, single: bool = False) -> dict
         str(args.hf_single_requests),
         "--device",
         args.device,
+        "--model",
+        args.model,
+        "--temperature",
+        str(args.temperature),
     ]
     if single:
         command.append("--single")
-    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{system} failed ({done.returncode}):\n{done.stderr[-4000:]}")
     line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
     result: dict[str, Any] = json.loads(line[len("RESULT ") :])
     result["tokens_per_s"] = result["tokens"] / result["seconds"]
@@ -149,7 +182,7 @@ def measure(system: str, args: argparse.Namespace, single: bool = False) -> dict
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--workload", default="uniform", choices=["uniform", "mixed"])
+    parser.add_argument("--workload", default="uniform", choices=["uniform", "mixed", "nano"])
     parser.add_argument("--hf-single-requests", type=int, default=4)
     parser.add_argument("--engine", default="{}", help="EngineConfig fields for carpool, JSON")
     parser.add_argument("--child", dest="system", default=None)
@@ -158,21 +191,33 @@ def main() -> None:
     parser.add_argument(
         "--carpool-only", action="store_true", help="skip transformers (its rows are 1.0x)"
     )
+    parser.add_argument("--model", default=MODEL, help="the built-in or a model folder")
+    parser.add_argument("--temperature", type=float, default=0.0, help="carpool's sampling")
+    parser.add_argument(
+        "--rows",
+        default="both",
+        choices=["both", "batch", "single"],
+        help="the workload all at once, one request alone, or both",
+    )
     args = parser.parse_args()
     if args.system:
         child(args)
         return
     print(
         f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-        f"torch {torch.__version__}, workload {args.workload}, device {args.device}"
+        f"torch {torch.__version__}, workload {args.workload}, device {args.device}, "
+        f"model {args.model}, engine {args.engine}"
     )
     one_at_a_time = f"transformers one at a time ({args.hf_single_requests} requests)"
-    rows = {"carpool LLM.generate (all at once)": measure("carpool", args)}
-    if not args.carpool_only:
+    rows = {}
+    if args.rows != "single":
+        rows["carpool LLM.generate (all at once)"] = measure("carpool", args)
+    if not args.carpool_only and args.rows != "single":
         rows[one_at_a_time] = measure("hf-one", args)
         rows["transformers static batches of 16"] = measure("hf-batch16", args)
-    rows["carpool, one request alone"] = measure("carpool", args, single=True)
-    if not args.carpool_only:
+    if args.rows != "batch":
+        rows["carpool, one request alone"] = measure("carpool", args, single=True)
+    if not args.carpool_only and args.rows != "batch":
         rows["transformers, one request alone"] = measure("hf-one", args, single=True)
     unit = {"tokens_per_s": 1.0}
     base_one = rows.get(one_at_a_time, unit)
@@ -188,6 +233,8 @@ def main() -> None:
                 f"; start-up {r['startup_s']:.1f} s (CUDA graphs {r['capture_s']:.2f} s), "
                 f"GPU idle between steps {1 - r['device_busy']:.0%}"
             )
+        if "digest" in r:
+            gpu += f"; tokens {r['digest']}"
         print(
             f"{name:48} {r['tokens']:7d} {r['seconds']:7.1f} {r['tokens_per_s']:7.1f} "
             f"{r['tokens_per_s'] / base_one['tokens_per_s']:13.2f}x "

@@ -3,7 +3,7 @@ server (Hugging Face's "pipelines for a webserver" shape), streaming 128 new
 tokens per request at concurrency 1, 16 and 64; plus the offline engine's
 inter-token latency for one stream, the reference for carpool at concurrency 1.
 
-    python -m benchmarks.serving [--requests 64] [--naive-requests 8]
+    python -m benchmarks.serving [--requests 64] [--naive-requests 8] [--model FOLDER]
 
 The naive server runs requests one after another, so its throughput does not
 depend on the concurrency; it gets ``--naive-requests`` per level to bound the
@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import gc
 import itertools
+import json
 import os
 import platform
 import re
@@ -26,6 +27,7 @@ import time
 
 import torch
 
+from benchmarks.generation import vocab_of
 from benchmarks.stream_loadgen import StreamResult, run_streams
 from benchmarks.workload import token_prompts
 from carpool.bench.metrics import percentile
@@ -34,13 +36,13 @@ from carpool.testing import free_port, spawn
 MODEL = "smollm2-135m-instruct"
 
 
-def offline_itl(device: str) -> float:
+def offline_itl(device: str, model: str, engine_args: dict[str, object]) -> float:
     """Median time between a lone request's tokens in the offline engine."""
     from carpool import LLM, SamplingParams
 
-    llm = LLM(MODEL, device=device)
+    llm = LLM(model, device=device, **engine_args)  # type: ignore[arg-type]
     engine = llm.engine
-    prompt = token_prompts(1, 128, 128, 49152, seed=5)[0]
+    prompt = token_prompts(1, 128, 128, vocab_of(model), seed=5)[0]
     engine.add_request(
         "itl", prompt, SamplingParams(max_tokens=128, temperature=0, ignore_eos=True)
     )
@@ -96,18 +98,25 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--carpool-args", default="", help="extra `carpool serve` flags")
     parser.add_argument("--device", default="cpu", help="carpool's device (cpu or cuda)")
+    parser.add_argument("--model", default=MODEL, help="the built-in or a model folder")
+    parser.add_argument(
+        "--offline-engine",
+        default="{}",
+        help="EngineConfig fields of the offline reference, JSON (match --carpool-args)",
+    )
     parser.add_argument(
         "--no-naive", action="store_true", help="skip the naive server (it runs on the CPU)"
     )
     args = parser.parse_args()
     # Each level gets its own prompts: repeating one level's prompts at the next
     # would let carpool's prefix cache skip their prefill (the naive server has none).
+    vocab = vocab_of(args.model)
     workloads = {
-        c: [(p, 128) for p in token_prompts(args.requests, 32, 256, 49152, seed=3 + i)]
+        c: [(p, 128) for p in token_prompts(args.requests, 32, 256, vocab, seed=3 + i)]
         for i, c in enumerate(args.concurrency)
     }
     print(f"# {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}")
-    itl = offline_itl(args.device)
+    itl = offline_itl(args.device, args.model, json.loads(args.offline_engine))
     if args.device.startswith("cuda"):
         # The offline engine's KV cache took its share of the GPU: give it back
         # before the server sizes its own.
@@ -125,17 +134,20 @@ def main() -> None:
         "--port",
         str(port),
         "--model",
-        MODEL,
+        args.model,
         "--device",
         args.device,
         *args.carpool_args.split(),
     ]
+    served = MODEL if args.model == MODEL else "bench"
+    if args.model != MODEL:
+        carpool += ["--served-model-name", served]
     process, _ = serve(carpool, r"carpool ready on (http://\S+)")
     try:
         for c in args.concurrency:
             load = workloads[c][: args.single_requests] if c == 1 else workloads[c]
             results[("carpool", c)] = asyncio.run(
-                run_streams(f"http://127.0.0.1:{port}", MODEL, load, c)
+                run_streams(f"http://127.0.0.1:{port}", served, load, c)
             )
             print(row("carpool", results[("carpool", c)]), flush=True)
     finally:

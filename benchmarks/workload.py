@@ -39,8 +39,11 @@ def token_prompts(
 
 def generation_workload(name: str, vocab: int, seed: int = 0) -> list[tuple[list[int], int]]:
     """(prompt ids, new tokens) per request: ``uniform`` is 64 requests of 32-256 prompt
-    tokens and exactly 128 new tokens; ``mixed`` is 64 of 16-1024 and 16-256."""
+    tokens and exactly 128 new tokens; ``mixed`` is 64 of 16-1024 and 16-256; ``nano`` is
+    nano-vllm's benchmark, 256 of 100-1024 and 100-1024."""
     rng = random.Random(seed + 1)
+    if name == "nano":
+        return [(p, rng.randint(100, 1024)) for p in token_prompts(256, 100, 1024, vocab, seed)]
     if name == "uniform":
         return [(p, 128) for p in token_prompts(64, 32, 256, vocab, seed)]
     if name == "mixed":

