@@ -65,7 +65,7 @@ def _add_flags(parser: argparse.ArgumentParser, section: str, cls: type[Any]) ->
         dest = f"{section}.{f.name}"
         metavar = f.name.upper()
         help_text = f"{helps[f.name]} (default: {default})"
-        if isinstance(default, bool):
+        if isinstance(default, bool) or str(f.type) == "bool | None":
             group.add_argument(
                 flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_text
             )

@@ -10,8 +10,8 @@
 #   bash scripts/gpu_run.sh setup      # unpack the wheels into /tmp/site
 #   bash scripts/gpu_run.sh models     # random-weight models of real shapes (SmolLM2-135M,
 #                                      # Qwen2.5-0.5B, Qwen3-0.6B) under /tmp/models
-#   bash scripts/gpu_run.sh offline    # the 135M shape, uniform: steps that wait, async
-#                                      # scheduling; tokens compared
+#   bash scripts/gpu_run.sh offline    # the 135M shape, uniform: steps that wait, then
+#                                      # the default (async scheduling); tokens compared
 #   bash scripts/gpu_run.sh real       # nano-vllm's workload on the 0.5B and 0.6B shapes
 #   bash scripts/gpu_run.sh serving    # HTTP at concurrency 1 and 64, both ways
 #   bash scripts/gpu_run.sh more       # mixed workload, multi-step decoding
@@ -58,13 +58,14 @@ GENERATION=(python3 -m benchmarks.generation --device cuda --carpool-only)
 
 offline() {
     local m=$MODELS/smollm2-135m
+    step offline 120 "${GENERATION[@]}" --model "$m" --workload uniform \
+        --engine '{"async_scheduling": false}'
     step offline 120 "${GENERATION[@]}" --model "$m" --workload uniform --engine '{}'
-    step offline 120 "${GENERATION[@]}" --model "$m" --workload uniform --engine '{"async_scheduling": true}'
 }
 
 real() {
     for shape in qwen2.5-0.5b qwen3-0.6b; do
-        for engine in "$NANO" "${NANO%\}}, \"async_scheduling\": true}"; do
+        for engine in "${NANO%\}}, \"async_scheduling\": false}" "$NANO"; do
             step real 150 "${GENERATION[@]}" --model "$MODELS/$shape" --workload nano \
                 --rows batch --temperature 0.6 --engine "$engine"
         done
@@ -77,24 +78,24 @@ real() {
 serving() {
     local m=$MODELS/smollm2-135m
     step serving 150 python3 -m benchmarks.serving --device cuda --no-naive --model "$m" \
-        --concurrency 1 64
+        --concurrency 1 64 --carpool-args=--no-async-scheduling \
+        --offline-engine '{"async_scheduling": false}'
     step serving 150 python3 -m benchmarks.serving --device cuda --no-naive --model "$m" \
-        --concurrency 1 64 --carpool-args=--async-scheduling \
-        --offline-engine '{"async_scheduling": true}'
+        --concurrency 1 64
 }
 
 more() {
     local m=$MODELS/smollm2-135m
-    step more 120 "${GENERATION[@]}" --model "$m" --workload mixed --rows batch --engine '{}'
     step more 120 "${GENERATION[@]}" --model "$m" --workload mixed --rows batch \
-        --engine '{"async_scheduling": true}'
+        --engine '{"async_scheduling": false}'
+    step more 120 "${GENERATION[@]}" --model "$m" --workload mixed --rows batch --engine '{}'
     step more 120 "${GENERATION[@]}" --model "$m" --workload uniform --rows batch \
         --engine '{"num_scheduler_steps": 8}'
 }
 
 kernels() {
-    python3 -m pytest -q -rs -p no:cacheprovider tests/unit/models/test_triton_attention.py \
-        tests/unit/models/test_triton_fused.py
+    step kernels 150 python3 -m pytest -q -rs -p no:cacheprovider \
+        tests/unit/models/test_triton_attention.py tests/unit/models/test_triton_fused.py
 }
 
 all() {
@@ -104,7 +105,7 @@ all() {
     real
     serving
     more
-    step kernels 120 kernels
+    kernels
 }
 
 "${1:?all, setup, models, offline, real, serving, more or kernels}"

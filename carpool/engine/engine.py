@@ -118,8 +118,9 @@ class Engine:
         multi = getattr(runner, "multi_step", False) and self.speculator is None
         self.lookahead = steps - 1 if multi else 0
         # Asynchronous scheduling, where the runner launches steps; the config refuses
-        # it beside speculation and multi-step decoding.
-        launches = self.config.async_scheduling and isinstance(runner, LaunchingRunner)
+        # it beside speculation and multi-step decoding. Unset counts as off here:
+        # ``engine_for`` resolves it for the device.
+        launches = bool(self.config.async_scheduling) and isinstance(runner, LaunchingRunner)
         self._launcher = runner if launches else None
         self._flight: _Flight | None = None
         self._requests: dict[str, _Request] = {}

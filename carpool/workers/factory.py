@@ -36,7 +36,9 @@ def engine_for(
     not the target's."""
     config = config or EngineConfig()
     config = dataclasses.replace(
-        config, max_num_batched_tokens=config.step_budget_on(lm.device.type)
+        config,
+        max_num_batched_tokens=config.step_budget_on(lm.device.type),
+        async_scheduling=config.async_scheduling_on(lm.device.type),
     )
     bs = config.block_size
     memory = _kv_cache_bytes(lm, config)
@@ -144,6 +146,7 @@ def _draft_proposer(
         enable_prefix_caching=True,
         speculative_config="",
         weight_kernel=kernels,
+        async_scheduling=False,  # the proposer steps it and reads each step's tokens
     )
     return DraftModelProposer(engine_for(draft, draft_config))
 

@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from carpool.cli import build_config, parser
-from carpool.config import BatchingConfig, ConfigError, QueuePolicy, from_dict, load_model_batching
+from carpool.config import (
+    BatchingConfig,
+    ConfigError,
+    EngineConfig,
+    QueuePolicy,
+    from_dict,
+    load_model_batching,
+)
 
 
 def test_unknown_keys_are_rejected_with_the_known_ones_listed() -> None:
@@ -88,3 +95,34 @@ def test_per_model_config_file_overrides_the_shared_batching(tmp_path: Path) -> 
     path.write_text(json.dumps({"models": {"m": {"max_batch_sise": 2}}}))
     with pytest.raises(ConfigError, match="max_batch_sise"):
         load_model_batching(path)
+
+
+def test_async_scheduling_unset_is_on_for_a_gpu_unless_drafts_are_asked_for() -> None:
+    unset = EngineConfig()
+    assert unset.async_scheduling is None
+    assert unset.async_scheduling_on("cuda") and not unset.async_scheduling_on("cpu")
+    assert not EngineConfig(num_scheduler_steps=8).async_scheduling_on("cuda")
+    ngram = EngineConfig(speculative_config='{"method": "ngram", "num_speculative_tokens": 4}')
+    assert not ngram.async_scheduling_on("cuda")
+    assert EngineConfig(async_scheduling=True).async_scheduling_on("cpu")
+    assert not EngineConfig(async_scheduling=False).async_scheduling_on("cuda")
+    with pytest.raises(ConfigError, match="does not combine"):
+        EngineConfig(async_scheduling=True, num_scheduler_steps=8)
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [([], None), (["--async-scheduling"], True), (["--no-async-scheduling"], False)],
+)
+def test_the_async_scheduling_flag_sets_it_or_leaves_it_unset(
+    flags: list[str], expected: bool | None
+) -> None:
+    config = build_config(parser().parse_args(["serve", "--model", "a", *flags]))
+    assert config.engine.async_scheduling is expected
+
+
+def test_an_optional_field_from_a_file_is_checked_as_its_type() -> None:
+    assert from_dict(EngineConfig, {"async_scheduling": None}).async_scheduling is None
+    assert from_dict(EngineConfig, {"async_scheduling": True}).async_scheduling is True
+    with pytest.raises(ConfigError, match=r"EngineConfig.async_scheduling expects bool"):
+        from_dict(EngineConfig, {"async_scheduling": "yes"})
