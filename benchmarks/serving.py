@@ -4,6 +4,7 @@ tokens per request at concurrency 1, 16 and 64; plus the offline engine's
 inter-token latency for one stream, the reference for carpool at concurrency 1.
 
     python -m benchmarks.serving [--requests 64] [--naive-requests 8] [--model FOLDER]
+                                 [--client-processes 4]
 
 The naive server runs requests one after another, so its throughput does not
 depend on the concurrency; it gets ``--naive-requests`` per level to bound the
@@ -28,7 +29,7 @@ import time
 import torch
 
 from benchmarks.generation import vocab_of
-from benchmarks.stream_loadgen import StreamResult, run_streams
+from benchmarks.stream_loadgen import StreamResult, run_streams, run_streams_split
 from benchmarks.workload import token_prompts
 from carpool.bench.metrics import percentile
 from carpool.testing import free_port, spawn
@@ -64,7 +65,8 @@ def row(name: str, r: StreamResult) -> str:
         f"{name:10} c={r.concurrency:<3} {r.completed:3d}/{r.requests:<3} ok "
         f"{r.tokens_per_s:7.1f} tok/s  TTFT p50 {percentile(r.ttft_s, 50):6.2f}s "
         f"p99 {percentile(r.ttft_s, 99):6.2f}s  ITL p50 {percentile(r.itl_s, 50) * 1000:6.0f}ms "
-        f"p99 {percentile(r.itl_s, 99) * 1000:6.0f}ms"
+        f"p99 {percentile(r.itl_s, 99) * 1000:6.0f}ms  client CPU "
+        f"{r.client_cpu_s / r.seconds if r.seconds else 0:4.0%}"
     )
 
 
@@ -103,6 +105,13 @@ def main() -> None:
         "--offline-engine",
         default="{}",
         help="EngineConfig fields of the offline reference, JSON (match --carpool-args)",
+    )
+    parser.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        help="load generator processes at each level (one Python client tops out near "
+        "10k streamed tokens/s)",
     )
     parser.add_argument(
         "--no-naive", action="store_true", help="skip the naive server (it runs on the CPU)"
@@ -146,8 +155,9 @@ def main() -> None:
     try:
         for c in args.concurrency:
             load = workloads[c][: args.single_requests] if c == 1 else workloads[c]
-            results[("carpool", c)] = asyncio.run(
-                run_streams(f"http://127.0.0.1:{port}", served, load, c)
+            clients = min(c, args.client_processes)
+            results[("carpool", c)] = run_streams_split(
+                f"http://127.0.0.1:{port}", served, load, c, clients
             )
             print(row("carpool", results[("carpool", c)]), flush=True)
     finally:

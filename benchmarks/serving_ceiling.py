@@ -19,7 +19,6 @@ then bound what a GPU with that step time allows on this host.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import platform
 import re
@@ -29,7 +28,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from benchmarks.stream_loadgen import run_streams
+from benchmarks.stream_loadgen import run_streams_split
 from benchmarks.workload import token_prompts
 from carpool.bench.metrics import percentile
 from carpool.engine.outputs import SchedulerOutput
@@ -163,6 +162,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--device-ms", type=float, default=0.0, help="a step's simulated time")
     parser.add_argument("--async-scheduling", action="store_true")
+    parser.add_argument("--client-processes", type=int, default=1, help="load generators")
     parser.add_argument("--serve", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
     device_s = args.device_ms / 1000
@@ -181,7 +181,9 @@ def main() -> None:
         command.append("--async-scheduling")
     process, match, _ = spawn(command, re.compile(r"carpool ready on (http://\S+)"), 300.0)
     try:
-        result = asyncio.run(run_streams(match.group(1), MODEL, workload, args.concurrency))
+        result = run_streams_split(
+            match.group(1), MODEL, workload, args.concurrency, args.client_processes
+        )
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(60)
@@ -189,7 +191,9 @@ def main() -> None:
         f"HTTP c={args.concurrency}, no model: {result.tokens_per_s:9.0f} tok/s "
         f"({result.completed}/{result.requests} ok; ITL p50 "
         f"{percentile(result.itl_s, 50) * 1000:.1f} ms, p99 "
-        f"{percentile(result.itl_s, 99) * 1000:.1f} ms)"
+        f"{percentile(result.itl_s, 99) * 1000:.1f} ms; TTFT p50 "
+        f"{percentile(result.ttft_s, 50) * 1000:.0f} ms; client CPU "
+        f"{result.client_cpu_s / result.seconds:.0%})"
     )
     print(f"HTTP / offline: {result.tokens_per_s / alone:.2f}")
     print("reproduce: python -m benchmarks.serving_ceiling " + " ".join(sys.argv[1:]))

@@ -35,7 +35,7 @@ def body_for(
     return body
 
 
-def _text(chunk: dict[str, Any]) -> str:
+def text_of(chunk: dict[str, Any]) -> str:
     choices = chunk.get("choices") or []
     if not choices:
         return ""
@@ -90,7 +90,7 @@ async def _stream(
             if chunk.get("usage"):
                 outcome.prompt_tokens = int(chunk["usage"].get("prompt_tokens", 0))
                 outcome.output_tokens = int(chunk["usage"].get("completion_tokens", 0))
-            if _text(chunk):
+            if text_of(chunk):
                 if last is None:
                     outcome.ttft = now - started
                 else:
