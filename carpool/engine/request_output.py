@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 from carpool.engine.runner import TokenLogprobs
@@ -46,13 +45,28 @@ class RequestOutput:
     def followed_by(self, later: RequestOutput) -> RequestOutput:
         """One output saying what this one and ``later`` (the next of the same
         request) say: ``later``'s state, with both steps' new pieces joined."""
+        # Built field by field: dataclasses.replace inspects the fields on every call,
+        # and this runs per stream per step when the event loop falls behind.
         joined = [
-            dataclasses.replace(
-                b,
-                new_text=a.new_text + b.new_text,
-                new_token_ids=a.new_token_ids + b.new_token_ids,
-                new_logprobs=a.new_logprobs + b.new_logprobs,
+            CompletionOutput(
+                b.index,
+                b.text,
+                b.token_ids,
+                b.logprobs,
+                a.new_text + b.new_text,
+                a.new_token_ids + b.new_token_ids,
+                a.new_logprobs + b.new_logprobs,
+                b.finish_reason,
+                b.stop_reason,
             )
             for a, b in zip(self.outputs, later.outputs, strict=True)
         ]
-        return dataclasses.replace(later, outputs=joined)
+        return RequestOutput(
+            later.request_id,
+            later.prompt_token_ids,
+            joined,
+            later.finished,
+            later.error,
+            later.num_cached_tokens,
+            later.prompt_logprobs,
+        )

@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Request
-from sse_starlette.sse import EventSourceResponse
 
 from carpool.errors import CarpoolError, InvalidRequest
 from carpool.repository.payload import TensorPayload
@@ -20,6 +19,7 @@ from carpool.repository.spec import check_inputs
 from carpool.server.generate_shaping import generate_body, generate_inputs
 from carpool.server.served import ServedModels
 from carpool.server.served_user import ServedUserModel, ServedVersion, one_response
+from carpool.server.sse import EventStream
 from carpool.server.v2_models import priority_and_timeout
 
 Arrays = dict[str, np.ndarray[Any, Any]]
@@ -38,7 +38,7 @@ def router(models: ServedModels) -> APIRouter:
     @api.post("/v2/models/{name}/versions/{version}/generate_stream")
     async def generate_stream(
         name: str, request: Request, version: str | None = None
-    ) -> EventSourceResponse:
+    ) -> EventStream:
         served, target, answers = await _answers(models, name, version, request)
         try:
             first = await anext(answers)  # a request refused is an HTTP error, not an event
@@ -47,7 +47,7 @@ def router(models: ServedModels) -> APIRouter:
         except BaseException:
             await answers.aclose()
             raise
-        return EventSourceResponse(_events(served, target, first, answers), sep="\n")
+        return EventStream(_events(served, target, first, answers), sep="\n")
 
     return api
 

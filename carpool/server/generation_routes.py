@@ -17,7 +17,6 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request, Response
-from sse_starlette.sse import EventSourceResponse
 
 from carpool.engine.async_engine import GenerationStream
 from carpool.engine.request_output import RequestOutput
@@ -48,6 +47,7 @@ from carpool.server.served import (
     gather_or_cancel,
     unless_disconnected,
 )
+from carpool.server.sse import DONE, EventStream, sse_event
 from carpool.server.unicode_check import UnicodeCheckedRoute
 
 
@@ -151,7 +151,7 @@ class _Call:
         per_prompt = params if isinstance(params, list) else [params] * len(prompts)
         streams = self._start(prompts, per_prompt)
         if self.body.stream:
-            return EventSourceResponse(self._events(streams), ping=15, sep="\n")
+            return EventStream(self._events(streams), ping=15, sep="\n")
         try:
             finals = await unless_disconnected(
                 request, gather_or_cancel([asyncio.ensure_future(s.final()) for s in streams])
@@ -173,7 +173,7 @@ class _Call:
 
     # -- streaming -------------------------------------------------------------------
 
-    async def _events(self, streams: list[GenerationStream]) -> AsyncIterator[dict[str, str]]:
+    async def _events(self, streams: list[GenerationStream]) -> AsyncIterator[bytes]:
         finals: dict[int, RequestOutput] = {}
         done: set[int] = set()
         include_usage = bool(self.body.stream_options and self.body.stream_options.include_usage)
@@ -192,15 +192,15 @@ class _Call:
                     yield self.shape.chunk(choices, include_usage)
             if include_usage:
                 ordered = [finals[p] for p in sorted(finals)]
-                yield {"data": orjson.dumps(self.shape.envelope([], usage(ordered))).decode()}
+                yield sse_event(self.shape.envelope([], usage(ordered)))
         except CarpoolError as exc:
             status, kind = status_of(exc)
             body = error_body(status, exc.message, kind=kind, param=exc.param)
-            yield {"data": orjson.dumps(body).decode()}
+            yield sse_event(body)
         finally:
             for s in streams:
                 s.close()
-        yield {"data": "[DONE]"}
+        yield DONE
 
 
 async def _merge(streams: list[GenerationStream]) -> AsyncIterator[tuple[int, RequestOutput]]:

@@ -13,7 +13,6 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request, Response
-from sse_starlette.sse import EventSourceResponse
 
 from carpool.server.chat_adapter import protocol_names
 from carpool.server.generation_inputs import chat_prompt, offered_tools, prepare_chat
@@ -22,6 +21,7 @@ from carpool.server.messages_schemas import CountTokensRequest, MessagesRequest
 from carpool.server.messages_shaping import MessageShaper
 from carpool.server.reply_stream import shape_stream, shape_whole
 from carpool.server.served import ServedModels
+from carpool.server.sse import EventStream
 from carpool.server.unicode_check import UnicodeCheckedRoute
 
 
@@ -39,7 +39,7 @@ def router(models: ServedModels) -> APIRouter:
         stream = prepared.start(chat)
         form, reasoning = prepared.tool_form, prepared.reasoning
         if body.stream:
-            return EventSourceResponse(shape_stream(stream, form, shaper, reasoning))
+            return EventStream(shape_stream(stream, form, shaper, reasoning))
         await shape_whole(request, stream, form, shaper, reasoning)
         return Response(orjson.dumps(shaper.message()), media_type="application/json")
 

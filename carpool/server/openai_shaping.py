@@ -8,8 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import orjson
-
 from carpool.engine.request_output import CompletionOutput, RequestOutput
 from carpool.engine.runner import TokenLogprobs
 from carpool.engine.sequence import FinishReason
@@ -21,6 +19,7 @@ from carpool.server.reply_reader import (
     ReplyReader,
     TextDelta,
 )
+from carpool.server.sse import sse_event
 from carpool.server.tools import GENERIC, read_reply
 
 _FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
@@ -197,11 +196,12 @@ class Shaper:
             return text, None
         return text, self._completion_logprobs(request.prompt_logprobs, request.prompt_token_ids, 0)
 
-    def chunk(self, choices: list[dict[str, Any]], include_usage: bool) -> dict[str, str]:
+    def chunk(self, choices: list[dict[str, Any]], include_usage: bool) -> bytes:
+        """One streamed chunk as its server-sent event, encoded."""
         envelope = self.envelope(choices, None)
         if not include_usage:
             envelope.pop("usage")
-        return {"data": orjson.dumps(envelope).decode()}
+        return sse_event(envelope)
 
     def envelope(self, choices: list[dict[str, Any]], usage: Any) -> dict[str, Any]:
         return {

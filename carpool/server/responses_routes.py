@@ -16,7 +16,6 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request, Response
-from sse_starlette.sse import EventSourceResponse
 
 from carpool.engine.async_engine import GenerationStream
 from carpool.server.chat_adapter import protocol_names
@@ -27,6 +26,7 @@ from carpool.server.responses_adapter import NAMES, assistant_turn, chat_request
 from carpool.server.responses_schemas import ResponsesRequest
 from carpool.server.responses_shaping import ResponseShaper
 from carpool.server.served import ServedModels
+from carpool.server.sse import EventStream
 from carpool.server.unicode_check import UnicodeCheckedRoute
 
 
@@ -44,7 +44,7 @@ def router(models: ServedModels, store: ResponseStore) -> APIRouter:
         turn = [*history, *conversation(body)]
         form, reasoning = prepared.tool_form, prepared.reasoning
         if body.stream:
-            return EventSourceResponse(_streamed(shaper, stream, form, reasoning, store, turn))
+            return EventStream(_streamed(shaper, stream, form, reasoning, store, turn))
         await shape_whole(request, stream, form, shaper, reasoning)
         _keep(store, shaper, turn)
         return Response(orjson.dumps(shaper.response()), media_type="application/json")
