@@ -77,11 +77,12 @@ real() {
 
 serving() {
     local m=$MODELS/smollm2-135m
-    step serving 150 python3 -m benchmarks.serving --device cuda --no-naive --model "$m" \
-        --concurrency 1 64 --carpool-args=--no-async-scheduling \
+    local serving=(python3 -m benchmarks.serving --device cuda --no-naive --model "$m"
+        --client-processes 4)
+    step serving 150 "${serving[@]}" --concurrency 1 64 --carpool-args=--no-async-scheduling \
         --offline-engine '{"async_scheduling": false}'
-    step serving 150 python3 -m benchmarks.serving --device cuda --no-naive --model "$m" \
-        --concurrency 1 64
+    step serving 150 "${serving[@]}" --concurrency 1 64
+    step serving 150 "${serving[@]}" --concurrency 64 --requests 512
 }
 
 more() {
