@@ -1,21 +1,18 @@
 """A load generator for any OpenAI-compatible /v1/completions endpoint: streams a
 seeded workload at a given concurrency (aiohttp, bounded in count and time) and
 reports output tokens/s (from the server's usage fields), time to first token and
-inter-token latency. aiohttp, as vLLM's serving benchmark: httpx's client spent
-~10 ms of CPU per streamed request here, so that at c=64 the client, not the server,
-set the rate (aiohttp: under 1 ms)."""
+inter-token latency, with ``carpool bench``'s client (aiohttp)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import multiprocessing
 import time
 from dataclasses import dataclass, field
 
 import aiohttp
 
-from carpool.bench.client import body_for, text_of
+from carpool.bench.client import send
 from carpool.bench.workload import BenchRequest
 
 
@@ -47,40 +44,17 @@ async def _one(
     result: StreamResult,
     extra: dict[str, object] | None = None,
 ) -> None:
-    """One stream, greedy and EOS ignored unless ``extra`` says otherwise: TTFT at its
-    first piece of text, ITL between pieces, tokens from the final usage chunk."""
+    """One greedy stream, EOS ignored, timed by ``carpool bench``'s client."""
     fields = {"temperature": 0, "ignore_eos": True, **(extra or {})}
-    body = body_for("/v1/completions", model, BenchRequest(prompt, max_tokens), fields)
-    started = time.perf_counter()
-    last: float | None = None
-    itl: list[float] = []
-    ttft = None
-    tokens = 0
-    async with session.post(url + "/v1/completions", json=body) as response:
-        if response.status != 200:
-            await response.read()
-            result.failed += 1
-            return
-        async for line in response.content:
-            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
-                continue
-            chunk = json.loads(line[6:])
-            now = time.perf_counter()
-            if chunk.get("error"):
-                result.failed += 1
-                return
-            if chunk.get("usage"):
-                tokens = int(chunk["usage"].get("completion_tokens", 0))
-            if text_of(chunk):
-                if last is None:
-                    ttft = now - started
-                else:
-                    itl.append(now - last)
-                last = now
-    if ttft is not None:
-        result.ttft_s.append(ttft)
-    result.itl_s.extend(itl)
-    result.output_tokens += tokens
+    request = BenchRequest(prompt, max_tokens)
+    outcome = await send(session, url, "/v1/completions", model, request, fields)
+    if not outcome.ok:
+        result.failed += 1
+        return
+    if outcome.ttft is not None:
+        result.ttft_s.append(outcome.ttft)
+    result.itl_s.extend(outcome.itl)
+    result.output_tokens += outcome.output_tokens
     result.completed += 1
 
 
@@ -101,10 +75,7 @@ async def run_streams(
     async def worker(session: aiohttp.ClientSession) -> None:
         while todo and time.perf_counter() - started < time_limit_s:
             (prompt, max_tokens), extra = todo.pop(0)
-            try:
-                await _one(session, url, model, prompt, max_tokens, result, extra)
-            except (TimeoutError, aiohttp.ClientError):
-                result.failed += 1
+            await _one(session, url, model, prompt, max_tokens, result, extra)
 
     connector = aiohttp.TCPConnector(limit=concurrency + 4)
     timeout = aiohttp.ClientTimeout(total=time_limit_s)

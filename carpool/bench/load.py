@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
+import aiohttp
 from tqdm import tqdm
 
 from carpool.bench.client import send
@@ -51,18 +51,21 @@ async def drive(
     the timed part, and the timed duration."""
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
     width = max(concurrency, config.max_concurrency, 1) + 8
-    limits = httpx.Limits(max_connections=width if concurrency or config.max_concurrency else None)
+    # 0: no limit on connections (an open loop without max_concurrency).
+    connector = aiohttp.TCPConnector(limit=width if concurrency or config.max_concurrency else 0)
+    timeout = aiohttp.ClientTimeout(total=config.timeout_s)
     extra = _extra(config)
-    async with httpx.AsyncClient(
-        base_url=config.base_url, headers=headers, timeout=config.timeout_s, limits=limits
+    url = config.base_url.rstrip("/")
+    async with aiohttp.ClientSession(
+        headers=headers, connector=connector, timeout=timeout
     ) as client:
         for request in warmups:
-            await send(client, config.endpoint, config.model, request, extra)
+            await send(client, url, config.endpoint, config.model, request, extra)
         outcomes: list[Outcome | None] = [None] * len(requests)
         bar = tqdm(total=len(requests), disable=not progress, unit="req", leave=False)
 
         async def one(i: int) -> None:
-            outcomes[i] = await send(client, config.endpoint, config.model, requests[i], extra)
+            outcomes[i] = await send(client, url, config.endpoint, config.model, requests[i], extra)
             bar.update()
 
         started = time.perf_counter()
