@@ -180,6 +180,11 @@ def measure(system: str, args: argparse.Namespace, single: bool = False) -> dict
     return result
 
 
+def _ratio(row: dict[str, Any], base: dict[str, Any] | None) -> str:
+    """``row``'s tokens/s over ``base``'s, or "-" where the baseline was not run."""
+    return "-" if base is None else f"{row['tokens_per_s'] / base['tokens_per_s']:.2f}x"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workload", default="uniform", choices=["uniform", "mixed", "nano"])
@@ -219,9 +224,8 @@ def main() -> None:
         rows["carpool, one request alone"] = measure("carpool", args, single=True)
     if not args.carpool_only and args.rows != "batch":
         rows["transformers, one request alone"] = measure("hf-one", args, single=True)
-    unit = {"tokens_per_s": 1.0}
-    base_one = rows.get(one_at_a_time, unit)
-    base_16 = rows.get("transformers static batches of 16", unit)
+    base_one = rows.get(one_at_a_time)
+    base_16 = rows.get("transformers static batches of 16")
     print(
         f"{'system':48} {'tokens':>7} {'s':>7} {'tok/s':>7} {'vs 1-at-a-time':>14} "
         f"{'vs batch16':>10} {'peak RSS MB':>11}"
@@ -237,8 +241,7 @@ def main() -> None:
             gpu += f"; tokens {r['digest']}"
         print(
             f"{name:48} {r['tokens']:7d} {r['seconds']:7.1f} {r['tokens_per_s']:7.1f} "
-            f"{r['tokens_per_s'] / base_one['tokens_per_s']:13.2f}x "
-            f"{r['tokens_per_s'] / base_16['tokens_per_s']:9.2f}x {r['peak_rss_mb']:11.0f}{gpu}"
+            f"{_ratio(r, base_one):>14} {_ratio(r, base_16):>10} {r['peak_rss_mb']:11.0f}{gpu}"
         )
     print("reproduce: python -m benchmarks.generation " + " ".join(sys.argv[1:]))
 
