@@ -1,7 +1,7 @@
 """A load generator for any OpenAI-compatible /v1/completions endpoint: streams a
-seeded workload at a given concurrency (aiohttp, bounded in count and time) and
-reports output tokens/s (from the server's usage fields), time to first token and
-inter-token latency, with ``carpool bench``'s client (aiohttp)."""
+seeded workload at a given concurrency (bounded in count and time) with ``carpool
+bench``'s client (aiohttp) and reports output tokens/s (from the server's usage
+fields), time to first token and inter-token latency."""
 
 from __future__ import annotations
 
