@@ -148,8 +148,9 @@ def main() -> None:
         args.device,
         *args.carpool_args.split(),
     ]
-    served = MODEL if args.model == MODEL else "bench"
-    if args.model != MODEL:
+    served = MODEL
+    if args.model != MODEL:  # a folder: served under a short name
+        served = "bench"
         carpool += ["--served-model-name", served]
     process, _ = serve(carpool, r"carpool ready on (http://\S+)")
     try:

@@ -101,7 +101,7 @@ def run_streams_split(
     if processes <= 1:
         return asyncio.run(run_streams(url, model, workload, concurrency))
     shares = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
-    start_at = time.time() + 5.0  # spawned interpreters import httpx first
+    start_at = time.time() + 5.0  # spawned interpreters import carpool's client first
     context = multiprocessing.get_context("spawn")
     with context.Pool(processes) as pool:
         parts = pool.starmap(
