@@ -272,7 +272,8 @@ class EngineConfig:
     max_num_seqs: int = _help("Most sequences running in one engine step.", default=128)
     max_model_len: int = _help(
         "Longest prompt plus generation, in tokens; 0 uses the model's context length. "
-        "Never more than the KV cache holds.",
+        "Never more than the KV cache holds (where every layer has a sliding window, "
+        "than its window and a step need).",
         default=0,
     )
     enable_prefix_caching: bool = _help(

@@ -39,6 +39,7 @@ PYTHONPATH="$checkout" python -m pytest -q -p no:cacheprovider \
   tests/unit/engine/test_block_manager.py \
   tests/unit/engine/test_engine_core.py \
   tests/unit/engine/test_scheduler.py \
+  tests/unit/engine/test_sliding_window_blocks.py \
   tests/unit/engine/test_speculative.py \
   tests/unit/test_config.py \
   tests/unit/test_runtime.py

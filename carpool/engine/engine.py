@@ -100,15 +100,18 @@ class Engine:
         self.spec = runner.spec
         self.config = config or EngineConfig()
         self.clock = clock or MonotonicClock()
-        bs = self.config.block_size
-        blocks = runner.num_blocks
-        self.blocks = BlockManager(blocks, bs, prefix_caching=self.config.enable_prefix_caching)
-        self.max_model_len = self.config.model_len(self.spec.max_position_embeddings, blocks * bs)
-        self.scheduler = Scheduler(
-            # ``engine_for`` resolves the budget for its device; a bare engine takes the CPU's.
-            SchedulerConfig(self.config.step_budget_on("cpu"), self.config.max_num_seqs),
-            self.blocks,
+        self.blocks = BlockManager(
+            runner.num_blocks,
+            self.config.block_size,
+            prefix_caching=self.config.enable_prefix_caching,
+            window=self.spec.sliding_window,
         )
+        # ``engine_for`` resolves the budget for its device; a bare engine takes the CPU's.
+        budget = self.config.step_budget_on("cpu")
+        self.max_model_len = self.config.model_len(
+            self.spec.max_position_embeddings, self._kv_tokens_per_sequence(budget)
+        )
+        self.scheduler = Scheduler(SchedulerConfig(budget, self.config.max_num_seqs), self.blocks)
         self.stats = EngineStats()
         spec = self.config.speculative_config
         self.speculator = Speculator(SpeculativeConfig.parse(spec), proposer) if spec else None
@@ -125,6 +128,18 @@ class Engine:
         self._flight: _Flight | None = None
         self._requests: dict[str, _Request] = {}
         self._by_seq: dict[str, tuple[_Request, int]] = {}
+
+    def _kv_tokens_per_sequence(self, budget: int) -> int:
+        """The longest sequence the KV cache can run alone. Behind a sliding window
+        blocks are released as it moves on, so it holds at most its window, one
+        step's tokens and a partial block at each end: where the cache holds that,
+        any length runs."""
+        blocks = self.blocks
+        held = blocks.num_usable * blocks.block_size
+        window = blocks.window
+        if window is not None and held >= window + budget + 2 * blocks.block_size:
+            return self.spec.max_position_embeddings
+        return held
 
     @property
     def paths(self) -> tuple[PathTaken, ...]:

@@ -111,6 +111,10 @@ class ModelSpec:
     max_position_embeddings: int
     eos_token_ids: frozenset[int]
     tokenizer: Any  # decode / convert_ids_to_tokens, as the detokenizer uses them
+    # The window every layer attends within (each query sees its last this-many
+    # tokens); None where any layer sees the whole context. Set, the engine frees the
+    # blocks a sequence's window has passed.
+    sliding_window: int | None = None
 
 
 class Runner(Protocol):

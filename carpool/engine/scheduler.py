@@ -7,6 +7,9 @@ streams already decoding; waiting sequences then fill what budget is left, in
 priority then arrival order. When the KV blocks run out, the running sequence
 that sorts last (lowest priority, most recently arrived) is preempted: its blocks
 are freed and it goes back to the head of the waiting queue to be recomputed.
+Where the model attends a sliding window, each step releases the blocks that have
+fallen behind it (``BlockManager.release_behind``), planned steps included: a block
+released then is written only by a step planned later, which runs after them.
 A sequence still waiting to start when a step passes it by after its deadline is
 finished with a timeout (one that starts has met its deadline); ``abort``
 finishes a sequence and frees its blocks at the next ``schedule``.
@@ -121,6 +124,7 @@ class Scheduler:
             if not chunk.samples:
                 seq.num_computed += own
                 self.blocks.commit(seq.block_table, seq.token_ids, seq.num_computed)
+                self.blocks.release_behind(seq.block_table, seq.num_computed)
                 continue
             tokens = self._until_end(seq, sampled[seq.request_id])
             computed = seq.num_computed + own + len(sampled[seq.request_id]) - 1
@@ -130,6 +134,7 @@ class Scheduler:
             # appended never has.
             seq.num_computed = min(computed, seq.num_tokens - 1)
             self.blocks.commit(seq.block_table, seq.token_ids, seq.num_computed)
+            self.blocks.release_behind(seq.block_table, seq.num_computed)
             if tokens[-1] in seq.stop_token_ids:
                 self._finish(seq, FinishReason.STOP)
             elif seq.num_output_tokens >= seq.max_tokens:

@@ -65,8 +65,14 @@ class ModelRunner:
         ``paths``: which code runs each part of a step, as said to users."""
         cfg = lm.config
         self.lm = lm
+        windows = set(cfg.layer_windows())
         self.spec = ModelSpec(
-            lm.name, cfg.vocab_size, cfg.max_context, lm.eos_token_ids, lm.tokenizer
+            lm.name,
+            cfg.vocab_size,
+            cfg.max_context,
+            lm.eos_token_ids,
+            lm.tokenizer,
+            sliding_window=windows.pop() if len(windows) == 1 else None,
         )
         self.num_blocks = num_blocks
         self.paths = paths

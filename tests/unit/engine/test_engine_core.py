@@ -135,7 +135,7 @@ def run(engine: Engine, abort_after: Mapping[str, int] | None = None) -> dict[st
             if steps == after:
                 engine.abort(rid)
         engine.scheduler.check(every)
-    assert engine.blocks.num_free == engine.blocks.num_blocks, "blocks leaked"
+    assert engine.blocks.num_free == engine.blocks.num_usable, "blocks leaked"
     assert all(t >= 0 for s in every for t in s.token_ids), "a pending id never landed"
     return finals
 

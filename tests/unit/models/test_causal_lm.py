@@ -31,10 +31,15 @@ DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
 
 
 def generate(
-    lm: LoadedLM, prompts: list[list[int]], max_tokens: int, **engine: Any
+    lm: LoadedLM,
+    prompts: list[list[int]],
+    max_tokens: int,
+    num_blocks: int | None = None,
+    **engine: Any,
 ) -> list[list[int]]:
     """Every prompt in one engine run; the generated token ids of each."""
-    eng = engine_for(lm, EngineConfig(**{"kv_cache_memory": "256MiB", **engine}))
+    config = EngineConfig(**{"kv_cache_memory": "256MiB", **engine})
+    eng = engine_for(lm, config, num_blocks=num_blocks)
     for i, prompt in enumerate(prompts):
         eng.add_request(str(i), prompt, SamplingParams(max_tokens=max_tokens, **GREEDY))  # type: ignore[arg-type]
     done: dict[str, list[int]] = {}
@@ -71,7 +76,8 @@ def test_sliding_windows_match_transformers_past_the_window(
     global one) under prompts and outputs well past it: alone, then batched with
     prompts prefilled in chunks that start past the window, on the native decode
     kernel and on torch's grouped path; then a prompt whose first 80 tokens come
-    from the prefix cache."""
+    from the prefix cache. Mistral's blocks behind the window are released: its
+    sequences also run on a cache of 5 blocks (80 tokens), shorter than each."""
     reference = tiny_models.build(arch, tmp_path, smollm_folder, sliding_window=16)
     lm = load_causal_lm(tmp_path, progress=False)
     assert set(lm.config.layer_windows()) >= {16}
@@ -91,6 +97,12 @@ def test_sliding_windows_match_transformers_past_the_window(
             done.update({o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished})
     assert engine.blocks.stats.hits > 0
     assert done["1"] == tiny_models.hf_greedy(reference, shared, 24)
+    if arch == "mistral":
+        longer = [[*p, *p] for p in prompts]  # 10, 46, 180 tokens + 24
+        want = [tiny_models.hf_greedy(reference, p, 24) for p in longer]
+        for kernel in ("native", "torch"):
+            got = generate(lm, longer, 24, 6, max_num_batched_tokens=32, attention_kernel=kernel)
+            assert got == want, kernel
 
 
 def test_gguf_tensors_land_in_place_for_each_type(tmp_path: Path, smollm_folder: Path) -> None:
