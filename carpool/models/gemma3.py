@@ -86,6 +86,10 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
     Hugging Face's tensor names are loaded as the Llama family's are."""
 
     _stacked: ClassVar[dict[str, tuple[str, int]]] = LlamaForCausalLM._stacked
+    stack_refused: ClassVar[str | None] = (
+        "the fused stack has no Gemma 3 layer (its four norms, GELU gating, and a rotary "
+        "table per layer kind)"
+    )
 
     def __init__(self, cfg: DecoderConfig) -> None:
         nn.Module.__init__(self)
@@ -130,4 +134,4 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def stack_weights(self) -> list[LayerWeights]:
-        return []  # no fused stack (``stack_unused_because``)
+        return []  # no fused stack (``stack_refused``)

@@ -154,6 +154,8 @@ class LlamaForCausalLM(nn.Module):
         "gate_proj": ("gate_up_proj", 0),
         "up_proj": ("gate_up_proj", 1),
     }
+    # Why the fused stack cannot run this architecture's layers (None: it can).
+    stack_refused: ClassVar[str | None] = None
 
     def __init__(self, cfg: DecoderConfig) -> None:
         super().__init__()
@@ -199,6 +201,9 @@ class LlamaForCausalLM(nn.Module):
                 o=layer.self_attn.o_proj,
                 gate_up=layer.mlp.gate_up_proj,
                 down=layer.mlp.down_proj,
+                q_norm=_weight_of(layer.self_attn.q_norm),
+                k_norm=_weight_of(layer.self_attn.k_norm),
+                window=layer.self_attn.window,
             )
             for layer in layers
         ]
@@ -327,10 +332,8 @@ class LlamaForCausalLM(nn.Module):
         self.stack = None
         self.stack_unused_because = "not every linear layer has its blocks"
         weights = self.stack_weights()
-        if self.config.qk_norm:
-            self.stack_unused_because = "the fused stack has no q/k norm (Qwen3, Gemma 3)"
-        elif self.config.sliding_window is not None:
-            self.stack_unused_because = "the fused stack has no sliding-window attention"
+        if self.stack_refused is not None:
+            self.stack_unused_because = self.stack_refused
         elif kernel is not None and LlamaStack.usable(weights):
             try:
                 self.stack = LlamaStack(weights, self.stack_shape(), kernel.int8_dots)
@@ -338,6 +341,10 @@ class LlamaForCausalLM(nn.Module):
                 self.stack_unused_because = str(exc)
                 log.warning("steps run layer by layer: no fused stack (%s)", exc)
         return attached
+
+
+def _weight_of(norm: RMSNorm | None) -> torch.Tensor | None:
+    return None if norm is None else norm.weight
 
 
 def _check_complete(model: nn.Module, loaded: set[str]) -> None:

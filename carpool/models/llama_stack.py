@@ -62,12 +62,15 @@ class _Layer(ctypes.Structure):
     _fields_ = [
         ("input_norm", ctypes.c_void_p),
         ("post_norm", ctypes.c_void_p),
+        ("q_norm", ctypes.c_void_p),
+        ("k_norm", ctypes.c_void_p),
         ("qkv", _Matrix),
         ("o", _Matrix),
         ("gate_up", _Matrix),
         ("down", _Matrix),
         ("k_cache", ctypes.c_void_p),
         ("v_cache", ctypes.c_void_p),
+        ("window", ctypes.c_int64),
     ]
 
 
@@ -139,7 +142,9 @@ def _matrix(linear: Linear) -> _Matrix:
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """One decoder layer's weights, as the stack reads them."""
+    """One decoder layer's weights, as the stack reads them: ``q_norm`` and
+    ``k_norm`` ([head_dim]) where each head's query and key are normed (Qwen3),
+    ``window`` where the layer attends a sliding window."""
 
     input_norm: torch.Tensor
     post_norm: torch.Tensor
@@ -147,10 +152,29 @@ class LayerWeights:
     o: Linear
     gate_up: Linear
     down: Linear
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    window: int | None = None
 
     @property
     def linears(self) -> tuple[Linear, ...]:
         return (self.qkv, self.o, self.gate_up, self.down)
+
+
+def _check_layer(layer: LayerWeights, shape: StackShape) -> None:
+    """Raise ValueError unless the layer's norms are what the C side reads."""
+    check_tensors(input_norm=(layer.input_norm, torch.float32))
+    check_tensors(post_norm=(layer.post_norm, torch.float32))
+    check_shape("input_norm", layer.input_norm, shape.hidden_size)
+    check_shape("post_norm", layer.post_norm, shape.hidden_size)
+    if (layer.q_norm is None) != (layer.k_norm is None):
+        raise ValueError("a layer with a query norm needs a key norm, and the reverse")
+    for name, norm in (("q_norm", layer.q_norm), ("k_norm", layer.k_norm)):
+        if norm is not None:
+            check_tensors(**{name: (norm, torch.float32)})
+            check_shape(name, norm, shape.head_dim)
+    if layer.window is not None and layer.window < 1:
+        raise ValueError(f"a sliding window of {layer.window} tokens")
 
 
 @dataclass(frozen=True)
@@ -182,8 +206,12 @@ class LlamaStack:
         self._function = _function()
         self._layers = (_Layer * len(layers))()
         for slot, layer in zip(self._layers, layers, strict=True):
+            _check_layer(layer, shape)
             slot.input_norm = layer.input_norm.data_ptr()
             slot.post_norm = layer.post_norm.data_ptr()
+            slot.q_norm = None if layer.q_norm is None else layer.q_norm.data_ptr()
+            slot.k_norm = None if layer.k_norm is None else layer.k_norm.data_ptr()
+            slot.window = layer.window or 0
             slot.qkv = _matrix(layer.qkv)
             slot.o = _matrix(layer.o)
             slot.gate_up = _matrix(layer.gate_up)

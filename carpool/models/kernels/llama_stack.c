@@ -1,8 +1,10 @@
 /* A whole Llama-family decoder stack for one engine step, in one call: decodes and
    prompt chunks alike are rows of a flat batch. Per layer RMSNorm, the fused QKV
-   projection (+ bias), rotary embedding, the new keys and values of every row
-   written to their cache slots, then each row attending its sequence's cache up to
-   its own position (prefill_attention.h), the output projection and residual,
+   projection (+ bias), an RMSNorm over each head's query and key where the layer has
+   them (Qwen3), rotary embedding, the new keys and values of every row written to
+   their cache slots, then each row attending its sequence's cache up to its own
+   position, within the layer's sliding window if it has one (prefill_attention.h),
+   the output projection and residual,
    RMSNorm, the fused gate/up projection, SiLU(gate) * up, the down projection and
    residual. The same arithmetic as the per-operation path (carpool/models/llama.py
    with the quantized-linear and decode-attention kernels), without several hundred
@@ -41,8 +43,10 @@ typedef struct {
 
 typedef struct {
     const float *input_norm, *post_norm;
+    const float *q_norm, *k_norm; /* [head_dim] each, or NULL: no per-head norm */
     Matrix qkv, o, gate_up, down;
     float *k_cache, *v_cache; /* [num_blocks, block_size, num_kv_heads, head_dim] */
+    int64_t window;           /* the sliding window (each row's last this-many keys); 0: none */
 } Layer;
 
 typedef struct {
@@ -96,6 +100,17 @@ static void rms_norm(const float *x, const float *weight, float *out, int64_t ro
     }
 }
 
+/* each of count heads of one row (in place) times weight over its RMS, as rms_norm;
+   no threads of its own: it runs inside the per-row loop */
+static void norm_heads(float *v, int64_t count, int64_t d, const float *weight, float eps) {
+    for (int64_t h = 0; h < count; h++, v += d) {
+        float squares = 0.f;
+        for (int64_t i = 0; i < d; i++) squares += v[i] * v[i];
+        const float inverse = 1.f / sqrtf(squares / (float)d + eps);
+        for (int64_t i = 0; i < d; i++) v[i] = v[i] * inverse * weight[i];
+    }
+}
+
 /* v * cos + rotate_half(v) * sin for each of count heads of one row */
 static void rotate(float *v, int64_t count, int64_t d, const float *cos, const float *sin) {
     const int64_t half = d / 2;
@@ -138,6 +153,10 @@ int llama_stack(const Layer *layers, int64_t num_layers, const Dims *dims, float
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (rows >= PARALLEL_ROWS)
         for (int64_t r = 0; r < rows; r++) {
             float *row = qkv + r * qkv_size;
+            if (layer->q_norm != NULL && layer->k_norm != NULL) {
+                norm_heads(row, dims->num_heads, d, layer->q_norm, dims->eps);
+                norm_heads(row + q_size, dims->num_kv_heads, d, layer->k_norm, dims->eps);
+            }
             rotate(row, dims->num_heads + dims->num_kv_heads, d, cos + r * d, sin + r * d);
             for (int64_t i = 0; i < q_size; i++) queries[r * q_size + i] = row[i];
             float *k_slot = layer->k_cache + slots[r] * kv_size;
@@ -148,7 +167,8 @@ int llama_stack(const Layer *layers, int64_t num_layers, const Dims *dims, float
             }
         }
         failed |= attend_rows(&shape, queries, layer->k_cache, layer->v_cache, block_tables,
-                              max_blocks, row_seqs, context_lens, rows, attended, num_threads);
+                              max_blocks, row_seqs, context_lens, layer->window, rows, attended,
+                              num_threads);
         failed |= linear(&layer->o, attended, delta, rows, dims->int8_dots, num_threads);
         add_in_place(x, delta, rows * hidden, num_threads);
         rms_norm(x, layer->post_norm, normed, rows, hidden, dims->eps, num_threads);

@@ -10,7 +10,9 @@
    work items), keys as the outer loop, so a tile of keys stays in cache while every
    row of the tile scores it.
 
-   A row attends the first context_lens[r] tokens of its sequence. Each score is
+   A row attends the first context_lens[r] tokens of its sequence, or in a sliding-
+   window layer its last window of them (window_start); a chunk's keys are gathered
+   from its first row's window on, so blocks behind it are never read. Each score is
    summed over the head dimension in order, then scaled; the softmax (maximum
    subtracted, float32) and the weighted sum of the values run over the keys in
    order. Nothing depends on the tile a row falls in or on the rest of the batch, so
@@ -41,7 +43,8 @@
 
 typedef struct {
     const int64_t *table; /* its sequence's block table */
-    int64_t len, width;   /* keys its last row attends; len rounded up to KEY_TILE */
+    int64_t start, len;   /* keys [start, len): its first row's first to its last row's last */
+    int64_t width;        /* len - start rounded up to KEY_TILE */
     float *keys, *values; /* gathered: per kv head [d][width] keys, [width][d] values */
 } Chunk;
 
@@ -50,24 +53,21 @@ typedef struct {
     int64_t chunk, kv_head;
 } AttentionItem;
 
-/* kt[j * width + t] = key t of kv head g at dimension j for t < len, zero up to width;
-   v[t * d + j] = its value */
+/* kt[j * width + t] = key start + t of kv head g at dimension j for start + t < len,
+   zero up to width; v[t * d + j] = its value */
 static void gather_head(const AttentionShape *a, const float *k_cache, const float *v_cache,
-                        const int64_t *table, int64_t len, int64_t g, int64_t width, float *kt,
-                        float *v) {
+                        const int64_t *table, int64_t start, int64_t len, int64_t g,
+                        int64_t width, float *kt, float *v) {
     const int64_t d = a->head_dim, stride = a->num_kv_heads * d, bs = a->block_size;
-    for (int64_t b = 0, t = 0; t < len; b++) {
-        const float *kb = k_cache + table[b] * bs * stride + g * d;
-        const float *vb = v_cache + table[b] * bs * stride + g * d;
-        for (int64_t i = 0; i < bs && t < len; i++, t++) {
-            for (int64_t j = 0; j < d; j++) {
-                kt[j * width + t] = kb[i * stride + j];
-                v[t * d + j] = vb[i * stride + j];
-            }
+    for (int64_t t = start; t < len; t++) {
+        const int64_t at = (table[t / bs] * bs + t % bs) * stride + g * d;
+        for (int64_t j = 0; j < d; j++) {
+            kt[j * width + t - start] = k_cache[at + j];
+            v[(t - start) * d + j] = v_cache[at + j];
         }
     }
     for (int64_t j = 0; j < d; j++)
-        for (int64_t t = len; t < width; t++) kt[j * width + t] = 0.f;
+        for (int64_t t = len - start; t < width; t++) kt[j * width + t] = 0.f;
 }
 
 /* scores[c * stride + i] = scale * (q_c . key i) for COUNT heads (q_c = q + c * d) and
@@ -146,19 +146,20 @@ static void add_weighted_values(const float *p, const float *v, int64_t count, i
         for (int64_t j = 0; j < d; j++) out[j] = fmaf(p[t], v[t * d + j], out[j]);
 }
 
-/* Rows [first, first + count) of chunk c, the query heads of kv head g. Keys are the
-   outer loop (a tile of them stays in cache while every row scores it); scores:
-   scratch of count * group * c->width floats. */
+/* Rows [first, first + count) of chunk c, the query heads of kv head g; a row of
+   context len attends gathered keys [window_start(len, window) - c->start, len -
+   c->start). Keys are the outer loop (a tile of them stays in cache while every row
+   scores it); scores: scratch of count * group * c->width floats. */
 static void attend_chunk_tile(const AttentionShape *a, const float *q, const Chunk *c,
-                              const int64_t *context_lens, int64_t first, int64_t count,
-                              int64_t g, float *scores, float *out) {
+                              const int64_t *context_lens, int64_t window, int64_t first,
+                              int64_t count, int64_t g, float *scores, float *out) {
     const int64_t d = a->head_dim, heads = a->num_heads, width = c->width;
     const int64_t group = heads / a->num_kv_heads, row_size = heads * d;
     const float *kt = c->keys + g * d * width, *v = c->values + g * width * d;
-    const int64_t last = context_lens[first + count - 1];
+    const int64_t last = context_lens[first + count - 1] - c->start;
     for (int64_t t0 = 0; t0 < last; t0 += KEY_TILE)
         for (int64_t r = 0; r < count; r++) {
-            if (t0 >= context_lens[first + r]) continue;
+            if (t0 >= context_lens[first + r] - c->start) continue;
             for (int64_t h = 0; h < group; h += HEAD_TILE) {
                 const int64_t n = group - h < HEAD_TILE ? group - h : HEAD_TILE;
                 const float *qh = q + (first + r) * row_size + (g * group + h) * d;
@@ -175,14 +176,16 @@ static void attend_chunk_tile(const AttentionShape *a, const float *q, const Chu
     for (int64_t r = 0; r < count; r++)
         for (int64_t h = 0; h < group; h++) {
             const int64_t len = context_lens[first + r];
+            const int64_t lo = window_start(len, window) - c->start, hi = len - c->start;
             float *p = scores + (r * group + h) * width;
-            sums[r * group + h] = exp_shifted(p, maximum_of(p, len), p, len);
+            sums[r * group + h] = exp_shifted(p + lo, maximum_of(p + lo, hi - lo), p + lo, hi - lo);
+            for (int64_t t = 0; t < lo; t++) p[t] = 0.f; /* behind the window */
             float *o = out + (first + r) * row_size + (g * group + h) * d;
             for (int64_t j = 0; j < d; j++) o[j] = 0.f;
         }
     for (int64_t t0 = 0; t0 < last; t0 += KEY_TILE)
         for (int64_t r = 0; r < count; r++) {
-            const int64_t len = context_lens[first + r];
+            const int64_t len = context_lens[first + r] - c->start;
             const int64_t n = len - t0 < KEY_TILE ? len - t0 : KEY_TILE;
             for (int64_t h = 0; h < group && n > 0; h++)
                 add_weighted_values(scores + (r * group + h) * width + t0, v + t0 * d, n, d,
@@ -198,12 +201,13 @@ static void attend_chunk_tile(const AttentionShape *a, const float *q, const Chu
 
 /* Every row of a step: q, out [rows, num_heads, head_dim]; row r belongs to the
    sequence with block table block_tables[row_seqs[r]] (of [num_seqs, max_blocks]) and
-   attends its first context_lens[r] tokens. A prompt chunk is a run of rows of one
-   sequence at consecutive positions. Returns nonzero when memory ran out. */
+   attends its first context_lens[r] tokens, the last window of them where window > 0.
+   A prompt chunk is a run of rows of one sequence at consecutive positions. Returns
+   nonzero when memory ran out. */
 static int attend_rows(const AttentionShape *a, const float *q, const float *k_cache,
                        const float *v_cache, const int64_t *block_tables, int64_t max_blocks,
-                       const int64_t *row_seqs, const int64_t *context_lens, int64_t rows,
-                       float *out, int num_threads) {
+                       const int64_t *row_seqs, const int64_t *context_lens, int64_t window,
+                       int64_t rows, float *out, int num_threads) {
     const int64_t kv_heads = a->num_kv_heads, d = a->head_dim, row_size = a->num_heads * d;
     const int64_t group = a->num_heads / kv_heads;
     Chunk *chunks = malloc(sizeof(Chunk) * (size_t)rows);
@@ -219,10 +223,11 @@ static int attend_rows(const AttentionShape *a, const float *q, const float *k_c
         if (end - r <= ROWWISE_CHUNK) {
             for (int64_t row = r; row < end; row++) items[count++] = (AttentionItem){row, 1, -1, 0};
         } else {
-            const int64_t width = (len + KEY_TILE - 1) / KEY_TILE * KEY_TILE;
+            const int64_t start = window_start(context_lens[r], window);
+            const int64_t width = (len - start + KEY_TILE - 1) / KEY_TILE * KEY_TILE;
             if (width > widest) widest = width;
             const int64_t *table = block_tables + row_seqs[r] * max_blocks;
-            chunks[num_chunks] = (Chunk){table, len, width, NULL, NULL};
+            chunks[num_chunks] = (Chunk){table, start, len, width, NULL, NULL};
             gathered += kv_heads * d * width;
             for (int64_t first = r; first < end; first += ROW_TILE)
                 for (int64_t g = 0; g < kv_heads; g++)
@@ -254,7 +259,7 @@ static int attend_rows(const AttentionShape *a, const float *q, const float *k_c
             if (scores == NULL) continue;
             const Chunk *c = chunks + i / kv_heads;
             const int64_t g = i % kv_heads;
-            gather_head(a, k_cache, v_cache, c->table, c->len, g, c->width,
+            gather_head(a, k_cache, v_cache, c->table, c->start, c->len, g, c->width,
                         c->keys + g * d * c->width, c->values + g * c->width * d);
         }
 #pragma omp for schedule(dynamic, 1)
@@ -263,11 +268,13 @@ static int attend_rows(const AttentionShape *a, const float *q, const float *k_c
             const AttentionItem it = items[i];
             if (it.chunk < 0) {
                 const int64_t *table = block_tables + row_seqs[it.first_row] * max_blocks;
-                attend_sequence(a, q + it.first_row * row_size, k_cache, v_cache, table, 0,
-                                context_lens[it.first_row], scores, out + it.first_row * row_size);
+                const int64_t len = context_lens[it.first_row];
+                attend_sequence(a, q + it.first_row * row_size, k_cache, v_cache, table,
+                                window_start(len, window), len, scores,
+                                out + it.first_row * row_size);
             } else {
-                attend_chunk_tile(a, q, chunks + it.chunk, context_lens, it.first_row, it.rows,
-                                  it.kv_head, scores, out);
+                attend_chunk_tile(a, q, chunks + it.chunk, context_lens, window, it.first_row,
+                                  it.rows, it.kv_head, scores, out);
             }
         }
         free(scores);

@@ -34,10 +34,13 @@ KINDS = {BlockType.Q4_1: GGMLQuantizationType.Q4_1, BlockType.Q8_0: GGMLQuantiza
 PROMPTS = [[5 + i for i in range(n)] for n in (3, 17, 40, 9, 64)]
 
 
-def tiny_with_blocks(arch: str, folder: Path, smollm_folder: Path, kind: BlockType) -> LoadedLM:
+def tiny_with_blocks(
+    arch: str, folder: Path, smollm_folder: Path, kind: BlockType, window: int | None = None
+) -> LoadedLM:
     """A tiny random ``arch`` model whose decoder linear weights are ``kind`` blocks
-    (the float32 weights are what the blocks hold), with the blocks attached."""
-    tiny_models.build(arch, folder, smollm_folder)
+    (the float32 weights are what the blocks hold), with the blocks attached;
+    ``window``: a sliding window (Mistral's)."""
+    tiny_models.build(arch, folder, smollm_folder, sliding_window=window)
     tensors = load_file(str(folder / "model.safetensors"))
     packed = {}
     for name, weight in tensors.items():
@@ -117,6 +120,7 @@ def assert_same(fused: dict[str, Any], plain: dict[str, Any]) -> None:
         ("llama", BlockType.Q4_1),
         ("mistral", BlockType.Q8_0),
         ("qwen2", BlockType.Q4_1),  # QKV bias
+        ("qwen3", BlockType.Q4_1),  # q/k norms
     ],
 )
 def test_the_stack_gives_the_layer_by_layer_results(
@@ -163,6 +167,25 @@ def test_chunked_and_cached_prompts_on_the_stack(tmp_path: Path, smollm_folder: 
     prompts = PROMPTS + again
     computed = sum(map(len, prompts)) - cached + len(prompts) * (NEW_TOKENS - 1)
     assert max(counting.rows) == 16 and sum(counting.rows) == computed
+    assert_same(fused, plain)
+
+
+@pytest.mark.parametrize("budget", [32, 8])
+def test_a_sliding_window_on_the_stack(budget: int, tmp_path: Path, smollm_folder: Path) -> None:
+    """Mistral with a window of 16 under prompts of up to 64 tokens and 12 more:
+    prompt chunks of 32 rows (attended together, the second starting past the
+    window) or of 8 (row by row), and decodes, each row within its window, as the
+    layer-by-layer path attends it; the blocks behind the window are released."""
+    lm = tiny_with_blocks("mistral", tmp_path / "mistral", smollm_folder, BlockType.Q8_0, 16)
+    model = lm.model
+    assert isinstance(model, LlamaForCausalLM) and model.stack is not None
+    assert lm.config.layer_windows() == (16,) * lm.config.num_layers
+    counting = Counting(model.stack)
+    with stack_replaced(lm, counting):
+        fused = generate(lm, PROMPTS, max_num_batched_tokens=budget)
+    with stack_replaced(lm, None):
+        plain = generate(lm, PROMPTS, max_num_batched_tokens=budget)
+    assert max(counting.rows) == budget
     assert_same(fused, plain)
 
 
