@@ -91,14 +91,18 @@ def build(
     seed: int = 0,
     vocab: int = VOCAB,
     sliding_window: int | None = None,
+    **overrides: Any,
 ) -> Any:
     """Save a random ``arch`` model with the given tokenizer into ``folder``; return
     the transformers model (eval, float32). ``vocab``: its vocabulary (the whole
-    tokenizer's where a grammar's forced tokens must be reachable)."""
+    tokenizer's where a grammar's forced tokens must be reachable); ``overrides``:
+    config fields set after ``hf_config``."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     config = hf_config(arch, vocab, sliding_window)
+    for key, value in overrides.items():
+        setattr(config, key, value)
     model = AutoModelForCausalLM.from_config(config).eval()
     model.save_pretrained(str(folder), safe_serialization=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):

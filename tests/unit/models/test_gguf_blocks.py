@@ -136,17 +136,26 @@ def k_quant_model(folder: Path, smollm_folder: Path) -> Path:
     writer.write_tensors_to_file()
     writer.close()
 
+    return lay_out_converted(path, folder / "converted", smollm_folder)
+
+
+def lay_out_converted(path: Path, converted: Path, tokenizer_dir: Path) -> Path:
+    """``path`` laid out as carpool's conversion lays a GGUF out, with the
+    tokenizer of ``tokenizer_dir`` (a test's GGUF has none)."""
     checkpoint = GGUFCheckpoint(path)
-    converted = folder / "converted"
+    config = checkpoint.hf_config()
     converted.mkdir()
     packed = checkpoint.packed_weights()
-    save_packed(packed, converted / PACKED)
+    if packed:
+        save_packed(packed, converted / PACKED)
     floats = dict(checkpoint.tensors(progress=False, skip=set(packed)))
+    if config["tie_word_embeddings"]:
+        floats.pop("lm_head.weight", None)
     save_file(floats, str(converted / "model.safetensors"))
-    (converted / "config.json").write_text(json.dumps(checkpoint.hf_config()))
+    (converted / "config.json").write_text(json.dumps(config))
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (smollm_folder / name).exists():
-            shutil.copy(smollm_folder / name, converted / name)
+        if (tokenizer_dir / name).exists():
+            shutil.copy(tokenizer_dir / name, converted / name)
     return converted
 
 
