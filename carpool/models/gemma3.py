@@ -6,13 +6,15 @@ float32; embeddings scaled by sqrt(hidden size); a norm after attention and one
 before and one after the MLP; q/k norms; attention scaled by
 ``query_pre_attn_scalar ** -0.5``; GELU (tanh) gating; sliding layers and global
 layers with rotary settings of their own, the sliding ones attending their window
-only; optional tanh soft-capping of the logits.
+only; optional tanh soft-capping of the logits. On a GGUF file's blocks its steps
+run on the fused native stack as the Llama family's do.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +23,7 @@ from torch import nn
 from carpool.models.attention import AttentionMetadata
 from carpool.models.decoder_config import DecoderConfig
 from carpool.models.llama import LlamaAttention, LlamaForCausalLM
-from carpool.models.llama_stack import LayerWeights
+from carpool.models.llama_stack import LayerWeights, LlamaStack, StackShape
 from carpool.models.packed_linear import Embedding, Linear
 from carpool.models.rope import RotaryEmbedding
 
@@ -86,10 +88,6 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
     Hugging Face's tensor names are loaded as the Llama family's are."""
 
     _stacked: ClassVar[dict[str, tuple[str, int]]] = LlamaForCausalLM._stacked
-    stack_refused: ClassVar[str | None] = (
-        "the fused stack has no Gemma 3 layer (its four norms, GELU gating, and a rotary "
-        "table per layer kind)"
-    )
 
     def __init__(self, cfg: DecoderConfig) -> None:
         nn.Module.__init__(self)
@@ -103,6 +101,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
             cfg.local_rope_theta,
             cfg.local_rope_scaling,
         )
+        self.full_rope, self.local_rope = full, local
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
         self.embed_scale = math.sqrt(cfg.hidden_size)
         self.layers = nn.ModuleList(
@@ -113,7 +112,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.stack = None
-        self.stack_unused_because = "the fused stack does not run Gemma 3's layers"
+        self.stack_unused_because = "the model keeps no quantized blocks"
 
     def forward(
         self,
@@ -124,6 +123,8 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
     ) -> torch.Tensor:
         scale = torch.tensor(self.embed_scale, dtype=self.embed_tokens.weight.dtype)
         x = self.embed_tokens(input_ids) * scale.to(input_ids.device)
+        if self.stack is not None and LlamaStack.applies(x, meta):
+            return self.norm(self.stack(x, positions, caches, meta))
         for layer, cache in zip(self.layers, caches, strict=True):
             x = layer(x, positions, cache, meta)
         return self.norm(x)
@@ -134,4 +135,32 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def stack_weights(self) -> list[LayerWeights]:
-        return []  # no fused stack (``stack_refused``)
+        """Each layer's weights for the fused stack, every norm's ``1 + weight``
+        summed here (the stack multiplies by a norm's weight as given)."""
+        layers = [cast(Gemma3Layer, layer) for layer in self.layers]
+        return [
+            LayerWeights(
+                input_norm=_one_plus(layer.input_layernorm),
+                post_norm=_one_plus(layer.pre_feedforward_layernorm),
+                qkv=layer.self_attn.qkv_proj,
+                o=layer.self_attn.o_proj,
+                gate_up=layer.mlp.gate_up_proj,
+                down=layer.mlp.down_proj,
+                q_norm=_one_plus(cast(GemmaRMSNorm, layer.self_attn.q_norm)),
+                k_norm=_one_plus(cast(GemmaRMSNorm, layer.self_attn.k_norm)),
+                attn_out_norm=_one_plus(layer.post_attention_layernorm),
+                mlp_out_norm=_one_plus(layer.post_feedforward_layernorm),
+                window=layer.self_attn.window,
+                local_rope=layer.self_attn.rope is self.local_rope,
+            )
+            for layer in layers
+        ]
+
+    def stack_shape(self) -> StackShape:
+        return dataclasses.replace(
+            super().stack_shape(), rope=self.full_rope, local_rope=self.local_rope, gelu=True
+        )
+
+
+def _one_plus(norm: GemmaRMSNorm) -> torch.Tensor:
+    return (1.0 + norm.weight.detach().float()).contiguous()

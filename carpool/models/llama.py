@@ -154,8 +154,6 @@ class LlamaForCausalLM(nn.Module):
         "gate_proj": ("gate_up_proj", 0),
         "up_proj": ("gate_up_proj", 1),
     }
-    # Why the fused stack cannot run this architecture's layers (None: it can).
-    stack_refused: ClassVar[str | None] = None
 
     def __init__(self, cfg: DecoderConfig) -> None:
         super().__init__()
@@ -332,9 +330,7 @@ class LlamaForCausalLM(nn.Module):
         self.stack = None
         self.stack_unused_because = "not every linear layer has its blocks"
         weights = self.stack_weights()
-        if self.stack_refused is not None:
-            self.stack_unused_because = self.stack_refused
-        elif kernel is not None and LlamaStack.usable(weights):
+        if kernel is not None and LlamaStack.usable(weights):
             try:
                 self.stack = LlamaStack(weights, self.stack_shape(), kernel.int8_dots)
             except KernelUnavailable as exc:

@@ -64,6 +64,8 @@ class _Layer(ctypes.Structure):
         ("post_norm", ctypes.c_void_p),
         ("q_norm", ctypes.c_void_p),
         ("k_norm", ctypes.c_void_p),
+        ("attn_out_norm", ctypes.c_void_p),
+        ("mlp_out_norm", ctypes.c_void_p),
         ("qkv", _Matrix),
         ("o", _Matrix),
         ("gate_up", _Matrix),
@@ -71,6 +73,7 @@ class _Layer(ctypes.Structure):
         ("k_cache", ctypes.c_void_p),
         ("v_cache", ctypes.c_void_p),
         ("window", ctypes.c_int64),
+        ("local_rope", ctypes.c_int64),
     ]
 
 
@@ -85,6 +88,7 @@ class _Dims(ctypes.Structure):
         ("eps", ctypes.c_float),
         ("scale", ctypes.c_float),
         ("int8_dots", ctypes.c_int64),
+        ("gelu", ctypes.c_int64),
     ]
 
 
@@ -101,6 +105,8 @@ def _function() -> Any:
         ctypes.c_int64,  # rows
         ctypes.c_void_p,  # cos
         ctypes.c_void_p,  # sin
+        ctypes.c_void_p,  # local_cos
+        ctypes.c_void_p,  # local_sin
         ctypes.c_void_p,  # slots
         ctypes.c_void_p,  # block_tables
         ctypes.c_int64,  # max_blocks
@@ -143,8 +149,12 @@ def _matrix(linear: Linear) -> _Matrix:
 @dataclass(frozen=True)
 class LayerWeights:
     """One decoder layer's weights, as the stack reads them: ``q_norm`` and
-    ``k_norm`` ([head_dim]) where each head's query and key are normed (Qwen3),
-    ``window`` where the layer attends a sliding window."""
+    ``k_norm`` ([head_dim]) where each head's query and key are normed (Qwen3, Gemma
+    3), ``attn_out_norm`` and ``mlp_out_norm`` ([hidden]) where the attention's and
+    the MLP's outputs are normed before their residual (Gemma 3), ``window`` where the
+    layer attends a sliding window, ``local_rope`` where its rotary factors come from
+    the shape's ``local_rope``. Every norm multiplies by its weight as given (Gemma's
+    1 + weight is summed by the model)."""
 
     input_norm: torch.Tensor
     post_norm: torch.Tensor
@@ -154,11 +164,18 @@ class LayerWeights:
     down: Linear
     q_norm: torch.Tensor | None = None
     k_norm: torch.Tensor | None = None
+    attn_out_norm: torch.Tensor | None = None
+    mlp_out_norm: torch.Tensor | None = None
     window: int | None = None
+    local_rope: bool = False
 
     @property
     def linears(self) -> tuple[Linear, ...]:
         return (self.qkv, self.o, self.gate_up, self.down)
+
+
+def _pointer(tensor: torch.Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()
 
 
 def _check_layer(layer: LayerWeights, shape: StackShape) -> None:
@@ -173,8 +190,17 @@ def _check_layer(layer: LayerWeights, shape: StackShape) -> None:
         if norm is not None:
             check_tensors(**{name: (norm, torch.float32)})
             check_shape(name, norm, shape.head_dim)
+    for name, norm in (
+        ("attn_out_norm", layer.attn_out_norm),
+        ("mlp_out_norm", layer.mlp_out_norm),
+    ):
+        if norm is not None:
+            check_tensors(**{name: (norm, torch.float32)})
+            check_shape(name, norm, shape.hidden_size)
     if layer.window is not None and layer.window < 1:
         raise ValueError(f"a sliding window of {layer.window} tokens")
+    if layer.local_rope and shape.local_rope is None:
+        raise ValueError("a layer reads local rotary factors the shape does not have")
 
 
 @dataclass(frozen=True)
@@ -189,6 +215,8 @@ class StackShape:
     norm_eps: float
     scale: float
     rope: RotaryEmbedding
+    local_rope: RotaryEmbedding | None = None  # Gemma 3's sliding layers' own
+    gelu: bool = False  # GELU (tanh) gating, not SiLU
 
 
 class LlamaStack:
@@ -205,13 +233,17 @@ class LlamaStack:
     ) -> None:
         self._function = _function()
         self._layers = (_Layer * len(layers))()
+        self._weights = tuple(layers)  # holds the tensors the C side points into
         for slot, layer in zip(self._layers, layers, strict=True):
             _check_layer(layer, shape)
             slot.input_norm = layer.input_norm.data_ptr()
             slot.post_norm = layer.post_norm.data_ptr()
-            slot.q_norm = None if layer.q_norm is None else layer.q_norm.data_ptr()
-            slot.k_norm = None if layer.k_norm is None else layer.k_norm.data_ptr()
+            slot.q_norm = _pointer(layer.q_norm)
+            slot.k_norm = _pointer(layer.k_norm)
+            slot.attn_out_norm = _pointer(layer.attn_out_norm)
+            slot.mlp_out_norm = _pointer(layer.mlp_out_norm)
             slot.window = layer.window or 0
+            slot.local_rope = layer.local_rope
             slot.qkv = _matrix(layer.qkv)
             slot.o = _matrix(layer.o)
             slot.gate_up = _matrix(layer.gate_up)
@@ -226,10 +258,12 @@ class LlamaStack:
             shape.norm_eps,
             shape.scale,
             int8_dots,
+            shape.gelu,
         )
         self._caches: Sequence[torch.Tensor] | None = None
         self._num_blocks = 0
         self._rope = shape.rope
+        self._local_rope = shape.local_rope if any(w.local_rope for w in layers) else None
 
     @staticmethod
     def usable(layers: Sequence[LayerWeights]) -> bool:
@@ -257,6 +291,11 @@ class LlamaStack:
             self._bind(caches)
         cos = self._rope.cos_table[positions].contiguous()
         sin = self._rope.sin_table[positions].contiguous()
+        local_cos = local_sin = None
+        if self._local_rope is not None:
+            local_cos = self._local_rope.cos_table[positions].contiguous()
+            local_sin = self._local_rope.sin_table[positions].contiguous()
+            self._check_rows("local_cos", local_cos, x.shape[0])
         self._check(
             x, cos, meta.slot_mapping, native.block_tables, native.row_seqs, native.context_lens
         )
@@ -268,6 +307,8 @@ class LlamaStack:
             x.shape[0],
             cos.data_ptr(),
             sin.data_ptr(),
+            _pointer(local_cos),
+            _pointer(local_sin),
             meta.slot_mapping.data_ptr(),
             native.block_tables.data_ptr(),
             native.block_tables.shape[1],
@@ -278,6 +319,10 @@ class LlamaStack:
         if failed:
             raise MemoryError("the fused step could not allocate its buffers")
         return x
+
+    def _check_rows(self, name: str, table: torch.Tensor, rows: int) -> None:
+        check_tensors(**{name: (table, torch.float32)})
+        check_shape(name, table, rows, self._dims.head_dim)
 
     def _check(
         self,

@@ -4,14 +4,18 @@
    them (Qwen3), rotary embedding, the new keys and values of every row written to
    their cache slots, then each row attending its sequence's cache up to its own
    position, within the layer's sliding window if it has one (prefill_attention.h),
-   the output projection and residual,
-   RMSNorm, the fused gate/up projection, SiLU(gate) * up, the down projection and
-   residual. The same arithmetic as the per-operation path (carpool/models/llama.py
+   the output projection (normed where the layer has a norm after attention, Gemma
+   3) and residual,
+   RMSNorm, the fused gate/up projection, SiLU(gate) * up (GELU's tanh form for
+   Gemma 3), the down projection (normed where the layer has a norm after its MLP)
+   and residual. Gemma 3's norms scale by 1 + weight: it hands over that sum. The same arithmetic as the per-operation path (carpool/models/llama.py
    with the quantized-linear and decode-attention kernels), without several hundred
    torch calls a step; only summation order may differ.
 
    x: [rows, hidden] float32, the residual stream, updated in place.
-   cos, sin: [rows, head_dim], each row's rotary factors (rotate-half layout).
+   cos, sin: [rows, head_dim], each row's rotary factors (rotate-half layout);
+   local_cos, local_sin: the same from the second table that layers with local_rope
+   read (Gemma 3's sliding layers), or NULL where no layer does.
    slots: [rows], where each row's key and value go (block * block_size + offset).
    block_tables: [num_seqs, max_blocks], one per sequence of the step;
    row_seqs: [rows], each row's sequence; context_lens: [rows], each row's position + 1. */
@@ -44,15 +48,19 @@ typedef struct {
 typedef struct {
     const float *input_norm, *post_norm;
     const float *q_norm, *k_norm; /* [head_dim] each, or NULL: no per-head norm */
+    /* [hidden] each, or NULL: a norm of the attention's and of the MLP's output */
+    const float *attn_out_norm, *mlp_out_norm;
     Matrix qkv, o, gate_up, down;
     float *k_cache, *v_cache; /* [num_blocks, block_size, num_kv_heads, head_dim] */
     int64_t window;           /* the sliding window (each row's last this-many keys); 0: none */
+    int64_t local_rope;       /* 1: rotary factors from local_cos / local_sin */
 } Layer;
 
 typedef struct {
     int64_t hidden, num_heads, num_kv_heads, head_dim, intermediate, block_size;
     float eps, scale;
     int64_t int8_dots; /* 1: decode rows' dot products in int8 (quantized_dot.h) */
+    int64_t gelu;      /* 1: GELU (tanh) gating; 0: SiLU */
 } Dims;
 
 /* The sizes of the structs passed by pointer (0: Matrix, 1: Layer, 2: Dims; else -1),
@@ -129,7 +137,8 @@ static void add_in_place(float *x, const float *delta, int64_t count, int thread
 }
 
 int llama_stack(const Layer *layers, int64_t num_layers, const Dims *dims, float *x,
-                int64_t rows, const float *cos, const float *sin, const int64_t *slots,
+                int64_t rows, const float *cos, const float *sin, const float *local_cos,
+                const float *local_sin, const int64_t *slots,
                 const int64_t *block_tables, int64_t max_blocks, const int64_t *row_seqs,
                 const int64_t *context_lens, int num_threads) {
     const int64_t hidden = dims->hidden, d = dims->head_dim;
@@ -147,6 +156,12 @@ int llama_stack(const Layer *layers, int64_t num_layers, const Dims *dims, float
     int failed = !normed || !qkv || !queries || !attended || !gate_up || !act || !delta;
     for (int64_t l = 0; l < num_layers && !failed; l++) {
         const Layer *layer = layers + l;
+        const float *layer_cos = layer->local_rope ? local_cos : cos;
+        const float *layer_sin = layer->local_rope ? local_sin : sin;
+        if (layer_cos == NULL || layer_sin == NULL) {
+            failed = 1;
+            break;
+        }
         rms_norm(x, layer->input_norm, normed, rows, hidden, dims->eps, num_threads);
         failed |= linear(&layer->qkv, normed, qkv, rows, dims->int8_dots, num_threads);
         if (failed) break;
@@ -157,7 +172,8 @@ int llama_stack(const Layer *layers, int64_t num_layers, const Dims *dims, float
                 norm_heads(row, dims->num_heads, d, layer->q_norm, dims->eps);
                 norm_heads(row + q_size, dims->num_kv_heads, d, layer->k_norm, dims->eps);
             }
-            rotate(row, dims->num_heads + dims->num_kv_heads, d, cos + r * d, sin + r * d);
+            rotate(row, dims->num_heads + dims->num_kv_heads, d, layer_cos + r * d,
+                   layer_sin + r * d);
             for (int64_t i = 0; i < q_size; i++) queries[r * q_size + i] = row[i];
             float *k_slot = layer->k_cache + slots[r] * kv_size;
             float *v_slot = layer->v_cache + slots[r] * kv_size;
@@ -170,14 +186,22 @@ int llama_stack(const Layer *layers, int64_t num_layers, const Dims *dims, float
                               max_blocks, row_seqs, context_lens, layer->window, rows, attended,
                               num_threads);
         failed |= linear(&layer->o, attended, delta, rows, dims->int8_dots, num_threads);
+        if (layer->attn_out_norm != NULL)
+            rms_norm(delta, layer->attn_out_norm, delta, rows, hidden, dims->eps, num_threads);
         add_in_place(x, delta, rows * hidden, num_threads);
         rms_norm(x, layer->post_norm, normed, rows, hidden, dims->eps, num_threads);
         failed |= linear(&layer->gate_up, normed, gate_up, rows, dims->int8_dots, num_threads);
 #pragma omp parallel for schedule(static) num_threads(num_threads)
-        for (int64_t r = 0; r < rows; r++)
-            silu_times(gate_up + r * 2 * inter, gate_up + r * 2 * inter + inter, act + r * inter,
-                       inter);
+        for (int64_t r = 0; r < rows; r++) {
+            const float *gate = gate_up + r * 2 * inter, *up = gate + inter;
+            if (dims->gelu)
+                gelu_tanh_times(gate, up, act + r * inter, inter);
+            else
+                silu_times(gate, up, act + r * inter, inter);
+        }
         failed |= linear(&layer->down, act, delta, rows, dims->int8_dots, num_threads);
+        if (layer->mlp_out_norm != NULL)
+            rms_norm(delta, layer->mlp_out_norm, delta, rows, hidden, dims->eps, num_threads);
         add_in_place(x, delta, rows * hidden, num_threads);
     }
     free(normed);

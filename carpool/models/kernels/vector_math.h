@@ -73,4 +73,27 @@ static inline void silu_times(const float *g, const float *u, float *out, int64_
     for (; i < count; i++) out[i] = g[i] / (1.f + expf(-g[i])) * u[i];
 }
 
+/* out[i] = GELU(g[i]) * u[i] for i < count, GELU's tanh form (torch's approximate=
+   "tanh"): 0.5 g (1 + tanh(y)) with y = sqrt(2 / pi) (g + 0.044715 g^3), which is
+   g / (1 + exp(-2y)) */
+static inline void gelu_tanh_times(const float *g, const float *u, float *out, int64_t count) {
+    const float c = 0.7978845608028654f, c3 = 0.7978845608028654f * 0.044715f;
+    int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    const __m256 one = _mm256_set1_ps(1.f), m2c = _mm256_set1_ps(-2.f * c);
+    const __m256 m2c3 = _mm256_set1_ps(-2.f * c3);
+    for (; i + 8 <= count; i += 8) {
+        const __m256 gi = _mm256_loadu_ps(g + i);
+        const __m256 g3 = _mm256_mul_ps(_mm256_mul_ps(gi, gi), gi);
+        const __m256 minus_2y = _mm256_fmadd_ps(m2c3, g3, _mm256_mul_ps(m2c, gi));
+        const __m256 gelu = _mm256_div_ps(gi, _mm256_add_ps(one, exp8(minus_2y)));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(gelu, _mm256_loadu_ps(u + i)));
+    }
+#endif
+    for (; i < count; i++) {
+        const float y = c * g[i] + c3 * g[i] * g[i] * g[i];
+        out[i] = g[i] / (1.f + expf(-2.f * y)) * u[i];
+    }
+}
+
 #endif

@@ -3,7 +3,7 @@
 ``attn_qkv`` and gate/up in ``ffn_up``, its LongRoPE factors as tensors; Gemma 3's
 norms stored as 1 + weight, its layer kinds as a pattern, its query scale and the
 sliding layers' rotary base left to the reader. Each gives its transformers model's
-greedy tokens, on float32 tensors and on Q8_0 blocks (Phi-3's on the fused stack)."""
+greedy tokens, on float32 tensors and on Q8_0 blocks (on the fused stack)."""
 
 from __future__ import annotations
 
@@ -150,8 +150,9 @@ def test_a_gguf_gives_its_transformers_models_tokens(
     lm = load_causal_lm(lay_out_converted(path, tmp_path / "converted", smollm_folder))
     model = lm.model
     assert isinstance(model, LlamaForCausalLM)
-    # Phi-3's split q/k/v and gate/up are fused again, on blocks into the fused stack.
-    assert (model.stack is not None) == (blocks and arch == "phi3"), model.stack_unused_because
+    # On blocks, steps run on the fused stack (Phi-3's split q/k/v and gate/up fused
+    # again; Gemma 3's norms, GELU and two rotary tables).
+    assert (model.stack is not None) == blocks, model.stack_unused_because
     rng = np.random.default_rng(3)
     prompts = [[int(t) for t in rng.integers(3, tiny_models.VOCAB, n)] for n in (5, 23, 40)]
     expected = [tiny_models.hf_greedy(reference, p, 16) for p in prompts]

@@ -171,15 +171,20 @@ def test_chunked_and_cached_prompts_on_the_stack(tmp_path: Path, smollm_folder: 
 
 
 @pytest.mark.parametrize("budget", [32, 8])
-def test_a_sliding_window_on_the_stack(budget: int, tmp_path: Path, smollm_folder: Path) -> None:
-    """Mistral with a window of 16 under prompts of up to 64 tokens and 12 more:
-    prompt chunks of 32 rows (attended together, the second starting past the
-    window) or of 8 (row by row), and decodes, each row within its window, as the
-    layer-by-layer path attends it; the blocks behind the window are released."""
-    lm = tiny_with_blocks("mistral", tmp_path / "mistral", smollm_folder, BlockType.Q8_0, 16)
+@pytest.mark.parametrize("arch", ["mistral", "gemma3"])
+def test_a_sliding_window_on_the_stack(
+    arch: str, budget: int, tmp_path: Path, smollm_folder: Path
+) -> None:
+    """A window of 16 (Mistral: every layer, its blocks behind the window released;
+    Gemma 3: its sliding layer, with its own rotary table, beside a global one, its
+    four norms and GELU gating) under prompts of up to 64 tokens and 12 more: prompt
+    chunks of 32 rows (attended together, the second starting past the window) or of
+    8 (row by row), and decodes, each row within its window, as the layer-by-layer
+    path attends it."""
+    lm = tiny_with_blocks(arch, tmp_path / arch, smollm_folder, BlockType.Q8_0, 16)
     model = lm.model
     assert isinstance(model, LlamaForCausalLM) and model.stack is not None
-    assert lm.config.layer_windows() == (16,) * lm.config.num_layers
+    assert 16 in lm.config.layer_windows()
     counting = Counting(model.stack)
     with stack_replaced(lm, counting):
         fused = generate(lm, PROMPTS, max_num_batched_tokens=budget)
