@@ -83,6 +83,7 @@ def serve(name: str, args: argparse.Namespace) -> tuple[subprocess.Popen[str], s
     command = [sys.executable, "-m", "carpool.cli", "serve", "--port", "0", "--model"]
     command += [str(args.gguf), "--served-model-name", "smollm2-135m-instruct"]
     command += ["--threads", str(args.threads), "--kv-cache-memory", KV_CACHE]
+    command += ["--weight-kernel", args.weight_kernel]
     process, match, _ = spawn(command, re.compile(r"carpool ready on (http://\S+)"), 300.0)
     return process, match.group(1)
 
@@ -118,6 +119,12 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--llama-port", type=int, default=8093)
+    parser.add_argument(
+        "--weight-kernel",
+        default="auto",
+        choices=("auto", "native", "native-int8"),
+        help="carpool's (native-int8 rounds activations to int8 per 32, as llama.cpp does)",
+    )
     args = parser.parse_args()
     bin_dir = Path(args.llama_bin)
     args.gguf = Path(args.gguf) if args.gguf else make_q4_k_m(bin_dir, Path(args.out_dir))
@@ -133,7 +140,7 @@ def main() -> None:
     memory = {kernel: model_memory(args.gguf, kernel) for kernel in ("native", "torch")}
     bench_ts = llama_bench(bin_dir / "llama-bench", str(args.gguf), args.threads)
     own_ms = 1000 * offline(
-        args.threads, args.requests, "auto", str(args.gguf), kv_cache_memory=KV_CACHE
+        args.threads, args.requests, args.weight_kernel, str(args.gguf), kv_cache_memory=KV_CACHE
     )
     carpool = concurrent("carpool", args)
     llama = concurrent("llama-server", args)
@@ -166,6 +173,7 @@ def main() -> None:
     print(
         f"\nreproduce: python -m benchmarks.k_quants --llama-bin {args.llama_bin}"
         + (f" --gguf {args.gguf}" if args.gguf else "")
+        + f" --weight-kernel {args.weight_kernel}"
     )
 
 

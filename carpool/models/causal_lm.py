@@ -119,7 +119,7 @@ def load_causal_lm(
     held: set[str] = set()
     if blocks.packed is not None:  # the blocks alone hold those weights
         held = model.drop_float_where_blocks(blocks.packed)  # type: ignore[operator]
-    model = model.to_empty(device=device)
+    model = _materialize(model, device)
     _reset_buffers(model, config, device)
     weights = _weights(folder, blocks.packed, held)
     if held:
@@ -128,9 +128,7 @@ def load_causal_lm(
         model.load_weights(weights)  # type: ignore[operator]
     model = model.to(dtype).eval().requires_grad_(False)
     packed_layers, linear = _attach_packed(model, blocks, weight_kernel)
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    tokenizer = load_tokenizer(folder)
     return LoadedLM(
         name=name or path.stem,
         model=model,  # type: ignore[arg-type]
@@ -228,6 +226,13 @@ def _attach_packed(model: nn.Module, blocks: _Blocks, choice: str) -> tuple[int,
     return 0, torch_because(part, why, blocks.unavailable)
 
 
+def _materialize(model: nn.Module, device: str) -> nn.Module:
+    """``model.to_empty(device=device)`` without torch's reference ops: its
+    ``empty_like`` of a meta tensor imports sympy (~35 MiB, 0.3 s) to lay out
+    nothing."""
+    return model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
+
+
 def _reset_buffers(model: nn.Module, config: DecoderConfig, device: str) -> None:
     """Non-persistent buffers (rotary tables) are not in checkpoints: rebuild them."""
     from carpool.models.rope import RotaryEmbedding
@@ -235,6 +240,28 @@ def _reset_buffers(model: nn.Module, config: DecoderConfig, device: str) -> None
     for module in model.modules():
         if isinstance(module, RotaryEmbedding):
             module.reset(device)
+
+
+# Tokenizer classes AutoTokenizer resolves to the generic one (transformers 5's
+# TokenizersBackend, also named PreTrainedTokenizerFast).
+_GENERIC_TOKENIZERS = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
+
+
+def load_tokenizer(folder: Path) -> Any:
+    """The folder's tokenizer, as ``AutoTokenizer`` loads it. Where its
+    ``tokenizer_config.json`` names the generic class, that class loads it directly:
+    ``AutoTokenizer`` would read ``config.json`` through transformers' configuration
+    classes, whose imports (torch.distributed, sympy) cost ~57 MiB of memory and a
+    second here, for the same tokenizer."""
+    config = folder / "tokenizer_config.json"
+    named = json.loads(config.read_text()).get("tokenizer_class") if config.exists() else None
+    if named in _GENERIC_TOKENIZERS and (folder / "tokenizer.json").exists():
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(str(folder))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
 
 
 def convert_gguf(path: Path, cache_dir: Path, progress: bool = True) -> Path:

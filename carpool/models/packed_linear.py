@@ -71,7 +71,10 @@ class PackedWeight:
         """The rows of ``parts`` one after another (a fused projection). Parts of
         different layouts (a Q4_K_M file's Q4_K query beside its Q6_K value) are all
         given as Q8_16, which holds each of them exactly; a part without mins beside
-        one with them gets zeros."""
+        one with them gets zeros. One part is returned as it is, not copied (a tied
+        head shares its embedding's blocks)."""
+        if len(parts) == 1:
+            return parts[0]
         kind = parts[0].kind
         if any(p.kind is not kind for p in parts):
             parts, kind = [p.as_q8_16() for p in parts], BlockType.Q8_16
@@ -389,6 +392,10 @@ class Linear(nn.Linear):
     interleaved: Interleaved | None = None
     kernel: QuantizedLinearKernel | None = None
 
+    def reset_parameters(self) -> None:
+        if not _on_meta(self.weight):
+            super().reset_parameters()
+
     def attach(self, packed: PackedWeight | None, kernel: QuantizedLinearKernel | None) -> None:
         """Use ``packed`` for few rows; it must hold exactly this layer's weight
         where the layer keeps one. A kernel with int8 dot products also gets the
@@ -430,7 +437,18 @@ class Embedding(nn.Embedding):
 
     packed: PackedWeight | None = None
 
+    def reset_parameters(self) -> None:
+        if not _on_meta(self.weight):
+            super().reset_parameters()
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
             return self.packed.rows(ids)
         return super().forward(ids)
+
+
+def _on_meta(weight: torch.Tensor) -> bool:
+    """Whether ``weight`` holds nothing yet (a model built on the meta device to be
+    loaded): initializing it there would only import torch's compiler (~1 s and
+    ~120 MiB: meta tensors' random fills run through its reference ops)."""
+    return weight.device.type == "meta"

@@ -133,7 +133,13 @@ class RotaryEmbedding(torch.nn.Module):
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: Mapping[str, Any]):
         super().__init__()
         self.settings = (head_dim, max_positions, theta, dict(scaling))
-        cos, sin = rope_tables(head_dim, max_positions, theta, scaling)
+        if torch.get_default_device().type == "meta":
+            # A model built without data (``reset`` computes the tables later): the
+            # tables' arithmetic on the meta device would import torch's compiler
+            # (~1 s and tens of MiB) for tensors that hold nothing.
+            cos = sin = torch.empty(max_positions, head_dim)
+        else:
+            cos, sin = rope_tables(head_dim, max_positions, theta, scaling)
         self.cos_table: torch.Tensor
         self.sin_table: torch.Tensor
         self.register_buffer("cos_table", cos, persistent=False)

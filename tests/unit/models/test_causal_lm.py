@@ -329,3 +329,23 @@ def test_an_unsupported_architecture_is_refused_listing_the_supported_ones(
         resolve(str(tmp_path))
     assert "FalconForCausalLM" in caught.value.message
     assert "Qwen3ForCausalLM" in caught.value.message and "BertModel" in caught.value.message
+
+
+def test_a_generic_tokenizer_loads_as_auto_tokenizer_loads_it(smollm_folder: Path) -> None:
+    """The built-in's tokenizer names the generic class: loaded without
+    AutoTokenizer, it is the same tokenizer (class, vocabulary, special tokens,
+    encodings and chat template)."""
+    from transformers import AutoTokenizer
+
+    from carpool.models.causal_lm import load_tokenizer
+
+    ours, auto = load_tokenizer(smollm_folder), AutoTokenizer.from_pretrained(str(smollm_folder))
+    assert type(ours) is type(auto)
+    assert ours.get_vocab() == auto.get_vocab() and ours.all_special_ids == auto.all_special_ids
+    assert (ours.eos_token_id, ours.bos_token_id) == (auto.eos_token_id, auto.bos_token_id)
+    text = "Héllo 🚗 <|im_start|>user\n  spaced\ttabs"
+    assert ours(text)["input_ids"] == auto(text)["input_ids"]
+    chat = [{"role": "user", "content": "Hi"}]
+    assert ours.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == (
+        auto.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    )

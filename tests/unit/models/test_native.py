@@ -167,7 +167,7 @@ def test_a_struct_declared_unlike_its_c_twin_is_refused(monkeypatch: pytest.Monk
         _fields_ = llama_stack._Dims._fields_[:-2]
 
     monkeypatch.setattr(llama_stack, "_Dims", _Dims)
-    with pytest.raises(native.KernelUnavailable, match="Dims is 64 bytes in C and 56"):
+    with pytest.raises(native.KernelUnavailable, match="Dims is 72 bytes in C and 56"):
         llama_stack._function.__wrapped__()
 
 
