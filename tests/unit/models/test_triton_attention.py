@@ -92,6 +92,51 @@ def test_prompt_chunks_after_cached_blocks_match_torch(
     assert (got - want).abs().max() < (1e-5 if dtype == torch.float32 else 2e-2)
 
 
+@pytest.mark.parametrize("rows", [[1, 1, 1], [20, 70, 1, 130]], ids=["decode", "chunks"])
+def test_blocks_behind_a_window_count_for_nothing(rows: list[int]) -> None:
+    """The engine releases the blocks behind a sliding window (their entries then
+    name its null block, zeros) and hands them to other sequences: with those
+    entries pointing at a block of other, huge values, each row's output is the same
+    bits. The kernel's key tiles may start before the window and read such a block,
+    masked: that must add exactly nothing."""
+    heads, kv_heads, head_dim, window = 4, 2, 16, 24
+    lens = [5, 37, 200] if len(rows) == 3 else [37, 70, 5, 230]
+    generator = torch.Generator().manual_seed(7)
+    cache = torch.randn(2, 65, PAGE, kv_heads, head_dim, generator=generator).to(DEVICE)
+    cache[:, 64] = 1e4
+    tables = [list(range(i * 16, (i + 1) * 16)) for i in range(len(rows))]
+    starts = [0]
+    for n in rows:
+        starts.append(starts[-1] + n)
+    q = torch.randn(starts[-1], heads, head_dim, generator=generator).to(DEVICE)
+    tiles = None
+    if max(rows) > 1:
+        block_q = triton_attention.prefill_block_q(heads // kv_heads)
+        tiles = triton_attention.Tiles(
+            *(int32(f) for f in triton_attention.tiles_for(rows, lens, block_q))
+        )
+
+    def attend(block_tables: list[list[int]]) -> torch.Tensor:
+        return triton_attention.paged_attention(
+            q,
+            cache,
+            int32(block_tables),
+            int32(starts),
+            int32(lens),
+            0.25,
+            tiles,
+            window=window,
+        )
+
+    whole = attend(tables)
+    released = [
+        [64 if (b + 1) * PAGE <= length - n - window + 1 else block for b, block in enumerate(t)]
+        for t, n, length in zip(tables, rows, lens, strict=True)
+    ]
+    assert released != tables, "some block lies behind a window"
+    assert torch.equal(attend(released), whole)
+
+
 def test_a_padding_sequence_attends_nothing_and_writes_zeros() -> None:
     cache = torch.randn(2, 4, PAGE, 2, 16, device=DEVICE)
     q = torch.randn(2, 4, 16, device=DEVICE)
