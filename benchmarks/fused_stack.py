@@ -119,21 +119,10 @@ def write_gguf(shape: dict[str, Any], path: Path) -> None:
 def lay_out(path: Path, folder: Path, tokenizer_dir: Path) -> None:
     """The file as ``carpool.models.causal_lm.convert_gguf`` lays one out, with the
     widened built-in tokenizer (this file has none)."""
-    from safetensors.torch import save_file
+    from carpool.models.causal_lm import save_converted
 
-    from carpool.models.causal_lm import PACKED
-    from carpool.models.gguf_file import GGUFCheckpoint
-    from carpool.models.packed_linear import save_packed
-
-    checkpoint = GGUFCheckpoint(path)
-    config = checkpoint.hf_config()
     folder.mkdir(parents=True, exist_ok=True)
-    packed = checkpoint.packed_weights()
-    save_packed(packed, folder / PACKED)
-    floats = dict(checkpoint.tensors(progress=False, skip=set(packed)))
-    floats.pop("lm_head.weight", None)  # tied
-    save_file(floats, str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(json.dumps(config))
+    config = save_converted(path, folder, progress=False)
     tokenizer = json.loads((tokenizer_dir / "tokenizer.json").read_text())
     widened = widen_tokenizer(tokenizer, config["vocab_size"])
     (folder / "tokenizer.json").write_text(json.dumps(widened, ensure_ascii=False))

@@ -264,6 +264,24 @@ def load_tokenizer(folder: Path) -> Any:
     return AutoTokenizer.from_pretrained(str(folder))
 
 
+def save_converted(path: Path, folder: Path, progress: bool = True) -> dict[str, Any]:
+    """Write the GGUF file ``path``'s weights and ``config.json`` into ``folder`` (an
+    existing one) as carpool loads them, its tokenizer left to the caller; returns
+    the config. The blocks are kept as they are; only the other tensors (norms, float
+    matrices, types without a native layout) are dequantized."""
+    checkpoint = GGUFCheckpoint(path)
+    config = checkpoint.hf_config()
+    packed = checkpoint.packed_weights()
+    if packed:
+        save_packed(packed, folder / PACKED)
+    tensors = dict(checkpoint.tensors(progress, skip=set(packed)))
+    if config["tie_word_embeddings"]:
+        tensors.pop("lm_head.weight", None)
+    save_file(tensors, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return config
+
+
 def convert_gguf(path: Path, cache_dir: Path, progress: bool = True) -> Path:
     """The Hugging Face folder converted from ``path``, made on first use."""
     stat = path.stat()
@@ -277,18 +295,7 @@ def convert_gguf(path: Path, cache_dir: Path, progress: bool = True) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
     try:
-        checkpoint = GGUFCheckpoint(path)
-        config = checkpoint.hf_config()
-        # The blocks are kept as they are; only the other tensors (norms, float
-        # matrices, types without a native layout) are dequantized.
-        packed = checkpoint.packed_weights()
-        if packed:
-            save_packed(packed, staging / PACKED)
-        tensors = dict(checkpoint.tensors(progress, skip=set(packed)))
-        if config["tie_word_embeddings"]:
-            tensors.pop("lm_head.weight", None)
-        save_file(tensors, str(staging / "model.safetensors"))
-        (staging / "config.json").write_text(json.dumps(config, indent=2))
+        save_converted(path, staging, progress)
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)

@@ -5,7 +5,6 @@ layers and its fused stack on them, with the tokens of its float32 weights."""
 
 from __future__ import annotations
 
-import json
 import random
 import shutil
 from pathlib import Path
@@ -15,12 +14,11 @@ import numpy as np
 import pytest
 import torch
 from gguf.quants import dequantize
-from safetensors.torch import save_file
 
-from carpool.models.causal_lm import PACKED, LoadedLM, load_causal_lm
+from carpool.models.causal_lm import LoadedLM, load_causal_lm, save_converted
 from carpool.models.gguf_blocks import NATIVE_TYPES, to_packed
 from carpool.models.gguf_file import GGUFCheckpoint
-from carpool.models.packed_linear import BlockType, save_packed
+from carpool.models.packed_linear import BlockType
 from tests import tiny_models
 from tests.unit.models.test_causal_lm import generate, gguf_writer
 
@@ -142,17 +140,8 @@ def k_quant_model(folder: Path, smollm_folder: Path) -> Path:
 def lay_out_converted(path: Path, converted: Path, tokenizer_dir: Path) -> Path:
     """``path`` laid out as carpool's conversion lays a GGUF out, with the
     tokenizer of ``tokenizer_dir`` (a test's GGUF has none)."""
-    checkpoint = GGUFCheckpoint(path)
-    config = checkpoint.hf_config()
     converted.mkdir()
-    packed = checkpoint.packed_weights()
-    if packed:
-        save_packed(packed, converted / PACKED)
-    floats = dict(checkpoint.tensors(progress=False, skip=set(packed)))
-    if config["tie_word_embeddings"]:
-        floats.pop("lm_head.weight", None)
-    save_file(floats, str(converted / "model.safetensors"))
-    (converted / "config.json").write_text(json.dumps(config))
+    save_converted(path, converted, progress=False)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (tokenizer_dir / name).exists():
             shutil.copy(tokenizer_dir / name, converted / name)
