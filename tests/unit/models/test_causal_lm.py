@@ -162,8 +162,13 @@ def test_gguf_tensors_land_in_place_for_each_type(tmp_path: Path, smollm_folder:
     assert seen == set(tolerance)
 
 
-def gguf_writer(path: Path, arch: str, cfg: Any) -> gguf.GGUFWriter:
-    """A GGUF writer for ``arch`` with the metadata of the transformers config ``cfg``."""
+def gguf_writer(
+    path: Path, arch: str, cfg: Any, rope_theta: float | None = None
+) -> gguf.GGUFWriter:
+    """A GGUF writer for ``arch`` with the metadata of the transformers config ``cfg``;
+    ``rope_theta``: the rotary base to write where the config has one per layer kind."""
+    if rope_theta is None:
+        rope_theta = cfg.rope_parameters.get("rope_theta", 10000.0)
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(cfg.num_hidden_layers)
     writer.add_context_length(cfg.max_position_embeddings)
@@ -172,7 +177,7 @@ def gguf_writer(path: Path, arch: str, cfg: Any) -> gguf.GGUFWriter:
     writer.add_head_count(cfg.num_attention_heads)
     writer.add_head_count_kv(cfg.num_key_value_heads)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_rope_freq_base(cfg.rope_parameters.get("rope_theta", 10000.0))
+    writer.add_rope_freq_base(rope_theta)
     writer.add_vocab_size(cfg.vocab_size)
     return writer
 

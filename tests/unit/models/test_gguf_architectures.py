@@ -20,7 +20,7 @@ from carpool.models.causal_lm import load_causal_lm
 from carpool.models.gguf_file import GGUFCheckpoint
 from carpool.models.llama import LlamaForCausalLM
 from tests import tiny_models
-from tests.unit.models.test_causal_lm import generate
+from tests.unit.models.test_causal_lm import generate, gguf_writer
 from tests.unit.models.test_gguf_blocks import lay_out_converted
 
 PHI3 = {
@@ -65,29 +65,18 @@ def reference_model(arch: str, folder: Path, smollm_folder: Path) -> Any:
 
 
 def metadata(writer: gguf.GGUFWriter, arch: str, cfg: Any) -> None:
-    writer.add_block_count(cfg.num_hidden_layers)
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_vocab_size(cfg.vocab_size)
+    """What llama.cpp's converter writes for ``arch`` beyond ``gguf_writer``'s."""
     writer.add_eos_token_id(2)
     rope = cfg.rope_parameters
     if arch == "phi3":
-        head = cfg.hidden_size // cfg.num_attention_heads
-        writer.add_rope_dimension_count(head)
-        writer.add_rope_freq_base(rope.get("rope_theta", 10000.0))
+        writer.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
         writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
         writer.add_sliding_window(0)  # none: the tiny model has no window
     else:
-        full = rope["full_attention"]
         writer.add_key_length(cfg.head_dim)
         writer.add_value_length(cfg.head_dim)
-        writer.add_rope_freq_base(full["rope_theta"])  # the global layers'
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        writer.add_rope_scaling_factor(full["factor"])
+        writer.add_rope_scaling_factor(rope["full_attention"]["factor"])
         writer.add_sliding_window(cfg.sliding_window)
         writer.add_sliding_window_pattern([k == "sliding_attention" for k in cfg.layer_types])
         writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
@@ -97,7 +86,10 @@ def write_gguf(reference: Any, arch: str, path: Path, blocks: bool) -> None:
     """The model as llama.cpp's converter writes it; with ``blocks`` its matrices
     as Q8_0, the reference given the values those blocks hold."""
     cfg = reference.config
-    writer = gguf.GGUFWriter(str(path), arch)
+    rope = cfg.rope_parameters
+    # Gemma 3's rotary base in the file is its global layers'.
+    theta = rope["full_attention"]["rope_theta"] if arch == "gemma3" else None
+    writer = gguf_writer(path, arch, cfg, rope_theta=theta)
     metadata(writer, arch, cfg)
     layer_names = PHI3 if arch == "phi3" else GEMMA3
     state = reference.state_dict()
