@@ -2,7 +2,8 @@
 stream on the CPU: random Q8_0 blocks in a real model's exact shape (Qwen3-0.6B,
 Gemma-3-1B: their q/k norms, Gemma's four norms, GELU and two rotary tables, which
 the stack runs since issue 27's session 20), laid out as carpool's GGUF conversion
-lays a file out, with the built-in tokenizer widened to the vocabulary.
+lays a file out, with the built-in tokenizer widened to the vocabulary. The shapes
+are ``benchmarks.real_size``'s (``qwen3-toy`` checks this module in seconds).
 
     python -m benchmarks.fused_stack --shape qwen3-0.6b --tokenizer DIR [--rounds 3]
 
@@ -24,35 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.real_size import widen_tokenizer
+from benchmarks.real_size import SHAPES, widen_tokenizer
 
 TOKENS = 64
 
-SHAPES: dict[str, dict[str, Any]] = {
-    "qwen3-0.6b": dict(
-        arch="qwen3",
-        hidden=1024,
-        intermediate=3072,
-        layers=28,
-        heads=16,
-        kv_heads=8,
-        head_dim=128,
-        vocab=151936,
-        rope_theta=1000000.0,
-    ),
-    "gemma3-1b": dict(
-        arch="gemma3",
-        hidden=1152,
-        intermediate=6912,
-        layers=26,
-        heads=4,
-        kv_heads=1,
-        head_dim=256,
-        vocab=262144,
-        rope_theta=1000000.0,
-        sliding_window=512,
-    ),
-}
+# Shapes of benchmarks.real_size (Hugging Face config fields) this benchmark runs.
+STACK_SHAPES = ("qwen3-0.6b", "gemma3-1b", "qwen3-toy")
+ARCHS = {"qwen3": "qwen3", "gemma3_text": "gemma3"}  # model_type -> GGUF architecture
 
 
 def q8_0_blocks(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -65,26 +44,33 @@ def q8_0_blocks(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def write_gguf(shape: dict[str, Any], path: Path) -> None:
+    """A GGUF file of random Q8_0 blocks in ``shape`` (a real_size.SHAPES entry)."""
     import gguf
 
-    arch, h, d = shape["arch"], shape["hidden"], shape["head_dim"]
+    arch, h = ARCHS[shape["model_type"]], shape["hidden_size"]
+    d, heads, kv_heads = (
+        shape["head_dim"],
+        shape["num_attention_heads"],
+        shape["num_key_value_heads"],
+    )
+    layers, inter = shape["num_hidden_layers"], shape["intermediate_size"]
     writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_block_count(shape["layers"])
+    writer.add_block_count(layers)
     writer.add_context_length(8192)
     writer.add_embedding_length(h)
-    writer.add_feed_forward_length(shape["intermediate"])
-    writer.add_head_count(shape["heads"])
-    writer.add_head_count_kv(shape["kv_heads"])
+    writer.add_feed_forward_length(inter)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
     writer.add_key_length(d)
     writer.add_value_length(d)
     writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_rope_freq_base(shape["rope_theta"])
-    writer.add_vocab_size(shape["vocab"])
+    writer.add_rope_freq_base(shape.get("rope_theta", 10000.0))
+    writer.add_vocab_size(shape["vocab_size"])
     writer.add_eos_token_id(2)
     if "sliding_window" in shape:
         writer.add_sliding_window(shape["sliding_window"])
     rng = np.random.default_rng(0)
-    q, kv, inter = shape["heads"] * d, shape["kv_heads"] * d, shape["intermediate"]
+    q, kv = heads * d, kv_heads * d
     matrices = {
         "attn_q": (q, h),
         "attn_k": (kv, h),
@@ -98,7 +84,7 @@ def write_gguf(shape: dict[str, Any], path: Path) -> None:
     if arch == "gemma3":
         norms += ["post_attention_norm", "post_ffw_norm"]
     q8_0 = gguf.GGMLQuantizationType.Q8_0
-    for layer in range(shape["layers"]):
+    for layer in range(layers):
         for part in norms:
             size = d if part in ("attn_q_norm", "attn_k_norm") else h
             writer.add_tensor(f"blk.{layer}.{part}.weight", np.ones(size, np.float32))
@@ -107,7 +93,7 @@ def write_gguf(shape: dict[str, Any], path: Path) -> None:
             writer.add_tensor(
                 f"blk.{layer}.{part}.weight", raw, raw_shape=raw.shape, raw_dtype=q8_0
             )
-    raw = q8_0_blocks(shape["vocab"], h, rng)
+    raw = q8_0_blocks(shape["vocab_size"], h, rng)
     writer.add_tensor("token_embd.weight", raw, raw_shape=raw.shape, raw_dtype=q8_0)
     writer.add_tensor("output_norm.weight", np.ones(h, np.float32))
     writer.write_header_to_file()
@@ -147,7 +133,7 @@ def decode_seconds(llm: Any, prompt: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", required=True, choices=sorted(SHAPES))
+    parser.add_argument("--shape", required=True, choices=STACK_SHAPES)
     parser.add_argument("--tokenizer", required=True, type=Path, help="the built-in's folder")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)

@@ -62,6 +62,23 @@ SHAPES: dict[str, dict[str, Any]] = {
         rms_norm_eps=1e-6,
         tie_word_embeddings=True,
     ),
+    "gemma3-1b": dict(
+        model_type="gemma3_text",
+        hidden_size=1152,
+        intermediate_size=6912,
+        num_hidden_layers=26,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=256,
+        vocab_size=262144,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        rope_local_base_freq=10000.0,
+        sliding_window=512,
+        query_pre_attn_scalar=256,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+    ),
     # Two layers of Qwen3's kind at toy widths: checks this module on a CPU in seconds.
     "qwen3-toy": dict(
         model_type="qwen3",
