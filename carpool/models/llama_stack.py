@@ -180,23 +180,21 @@ def _pointer(tensor: torch.Tensor | None) -> int | None:
 
 def _check_layer(layer: LayerWeights, shape: StackShape) -> None:
     """Raise ValueError unless the layer's norms are what the C side reads."""
-    check_tensors(input_norm=(layer.input_norm, torch.float32))
-    check_tensors(post_norm=(layer.post_norm, torch.float32))
-    check_shape("input_norm", layer.input_norm, shape.hidden_size)
-    check_shape("post_norm", layer.post_norm, shape.hidden_size)
     if (layer.q_norm is None) != (layer.k_norm is None):
         raise ValueError("a layer with a query norm needs a key norm, and the reverse")
-    for name, norm in (("q_norm", layer.q_norm), ("k_norm", layer.k_norm)):
+    hidden, head = shape.hidden_size, shape.head_dim
+    norms = {
+        "input_norm": (layer.input_norm, hidden),
+        "post_norm": (layer.post_norm, hidden),
+        "q_norm": (layer.q_norm, head),
+        "k_norm": (layer.k_norm, head),
+        "attn_out_norm": (layer.attn_out_norm, hidden),
+        "mlp_out_norm": (layer.mlp_out_norm, hidden),
+    }
+    for name, (norm, size) in norms.items():
         if norm is not None:
             check_tensors(**{name: (norm, torch.float32)})
-            check_shape(name, norm, shape.head_dim)
-    for name, norm in (
-        ("attn_out_norm", layer.attn_out_norm),
-        ("mlp_out_norm", layer.mlp_out_norm),
-    ):
-        if norm is not None:
-            check_tensors(**{name: (norm, torch.float32)})
-            check_shape(name, norm, shape.hidden_size)
+            check_shape(name, norm, size)
     if layer.window is not None and layer.window < 1:
         raise ValueError(f"a sliding window of {layer.window} tokens")
     if layer.local_rope and shape.local_rope is None:
