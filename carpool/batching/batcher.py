@@ -240,6 +240,11 @@ class DynamicBatcher:
     # --- runtime thread -----------------------------------------------------------
 
     def poll(self, now: float) -> WorkState:
+        if self._busy == 0 and self._inbox.empty() and not self._queues:
+            # Nothing waits, nothing runs: the turn after every batch at low load, in
+            # the time a request's result waits for this thread to give up the GIL.
+            self._decision = None
+            return IDLE
         self._drain_inbox()
         self._drop_cancelled(now)
         self._decision = None

@@ -55,9 +55,14 @@ def numpy_dtype(datatype: str) -> np.dtype[Any]:
 def datatype_of(array: np.ndarray[Any, Any]) -> str | None:
     """The protocol datatype of ``array``; None for a dtype the protocol has no name
     for. Unicode string arrays count as BYTES."""
-    if array.dtype.kind == "U":
+    return _datatype_of_dtype(array.dtype)
+
+
+@functools.lru_cache(maxsize=256)  # checked on every output; tritonclient's chain of
+def _datatype_of_dtype(dtype: np.dtype[Any]) -> str | None:  # comparisons is slow
+    if dtype.kind == "U":
         return "BYTES"
-    name = np_to_triton_dtype(array.dtype)
+    name = np_to_triton_dtype(dtype)
     return name if name in DATATYPES else None
 
 

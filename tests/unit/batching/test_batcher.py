@@ -289,6 +289,30 @@ def test_a_concurrent_batcher_runs_up_to_that_many_batches_at_once() -> None:
         batcher.submit(4, 4)
 
 
+def test_a_concurrent_batcher_is_busy_while_a_batch_runs_with_none_waiting() -> None:
+    gate, started, finished = threading.Event(), threading.Event(), threading.Event()
+
+    class Gated(EchoModel):
+        def forward(self, batch: list[int]) -> list[int]:
+            started.set()
+            assert gate.wait(30)
+            return super().forward(batch)
+
+    batcher = DynamicBatcher("gated", Gated(), BatchingConfig(), concurrency=2)
+    batcher.attach(finished.set)
+    future = batcher.submit(1, 1)
+    assert batcher.poll(0.0).ready_since is not None
+    batcher.run_once(0.0)
+    assert started.wait(30)
+    running = batcher.poll(0.0)  # nothing queued, but not idle: a retiring runtime waits
+    assert running.busy and running.ready_since is None
+    finished.clear()
+    gate.set()
+    assert future.result(timeout=30) == 2
+    assert finished.wait(30)
+    assert batcher.poll(0.0) == IDLE
+
+
 def test_a_bug_in_a_concurrent_batch_fails_that_batch_only(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -42,6 +42,11 @@ def test_bytes_both_ways() -> None:
         (tensor("UINT8", [1], [-1]), None, "range"),
         (tensor("INT32", [1], [1.5]), None, "integers"),
         (tensor("BOOL", [1], [1]), None, "true or false"),
+        (tensor("BOOL", [2, 1], [[True], [1]]), None, "true or false"),
+        (tensor("FP32", [2], [1.5, True]), None, "numbers"),
+        (tensor("FP32", [2, 1], [[1.5], [False]]), None, "numbers"),
+        (tensor("INT32", [2], [1, True]), None, "integers"),
+        (tensor("UINT64", [2], [True, 2**64 - 1]), None, "integers"),
         (tensor("FP32", [1], ["1"]), None, "numbers"),
         (tensor("FP32", [2], [1.0]), None, "elements"),
         (tensor("FP32", [2]), b"\0" * 4, "bytes of data"),
@@ -55,6 +60,14 @@ def test_refused(t: V2Tensor, blob: bytes | None, message: str) -> None:
     with pytest.raises(InvalidRequest, match=message) as caught:
         decode_tensor(t, blob)
     assert caught.value.param == "t"
+
+
+def test_json_data_flat_or_nested() -> None:
+    flat = decode_tensor(tensor("FP32", [2, 2], [1, 2.5, 3, 4]), None)
+    nested = decode_tensor(tensor("FP32", [2, 2], [[1, 2.5], [3, 4]]), None)
+    assert flat.dtype == nested.dtype == np.float32
+    assert flat.tolist() == nested.tolist() == [[1.0, 2.5], [3.0, 4.0]]
+    assert decode_tensor(tensor("BOOL", [1, 2], [[True, False]]), None).tolist() == [[True, False]]
 
 
 def test_outputs_as_json_and_binary() -> None:
