@@ -295,12 +295,13 @@ def interleaved_c1(
     rows: list[Any],
     count: int,
     limit_s: float,
-    blocks: int = 6,
+    per_block: int = 20,
     idle_s: float = 0.002,
-) -> tuple[LoadResult, list[float]]:
+) -> tuple[LoadResult, list[float], float]:
     """``count`` requests at concurrency 1 and as many in-process one-row calls of the
-    same rows, in alternating blocks (the CPU here drifts by tens of percent in
-    minutes, so both must see the same stretch of it). Each in-process call follows
+    same rows, in alternating blocks of ``per_block``; and the median over blocks of
+    (the block's c=1 p50 - its in-process p50). The CPU here drifts by tens of percent
+    in minutes: paired blocks see the same stretch of it. Each in-process call follows
     ``idle_s`` of idleness, as the server's model is called once a request with the
     HTTP round trip between. Blocks, not call by call: an in-process call just before
     each request left this process's torch threads spinning on the two cores while the
@@ -308,20 +309,24 @@ def interleaved_c1(
     latencies: list[float] = []
     errors = 0
     singles: list[float] = []
-    per_block = max(1, count // blocks)
+    over: list[float] = []
     started = time.perf_counter()
     for start_at in range(0, count, per_block):
         part = bodies[start_at : start_at + per_block]
         result = asyncio.run(closed_loop(url, part, 1, limit_s))
         latencies += result.latencies
         errors += result.errors
+        block: list[float] = []
         for row in rows[start_at : start_at + len(part)]:
             one = one_row(name, row)
             time.sleep(idle_s)
             t0 = time.perf_counter()
             model(one)
-            singles.append(time.perf_counter() - t0)
-    return LoadResult(len(latencies), errors, time.perf_counter() - started, latencies), singles
+            block.append(time.perf_counter() - t0)
+        singles += block
+        over.append(statistics.median(result.latencies) - statistics.median(block))
+    load = LoadResult(len(latencies), errors, time.perf_counter() - started, latencies)
+    return load, singles, statistics.median(over)
 
 
 def main() -> None:
@@ -365,7 +370,7 @@ def main() -> None:
             try:
                 wait_ready(url, *bodies[0], process)
                 asyncio.run(closed_loop(url, bodies[:200], 16, args.limit_s))  # warm up
-                one, singles = interleaved_c1(
+                one, singles, over = interleaved_c1(
                     url, bodies, model, models[model], work[model].rows, args.single, args.limit_s
                 )
                 single = statistics.median(singles)
@@ -374,6 +379,7 @@ def main() -> None:
                     "c1": one.summary(),
                     "c64": many.summary(),
                     "in_process_single": single,
+                    "c1_over_in_process": over,
                 }
                 if peer.startswith("carpool"):
                     floor = asyncio.run(route_floor(url, len(bodies), 64))
@@ -401,10 +407,10 @@ def main() -> None:
             continue
         peers = [r for (m, p), r in results.items() if m == model and not p.startswith("carpool")
                  and "c64" in r]  # fmt: skip
-        over = ours["c1"]["p50"] - ours["in_process_single"]
+        over = ours["c1_over_in_process"]
         line = (f"{model}: carpool c=64 = {ours['c64']['rps'] / ceilings[model][0]:.2f}x the "
-                f"in-process ceiling; c=1 p50 = in-process one-row call (after 2 ms idle, "
-                f"blocks interleaved) + "
+                f"in-process ceiling; c=1 p50 = in-process one-row call (after 2 ms idle; "
+                f"median of interleaved blocks' differences) + "
                 f"{over * 1e3:.2f} ms (back to back + "
                 f"{(ours['c1']['p50'] - ceilings[model][1]) * 1e3:.2f} ms)")  # fmt: skip
         if "route_floor_rps" in ours:
