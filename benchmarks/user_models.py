@@ -305,7 +305,7 @@ def interleaved_c1(
     ``idle_s`` of idleness, as the server's model is called once a request with the
     HTTP round trip between. Blocks, not call by call: an in-process call just before
     each request left this process's torch threads spinning on the two cores while the
-    server answered (+0.25 to +0.6 ms on the MLP's c=1 p50, measured)."""
+    server answered (+0.16 to +0.63 ms on the MLP's c=1 p50, measured)."""
     latencies: list[float] = []
     errors = 0
     singles: list[float] = []
