@@ -5,7 +5,9 @@ batches over a pipe (payloads and results are pickled: numpy arrays and plain
 objects). If the process dies (a crash, ``os._exit``, a signal) the batch in flight
 fails with ``BatchFailed`` and a new process is started in the background; the next
 batch waits for it. A batch past the execution timeout kills the process the same
-way. The server itself never runs the user's code.
+way. The server itself never runs the user's code, so the thread that sends a batch
+may wait on its answer itself (``execute``'s timeout): no thread of its own is needed
+to give up on a model that hangs.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import contextlib
 import logging
 import multiprocessing
 import threading
+import time
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -58,8 +61,13 @@ class ModelProcessFailed(RuntimeError):
     """The user's code raised inside the worker process (its message travels back)."""
 
 
+class ExecutionTimedOut(BatchFailed):
+    """A batch outlived its timeout; its worker was killed and is being restarted."""
+
+
 class ProcessBackend:
-    """One model instance in a worker process; a ``Backend`` with ``restart``."""
+    """One model instance in a worker process; a ``Backend`` whose ``execute`` takes a
+    timeout (the calling thread waits on the worker itself)."""
 
     def __init__(self, spec: ModelSpec, instance: int, device: str) -> None:
         self.spec = spec
@@ -67,6 +75,8 @@ class ProcessBackend:
         self._device = device
         self._context = multiprocessing.get_context("spawn")
         self._lock = threading.Lock()
+        # One exchange on the pipe at a time: a batch and a BLS call may meet here.
+        self._exchange = threading.Lock()
         self._process: BaseProcess | None = None
         self._conn: Connection | None = None
         self._ready = threading.Event()
@@ -107,8 +117,26 @@ class ProcessBackend:
             self._process, self._conn = process, parent
         self._ready.set()
 
-    def execute(self, payloads: list[TensorPayload]) -> list[Outputs | Failed]:
-        self._ready.wait()
+    def execute(
+        self, payloads: list[TensorPayload], timeout_s: float | None = None
+    ) -> list[Outputs | Failed]:
+        """Run one batch in the worker. ``timeout_s`` (None: no limit) bounds the whole
+        wait, a restart in progress included: past it the worker is killed, a new one
+        started in the background, and ``ExecutionTimedOut`` raised."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        left = _left(deadline)
+        if not self._ready.wait(left) or not self._exchange.acquire(
+            timeout=-1 if left is None else _left(deadline) or 0.0
+        ):
+            raise self._timed_out()
+        try:
+            return self._exchange_batch(payloads, deadline)
+        finally:
+            self._exchange.release()
+
+    def _exchange_batch(
+        self, payloads: list[TensorPayload], deadline: float | None
+    ) -> list[Outputs | Failed]:
         with self._lock:
             conn = self._conn
         if conn is None:
@@ -117,6 +145,10 @@ class ProcessBackend:
             )
         try:
             conn.send(payloads)
+            if deadline is not None and not conn.poll(_left(deadline)):
+                self._kill()
+                self._restart_in_background()
+                raise self._timed_out()
             status, result = conn.recv()
         except (EOFError, OSError, BrokenPipeError):
             code = self._process.exitcode if self._process is not None else None
@@ -129,10 +161,11 @@ class ProcessBackend:
             raise ModelProcessFailed(result)
         return list(result)
 
-    def restart(self) -> None:
-        """Kill the worker (a batch outlived its timeout) and start another; the batch
-        waiting on it fails as for a crash."""
-        self._kill()
+    def _timed_out(self) -> ExecutionTimedOut:
+        return ExecutionTimedOut(
+            f"model '{self.spec.name}' did not finish a batch within its execution timeout; "
+            "its worker process is being restarted"
+        )
 
     def _kill(self) -> None:
         with self._lock:
@@ -168,3 +201,8 @@ class ProcessBackend:
 
     def __getstate__(self) -> Any:
         raise TypeError("a ProcessBackend stays in the process that made it")
+
+
+def _left(deadline: float | None) -> float | None:
+    """Seconds until ``deadline`` (none left: 0); None for no deadline."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())

@@ -1,13 +1,15 @@
 """A repository model as the dynamic batcher's ``BatchModel``.
 
-Each instance of the user's model (``instance_group`` count) has its own thread;
-the runtime thread hands a batch to the next instance and waits at most the
-model's execution timeout. What comes back is checked against the config: one
-result per request, every requested output there, with its declared datatype and
-shape and the request's batch size. A wrong output fails that request with a
-message that says what was wrong. A batch that outlives the timeout fails whole;
-an in-process model is then marked unready (its thread cannot be taken back), a
-process-isolated one has its worker restarted.
+Each in-process instance of the user's model (``instance_group`` count) has its own
+thread; the runtime thread hands a batch to the next instance and waits at most the
+model's execution timeout. A process-isolated instance needs no thread of its own:
+the calling thread sends the batch to its worker and waits on the pipe with the same
+timeout (one hand-over fewer each way on every request). What comes back is checked
+against the config: one result per request, every requested output there, with its
+declared datatype and shape and the request's batch size. A wrong output fails that
+request with a message that says what was wrong. A batch that outlives the timeout
+fails whole; an in-process model is then marked unready (its thread cannot be taken
+back), a process-isolated one has its worker restarted.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from carpool.repository.backends import Backend, Outputs
 from carpool.repository.datatypes import datatype_of, with_bytes
 from carpool.repository.decoupled import ResponseStream
 from carpool.repository.payload import TensorPayload
+from carpool.repository.process import ExecutionTimedOut, ProcessBackend
 from carpool.repository.spec import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -47,7 +50,13 @@ class UserBatchModel:
         self.timeout_s = timeout_s
         self.unready_reason = ""
         self._instances = list(instances)
-        self._threads = [InstanceThread(f"carpool-{spec.name}-{i}") for i in range(len(instances))]
+        # A worker process is waited on from the calling thread: no thread of its own.
+        self._threads = [
+            None
+            if isinstance(instance, ProcessBackend)
+            else InstanceThread(f"carpool-{spec.name}-{i}")
+            for i, instance in enumerate(instances)
+        ]
         self._next = 0
         # Instances running a batch: the batcher may run as many batches at once as
         # there are instances (its dispatch threads), each on a free one.
@@ -73,15 +82,28 @@ class UserBatchModel:
         if self.unready_reason:
             raise BatchFailed(self.unready_reason)
         index, taken = self._take_instance()
-        instance = self._instances[index]
         try:
-            future = self._threads[index].submit(instance.execute, payloads)
-            try:
-                return payloads, future.result(self.timeout_s or None)
-            except concurrent.futures.TimeoutError:
-                return payloads, self._timed_out(instance)
+            return payloads, self._run(index, payloads)
         finally:
             self._release(index, taken)
+
+    def _run(self, index: int, payloads: list[TensorPayload]) -> list[Outputs | Failed]:
+        """``payloads`` run on instance ``index`` within the execution timeout: on the
+        instance's thread, or, for a worker process, from the calling thread."""
+        instance = self._instances[index]
+        timeout = self.timeout_s or None
+        if isinstance(instance, ProcessBackend):
+            try:
+                return instance.execute(payloads, timeout)
+            except ExecutionTimedOut:
+                self._timed_out(restarted=True)
+        thread = self._threads[index]
+        assert thread is not None  # every in-process instance has one
+        future = thread.submit(instance.execute, payloads)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            self._timed_out(restarted=False)
 
     def _take_instance(self) -> tuple[int, bool]:
         """The next free instance in turn, now marked busy (``True``); or, with none
@@ -122,12 +144,8 @@ class UserBatchModel:
         if self.unready_reason:
             raise ModelUnavailable(self.unready_reason)
         index, taken = self._take_instance()
-        instance = self._instances[index]
         try:
-            future = self._threads[index].submit(instance.execute, [payload])
-            results = future.result(self.timeout_s or None)
-        except concurrent.futures.TimeoutError:
-            self._timed_out(instance)
+            results = self._run(index, [payload])
         except CarpoolError:
             raise
         except Exception as exc:
@@ -150,17 +168,18 @@ class UserBatchModel:
                 instance.finalize()
             except Exception:
                 log.exception("model %s: finalize failed", self.spec.name)
-            thread.stop()
+            if thread is not None:
+                thread.stop()
 
-    def _timed_out(self, instance: Backend) -> NoReturn:
+    def _timed_out(self, restarted: bool) -> NoReturn:
+        """A batch outlived the execution timeout: ``BatchFailed``; a worker process
+        has already been ``restarted``, an in-process model is marked unready."""
         message = (
             f"model '{self.spec.name}' did not finish a batch within its execution timeout "
             f"of {self.timeout_s:g}s"
         )
-        restart = getattr(instance, "restart", None)
-        if restart is not None:
-            log.error("%s; restarting its worker process", message)
-            restart()
+        if restarted:
+            log.error("%s; its worker process is being restarted", message)
         else:
             log.error("%s; the model is marked unready (unload and load it to recover)", message)
             self.unready_reason = (

@@ -260,6 +260,19 @@ def test_a_crashing_isolated_model_is_restarted(server: Server) -> None:
     assert c.is_server_live()
 
 
+def test_a_hung_isolated_model_is_restarted_and_serves_again(server: Server) -> None:
+    c = client(server)
+    before = int(infer_x(c, "crashes", np.ones((1, 1))).as_numpy("pid")[0, 0])
+    with pytest.raises(InferenceServerException) as caught:
+        infer_x(c, "crashes", np.full((1, 1), 77))  # sleeps an hour in the worker
+    assert caught.value.status() == "500"
+    assert "execution timeout" in caught.value.message()
+    assert c.is_model_ready("crashes")  # its worker is replaced: it stays ready
+    after = infer_x(c, "crashes", np.full((1, 1), 2))
+    assert after.as_numpy("total").tolist() == [[2.0]]
+    assert int(after.as_numpy("pid")[0, 0]) != before
+
+
 def test_a_config_completed_by_the_model(server: Server) -> None:
     c = client(server)
     config = c.get_model_config("auto_completed")

@@ -300,7 +300,8 @@ def build(root: Path) -> Path:
         batch_report_config(
             "crashes",
             False,
-            'parameters { key: "isolation" value: { string_value: "process" } }',
+            'parameters { key: "isolation" value: { string_value: "process" } }'
+            ' parameters { key: "execution_timeout_s" value: { string_value: "2" } }',
             batching="max_queue_delay_microseconds: 0",
         ),
         BATCH_REPORT,
