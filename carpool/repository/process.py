@@ -121,18 +121,24 @@ class ProcessBackend:
         self, payloads: list[TensorPayload], timeout_s: float | None = None
     ) -> list[Outputs | Failed]:
         """Run one batch in the worker. ``timeout_s`` (None: no limit) bounds the whole
-        wait, a restart in progress included: past it the worker is killed, a new one
-        started in the background, and ``ExecutionTimedOut`` raised."""
+        wait, for a restart in progress and a busy pipe too; past it ``ExecutionTimedOut``
+        is raised, and a worker that was running the batch is killed and a new one
+        started in the background."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        left = _left(deadline)
-        if not self._ready.wait(left) or not self._exchange.acquire(
-            timeout=-1 if left is None else _left(deadline) or 0.0
-        ):
+        if not self._take_turn(deadline):
             raise self._timed_out()
         try:
             return self._exchange_batch(payloads, deadline)
         finally:
             self._exchange.release()
+
+    def _take_turn(self, deadline: float | None) -> bool:
+        """Wait for a started worker and a free pipe (``_exchange`` then held); False
+        when ``deadline`` passed first."""
+        if deadline is None:
+            self._ready.wait()
+            return self._exchange.acquire()
+        return self._ready.wait(_left(deadline)) and self._exchange.acquire(timeout=_left(deadline))
 
     def _exchange_batch(
         self, payloads: list[TensorPayload], deadline: float | None
@@ -203,6 +209,6 @@ class ProcessBackend:
         raise TypeError("a ProcessBackend stays in the process that made it")
 
 
-def _left(deadline: float | None) -> float | None:
-    """Seconds until ``deadline`` (none left: 0); None for no deadline."""
-    return None if deadline is None else max(0.0, deadline - time.monotonic())
+def _left(deadline: float) -> float:
+    """Seconds until ``deadline`` (none left: 0)."""
+    return max(0.0, deadline - time.monotonic())

@@ -301,7 +301,7 @@ def build(root: Path) -> Path:
             "crashes",
             False,
             'parameters { key: "isolation" value: { string_value: "process" } }'
-            ' parameters { key: "execution_timeout_s" value: { string_value: "2" } }',
+            ' parameters { key: "execution_timeout_s" value: { string_value: "5" } }',
             batching="max_queue_delay_microseconds: 0",
         ),
         BATCH_REPORT,
