@@ -192,9 +192,12 @@ def _check_layer(layer: LayerWeights, shape: StackShape) -> None:
         "mlp_out_norm": (layer.mlp_out_norm, hidden),
     }
     for name, (norm, size) in norms.items():
-        if norm is not None:
-            check_tensors(**{name: (norm, torch.float32)})
-            check_shape(name, norm, size)
+        if norm is None:
+            if name in ("input_norm", "post_norm"):  # every layer has these two
+                raise ValueError(f"a layer without its {name}")
+            continue
+        check_tensors(**{name: (norm, torch.float32)})
+        check_shape(name, norm, size)
     if layer.window is not None and layer.window < 1:
         raise ValueError(f"a sliding window of {layer.window} tokens")
     if layer.local_rope and shape.local_rope is None:

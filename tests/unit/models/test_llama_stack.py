@@ -5,6 +5,7 @@ the kernel settings turn it off."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -300,3 +301,28 @@ def test_the_stack_refuses_metadata_that_does_not_fit(smollm: LoadedLM) -> None:
         )
     with pytest.raises(ValueError, match="x has shape"):
         stack(torch.zeros(2, 7), positions, caches, good)
+
+
+def test_the_stack_refuses_a_layer_whose_norms_the_kernel_cannot_read(
+    smollm: LoadedLM,
+) -> None:
+    model = smollm.model
+    assert isinstance(model, LlamaForCausalLM) and model.stack is not None
+    weights, shape = model.stack_weights(), model.stack_shape()
+    first = weights[0]
+    cases = {
+        "input_norm": dataclasses.replace(first, input_norm=None),  # type: ignore[arg-type]
+        "post_norm": dataclasses.replace(first, post_norm=first.post_norm[:-1]),
+        "q_norm": dataclasses.replace(
+            first, q_norm=torch.ones(shape.head_dim - 1), k_norm=torch.ones(shape.head_dim)
+        ),
+        "k_norm": dataclasses.replace(
+            first, q_norm=torch.ones(shape.head_dim), k_norm=torch.ones(shape.head_dim + 1)
+        ),
+        "mlp_out_norm": dataclasses.replace(
+            first, mlp_out_norm=torch.ones(shape.hidden_size, dtype=torch.float64)
+        ),
+    }
+    for name, layer in cases.items():
+        with pytest.raises(ValueError, match=name):
+            LlamaStack([layer, *weights[1:]], shape)
