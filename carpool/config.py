@@ -134,6 +134,13 @@ class RuntimeConfig:
         "the runtime thread waiting between two model ops.",
         default=0.5,
     )
+    engine_process: bool = _help(
+        "Run each generation model's engine (scheduler, model, detokenizer) in a process "
+        "of its own, as vLLM's engine core: the HTTP event loop then has this process's "
+        "GIL to itself, which matters on a GPU at high concurrency. Such a model no "
+        "longer shares the device runtime's turns with the other models.",
+        default=False,
+    )
 
     def __post_init__(self) -> None:
         _require(self.switch_interval_ms > 0, "switch_interval_ms must be > 0")

@@ -232,6 +232,11 @@ class EngineStats:
         with self._lock:
             yield self._data
 
+    def load(self, data: EngineStatsData) -> None:
+        """Hold ``data`` from now on: a snapshot of an engine in another process."""
+        with self._lock:
+            self._data = data
+
 
 @dataclass
 class RuntimeStatsData:

@@ -17,13 +17,14 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from carpool.clock import Clock, MonotonicClock
 from carpool.engine.engine import Engine
 from carpool.engine.request_output import RequestOutput
-from carpool.engine.sampling_params import SamplingParams
+from carpool.engine.sampling_params import Grammar, SamplingParams
 from carpool.engine.sequence import FinishReason
 from carpool.errors import (
     CarpoolError,
@@ -33,7 +34,11 @@ from carpool.errors import (
     RequestTooLarge,
     ServerShuttingDown,
 )
-from carpool.runtime import IDLE, WorkState
+from carpool.runtime import IDLE, Worker, WorkState
+from carpool.stats import EngineStats
+
+if TYPE_CHECKING:
+    from carpool.paths import PathTaken
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +49,89 @@ def max_request_prompts(max_waiting: int) -> int:
     """Most prompts one request may bring: half the waiting room, so no single request
     fills it."""
     return max(1, max_waiting // 2)
+
+
+class GenerationWorker(Worker, Protocol):
+    """What ``AsyncEngine`` drives: a generation engine as a runtime worker, in this
+    process (``EngineWorker``) or in one of its own (``engine_process.EngineClient``).
+    Every method but the runtime's may be called from any thread."""
+
+    @property
+    def num_waiting(self) -> int: ...
+
+    @property
+    def paths(self) -> tuple[PathTaken, ...]:
+        """Which code runs each part of a step (native kernels or torch)."""
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per KV-cache block."""
+
+    @property
+    def stats(self) -> EngineStats: ...
+
+    def new_request_id(self) -> str: ...
+
+    def submit_many(
+        self,
+        requests: list[tuple[str, list[int], SamplingParams, Sink]],
+        *,
+        priority: int = 0,
+        timeout_s: float | None = None,
+        max_waiting: int | None = None,
+    ) -> list[list[int]]:
+        """As ``EngineWorker.submit_many``."""
+
+    def abort(self, request_id: str) -> None: ...
+
+    def compile_grammar(self, grammar: Grammar, param: str) -> None:
+        """Compile ``grammar`` (cached); raises ``InvalidRequest`` naming ``param``."""
+
+    def close(self, reason: str) -> None:
+        """Take no more requests and fail those still held (the model is unloaded)."""
+
+
+class WaitingRoom:
+    """How many requests are accepted and not yet started or finished, bounded by
+    ``--max-waiting-requests`` at admission. Any thread."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._count = 0
+        self._lock = threading.Lock()
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    def admit(self, count: int, max_waiting: int | None) -> None:
+        """Take ``count`` requests in, or raise ``RequestTooLarge`` (more than half of
+        ``max_waiting`` at once) or ``Overloaded`` (no room for all of them)."""
+        if max_waiting is None:
+            self.leave(-count)
+            return
+        most = max_request_prompts(max_waiting)
+        if count > most:
+            raise RequestTooLarge(
+                f"{count} prompts in one request; {self.name} takes at most {most} per "
+                "request (half of --max-waiting-requests)",
+                param="prompt",
+            )
+        with self._lock:
+            if self._count + count > max_waiting:
+                raise Overloaded(
+                    f"{self._count} requests are already waiting for {self.name}",
+                    retry_after_s=1.0,
+                )
+            self._count += count
+
+    def leave(self, count: int = 1) -> None:
+        """``count`` requests started, finished or failed before starting."""
+        with self._lock:
+            self._count -= count
 
 
 @dataclass(frozen=True)
@@ -80,8 +168,7 @@ class EngineWorker:
         self._notify: Callable[[], None] = lambda: None
         self._sinks: dict[str, Sink] = {}  # runtime thread only
         self._ready_since: float | None = None
-        self._waiting = 0  # accepted and not yet started or finished
-        self._waiting_lock = threading.Lock()
+        self._room = WaitingRoom(name)
         self._started: set[str] = set()  # runtime thread only
         self._ids = itertools.count()
         # Held from the closed check to the inbox put, so nothing lands after closing.
@@ -92,7 +179,26 @@ class EngineWorker:
 
     @property
     def num_waiting(self) -> int:
-        return self._waiting
+        return self._room.count
+
+    @property
+    def paths(self) -> tuple[PathTaken, ...]:
+        return self.engine.paths
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def block_size(self) -> int:
+        return self.engine.blocks.block_size
+
+    @property
+    def stats(self) -> EngineStats:
+        return self.engine.stats
+
+    def compile_grammar(self, grammar: Grammar, param: str) -> None:
+        self.engine.runner.compile_grammar(grammar, param)
 
     def new_request_id(self) -> str:
         return f"{self.name}-{next(self._ids)}"
@@ -133,32 +239,13 @@ class EngineWorker:
         with self._entry:
             if self._refusal is not None:
                 raise self._refusal()
-            self._admit(len(requests), max_waiting)
+            self._room.admit(len(requests), max_waiting)
             now = self.clock.now()
             deadline = None if timeout_s is None else now + timeout_s
             for (request_id, _, params, sink), prompt in zip(requests, prompts, strict=True):
                 self._inbox.put(_Add(request_id, prompt, params, priority, deadline, now, sink))
         self._notify()
         return prompts
-
-    def _admit(self, count: int, max_waiting: int | None) -> None:
-        if max_waiting is None:
-            self._count_waiting(count)
-            return
-        most = max_request_prompts(max_waiting)
-        if count > most:
-            raise RequestTooLarge(
-                f"{count} prompts in one request; {self.name} takes at most {most} per "
-                "request (half of --max-waiting-requests)",
-                param="prompt",
-            )
-        with self._waiting_lock:
-            if self._waiting + count > max_waiting:
-                raise Overloaded(
-                    f"{self._waiting} requests are already waiting for {self.name}",
-                    retry_after_s=1.0,
-                )
-            self._waiting += count
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))
@@ -201,7 +288,7 @@ class EngineWorker:
             if not isinstance(exc, CarpoolError):
                 log.error("setting up %s failed", message.request_id, exc_info=exc)
                 exc = ModelExecutionError(f"model {self.name!r} could not set up this request")
-            self._count_waiting(-1)
+            self._room.leave()
             _deliver(message.sink, exc)
             return
         self._sinks[message.request_id] = message.sink
@@ -211,27 +298,17 @@ class EngineWorker:
         # The next turn is ready from now on, so another worker with older work runs
         # first: the runtime alternates fairly between a busy engine and a busy batcher.
         self._ready_since = self.clock.now()
-        # One wake-up per event loop per step, not one per request: a step of 64
-        # streams would otherwise cost 64 self-pipe writes and loop turns.
-        batches: dict[asyncio.AbstractEventLoop, list[tuple[QueueSink, RequestOutput]]] = {}
+        deliveries: list[tuple[Sink | None, RequestOutput]] = []
         for out in outputs:
             if out.request_id not in self._started:
                 self._started.add(out.request_id)
-                self._count_waiting(-1)
+                self._room.leave()
             if out.finished:
                 self._started.discard(out.request_id)
-                sink = self._sinks.pop(out.request_id, None)
+                deliveries.append((self._sinks.pop(out.request_id, None), out))
             else:
-                sink = self._sinks.get(out.request_id)
-            if isinstance(sink, QueueSink):
-                batches.setdefault(sink.loop, []).append((sink, out))
-            elif sink is not None:
-                _deliver(sink, out)
-        for loop, items in batches.items():
-            try:
-                loop.call_soon_threadsafe(_put_all, items)
-            except Exception:  # its loop closed: only its requests lose their outputs
-                log.exception("could not deliver %d outputs", len(items))
+                deliveries.append((self._sinks.get(out.request_id), out))
+        deliver_all(deliveries)
 
     def recover(self, error: Exception) -> None:
         """A bug escaped the engine: fail every request it holds and start empty."""
@@ -240,16 +317,12 @@ class EngineWorker:
         finals = self.engine.reset("the engine failed; this request was ended")
         for out in finals:
             if out.request_id not in self._started:
-                self._count_waiting(-1)
+                self._room.leave()
         self._started.clear()
         self._ready_since = None
         sinks, self._sinks = self._sinks, {}
         for sink in sinks.values():
             _deliver(sink, error)
-
-    def _count_waiting(self, delta: int) -> None:
-        with self._waiting_lock:
-            self._waiting += delta
 
     def close(self, reason: str) -> None:
         """Take no more requests (``ModelNotFound`` saying ``reason``) and fail any
@@ -281,6 +354,24 @@ class EngineWorker:
         self._sinks.clear()
 
 
+def deliver_all(items: Iterable[tuple[Sink | None, RequestOutput | CarpoolError]]) -> None:
+    """Hand each item to its sink (None: its request is gone). One wake-up per event
+    loop for all of them, not one per request: a step of 64 streams would otherwise
+    cost 64 self-pipe writes and loop turns."""
+    batches: dict[asyncio.AbstractEventLoop, list[tuple[QueueSink, RequestOutput | CarpoolError]]]
+    batches = {}
+    for sink, item in items:
+        if isinstance(sink, QueueSink):
+            batches.setdefault(sink.loop, []).append((sink, item))
+        elif sink is not None:
+            _deliver(sink, item)
+    for loop, batch in batches.items():
+        try:
+            loop.call_soon_threadsafe(_put_all, batch)
+        except Exception:  # its loop closed: only its requests lose their outputs
+            log.exception("could not deliver %d outputs", len(batch))
+
+
 def _deliver(sink: Sink, item: RequestOutput | CarpoolError) -> None:
     """Hand ``item`` to its request's sink; a sink that cannot take it (its event
     loop closed) loses only that request's output."""
@@ -293,12 +384,15 @@ def _deliver(sink: Sink, item: RequestOutput | CarpoolError) -> None:
 class AsyncEngine:
     """The event loop's handle on an ``EngineWorker``."""
 
-    def __init__(self, worker: EngineWorker, max_waiting: int | None = None) -> None:
+    def __init__(self, worker: GenerationWorker, max_waiting: int | None = None) -> None:
         self.worker = worker
         self.max_waiting = max_waiting
 
     @property
     def engine(self) -> Engine:
+        """The engine, where it runs in this process (tests and the offline API)."""
+        if not isinstance(self.worker, EngineWorker):
+            raise TypeError(f"{self.worker.name}'s engine runs in a process of its own")
         return self.worker.engine
 
     def start(
@@ -350,7 +444,7 @@ class QueueSink:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
 
-def _put_all(items: list[tuple[QueueSink, RequestOutput]]) -> None:
+def _put_all(items: list[tuple[QueueSink, RequestOutput | CarpoolError]]) -> None:
     """On the loop: each output into its request's queue."""
     for sink, item in items:
         sink.queue.put_nowait(item)
@@ -362,7 +456,7 @@ class GenerationStream:
 
     def __init__(
         self,
-        worker: EngineWorker,
+        worker: GenerationWorker,
         request_id: str,
         prompt_ids: list[int],
         outputs: asyncio.Queue[RequestOutput | CarpoolError],

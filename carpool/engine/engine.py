@@ -151,34 +151,7 @@ class Engine:
     def check_request(self, prompt_ids: Seq[int], params: SamplingParams) -> list[int]:
         """Validate a request before anything runs; return its (maybe truncated)
         prompt. Raises ``InvalidRequest`` naming what is wrong."""
-        prompt = list(prompt_ids)
-        if not prompt:
-            raise InvalidRequest("the prompt must not be empty", param="prompt")
-        if params.truncate_prompt_tokens is not None:
-            prompt = prompt[-params.truncate_prompt_tokens :]
-        if len(prompt) >= self.max_model_len:
-            raise InvalidRequest(
-                f"this model's maximum context length is {self.max_model_len} tokens; "
-                f"the prompt has {len(prompt)}",
-                param="prompt",
-            )
-        vocab = self.spec.vocab_size
-        if any(not 0 <= t < vocab for t in prompt):
-            raise InvalidRequest(f"prompt token ids must be in [0, {vocab})", param="prompt")
-        if any(not 0 <= t < vocab for t in params.stop_token_ids):
-            raise InvalidRequest(f"stop_token_ids must be in [0, {vocab})", param="stop_token_ids")
-        if any(not 0 <= t < vocab for t, _ in params.logit_bias):
-            raise InvalidRequest(
-                f"logit_bias token ids must be in [0, {vocab})", param="logit_bias"
-            )
-        total = len(prompt) + params.max_tokens
-        if total > self.max_model_len:
-            raise InvalidRequest(
-                f"this model's maximum context length is {self.max_model_len} tokens; "
-                f"the prompt ({len(prompt)}) plus max_tokens ({params.max_tokens}) is {total}",
-                param="max_tokens",
-            )
-        return prompt
+        return check_request(prompt_ids, params, self.max_model_len, self.spec.vocab_size)
 
     def add_request(
         self,
@@ -630,6 +603,40 @@ class Engine:
             s.running = len(self.scheduler.running)
             s.waiting = len(self.scheduler.waiting)
             s.kv_usage = self.blocks.usage
+
+
+def check_request(
+    prompt_ids: Seq[int], params: SamplingParams, max_model_len: int, vocab: int
+) -> list[int]:
+    """Validate a request for a model of ``vocab`` tokens and ``max_model_len`` before
+    anything runs (any thread, any process: the engine's own check, and an engine
+    process's server's); return its (maybe truncated) prompt. Raises
+    ``InvalidRequest`` naming what is wrong."""
+    prompt = list(prompt_ids)
+    if not prompt:
+        raise InvalidRequest("the prompt must not be empty", param="prompt")
+    if params.truncate_prompt_tokens is not None:
+        prompt = prompt[-params.truncate_prompt_tokens :]
+    if len(prompt) >= max_model_len:
+        raise InvalidRequest(
+            f"this model's maximum context length is {max_model_len} tokens; "
+            f"the prompt has {len(prompt)}",
+            param="prompt",
+        )
+    if any(not 0 <= t < vocab for t in prompt):
+        raise InvalidRequest(f"prompt token ids must be in [0, {vocab})", param="prompt")
+    if any(not 0 <= t < vocab for t in params.stop_token_ids):
+        raise InvalidRequest(f"stop_token_ids must be in [0, {vocab})", param="stop_token_ids")
+    if any(not 0 <= t < vocab for t, _ in params.logit_bias):
+        raise InvalidRequest(f"logit_bias token ids must be in [0, {vocab})", param="logit_bias")
+    total = len(prompt) + params.max_tokens
+    if total > max_model_len:
+        raise InvalidRequest(
+            f"this model's maximum context length is {max_model_len} tokens; "
+            f"the prompt ({len(prompt)}) plus max_tokens ({params.max_tokens}) is {total}",
+            param="max_tokens",
+        )
+    return prompt
 
 
 def speculable(params: SamplingParams) -> bool:

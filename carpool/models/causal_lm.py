@@ -90,10 +90,33 @@ class LoadedLM:
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
-        ids = set(self.config.eos_token_ids)
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(int(self.tokenizer.eos_token_id))
-        return frozenset(ids)
+        return _eos_token_ids(self.config, self.tokenizer)
+
+    def facts(self) -> ModelFacts:
+        """What serving this model needs besides its weights."""
+        return ModelFacts(self.name, self.config, self.tokenizer, self.generation_defaults)
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """A loaded model's tokenizer, config and sampling defaults without its weights:
+    what a server needs of a model that runs in an engine process (they pickle)."""
+
+    name: str
+    config: DecoderConfig
+    tokenizer: Any
+    generation_defaults: dict[str, Any]
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return _eos_token_ids(self.config, self.tokenizer)
+
+
+def _eos_token_ids(config: DecoderConfig, tokenizer: Any) -> frozenset[int]:
+    ids = set(config.eos_token_ids)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)
 
 
 def load_causal_lm(

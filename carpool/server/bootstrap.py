@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import socket
 from collections.abc import Callable, Sequence
@@ -15,10 +16,12 @@ from sse_starlette.sse import AppStatus
 
 from carpool.batching import DynamicBatcher
 from carpool.config import CarpoolConfig, ConfigError, ServerConfig
-from carpool.engine.async_engine import AsyncEngine, EngineWorker
+from carpool.engine.async_engine import AsyncEngine, EngineWorker, GenerationWorker
+from carpool.engine.engine import Engine
+from carpool.engine.engine_process import EngineClient
 from carpool.faults import FaultPlan, FaultyBatchModel, FaultyCausalLM
 from carpool.models import registry
-from carpool.models.causal_lm import LoadedLM, customize_tokenizer
+from carpool.models.causal_lm import LoadedLM, ModelFacts, customize_tokenizer
 from carpool.models.openmp import release_thread_team
 from carpool.models.registry import LoadOptions, Task
 from carpool.repository.function_model import FunctionModel
@@ -102,16 +105,21 @@ def build_server(config: CarpoolConfig, functions: Sequence[FunctionModel] = ())
         import torch
 
         torch.set_num_threads(config.runtime.threads)
-    faults = (
-        FaultPlan.parse(config.runtime.fault_injection) if config.runtime.fault_injection else None
-    )
+    bundles: list[ServerBundle] = []  # the one below, once built
+
+    def on_engine_death(exc: BaseException) -> None:
+        if bundles:
+            bundles[0].on_runtime_death(exc)
+
     loaders = {
-        source.name: _loader(source, config, faults) for source in served_sources(config.server)
+        source.name: _loader(source, config, on_engine_death)
+        for source in served_sources(config.server)
     }
     built = [load() for load in loaders.values()]
     served = [m for m in built if isinstance(m, ServedEmbedding)]
     generators = [m for m in built if isinstance(m, ServedGenerator)]
     bundle = ServerBundle(config, ServedModels(served, generators), loaders)
+    bundles.append(bundle)
     bundle.control.load_at_start(bundle.control.initial_models(config.repository))
     for function in functions:
         bundle.control.install_function(function)
@@ -142,32 +150,56 @@ def served_sources(server: ServerConfig) -> list[registry.ModelSource]:
 
 
 def _loader(
-    source: registry.ModelSource, config: CarpoolConfig, faults: FaultPlan | None
+    source: registry.ModelSource,
+    config: CarpoolConfig,
+    on_engine_death: Callable[[BaseException], None],
 ) -> Callable[[], Builtin]:
     """Loads the ``--model`` ``source`` afresh on each call (at start, and when model
-    control loads it again after an unload)."""
+    control loads it again after an unload). With ``--engine-process`` a generation
+    model loads in its engine's process; ``on_engine_death`` hears if that dies."""
 
     def load() -> Builtin:
-        options = LoadOptions(
-            device=config.runtime.device,
-            dtype=config.engine.dtype_on(config.runtime.device),
-            cache_dir=Path(config.runtime.cache_dir) if config.runtime.cache_dir else None,
-            weight_kernel=config.engine.weight_kernel,
-        )
-        log.info("loading %s (%s) from %s", source.name, source.task.value, source.path)
-        model = registry.load(source, options)
-        if source.task is Task.GENERATE:
-            customize_tokenizer(model, config.server.tokenizer, config.server.chat_template)
-        if config.runtime.fault_injection:
-            model = _with_faults(
-                model, source.task, FaultPlan.parse(config.runtime.fault_injection)
+        if source.task is Task.GENERATE and config.runtime.engine_process:
+            build = functools.partial(build_engine, source, config)
+            client = EngineClient(
+                build, source.name, log_level=config.server.log_level, on_death=on_engine_death
             )
+            return _served_generator(source.name, client.facts.model, client, config)
+        model = _load_model(source, config)
         if source.task is Task.GENERATE:
-            return _generator(source.name, model, config)
+            engine = _engine(source.name, model, config)
+            return _served_generator(source.name, model, EngineWorker(engine, source.name), config)
         batcher = DynamicBatcher(source.name, model, config.batching_for(source.name))
         return ServedEmbedding(source.name, model, batcher)
 
     return load
+
+
+def _load_model(source: registry.ModelSource, config: CarpoolConfig) -> Any:
+    options = LoadOptions(
+        device=config.runtime.device,
+        dtype=config.engine.dtype_on(config.runtime.device),
+        cache_dir=Path(config.runtime.cache_dir) if config.runtime.cache_dir else None,
+        weight_kernel=config.engine.weight_kernel,
+    )
+    log.info("loading %s (%s) from %s", source.name, source.task.value, source.path)
+    model = registry.load(source, options)
+    if source.task is Task.GENERATE:
+        customize_tokenizer(model, config.server.tokenizer, config.server.chat_template)
+    if config.runtime.fault_injection:
+        model = _with_faults(model, source.task, FaultPlan.parse(config.runtime.fault_injection))
+    return model
+
+
+def build_engine(source: registry.ModelSource, config: CarpoolConfig) -> tuple[ModelFacts, Engine]:
+    """In an engine process (``--engine-process``): load the generation model
+    ``source`` and build its engine; what the server needs of the model beside it."""
+    if config.runtime.threads:
+        import torch
+
+        torch.set_num_threads(config.runtime.threads)
+    lm = _load_model(source, config)
+    return lm.facts(), _engine(source.name, lm, config)
 
 
 def _with_faults(model: Any, task: Task, plan: FaultPlan) -> Any:
@@ -178,7 +210,7 @@ def _with_faults(model: Any, task: Task, plan: FaultPlan) -> Any:
     return FaultyBatchModel(model, plan)
 
 
-def _generator(name: str, lm: LoadedLM, config: CarpoolConfig) -> ServedGenerator:
+def _engine(name: str, lm: LoadedLM, config: CarpoolConfig) -> Engine:
     cache_dir = Path(config.runtime.cache_dir) if config.runtime.cache_dir else None
     engine = engine_for(lm, config.engine, cache_dir=cache_dir)
     log.info(
@@ -189,7 +221,12 @@ def _generator(name: str, lm: LoadedLM, config: CarpoolConfig) -> ServedGenerato
         config.engine.kv_cache_memory,
         engine.max_model_len,
     )
-    worker = EngineWorker(engine, name)
+    return engine
+
+
+def _served_generator(
+    name: str, lm: LoadedLM | ModelFacts, worker: GenerationWorker, config: CarpoolConfig
+) -> ServedGenerator:
     return ServedGenerator(
         name,
         lm,

@@ -26,11 +26,11 @@ def static_dir() -> Path:
 
 def reading(models: ServedModels) -> Reading:
     """Snapshots of every served model's statistics."""
-    engines = {g.name: g.engine.engine for g in models.generators}
+    engines = {g.name: g.engine.worker for g in models.generators}
     batched = {m.name: m.batcher.stats for m in models.batched()}
     return Reading(
         engines={name: e.stats.snapshot() for name, e in engines.items()},
-        block_sizes={name: e.blocks.block_size for name, e in engines.items()},
+        block_sizes={name: e.block_size for name, e in engines.items()},
         batchers={name: stats.snapshot() for name, stats in batched.items()},
         serials={
             **{name: e.stats.serial for name, e in engines.items()},

@@ -173,8 +173,8 @@ class EngineCollector(Collector):
             labels=["model", "finished_reason"],
         )
         for served in self._models.generators:
-            s = served.engine.engine.stats.snapshot()
-            block = served.engine.engine.blocks.block_size
+            s = served.engine.worker.stats.snapshot()
+            block = served.engine.worker.block_size
             name = [served.name]
             for key, family in histograms.items():
                 hist: Histogram = getattr(s, key)

@@ -21,7 +21,7 @@ from typing import Any
 
 from carpool.batching import DynamicBatcher
 from carpool.config import RepositoryConfig
-from carpool.engine.async_engine import EngineWorker
+from carpool.engine.async_engine import GenerationWorker
 from carpool.errors import InvalidRequest, ModelExecutionError, ModelNotFound, ModelUnavailable
 from carpool.repository.bls import Arrays
 from carpool.repository.errors import RepositoryError
@@ -320,7 +320,7 @@ class ModelControl:
         log.info("model %s unloaded", name)
 
 
-def _worker(served: Builtin) -> DynamicBatcher | EngineWorker:
+def _worker(served: Builtin) -> DynamicBatcher | GenerationWorker:
     """What the runtime drives for a built-in model."""
     return served.engine.worker if isinstance(served, ServedGenerator) else served.batcher
 

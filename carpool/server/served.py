@@ -15,7 +15,7 @@ from carpool.batching import DynamicBatcher
 from carpool.engine.async_engine import AsyncEngine
 from carpool.engine.sampling_params import Grammar
 from carpool.errors import InvalidRequest, ModelNotFound, ModelUnavailable
-from carpool.models.causal_lm import LoadedLM
+from carpool.models.causal_lm import LoadedLM, ModelFacts
 from carpool.models.embedding import EmbeddingModel
 from carpool.paths import PathTaken
 from carpool.server.awaiting import gather_or_cancel, unless_disconnected
@@ -62,7 +62,7 @@ class ServedGenerator:
     """A text-generation model behind its engine on the device runtime."""
 
     name: str
-    lm: LoadedLM
+    lm: LoadedLM | ModelFacts  # facts alone where the engine runs in its own process
     engine: AsyncEngine
     default_timeout_s: float
     created: int = field(default_factory=lambda: int(time.time()))
@@ -75,16 +75,16 @@ class ServedGenerator:
     @property
     def paths(self) -> tuple[PathTaken, ...]:
         """Which code runs each part of a step (native kernels or torch)."""
-        return self.engine.engine.paths
+        return self.engine.worker.paths
 
     def compile_grammar(self, grammar: Grammar, param: str) -> None:
         """Compile ``grammar`` into the model's cache (any thread; the compiled
         grammars are shared under a lock). Raises ``InvalidRequest`` naming ``param``."""
-        self.engine.engine.runner.compile_grammar(grammar, param)
+        self.engine.worker.compile_grammar(grammar, param)
 
     @property
     def max_model_len(self) -> int:
-        return self.engine.engine.max_model_len
+        return self.engine.worker.max_model_len
 
     def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
         """Token ids of each text (one batch call, which releases the GIL)."""

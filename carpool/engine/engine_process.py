@@ -1,0 +1,459 @@
+"""A generation engine in a process of its own, as vLLM v1's engine core: the
+server's process keeps the HTTP event loop, the engine's process its scheduler, model
+and detokenizer, each with a GIL of its own. Under many streams one GIL held by both
+is what limits a fast device (the event loop's per-token work and the engine's step
+take turns); apart, they run side by side.
+
+``EngineClient`` is the server's side: the worker ``AsyncEngine`` drives, like
+``EngineWorker`` but with the engine behind a pipe. Requests are checked and admitted
+here (the engine's own checks, the same waiting room), then sent; each engine step's
+outputs come back as one message, which a reader thread hands to the requests' sinks
+with one wake-up per event loop.
+
+``serve_engine`` is the engine's side: one thread that takes requests and aborts from
+the pipe, steps the engine while it has work and sends each step's outputs, with a
+snapshot of its statistics whenever a request finished (and at most every
+``STATS_EVERY_S`` otherwise), so /metrics lags by no finished request.
+
+When the engine process dies, every request it held fails and ``on_death`` is called
+(the server exits non-zero, as when its device runtime dies); when the server's
+process dies, the engine's finds its pipe closed and exits.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import multiprocessing
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any, Protocol
+
+from carpool.clock import Clock, MonotonicClock
+from carpool.engine.async_engine import EngineWorker, Sink, WaitingRoom, deliver_all
+from carpool.engine.engine import Engine, check_request
+from carpool.engine.request_output import RequestOutput
+from carpool.engine.sampling_params import Grammar, SamplingParams
+from carpool.engine.structured import Grammars
+from carpool.errors import (
+    CarpoolError,
+    ModelExecutionError,
+    ModelNotFound,
+    RuntimeDead,
+    ServerShuttingDown,
+)
+from carpool.runtime import IDLE, WorkState
+from carpool.stats import EngineStats, EngineStatsData
+
+if TYPE_CHECKING:
+    from carpool.paths import PathTaken
+
+log = logging.getLogger(__name__)
+
+STATS_EVERY_S = 0.25
+STOP_TIMEOUT_S = 30.0
+
+
+class Described(Protocol):
+    """What an engine's build says of its model, for the server: sent whole, so it
+    must pickle (a tokenizer, a config; never the weights)."""
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]: ...
+
+
+Build = Callable[[], tuple[Described, Engine]]
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What the server learns of a started engine."""
+
+    model: Any  # the build's ``Described``
+    max_model_len: int
+    vocab_size: int
+    block_size: int
+    num_blocks: int
+    paths: tuple[PathTaken, ...]
+
+
+@dataclass(frozen=True)
+class _Submit:
+    """Requests admitted together (one call's prompts): all start, or all fail."""
+
+    requests: list[tuple[str, list[int], SamplingParams]]
+    priority: int
+    timeout_s: float | None
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class _Stop:
+    error: CarpoolError  # what the requests still held end with
+
+
+Delivery = tuple[str, RequestOutput | CarpoolError]
+
+
+@dataclass(frozen=True)
+class _Outputs:
+    items: list[Delivery]
+    stats: EngineStatsData | None
+
+
+class EngineClient:
+    """A generation engine running in a spawned process, as a runtime worker of this
+    one. Construction starts the process and waits until its model is loaded
+    (raising ``RuntimeError`` with the reason if it cannot load). The runtime never
+    runs it (``poll`` reports it busy while requests are held, so retiring it waits
+    for them); ``close`` and ``fail_all`` stop the process."""
+
+    def __init__(
+        self,
+        build: Build,
+        name: str,
+        *,
+        priority: int = 0,
+        log_level: str = "INFO",
+        on_death: Callable[[BaseException], None] | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.name = name
+        self.priority = priority
+        self.clock = clock or MonotonicClock()
+        self._on_death = on_death
+        context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
+        self._conn, child = context.Pipe()
+        self.process = context.Process(
+            target=_engine_main,
+            args=(child, build, name, log_level),
+            name=f"carpool-engine-{name}",
+            daemon=True,
+        )
+        self.process.start()
+        child.close()
+        self.facts = self._wait_ready()
+        self.stats = EngineStats()
+        self._grammars = Grammars(
+            self.facts.model.tokenizer,
+            self.facts.vocab_size,
+            sorted(self.facts.model.eos_token_ids),
+        )
+        self._ids = itertools.count()
+        self._room = WaitingRoom(name)
+        self._notify: Callable[[], None] = lambda: None
+        # Held from the closed check to the send, so nothing is sent after stopping.
+        self._entry = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._refusal: Callable[[], CarpoolError] | None = None  # set once closed
+        self._lock = threading.Lock()  # guards the two below (event loop and reader)
+        self._sinks: dict[str, Sink] = {}
+        self._unstarted: set[str] = set()
+        self._stopping = False
+        self._reader = threading.Thread(
+            target=self._read, name=f"carpool-engine-reader-{name}", daemon=True
+        )
+        self._reader.start()
+
+    def _wait_ready(self) -> EngineFacts:
+        try:
+            reply = self._conn.recv()
+        except (EOFError, OSError):
+            self.process.join()
+            raise RuntimeError(
+                f"the engine process of {self.name} exited while loading "
+                f"(exit code {self.process.exitcode})"
+            ) from None
+        if isinstance(reply, str):
+            self.process.join()
+            raise RuntimeError(reply)
+        facts: EngineFacts = reply
+        return facts
+
+    # -- any thread -------------------------------------------------------------------
+
+    @property
+    def num_waiting(self) -> int:
+        return self._room.count
+
+    @property
+    def paths(self) -> tuple[PathTaken, ...]:
+        return self.facts.paths
+
+    @property
+    def max_model_len(self) -> int:
+        return self.facts.max_model_len
+
+    @property
+    def block_size(self) -> int:
+        return self.facts.block_size
+
+    def compile_grammar(self, grammar: Grammar, param: str) -> None:
+        # Checked here so a bad grammar is the request's 400; the engine compiles its own.
+        self._grammars.compile(grammar, param)
+
+    def new_request_id(self) -> str:
+        return f"{self.name}-{next(self._ids)}"
+
+    def submit_many(
+        self,
+        requests: list[tuple[str, list[int], SamplingParams, Sink]],
+        *,
+        priority: int = 0,
+        timeout_s: float | None = None,
+        max_waiting: int | None = None,
+    ) -> list[list[int]]:
+        """As ``EngineWorker.submit_many``; ``RuntimeDead`` once the process is gone."""
+        facts = self.facts
+        prompts = [
+            check_request(p, params, facts.max_model_len, facts.vocab_size)
+            for _, p, params, _ in requests
+        ]
+        ids = [request_id for request_id, *_ in requests]
+        with self._entry:
+            if self._refusal is not None:
+                raise self._refusal()
+            self._room.admit(len(requests), max_waiting)
+            with self._lock:
+                for request_id, _, _, sink in requests:
+                    self._sinks[request_id] = sink
+                self._unstarted.update(ids)
+            sent = [(i, prompt, r[2]) for i, prompt, r in zip(ids, prompts, requests, strict=True)]
+            if not self._send(_Submit(sent, priority, timeout_s)):
+                self._forget(ids)
+                raise RuntimeDead(f"the engine process of {self.name} is not running")
+        return prompts
+
+    def abort(self, request_id: str) -> None:
+        self._send(_Abort(request_id))
+
+    def close(self, reason: str) -> None:
+        """Take no more requests (``ModelNotFound`` saying ``reason``), stop the
+        process and fail whatever it still held with that."""
+        with self._entry:
+            self._refusal = lambda: ModelNotFound(reason, param="model")
+        self.fail_all(ModelNotFound(reason, param="model"))
+
+    def fail_all(self, error: Exception) -> None:
+        """Stop the process; every request still held ends with ``error``."""
+        with self._entry:
+            if self._refusal is None:
+                name = self.name
+                self._refusal = lambda: ServerShuttingDown(f"{name} is not running")
+        carpool_error = _as_carpool_error(error)
+        with self._lock:
+            self._stopping = True
+        if self._send(_Stop(carpool_error)):
+            self._reader.join(STOP_TIMEOUT_S)
+        self.process.join(STOP_TIMEOUT_S)
+        if self.process.is_alive():
+            log.error("the engine process of %s did not stop; killing it", self.name)
+            self.process.kill()
+            self.process.join()
+        self._fail_held(carpool_error)
+
+    # -- the runtime thread: nothing runs here, but retiring waits for the requests -----
+
+    def attach(self, notify: Callable[[], None]) -> None:
+        self._notify = notify
+
+    def poll(self, now: float) -> WorkState:
+        return WorkState(busy=True) if self._sinks else IDLE
+
+    def run_once(self, now: float) -> None:
+        raise RuntimeError("an engine process is never run by the runtime")
+
+    def recover(self, error: Exception) -> None:
+        self._fail_held(_as_carpool_error(error))
+
+    # -- the reader thread -----------------------------------------------------------------
+
+    def _read(self) -> None:
+        try:
+            while True:
+                message = self._conn.recv()
+                if message is None:  # the engine stopped as asked
+                    return
+                assert isinstance(message, _Outputs)
+                if message.stats is not None:
+                    self.stats.load(message.stats)
+                self._dispatch(message.items)
+        except (EOFError, OSError):
+            pass
+        with self._lock:
+            stopping = self._stopping
+        if not stopping:
+            self._died()
+
+    def _dispatch(self, items: list[Delivery]) -> None:
+        deliveries: list[tuple[Sink | None, RequestOutput | CarpoolError]] = []
+        started = 0
+        with self._lock:
+            for request_id, item in items:
+                if request_id in self._unstarted:
+                    self._unstarted.discard(request_id)
+                    started += 1
+                ended = not isinstance(item, RequestOutput) or item.finished
+                sink = self._sinks.pop(request_id, None) if ended else self._sinks.get(request_id)
+                deliveries.append((sink, item))
+            idle = not self._sinks
+        self._room.leave(started)
+        deliver_all(deliveries)
+        if idle:
+            self._notify()  # a runtime retiring this worker looks again
+
+    def _died(self) -> None:
+        self.process.join(5.0)
+        message = f"the engine process of {self.name} died (exit code {self.process.exitcode})"
+        log.critical("%s; failing its requests", message)
+        with self._entry:
+            self._refusal = lambda: RuntimeDead(message)
+        self._fail_held(RuntimeDead(message))
+        if self._on_death is not None:
+            self._on_death(RuntimeError(message))
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _send(self, message: _Submit | _Abort | _Stop) -> bool:
+        """Send to the engine; False if its process is gone."""
+        try:
+            with self._send_lock:
+                self._conn.send(message)
+        except (OSError, ValueError):  # a broken pipe, or closed
+            return False
+        return True
+
+    def _forget(self, request_ids: list[str]) -> None:
+        with self._lock:
+            for request_id in request_ids:
+                self._sinks.pop(request_id, None)
+                self._unstarted.discard(request_id)
+        self._room.leave(len(request_ids))
+
+    def _fail_held(self, error: CarpoolError) -> None:
+        with self._lock:
+            sinks, self._sinks = self._sinks, {}
+            unstarted, self._unstarted = len(self._unstarted), set()
+        self._room.leave(unstarted)
+        deliver_all((sink, error) for sink in sinks.values())
+
+
+def _as_carpool_error(error: Exception) -> CarpoolError:
+    return error if isinstance(error, CarpoolError) else ModelExecutionError(str(error))
+
+
+# -- the engine's process ------------------------------------------------------------------
+
+
+def _engine_main(conn: Connection, build: Build, name: str, log_level: str) -> None:
+    """The spawned process: build the engine, say what it is, serve it."""
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    # A terminal's Ctrl-C reaches the whole process group: the server drains its
+    # streams, so the engine goes on until told to stop (or its pipe closes).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        model, engine = build()
+    except Exception as exc:
+        log.exception("loading %s failed", name)
+        conn.send(f"{type(exc).__name__}: {exc}")
+        return
+    conn.send(
+        EngineFacts(
+            model,
+            engine.max_model_len,
+            engine.spec.vocab_size,
+            engine.blocks.block_size,
+            engine.blocks.num_blocks,
+            engine.paths,
+        )
+    )
+    serve_engine(conn, EngineWorker(engine, name))
+
+
+def serve_engine(conn: Connection, worker: EngineWorker, clock: Clock | None = None) -> None:
+    """Serve ``worker``'s engine over ``conn`` until told to stop or the pipe closes:
+    take what came, run a step if there is work, send its outputs."""
+    clock = clock or MonotonicClock()
+    outbox: list[Delivery] = []
+    stats_at = float("-inf")
+
+    def collect(request_id: str, item: RequestOutput | CarpoolError) -> None:
+        outbox.append((request_id, item))
+
+    while True:
+        try:
+            stop = _take(conn, worker, collect, wait=not worker.engine.has_work)
+        except (EOFError, OSError):
+            return  # the server's process is gone
+        now = clock.now()
+        if stop is None:
+            try:
+                if worker.poll(now).ready_since is not None:
+                    worker.run_once(now)
+            except Exception as exc:  # a bug in the engine: its requests fail, it goes on
+                log.exception("engine step failed")
+                worker.recover(exc)
+        else:
+            worker.fail_all(stop.error)
+        ended = any(not isinstance(i, RequestOutput) or i.finished for _, i in outbox)
+        stats = None
+        if ended or now - stats_at >= STATS_EVERY_S or stop is not None:
+            stats, stats_at = worker.stats.snapshot(), now
+        if outbox or stats is not None:
+            conn.send(_Outputs(outbox, stats))
+            outbox = []
+        if stop is not None:
+            conn.send(None)
+            return
+
+
+def _take(
+    conn: Connection,
+    worker: EngineWorker,
+    collect: Callable[[str, RequestOutput | CarpoolError], None],
+    wait: bool,
+) -> _Stop | None:
+    """Apply every message waiting on ``conn`` (waiting for one if ``wait``); the stop
+    message if one came."""
+    if not conn.poll(None if wait else 0):
+        return None
+    while True:
+        message = conn.recv()
+        if isinstance(message, _Stop):
+            return message
+        if isinstance(message, _Abort):
+            worker.abort(message.request_id)
+        else:
+            _submit(worker, message, collect)
+        if not conn.poll(0):
+            return None
+
+
+def _submit(
+    worker: EngineWorker,
+    message: _Submit,
+    collect: Callable[[str, RequestOutput | CarpoolError], None],
+) -> None:
+    requests: list[tuple[str, list[int], SamplingParams, Sink]] = [
+        (request_id, prompt, params, functools.partial(collect, request_id))
+        for request_id, prompt, params in message.requests
+    ]
+    try:
+        worker.submit_many(requests, priority=message.priority, timeout_s=message.timeout_s)
+    except CarpoolError as exc:  # checked by the server already; the engine has the last word
+        for request_id, *_ in message.requests:
+            collect(request_id, exc)
