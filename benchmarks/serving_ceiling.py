@@ -8,12 +8,16 @@ this machine's CPU, whatever its accelerator.
 
     python -m benchmarks.serving_ceiling [--concurrency 64] [--requests 64]
                                          [--device-ms 2.3] [--async-scheduling]
+                                         [--engine-process]
 
 ``--device-ms``: each step takes that long on a simulated device (a sleep, which
 holds no GIL, as a GPU's step does not), whatever its size; steps queue on it in
 order as on a CUDA stream, so with ``--async-scheduling`` the host's work for the
 next step overlaps the device's, as it would on a GPU. The offline and HTTP figures
 then bound what a GPU with that step time allows on this host.
+
+``--engine-process``: the server runs the engine in a process of its own
+(``carpool serve --engine-process``); the instant runner goes with it.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ from carpool.engine.runner import Sampled, SamplingRow, StepResult
 from carpool.testing import spawn
 
 MODEL = "smollm2-135m-instruct"
+# The simulated step time, for an engine process: spawned, it imports this module as
+# ``__mp_main__`` (below) and makes its runner instant the same way.
+DEVICE_S_VARIABLE = "CARPOOL_CEILING_DEVICE_S"
 TEXT = (
     "The history of the city goes back many centuries. Its first walls were built of "
     "timber and earth, and the market that grew inside them drew traders from the "
@@ -141,9 +148,8 @@ def instant_engine(engine: Any, tokens: list[int], device_s: float) -> Any:
     return Engine(InstantRunner(engine.runner, tokens, device_s), engine.config)
 
 
-def serve(argv: list[str], device_s: float) -> None:
-    """``carpool serve`` with every generation engine's runner made instant."""
-    from carpool import cli
+def make_engines_instant(device_s: float) -> None:
+    """Every generation engine the server builds in this process gets an instant runner."""
     from carpool.server import bootstrap
 
     real_engine_for = bootstrap.engine_for
@@ -153,6 +159,15 @@ def serve(argv: list[str], device_s: float) -> None:
         return instant_engine(real_engine_for(*args, **kwargs), tokens, device_s)
 
     bootstrap.engine_for = instant_engine_for  # type: ignore[assignment]
+
+
+def serve(argv: list[str], device_s: float) -> None:
+    """``carpool serve`` with every generation engine's runner made instant (in an
+    engine process too)."""
+    from carpool import cli
+
+    make_engines_instant(device_s)
+    os.environ[DEVICE_S_VARIABLE] = str(device_s)
     sys.exit(cli.main(["serve", *argv]))
 
 
@@ -163,6 +178,7 @@ def main() -> None:
     parser.add_argument("--device-ms", type=float, default=0.0, help="a step's simulated time")
     parser.add_argument("--async-scheduling", action="store_true")
     parser.add_argument("--client-processes", type=int, default=1, help="load generators")
+    parser.add_argument("--engine-process", action="store_true", help="serve's engine process")
     parser.add_argument("--serve", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
     device_s = args.device_ms / 1000
@@ -172,6 +188,8 @@ def main() -> None:
     workload = [(p, 128) for p in token_prompts(args.requests, 32, 256, 49152, seed=3)]
     device = f"{args.device_ms} ms a step on a simulated device" if device_s else "instant runner"
     steps = "async scheduling" if args.async_scheduling else "steps that wait"
+    if args.engine_process:
+        steps += ", engine process"
     print(f"# {platform.machine()}, {os.cpu_count()} cores, {device}, {steps}, {MODEL} tokenizer")
     alone = offline(workload, device_s, args.async_scheduling)
     print(f"offline engine, no model: {alone:9.0f} tok/s")
@@ -179,6 +197,8 @@ def main() -> None:
     command += [str(args.device_ms), "--serve", "--port", "0", "--model", MODEL]
     if args.async_scheduling:
         command.append("--async-scheduling")
+    if args.engine_process:
+        command.append("--engine-process")
     process, match, _ = spawn(command, re.compile(r"carpool ready on (http://\S+)"), 300.0)
     try:
         result = run_streams_split(
@@ -201,3 +221,5 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+elif __name__ == "__mp_main__" and DEVICE_S_VARIABLE in os.environ:
+    make_engines_instant(float(os.environ[DEVICE_S_VARIABLE]))
