@@ -3,8 +3,6 @@ in one place; the core raises these and never thinks about HTTP."""
 
 from __future__ import annotations
 
-from typing import Any
-
 
 class CarpoolError(Exception):
     """Base of every error carpool reports to a client.
@@ -17,19 +15,6 @@ class CarpoolError(Exception):
         super().__init__(message)
         self.message = message
         self.param = param
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Pickled whole (an engine process sends errors to the server's): the default
-        # would call the class with the message alone, losing ``param`` and the
-        # keyword-only fields of subclasses.
-        return (_restore, (type(self), self.args, self.__dict__))
-
-
-def _restore(cls: type[CarpoolError], args: tuple[Any, ...], state: dict[str, Any]) -> CarpoolError:
-    error = cls.__new__(cls)
-    error.args = args
-    error.__dict__.update(state)
-    return error
 
 
 class InvalidRequest(CarpoolError):

@@ -38,6 +38,7 @@ PYTHONPATH="$checkout" python -m pytest -q -p no:cacheprovider \
   tests/unit/batching \
   tests/unit/engine/test_block_manager.py \
   tests/unit/engine/test_engine_core.py \
+  tests/unit/engine/test_engine_process.py \
   tests/unit/engine/test_scheduler.py \
   tests/unit/engine/test_sliding_window_blocks.py \
   tests/unit/engine/test_speculative.py \

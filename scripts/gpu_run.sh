@@ -9,11 +9,15 @@
 #
 #   bash scripts/gpu_run.sh setup      # unpack the wheels into /tmp/site
 #   bash scripts/gpu_run.sh models     # random-weight models of real shapes (SmolLM2-135M,
-#                                      # Qwen2.5-0.5B, Qwen3-0.6B) under /tmp/models
+#                                      # Qwen2.5-0.5B, Qwen3-0.6B) under /tmp/models;
+#                                      # `models smollm2-135m` builds that one alone
 #   bash scripts/gpu_run.sh offline    # the 135M shape, uniform: steps that wait, then
 #                                      # the default (async scheduling); tokens compared
 #   bash scripts/gpu_run.sh real       # nano-vllm's workload on the 0.5B and 0.6B shapes
 #   bash scripts/gpu_run.sh serving    # HTTP at concurrency 1 and 64, both ways
+#   bash scripts/gpu_run.sh ratio      # HTTP c=64 over offline, the engine in the server's
+#                                      # process and in its own (--engine-process), twice
+#   bash scripts/gpu_run.sh precision  # float32 one-step vs 8-step decoding: same tokens?
 #   bash scripts/gpu_run.sh more       # mixed workload, multi-step decoding
 #   bash scripts/gpu_run.sh kernels    # the CUDA cases of the kernel tests
 #   bash scripts/gpu_run.sh gguf       # the built-in GGUF from its two carried parts
@@ -53,8 +57,10 @@ setup() {
     nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv
 }
 
-models() {
-    for shape in smollm2-135m qwen2.5-0.5b qwen3-0.6b; do
+models() {  # the shapes named, or all three
+    local shapes=("$@")
+    if [[ ${#shapes[@]} -eq 0 ]]; then shapes=(smollm2-135m qwen2.5-0.5b qwen3-0.6b); fi
+    for shape in "${shapes[@]}"; do
         python3 -m benchmarks.real_size --shape "$shape" --tokenizer .gpu/tokenizer \
             --out "$MODELS/$shape" --device cuda || return
     done
@@ -89,6 +95,26 @@ serving() {
         --offline-engine '{"async_scheduling": false}'
     step serving 150 "${serving[@]}" --concurrency 1 64
     step serving 150 "${serving[@]}" --concurrency 64 --requests 512
+}
+
+ratio() {
+    local m=$MODELS/smollm2-135m
+    local serving=(python3 -m benchmarks.serving --device cuda --no-naive --model "$m"
+        --client-processes 4 --concurrency 64 --requests 512)
+    for round in 1 2; do
+        step ratio 120 "${GENERATION[@]}" --model "$m" --workload uniform --rows batch \
+            --engine '{}'
+        step ratio 150 "${serving[@]}"
+        step ratio 150 "${serving[@]}" --carpool-args=--engine-process
+    done
+}
+
+precision() {  # greedy float32 tokens of one-step and multi-step decoding (digests)
+    local m=$MODELS/smollm2-135m
+    step precision 120 "${GENERATION[@]}" --model "$m" --workload uniform --rows batch \
+        --engine '{"dtype": "float32", "async_scheduling": false}'
+    step precision 120 "${GENERATION[@]}" --model "$m" --workload uniform --rows batch \
+        --engine '{"dtype": "float32", "num_scheduler_steps": 8}'
 }
 
 more() {
@@ -135,4 +161,4 @@ all() {
     kernels
 }
 
-"${1:?all, setup, models, offline, real, serving, more, kernels, gguf or tests}"
+"${1:?all, setup, models [SHAPE...], offline, real, serving, ratio, precision, more, kernels, gguf or tests}" "${@:2}"

@@ -68,8 +68,9 @@ class ServerBundle:
         )
 
     def on_runtime_death(self, exc: BaseException) -> None:
-        """The runtime thread died: exit non-zero so a supervisor restarts us (on Ray
-        Serve, the replica's health check fails and Ray replaces it)."""
+        """The runtime thread (or an engine process) died: exit non-zero so a
+        supervisor restarts us (on Ray Serve, the replica's health check fails and Ray
+        replaces it); not ready from now on."""
         log.critical("device runtime died (%s); shutting down", type(exc).__name__)
         self.exit_code = 1
         if self._server is not None:
@@ -79,7 +80,7 @@ class ServerBundle:
         """The HTTP app over this bundle's models and runtime."""
         return create_app(
             self.models,
-            is_ready=lambda: self.runtime.alive,
+            is_ready=lambda: self.runtime.alive and self.exit_code == 0,
             max_body_bytes=self.config.server.max_body_bytes,
             api_key=self.config.server.api_key,
             runtime_stats=self.runtime.stats,

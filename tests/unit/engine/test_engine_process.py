@@ -1,0 +1,50 @@
+"""What crosses an engine process's pipe: each step's outputs as tuples of what the
+step added, rebuilt on the server's side into exactly the outputs the engine made
+(text, tokens, finish and stop reasons, ``n`` sequences, stop strings held back);
+errors keep their fields when pickled. Torch-free, with the core tests' fake runner."""
+
+from __future__ import annotations
+
+import pickle
+
+from carpool.config import EngineConfig
+from carpool.engine.engine import Engine
+from carpool.engine.engine_process import _Held, _to_wire
+from carpool.engine.request_output import RequestOutput
+from carpool.engine.sampling_params import SamplingParams
+from carpool.errors import InvalidRequest, Overloaded
+from tests.unit.engine.test_engine_core import FakeRunner, ids
+
+
+def _sink(item: object) -> None:
+    raise AssertionError("the rebuilt outputs are compared, not delivered")
+
+
+def test_outputs_cross_the_wire_unchanged() -> None:
+    engine = Engine(FakeRunner({"q": "the answer, then more", "hi": "hello"}), EngineConfig())
+    requests = {
+        "stops": (ids("q"), SamplingParams(max_tokens=40, temperature=0.0, stop=["then"])),
+        "eos": (ids("hi"), SamplingParams(max_tokens=40, temperature=0.0)),
+        "seeded": (ids("ab"), SamplingParams(max_tokens=6, n=2, temperature=1.0, seed=7)),
+    }
+    held = {rid: _Held(_sink, prompt) for rid, (prompt, _) in requests.items()}
+    for rid, (prompt, params) in requests.items():
+        engine.add_request(rid, prompt, params)
+    seen: list[RequestOutput] = []
+    while engine.has_work:
+        for out in engine.step():
+            seen.append(out)
+            wire = pickle.loads(pickle.dumps(_to_wire(out)))
+            assert held[out.request_id].output(wire) == out
+    finals = {o.request_id: o for o in seen if o.finished}
+    assert finals["stops"].outputs[0].text == "the answer, "
+    assert [len(c.token_ids) for c in finals["seeded"].outputs] == [6, 6]
+    assert len(seen) > len(finals)  # intermediate outputs were rebuilt too
+
+
+def test_errors_pickle_with_their_fields() -> None:
+    refused = pickle.loads(pickle.dumps(InvalidRequest("bad", param="max_tokens")))
+    assert type(refused) is InvalidRequest
+    assert (refused.message, refused.param, str(refused)) == ("bad", "max_tokens", "bad")
+    busy = pickle.loads(pickle.dumps(Overloaded("full", retry_after_s=3.0)))
+    assert type(busy) is Overloaded and busy.retry_after_s == 3.0 and busy.message == "full"
