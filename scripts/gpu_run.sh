@@ -16,7 +16,8 @@
 #   bash scripts/gpu_run.sh real       # nano-vllm's workload on the 0.5B and 0.6B shapes
 #   bash scripts/gpu_run.sh serving    # HTTP at concurrency 1 and 64, both ways
 #   bash scripts/gpu_run.sh ratio      # HTTP c=64 over offline, the engine in the server's
-#                                      # process and in its own (--engine-process), twice
+#                                      # process and in its own (--engine-process); `ratio 1`:
+#                                      # one round (default two)
 #   bash scripts/gpu_run.sh precision  # float32 one-step vs 8-step decoding: same tokens?
 #   bash scripts/gpu_run.sh more       # mixed workload, multi-step decoding
 #   bash scripts/gpu_run.sh kernels    # the CUDA cases of the kernel tests
@@ -97,11 +98,11 @@ serving() {
     step serving 150 "${serving[@]}" --concurrency 64 --requests 512
 }
 
-ratio() {
+ratio() {  # ROUNDS (default 2)
     local m=$MODELS/smollm2-135m
     local serving=(python3 -m benchmarks.serving --device cuda --no-naive --model "$m"
         --client-processes 4 --concurrency 64 --requests 512)
-    for round in 1 2; do
+    for round in $(seq "${1:-2}"); do
         step ratio 120 "${GENERATION[@]}" --model "$m" --workload uniform --rows batch \
             --engine '{}'
         step ratio 150 "${serving[@]}"
