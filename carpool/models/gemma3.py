@@ -13,6 +13,7 @@ run on the fused native stack as the Llama family's do.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import ClassVar, cast
 
@@ -121,8 +122,9 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         caches: list[torch.Tensor],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        scale = torch.tensor(self.embed_scale, dtype=self.embed_tokens.weight.dtype)
-        x = self.embed_tokens(input_ids) * scale.to(input_ids.device)
+        x = self.embed_tokens(input_ids) * _held_as(
+            self.embed_scale, self.embed_tokens.weight.dtype
+        )
         if self.stack is not None and LlamaStack.applies(x, meta):
             return self.norm(self.stack(x, positions, caches, meta))
         for layer, cache in zip(self.layers, caches, strict=True):
@@ -164,3 +166,11 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
 
 def _one_plus(norm: GemmaRMSNorm) -> torch.Tensor:
     return (1.0 + norm.weight.detach().float()).contiguous()
+
+
+@functools.cache
+def _held_as(value: float, dtype: torch.dtype) -> float:
+    """``value`` rounded to ``dtype``, as a Python number: the embedding scale is
+    multiplied in the weights' dtype (as transformers does), and a number, unlike a
+    tensor made here and copied to the device, may be captured in a CUDA graph."""
+    return float(torch.tensor(value, dtype=dtype))
