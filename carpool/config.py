@@ -134,13 +134,22 @@ class RuntimeConfig:
         "the runtime thread waiting between two model ops.",
         default=0.5,
     )
-    engine_process: bool = _help(
+    engine_process: bool | None = _help(
         "Run each generation model's engine (scheduler, model, detokenizer) in a process "
         "of its own, as vLLM's engine core: the HTTP event loop then has this process's "
-        "GIL to itself, which matters on a GPU at high concurrency. Such a model no "
-        "longer shares the device runtime's turns with the other models.",
-        default=False,
+        "GIL to itself (on an H200, 64 streams went from half the offline rate to more "
+        "than four fifths of it). Such a model no longer takes turns with the others on the "
+        "device runtime. "
+        "Unset: on for a GPU, off on the CPU.",
+        default=None,
     )
+
+    @property
+    def engine_process_on(self) -> bool:
+        """``engine_process``, unset resolved for ``device``."""
+        if self.engine_process is not None:
+            return self.engine_process
+        return self.device != "cpu"
 
     def __post_init__(self) -> None:
         _require(self.switch_interval_ms > 0, "switch_interval_ms must be > 0")

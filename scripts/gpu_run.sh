@@ -16,8 +16,9 @@
 #   bash scripts/gpu_run.sh real       # nano-vllm's workload on the 0.5B and 0.6B shapes
 #   bash scripts/gpu_run.sh serving    # HTTP at concurrency 1 and 64, both ways
 #   bash scripts/gpu_run.sh ratio      # HTTP c=64 over offline, the engine in the server's
-#                                      # process and in its own (--engine-process); `ratio 1`:
+#                                      # process and in its own (the default); `ratio 1`:
 #                                      # one round (default two)
+#   bash scripts/gpu_run.sh real_http  # the 0.6B shape offline and over HTTP at c=64
 #   bash scripts/gpu_run.sh precision  # float32 one-step vs 8-step decoding: same tokens?
 #   bash scripts/gpu_run.sh more       # mixed workload, multi-step decoding
 #   bash scripts/gpu_run.sh kernels    # the CUDA cases of the kernel tests
@@ -105,9 +106,17 @@ ratio() {  # ROUNDS (default 2)
     for round in $(seq "${1:-2}"); do
         step ratio 120 "${GENERATION[@]}" --model "$m" --workload uniform --rows batch \
             --engine '{}'
-        step ratio 150 "${serving[@]}"
-        step ratio 150 "${serving[@]}" --carpool-args=--engine-process
+        step ratio 150 "${serving[@]}" --carpool-args=--no-engine-process
+        step ratio 150 "${serving[@]}"  # the default on a GPU: --engine-process
     done
+}
+
+real_http() {  # the Qwen3-0.6B shape: offline, then HTTP c=64 (the engine in its process)
+    local m=$MODELS/qwen3-0.6b
+    step real_http 120 "${GENERATION[@]}" --model "$m" --workload uniform --rows batch \
+        --engine '{}'
+    step real_http 150 python3 -m benchmarks.serving --device cuda --no-naive --model "$m" \
+        --client-processes 4 --concurrency 64 --requests 512
 }
 
 precision() {  # greedy float32 tokens of one-step and multi-step decoding (digests)
@@ -162,4 +171,4 @@ all() {
     kernels
 }
 
-"${1:?all, setup, models [SHAPE...], offline, real, serving, ratio, precision, more, kernels, gguf or tests}" "${@:2}"
+"${1:?all, setup, models [SHAPE...], offline, real, serving, ratio, real_http, precision, more, kernels, gguf or tests}" "${@:2}"

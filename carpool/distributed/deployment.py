@@ -55,8 +55,11 @@ class CarpoolReplica:
         if runtime.threads == 0 and not placement.gpus:
             runtime = dataclasses.replace(runtime, threads=max(1, int(placement.cpus)))
         if placement.gpus:
-            # Ray shows this replica only its own GPU(s), numbered from 0.
-            runtime = dataclasses.replace(runtime, device="cuda")
+            # Ray shows this replica only its own GPU(s), numbered from 0. The engine stays
+            # in the replica's process unless asked for its own: no GPU run has tried an
+            # engine process spawned from a Ray actor.
+            engine_process = bool(runtime.engine_process)
+            runtime = dataclasses.replace(runtime, device="cuda", engine_process=engine_process)
         self.bundle = build_server(dataclasses.replace(config, runtime=runtime))
         self.app = self.bundle.create_app()
         self.name = serve.get_replica_context().replica_id.to_full_id_str()

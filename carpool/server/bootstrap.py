@@ -160,7 +160,7 @@ def _loader(
     model loads in its engine's process; ``on_engine_death`` hears if that dies."""
 
     def load() -> Builtin:
-        if source.task is Task.GENERATE and config.runtime.engine_process:
+        if source.task is Task.GENERATE and config.runtime.engine_process_on:
             build = functools.partial(build_engine, source, config)
             client = EngineClient(
                 build, source.name, log_level=config.server.log_level, on_death=on_engine_death

@@ -72,20 +72,23 @@ def test_streamed_pieces_join_into_the_whole_answer(server: Server, in_process: 
                 texts[choice["index"]] += choice["text"]
             usage = event.get("usage") or usage
     assert texts == [in_process[0]] * 2
-    assert usage == {"prompt_tokens": 6, "completion_tokens": 24, "total_tokens": 30}
+    assert usage == {"prompt_tokens": 5, "completion_tokens": 24, "total_tokens": 29}
 
 
 def test_bad_input_is_refused_naming_the_field(server: Server) -> None:
+    """Streamed, so only a check on the server's side (before the stream starts) can
+    make it a 400: the engine's own would end a started stream with an error event."""
     schema = {"name": "a", "schema": {"type": "no-such-type"}}
     cases = [
-        (completion([5, 40_000], 4), "prompt"),
-        (completion("hello", 9_000), "max_tokens"),
-        (completion("hello", 4, stop_token_ids=[-1]), "stop_token_ids"),
+        (completion([5, 60_000], 4, stream=True), "prompt"),
+        (completion("hello", 9_000, stream=True), "max_tokens"),
+        (completion("hello", 4, stop_token_ids=[60_000], stream=True), "stop_token_ids"),
         (
             {
                 "model": CHAT,
                 "messages": [{"role": "user", "content": "hi"}],
                 "response_format": {"type": "json_schema", "json_schema": schema},
+                "stream": True,
             },
             "response_format",
         ),
