@@ -18,7 +18,7 @@
 #   bash scripts/gpu_run.sh ratio      # HTTP c=64 over offline, the engine in the server's
 #                                      # process and in its own (the default); `ratio 1`:
 #                                      # one round (default two)
-#   bash scripts/gpu_run.sh real_http  # the 0.6B shape offline and over HTTP at c=64
+#   bash scripts/gpu_run.sh real_http  # the 0.6B shape offline and over HTTP at c=1 and 64
 #   bash scripts/gpu_run.sh precision  # float32 one-step vs 8-step decoding: same tokens?
 #   bash scripts/gpu_run.sh more       # mixed workload, multi-step decoding
 #   bash scripts/gpu_run.sh kernels    # the CUDA cases of the kernel tests
@@ -116,7 +116,7 @@ real_http() {  # the Qwen3-0.6B shape: offline, then HTTP c=64 (the engine in it
     step real_http 120 "${GENERATION[@]}" --model "$m" --workload uniform --rows batch \
         --engine '{}'
     step real_http 150 python3 -m benchmarks.serving --device cuda --no-naive --model "$m" \
-        --client-processes 4 --concurrency 64 --requests 512
+        --client-processes 4 --concurrency 1 64 --requests 512
 }
 
 precision() {  # greedy float32 tokens of one-step and multi-step decoding (digests)
