@@ -313,7 +313,8 @@ class ModelControl:
         self._models.close_builtin(name)
         worker = _worker(served)
         await asyncio.wrap_future(self._runtime.retire(worker))
-        worker.close(f"model '{name}' was unloaded")
+        # Off the loop: closing an engine process waits for the process to exit.
+        await asyncio.to_thread(worker.close, f"model '{name}' was unloaded")
         self._models.remove_builtin(name)
         del served, worker
         heap.settle()
