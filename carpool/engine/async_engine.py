@@ -110,18 +110,15 @@ class WaitingRoom:
     def admit(self, count: int, max_waiting: int | None) -> None:
         """Take ``count`` requests in, or raise ``RequestTooLarge`` (more than half of
         ``max_waiting`` at once) or ``Overloaded`` (no room for all of them)."""
-        if max_waiting is None:
-            self.leave(-count)
-            return
-        most = max_request_prompts(max_waiting)
-        if count > most:
+        if max_waiting is not None and count > max_request_prompts(max_waiting):
             raise RequestTooLarge(
-                f"{count} prompts in one request; {self.name} takes at most {most} per "
-                "request (half of --max-waiting-requests)",
+                f"{count} prompts in one request; {self.name} takes at most "
+                f"{max_request_prompts(max_waiting)} per request (half of "
+                "--max-waiting-requests)",
                 param="prompt",
             )
         with self._lock:
-            if self._count + count > max_waiting:
+            if max_waiting is not None and self._count + count > max_waiting:
                 raise Overloaded(
                     f"{self._count} requests are already waiting for {self.name}",
                     retry_after_s=1.0,

@@ -203,11 +203,9 @@ class EngineClient:
         priority: int = 0,
         log_level: str = "INFO",
         on_death: Callable[[BaseException], None] | None = None,
-        clock: Clock | None = None,
     ) -> None:
         self.name = name
         self.priority = priority
-        self.clock = clock or MonotonicClock()
         self._on_death = on_death
         context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
         self._conn, child = context.Pipe()
@@ -365,6 +363,8 @@ class EngineClient:
                 self._dispatch(message)
         except (EOFError, OSError):
             pass
+        except Exception:  # a bug here: fail what is held rather than leave it hanging
+            log.exception("reading the outputs of %s's engine failed", self.name)
         with self._lock:
             stopping = self._stopping
         if not stopping:
@@ -376,7 +376,7 @@ class EngineClient:
         with self._lock:
             for wire in news.outputs:
                 request_id, finished, *_ = wire
-                held = self._held.pop(request_id) if finished else self._held.get(request_id)
+                held = self._held.pop(request_id, None) if finished else self._held.get(request_id)
                 if held is None:
                     continue
                 if not held.started:
