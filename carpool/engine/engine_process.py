@@ -499,12 +499,15 @@ def serve_engine(conn: Connection, worker: EngineWorker, clock: Clock | None = N
         stats = None
         if ended or now - stats_at >= STATS_EVERY_S or stop is not None:
             stats, stats_at = worker.stats.snapshot(), now
-        if outputs or errors or stats is not None:
-            conn.send(_Outputs(outputs, errors, stats))
-            outputs, errors, ended = [], [], False
-        if stop is not None:
-            conn.send(None)
-            return
+        try:
+            if outputs or errors or stats is not None:
+                conn.send(_Outputs(outputs, errors, stats))
+                outputs, errors, ended = [], [], False
+            if stop is not None:
+                conn.send(None)
+                return
+        except OSError:
+            return  # the server's process is gone
 
 
 def _take(
