@@ -116,6 +116,7 @@ class SentenceTransformerBackend:
             batch_size=max(1, len(rows)),
             convert_to_numpy=True,
             normalize_embeddings=self.normalize,
+            show_progress_bar=False,  # its default draws one per batch at log level info
         )
         return _split({"embedding": np.asarray(vectors, np.float32)}, counts)
 
@@ -135,7 +136,12 @@ class CrossEncoderBackend:
         queries, counts = _rows(payloads, "query")
         documents, _ = _rows(payloads, "document")
         pairs = list(zip(_texts(queries, "query"), _texts(documents, "document"), strict=True))
-        scores = self.model.predict(pairs, batch_size=max(1, len(pairs)), convert_to_numpy=True)
+        scores = self.model.predict(
+            pairs,
+            batch_size=max(1, len(pairs)),
+            convert_to_numpy=True,
+            show_progress_bar=False,  # its default draws one per batch at log level info
+        )
         return _split({"score": np.asarray(scores, np.float32).reshape(-1, 1)}, counts)
 
     def finalize(self) -> None:

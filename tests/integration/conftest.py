@@ -7,7 +7,8 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,14 @@ class Server:
                 if sample.name == name and sample.labels == labels:
                     return float(sample.value)
         raise KeyError(f"{name}{labels} not in /metrics")
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Poll the server's observable state until ``condition`` holds."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
 
 
 def rss_bytes(server: Server) -> int:

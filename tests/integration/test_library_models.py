@@ -18,7 +18,7 @@ from PIL import Image
 from sentence_transformers import CrossEncoder, SentenceTransformer
 from transformers import pipeline
 
-from tests.integration.conftest import Server, start_server, stop_server
+from tests.integration.conftest import Server, start_server, stop_server, wait_for
 from tests.repository_models.library import build_library_models, png
 
 QUERY = "what is the capital of France?"
@@ -41,6 +41,10 @@ def server(repository: Path, weights: dict[str, Path]) -> Iterator[Server]:
     s = start_server("--model-repository", str(repository))
     yield s
     assert stop_server(s) == 0
+    # At the default log level the libraries' own progress bars (one per batch) would
+    # have reached the log; uvicorn's last line says the log is whole.
+    wait_for(lambda: any("Finished server process" in line for line in s.log))
+    assert not [line for line in s.log if "Batches" in line]
 
 
 def concurrently(calls: list[Any]) -> list[Any]:

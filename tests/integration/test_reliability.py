@@ -9,27 +9,18 @@ import asyncio
 import json
 import random
 import signal
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from tests.integration.conftest import Server, rss_bytes, start_server, stop_server
+from tests.integration.conftest import Server, rss_bytes, start_server, stop_server, wait_for
 from tests.integration.conftest import greedy_body as completion
 
 CHAT = "smollm2-135m-instruct"
 EMBED = "all-minilm-l6-v2"
 POISON = 29999  # fails the model when a prompt holds it
 KILLER = 29998  # kills the device runtime when a prompt holds it
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    """Poll the server's observable state until ``condition`` holds."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
 
 
 def idle(server: Server) -> bool:
