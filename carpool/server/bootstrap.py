@@ -71,7 +71,8 @@ class ServerBundle:
         """The runtime thread (or an engine process) died: exit non-zero so a
         supervisor restarts us (on Ray Serve, the replica's health check fails and Ray
         replaces it); not ready from now on."""
-        log.critical("device runtime died (%s); shutting down", type(exc).__name__)
+        reason = str(exc) or "the device runtime died"
+        log.critical("%s (%s); shutting down", reason, type(exc).__name__)
         self.exit_code = 1
         if self._server is not None:
             self._server.stop()
