@@ -94,6 +94,38 @@ class GenerationWorker(Worker, Protocol):
         """Take no more requests and fail those still held (the model is unloaded)."""
 
 
+def as_carpool_error(error: Exception) -> CarpoolError:
+    """``error`` as requests see it: itself if a ``CarpoolError``, else a model error
+    saying what it was."""
+    return error if isinstance(error, CarpoolError) else ModelExecutionError(str(error))
+
+
+class Entry:
+    """Whether a worker still takes requests. Hold ``lock`` from ``check`` to the
+    hand-over, so nothing lands after closing; once closed, ``check`` raises the
+    closing's error. Any thread."""
+
+    def __init__(self, name: str) -> None:
+        self.lock = threading.Lock()
+        self._name = name
+        self._refusal: Callable[[], CarpoolError] | None = None
+
+    def check(self) -> None:
+        """Raise the refusal if closed (under ``lock``)."""
+        if self._refusal is not None:
+            raise self._refusal()
+
+    def close(self, refusal: Callable[[], CarpoolError] | None = None) -> None:
+        """Refuse from now on with ``refusal``'s error; with none, say the worker is not
+        running (``ServerShuttingDown``) unless it was already closed otherwise."""
+        with self.lock:
+            if refusal is not None:
+                self._refusal = refusal
+            elif self._refusal is None:
+                name = self._name
+                self._refusal = lambda: ServerShuttingDown(f"{name} is not running")
+
+
 class WaitingRoom:
     """How many requests are accepted and not yet started or finished, bounded by
     ``--max-waiting-requests`` at admission. Any thread."""
@@ -168,9 +200,7 @@ class EngineWorker:
         self._room = WaitingRoom(name)
         self._started: set[str] = set()  # runtime thread only
         self._ids = itertools.count()
-        # Held from the closed check to the inbox put, so nothing lands after closing.
-        self._entry = threading.Lock()
-        self._refusal: Callable[[], CarpoolError] | None = None  # set once closed
+        self._entry = Entry(name)
 
     # -- any thread -------------------------------------------------------------------
 
@@ -233,9 +263,8 @@ class EngineWorker:
         room has no space for all of them. Returns the prompts as they will run (after
         truncation)."""
         prompts = [self.engine.check_request(p, params) for _, p, params, _ in requests]
-        with self._entry:
-            if self._refusal is not None:
-                raise self._refusal()
+        with self._entry.lock:
+            self._entry.check()
             self._room.admit(len(requests), max_waiting)
             now = self.clock.now()
             deadline = None if timeout_s is None else now + timeout_s
@@ -309,8 +338,7 @@ class EngineWorker:
 
     def recover(self, error: Exception) -> None:
         """A bug escaped the engine: fail every request it holds and start empty."""
-        if not isinstance(error, CarpoolError):
-            error = ModelExecutionError(str(error))
+        error = as_carpool_error(error)
         finals = self.engine.reset("the engine failed; this request was ended")
         for out in finals:
             if out.request_id not in self._started:
@@ -325,20 +353,14 @@ class EngineWorker:
         """Take no more requests (``ModelNotFound`` saying ``reason``) and fail any
         still held with it. Any thread, once the runtime no longer drives this worker
         (``DeviceRuntime.retire``)."""
-        with self._entry:
-            self._refusal = lambda: ModelNotFound(reason, param="model")
+        self._entry.close(lambda: ModelNotFound(reason, param="model"))
         self.fail_all(ModelNotFound(reason, param="model"))
 
     def fail_all(self, error: Exception) -> None:
         """End everything held with ``error``; later submits are refused (the runtime
         is stopping, or the model was unloaded)."""
-        with self._entry:
-            if self._refusal is None:
-                name = self.name
-                self._refusal = lambda: ServerShuttingDown(f"{name} is not running")
-        carpool_error = (
-            error if isinstance(error, CarpoolError) else ModelExecutionError(str(error))
-        )
+        self._entry.close()
+        carpool_error = as_carpool_error(error)
         while True:
             try:
                 message = self._inbox.get_nowait()

@@ -34,7 +34,14 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any, Protocol
 
 from carpool.clock import Clock, MonotonicClock
-from carpool.engine.async_engine import EngineWorker, Sink, WaitingRoom, deliver_all
+from carpool.engine.async_engine import (
+    EngineWorker,
+    Entry,
+    Sink,
+    WaitingRoom,
+    as_carpool_error,
+    deliver_all,
+)
 from carpool.engine.engine import Engine, check_request
 from carpool.engine.request_output import CompletionOutput, RequestOutput
 from carpool.engine.runner import TokenLogprobs
@@ -43,10 +50,8 @@ from carpool.engine.sequence import FinishReason
 from carpool.engine.structured import Grammars
 from carpool.errors import (
     CarpoolError,
-    ModelExecutionError,
     ModelNotFound,
     RuntimeDead,
-    ServerShuttingDown,
 )
 from carpool.runtime import IDLE, WorkState
 from carpool.stats import EngineStats, EngineStatsData
@@ -82,7 +87,6 @@ class EngineFacts:
     max_model_len: int
     vocab_size: int
     block_size: int
-    num_blocks: int
     paths: tuple[PathTaken, ...]
 
 
@@ -227,10 +231,8 @@ class EngineClient:
         self._ids = itertools.count()
         self._room = WaitingRoom(name)
         self._notify: Callable[[], None] = lambda: None
-        # Held from the closed check to the send, so nothing is sent after stopping.
-        self._entry = threading.Lock()
+        self._entry = Entry(name)
         self._send_lock = threading.Lock()
-        self._refusal: Callable[[], CarpoolError] | None = None  # set once closed
         self._lock = threading.Lock()  # guards the two below (event loop and reader)
         self._held: dict[str, _Held] = {}
         self._stopping = False
@@ -294,9 +296,8 @@ class EngineClient:
             for _, p, params, _ in requests
         ]
         ids = [request_id for request_id, *_ in requests]
-        with self._entry:
-            if self._refusal is not None:
-                raise self._refusal()
+        with self._entry.lock:
+            self._entry.check()
             self._room.admit(len(requests), max_waiting)
             with self._lock:
                 for (request_id, _, _, sink), prompt in zip(requests, prompts, strict=True):
@@ -313,17 +314,13 @@ class EngineClient:
     def close(self, reason: str) -> None:
         """Take no more requests (``ModelNotFound`` saying ``reason``), stop the
         process and fail whatever it still held with that."""
-        with self._entry:
-            self._refusal = lambda: ModelNotFound(reason, param="model")
+        self._entry.close(lambda: ModelNotFound(reason, param="model"))
         self.fail_all(ModelNotFound(reason, param="model"))
 
     def fail_all(self, error: Exception) -> None:
         """Stop the process; every request still held ends with ``error``."""
-        with self._entry:
-            if self._refusal is None:
-                name = self.name
-                self._refusal = lambda: ServerShuttingDown(f"{name} is not running")
-        carpool_error = _as_carpool_error(error)
+        self._entry.close()
+        carpool_error = as_carpool_error(error)
         with self._lock:
             self._stopping = True
         if self._send(_Stop(carpool_error)):
@@ -347,7 +344,7 @@ class EngineClient:
         raise RuntimeError("an engine process is never run by the runtime")
 
     def recover(self, error: Exception) -> None:
-        self._fail_held(_as_carpool_error(error))
+        self._fail_held(as_carpool_error(error))
 
     # -- the reader thread -----------------------------------------------------------------
 
@@ -398,8 +395,7 @@ class EngineClient:
         self.process.join(5.0)
         message = f"the engine process of {self.name} died (exit code {self.process.exitcode})"
         log.critical("%s; failing its requests", message)
-        with self._entry:
-            self._refusal = lambda: RuntimeDead(message)
+        self._entry.close(lambda: RuntimeDead(message))
         self._fail_held(RuntimeDead(message))
         if self._on_death is not None:
             self._on_death(RuntimeError(message))
@@ -428,10 +424,6 @@ class EngineClient:
         deliver_all((h.sink, error) for h in held.values())
 
 
-def _as_carpool_error(error: Exception) -> CarpoolError:
-    return error if isinstance(error, CarpoolError) else ModelExecutionError(str(error))
-
-
 # -- the engine's process ------------------------------------------------------------------
 
 
@@ -456,7 +448,6 @@ def _engine_main(conn: Connection, build: Build, name: str, log_level: str) -> N
             engine.max_model_len,
             engine.spec.vocab_size,
             engine.blocks.block_size,
-            engine.blocks.num_blocks,
             engine.paths,
         )
     )

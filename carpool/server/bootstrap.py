@@ -103,10 +103,7 @@ class ServerBundle:
 def build_server(config: CarpoolConfig, functions: Sequence[FunctionModel] = ()) -> ServerBundle:
     """Load every model (and ``functions``, from ``carpool.serve``) and register it
     with a fresh (started) device runtime."""
-    if config.runtime.threads:
-        import torch
-
-        torch.set_num_threads(config.runtime.threads)
+    _set_torch_threads(config)
     bundles: list[ServerBundle] = []  # the one below, once built
 
     def on_engine_death(exc: BaseException) -> None:
@@ -177,6 +174,13 @@ def _loader(
     return load
 
 
+def _set_torch_threads(config: CarpoolConfig) -> None:
+    if config.runtime.threads:
+        import torch
+
+        torch.set_num_threads(config.runtime.threads)
+
+
 def _load_model(source: registry.ModelSource, config: CarpoolConfig) -> Any:
     options = LoadOptions(
         device=config.runtime.device,
@@ -196,10 +200,7 @@ def _load_model(source: registry.ModelSource, config: CarpoolConfig) -> Any:
 def build_engine(source: registry.ModelSource, config: CarpoolConfig) -> tuple[ModelFacts, Engine]:
     """In an engine process (``--engine-process``): load the generation model
     ``source`` and build its engine; what the server needs of the model beside it."""
-    if config.runtime.threads:
-        import torch
-
-        torch.set_num_threads(config.runtime.threads)
+    _set_torch_threads(config)
     lm = _load_model(source, config)
     return lm.facts(), _engine(source.name, lm, config)
 
