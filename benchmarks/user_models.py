@@ -14,7 +14,9 @@ its PyPI package and torch 2.13.0:
     python -m benchmarks.user_models --litserve /tmp/peers/litserve/bin/python \\
         --rayserve /tmp/peers/rayserve/bin/python --pytriton /tmp/peers/pytriton/bin/python
 
-A peer whose server does not come up is reported with its error. The in-process
+A peer whose server does not come up is reported with its error. ``--peers ... bare``
+adds the floor at c=1: a bare ASGI app that calls the model on its event loop, one
+request at a time (not a peer: it batches nothing). The in-process
 one-row call is timed in blocks interleaved with the c=1 requests' (the CPU here
 drifts), each call after 2 ms idle as the server's model is called, and
 carpool's health route alone at c=64 gives the HTTP bound on one-row requests.
@@ -338,7 +340,7 @@ def main() -> None:
     parser.add_argument("--litserve", default="/tmp/peers/litserve/bin/python")
     parser.add_argument("--rayserve", default="/tmp/peers/rayserve/bin/python")
     parser.add_argument("--pytriton", default="/tmp/peers/pytriton/bin/python")
-    every = ["carpool", "carpool-process", "litserve", "rayserve", "pytriton"]
+    every = ["carpool", "carpool-process", "bare", "litserve", "rayserve", "pytriton"]
     parser.add_argument(
         "--peers",
         nargs="+",
@@ -417,14 +419,18 @@ def main() -> None:
         ours = results.get((model, "carpool"), {})
         if "c64" not in ours:
             continue
-        peers = [r for (m, p), r in results.items() if m == model and not p.startswith("carpool")
-                 and "c64" in r]  # fmt: skip
+        peers = [r for (m, p), r in results.items() if m == model
+                 and not p.startswith(("carpool", "bare")) and "c64" in r]  # fmt: skip
         over = ours["c1_over_in_process"]
         line = (f"{model}: carpool c=64 = {ours['c64']['rps'] / ours['ceiling_rows_s']:.2f}x "
                 f"the in-process ceiling measured around it; c=1 p50 = in-process one-row "
                 f"call (after 2 ms idle; median of interleaved blocks' differences) + "
                 f"{over * 1e3:.2f} ms (back to back + "
                 f"{(ours['c1']['p50'] - ceilings[model][1]) * 1e3:.2f} ms)")  # fmt: skip
+        bare = results.get((model, "bare"), {})
+        if "c1_over_in_process" in bare:
+            line += (f"; the bare server (no batching, the model on its event loop): c=1 "
+                     f"+{bare['c1_over_in_process'] * 1e3:.2f} ms")  # fmt: skip
         if "route_floor_rps" in ours:
             line += (f"; GET /v2/health/ready alone at c=64: {ours['route_floor_rps']:.0f} "
                      f"requests/s = {ours['route_floor_rps'] / ours['ceiling_rows_s']:.2f}x the "
