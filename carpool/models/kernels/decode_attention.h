@@ -154,7 +154,7 @@ static int attend_all(const AttentionShape *a, const float *q, const float *k_ca
         if (context_lens[s] > longest) longest = context_lens[s];
     const int64_t seq_size = a->num_heads * a->head_dim;
     int failed = 0;
-#pragma omp parallel num_threads(num_threads)
+#pragma omp parallel num_threads(num_threads) if (num_seqs > 1)
     {
         float *scores = malloc(sizeof(float) * (size_t)(a->num_heads * longest));
         if (scores == NULL) {

@@ -191,7 +191,7 @@ int llama_stack(const Layer *layers, int64_t num_layers, const Dims *dims, float
         add_in_place(x, delta, rows * hidden, num_threads);
         rms_norm(x, layer->post_norm, normed, rows, hidden, dims->eps, num_threads);
         failed |= linear(&layer->gate_up, normed, gate_up, rows, dims->int8_dots, num_threads);
-#pragma omp parallel for schedule(static) num_threads(num_threads)
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (rows * inter >= PARALLEL_ROWS * 256)
         for (int64_t r = 0; r < rows; r++) {
             const float *gate = gate_up + r * 2 * inter, *up = gate + inter;
             if (dims->gelu)

@@ -247,7 +247,8 @@ static int attend_rows(const AttentionShape *a, const float *q, const float *k_c
     const int64_t score_size = a->num_heads * longest > ROW_TILE * group * widest
                                    ? a->num_heads * longest
                                    : ROW_TILE * group * widest;
-#pragma omp parallel num_threads(num_threads) if (!failed)
+    /* one item (a decode step of one sequence) runs on this thread: a team would wait */
+#pragma omp parallel num_threads(num_threads) if (!failed && num_chunks * kv_heads + count > 1)
     {
         float *scores = failed ? NULL : malloc(sizeof(float) * (size_t)score_size);
         if (scores == NULL) {
