@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from carpool.server import errors
@@ -46,15 +48,17 @@ class InferPath:
         self.handlers = handlers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        match = None
-        if scope["type"] == "http" and scope["method"] == "POST":
-            match = INFER_PATH.fullmatch(scope["path"])
+        match = INFER_PATH.fullmatch(scope["path"]) if scope["type"] == "http" else None
         if match is None:
             await self.app(scope, receive, send)
             return
         request = Request(scope, receive)
         try:
+            if scope["method"] != "POST":
+                raise StarletteHTTPException(405, headers={"Allow": "POST"})
             response = await self._infer(request, match["name"], match["version"])
+        except ClientDisconnect:
+            raise  # the body was cut short (or over the limit): nobody to answer here
         except Exception as exc:
             response = await errors.handled(self.handlers, request, exc)
         await response(scope, receive, send)

@@ -103,5 +103,9 @@ def test_v2_errors_for_malformed_json_and_unknown_models(server: Server) -> None
     with httpx.Client(base_url=server.url) as c:
         malformed = c.post(f"/v2/models/{MODEL}/infer", content=b"{nope")
         missing = c.get("/v2/models/missing")
+        missing_infer = c.post("/v2/models/missing/versions/1/infer", json={"inputs": []})
+        wrong_method = c.get(f"/v2/models/{MODEL}/infer")
     assert malformed.status_code == 400 and "error" in malformed.json()
     assert missing.status_code == 404 and "missing" in missing.json()["error"]
+    assert missing_infer.status_code == 404 and "missing" in missing_infer.json()["error"]
+    assert wrong_method.status_code == 405 and set(wrong_method.json()) == {"error"}

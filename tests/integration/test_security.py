@@ -136,15 +136,17 @@ def test_a_declared_oversized_body_is_refused_before_it_is_sent(server: Server) 
     assert reply.startswith(b"HTTP/1.1 413")
 
 
-def test_a_streamed_oversized_body_is_cut_off_at_the_limit(server: Server) -> None:
+@pytest.mark.parametrize("path", ["/v1/completions", "/v2/models/all-minilm-l6-v2/infer"])
+def test_a_streamed_oversized_body_is_cut_off_at_the_limit(server: Server, path: str) -> None:
     head = (
-        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         b"Authorization: Bearer " + KEY.encode() + b"\r\nTransfer-Encoding: chunked\r\n\r\n"
     )
     chunk = b"a" * 16384
     parts = [b"%x\r\n" % len(chunk) + chunk + b"\r\n"] * 6  # 96 KiB, over 64 KiB; never ended
     reply = _raw_post(server, head, parts)
     assert reply.startswith(b"HTTP/1.1 413")
+    assert "unexpected error" not in "".join(server.log)  # a refusal, not a server fault
 
 
 def test_prompts_and_outputs_stay_out_of_the_logs(server: Server) -> None:
