@@ -93,6 +93,8 @@ static int linear(const Matrix *w, const float *x, float *y, int64_t rows, int64
    more (prompt chunks, many streams): for a few rows, waking the threads costs more
    than it saves. */
 #define PARALLEL_ROWS 64
+/* the same bound for element-wise loops, in values (PARALLEL_ROWS rows of 256) */
+#define PARALLEL_VALUES (PARALLEL_ROWS * 256)
 
 /* out = x / sqrt(mean(x^2) + eps) * weight, row by row (as torch's rms_norm) */
 static void rms_norm(const float *x, const float *weight, float *out, int64_t rows, int64_t size,
@@ -132,7 +134,7 @@ static void rotate(float *v, int64_t count, int64_t d, const float *cos, const f
 
 /* x += delta */
 static void add_in_place(float *x, const float *delta, int64_t count, int threads) {
-#pragma omp parallel for simd schedule(static) num_threads(threads) if (count >= PARALLEL_ROWS * 256)
+#pragma omp parallel for simd schedule(static) num_threads(threads) if (count >= PARALLEL_VALUES)
     for (int64_t i = 0; i < count; i++) x[i] = x[i] + delta[i];
 }
 
@@ -191,7 +193,7 @@ int llama_stack(const Layer *layers, int64_t num_layers, const Dims *dims, float
         add_in_place(x, delta, rows * hidden, num_threads);
         rms_norm(x, layer->post_norm, normed, rows, hidden, dims->eps, num_threads);
         failed |= linear(&layer->gate_up, normed, gate_up, rows, dims->int8_dots, num_threads);
-#pragma omp parallel for schedule(static) num_threads(num_threads) if (rows * inter >= PARALLEL_ROWS * 256)
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (rows * inter >= PARALLEL_VALUES)
         for (int64_t r = 0; r < rows; r++) {
             const float *gate = gate_up + r * 2 * inter, *up = gate + inter;
             if (dims->gelu)

@@ -13,9 +13,10 @@ from carpool.errors import InvalidRequest, ModelNotFound
 from carpool.server import errors
 
 
-def answer(exc: Exception, path: str = "/v2/models/m/infer") -> tuple[int, dict[str, object]]:
+def answer(exc: Exception) -> tuple[int, dict[str, object]]:
     app = FastAPI()
     errors.install(app)
+    path = "/v2/models/m/infer"
     request = Request({"type": "http", "method": "POST", "path": path, "headers": []})
     response = asyncio.run(errors.handled(app.exception_handlers, request, exc))
     return response.status_code, json.loads(bytes(response.body))
