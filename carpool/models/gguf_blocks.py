@@ -1,14 +1,16 @@
 """A GGUF matrix's blocks in the layouts the native kernels read (``PackedWeight``),
 each weight exactly the float32 the ``gguf`` package dequantizes it to.
 
-The file's block types map onto four layouts:
+The file's block types map onto five layouts:
 
 - ``Q4_1`` (4-bit quants, a scale and a min per 32): Q4_1 itself, Q4_0 (min -8
   scale) and Q4_K (each sub-block of 32 its own scale ``d * sc`` and min
   ``-dmin * m``): Q4_K_M's bulk at 6 bits a weight in memory (float32 scales and
   mins; the file's 4.5);
-- ``Q5_1`` (5-bit quants, a scale and a min per 32): Q5_1 itself, Q5_0 (min -16
-  scale) and Q5_K (as Q4_K), 7 bits a weight (the files' 5.5 to 6);
+- ``Q5_1`` (5-bit quants, a scale and a min per 32): Q5_1 itself and Q5_K (as Q4_K),
+  7 bits a weight (the files' 6);
+- ``Q5_0`` (Q5_1's quants, a scale per 32, no min: w = scale * (q - 16)): Q5_0, 6
+  bits a weight (the file's 5.5);
 - ``Q8_0`` (int8 quants, a scale per 32): Q8_0 itself, 9 bits;
 - ``Q8_16`` (int8 quants, a scale and optionally a min per 16): Q6_K (quants ``q -
   32``, scales ``d * sc``), 10 bits a weight against the file's 6.56; also a fused
@@ -59,18 +61,17 @@ def to_packed(kind: GGMLQuantizationType, raw: np.ndarray) -> PackedWeight | Non
     if kind is T.Q5_0:
         blocks = raw.reshape(n, -1, 22)
         quants = _unit_quants(kind, blocks, [(0, ONE)]) + 16
-        d = _f16(blocks[..., 0:2])
-        return _q5_1(quants, n, d, -16 * d)
+        return _q5(BlockType.Q5_0, quants, n, _f16(blocks[..., 0:2]), None)
     if kind is T.Q5_1:
         blocks = raw.reshape(n, -1, 24)
         quants = _unit_quants(kind, blocks, [(0, ONE), (2, np.zeros(2, np.uint8))])
-        return _q5_1(quants, n, _f16(blocks[..., 0:2]), _f16(blocks[..., 2:4]))
+        return _q5(BlockType.Q5_1, quants, n, _f16(blocks[..., 0:2]), _f16(blocks[..., 2:4]))
     if kind is T.Q5_K:
         blocks = raw.reshape(n, -1, 176)
         unit = [(0, ONE), (2, np.zeros(2, np.uint8)), (4, _UNIT_K_SCALES)]
         quants = _unit_quants(kind, blocks, unit)
         scales, mins = _k_scales(blocks)
-        return _q5_1(quants, n, scales, mins)
+        return _q5(BlockType.Q5_1, quants, n, scales, mins)
     if kind is T.Q6_K:
         blocks = raw.reshape(n, -1, 210)
         quants = _unit_quants(kind, blocks, [(192, np.ones(16, np.uint8)), (208, ONE)])
@@ -111,19 +112,21 @@ def _q8_16(quants: np.ndarray, n: int, scales: np.ndarray, mins: np.ndarray | No
     )
 
 
-def _q5_1(quants: np.ndarray, n: int, scales: np.ndarray, mins: np.ndarray) -> PackedWeight:
-    """``quants`` [n, k] (0-31 as float) into Q5_1 blocks: weights j and j + 16's low
-    nibbles in byte j, then the 32 fifth bits as a little-endian word."""
+def _q5(
+    kind: BlockType, quants: np.ndarray, n: int, scales: np.ndarray, mins: np.ndarray | None
+) -> PackedWeight:
+    """``quants`` [n, k] (0-31 as float) into Q5_1 or Q5_0 blocks: weights j and j +
+    16's low nibbles in byte j, then the 32 fifth bits as a little-endian word."""
     q = quants.astype(np.uint8).reshape(n, -1, 32)
     nibbles = (q[..., :16] & 15) | ((q[..., 16:] & 15) << 4)
     fifth = ((q >> 4) & 1).astype(np.uint32) << np.arange(32, dtype=np.uint32)
     word = np.bitwise_or.reduce(fifth, axis=-1).astype("<u4")
     bits = word[..., None].view(np.uint8).reshape(n, -1, 4)
     return PackedWeight(
-        BlockType.Q5_1,
+        kind,
         torch.from_numpy(np.ascontiguousarray(np.concatenate([nibbles, bits], axis=-1))),
         torch.from_numpy(np.ascontiguousarray(scales, dtype=np.float32)),
-        torch.from_numpy(np.ascontiguousarray(mins, dtype=np.float32)),
+        None if mins is None else torch.from_numpy(np.ascontiguousarray(mins, dtype=np.float32)),
     )
 
 

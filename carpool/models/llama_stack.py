@@ -40,7 +40,13 @@ from carpool.models.packed_linear import (
 from carpool.models.rope import RotaryEmbedding
 
 # quantized_dot.h's numbers
-_KIND = {BlockType.Q4_1: 0, BlockType.Q8_0: 1, BlockType.Q8_16: 2, BlockType.Q5_1: 3}
+_KIND = {
+    BlockType.Q4_1: 0,
+    BlockType.Q8_0: 1,
+    BlockType.Q8_16: 2,
+    BlockType.Q5_1: 3,
+    BlockType.Q5_0: 4,
+}
 
 
 class _Matrix(ctypes.Structure):

@@ -1,10 +1,10 @@
 """Linear layers that also keep their weight in a GGUF file's blocks, in one of
-four layouts (``BlockType``; ``carpool.models.gguf_blocks`` maps the file's types
+five layouts (``BlockType``; ``carpool.models.gguf_blocks`` maps the file's types
 onto them), and run steps of up to ``MAX_KERNEL_ROWS`` rows (every step, where the
 blocks alone hold the weight) with the C kernel ``kernels/quantized_linear.c``.
 
 A decode step of one or a few streams is bound by reading the weights; the blocks
-are 6 (Q4_1), 7 (Q5_1), 9 (Q8_0) or 10-12 (Q8_16) bits a weight instead of
+are 6 (Q4_1, Q5_0), 7 (Q5_1), 9 (Q8_0) or 10-12 (Q8_16) bits a weight instead of
 float32's 32. A step of tens of
 streams is bound by arithmetic; the kernel then dequantizes strips of the weight
 once per step and runs its own register-tiled GEMM. Each weight the kernel uses is
@@ -44,23 +44,27 @@ class BlockType(Enum):
     Q8_0 = "Q8_0"  # int8 quants, a scale per 32
     Q8_16 = "Q8_16"  # int8 quants, a scale and optionally a min per 16 (the K-quants)
     Q5_1 = "Q5_1"  # 5-bit quants (Q4_1's nibbles and a plane of fifth bits), scale and min
+    Q5_0 = "Q5_0"  # Q5_1's bytes, a scale per 32 and no min: w = scale * (q - 16)
 
 
 HALF = 16  # Q8_16's weights per scale
-Q5_BYTES = 20  # a Q5_1 block in memory: 16 bytes of nibbles, then 4 of fifth bits
+Q5_BYTES = 20  # a Q5_1 or Q5_0 block in memory: 16 bytes of nibbles, then 4 of fifth bits
+FIVE_BITS = (BlockType.Q5_1, BlockType.Q5_0)
+NIBBLES = (BlockType.Q4_1, BlockType.Q5_1, BlockType.Q5_0)  # quants held as uint8 bit fields
 
 
 @dataclass(frozen=True)
 class PackedWeight:
     """A weight [n, k] in blocks of 32 along k: w = scale * q (+ min for Q4_1 and Q5_1, and
-    for Q8_16 where it has mins); Q8_16's scale and min change every 16 weights."""
+    for Q8_16 where it has mins; Q5_0's scale * (q - 16)); Q8_16's scale and min change
+    every 16 weights."""
 
     kind: BlockType
-    # Q4_1: [n, k/32, 16] uint8 (two per byte); Q8_*: [n, k/32, 32] int8; Q5_1: [n, k/32,
+    # Q4_1: [n, k/32, 16] uint8 (two per byte); Q8_*: [n, k/32, 32] int8; Q5_*: [n, k/32,
     # 20] uint8, Q4_1's 16 bytes then 4 (little-endian) whose bit j is weight j's fifth
     quants: torch.Tensor
     scales: torch.Tensor  # [n, k/32] float32; Q8_16: [n, k/16]
-    mins: torch.Tensor | None  # like scales; Q4_1, Q5_1 always, Q8_16 optionally, Q8_0 never
+    mins: torch.Tensor | None  # like scales; Q4_1, Q5_1 always, Q8_16 optionally, else never
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -69,14 +73,19 @@ class PackedWeight:
     @staticmethod
     def stack(parts: list[PackedWeight]) -> PackedWeight:
         """The rows of ``parts`` one after another (a fused projection). Parts of
-        different layouts (a Q4_K_M file's Q4_K query beside its Q6_K value) are all
-        given as Q8_16, which holds each of them exactly; a part without mins beside
-        one with them gets zeros. One part is returned as it is, not copied (a tied
-        head shares its embedding's blocks)."""
+        different layouts are given in one that holds each of them exactly: Q8_0 for
+        Q5_0 beside Q8_0 (a Q4_K_M file's query beside its value), else Q8_16 (its
+        Q4_K query beside a Q6_K value); a part without mins beside one with them gets
+        zeros. One part is returned as it is, not copied (a tied head shares its
+        embedding's blocks)."""
         if len(parts) == 1:
             return parts[0]
         kind = parts[0].kind
-        if any(p.kind is not kind for p in parts):
+        if all(p.kind in (BlockType.Q5_0, BlockType.Q8_0) for p in parts) and any(
+            p.kind is not kind for p in parts
+        ):
+            parts, kind = [p.as_q8_0() for p in parts], BlockType.Q8_0
+        elif any(p.kind is not kind for p in parts):
             parts, kind = [p.as_q8_16() for p in parts], BlockType.Q8_16
         mins = None
         if any(p.mins is not None for p in parts):
@@ -89,12 +98,22 @@ class PackedWeight:
             mins,
         )
 
+    def as_q8_0(self) -> PackedWeight:
+        """Q5_0's weights in the Q8_0 layout (its signed quants one a byte)."""
+        if self.kind is BlockType.Q8_0:
+            return self
+        if self.kind is not BlockType.Q5_0:
+            raise ValueError(f"{self.kind.value} blocks have no Q8_0 form")
+        return PackedWeight(BlockType.Q8_0, self.signed_quants(), self.scales, None)
+
     def as_q8_16(self) -> PackedWeight:
         """The same weights in the Q8_16 layout (each scale and min given twice)."""
         if self.kind is BlockType.Q8_16:
             return self
         quants = self.quants
-        if self.kind in (BlockType.Q4_1, BlockType.Q5_1):
+        if self.kind is BlockType.Q5_0:
+            quants = self.signed_quants()
+        elif self.kind in NIBBLES:
             quants = self.integer_quants().to(torch.int8)
         mins = None if self.mins is None else self.mins.repeat_interleave(2, dim=-1)
         return PackedWeight(BlockType.Q8_16, quants, self.scales.repeat_interleave(2, dim=-1), mins)
@@ -114,19 +133,26 @@ class PackedWeight:
         return picked.dequantize().view(*ids.shape, -1)
 
     def integer_quants(self) -> torch.Tensor:
-        """Q4_1's and Q5_1's quants one a weight, [n, k/32, 32] uint8."""
+        """Q4_1's, Q5_1's and Q5_0's stored quants one a weight (0-15 or 0-31),
+        [n, k/32, 32] uint8."""
         nibbles = self.quants[..., :16]
         q = torch.cat([nibbles & 15, nibbles >> 4], dim=-1)
-        if self.kind is BlockType.Q5_1:
+        if self.kind in FIVE_BITS:
             bits = self.quants[..., 16:].to(torch.int64)
             word = bits[..., 0] | bits[..., 1] << 8 | bits[..., 2] << 16 | bits[..., 3] << 24
             fifth = (word[..., None] >> torch.arange(32)) & 1
             q = q | (fifth << 4).to(torch.uint8)
         return q
 
+    def signed_quants(self) -> torch.Tensor:
+        """Q5_0's quants minus 16, one a weight, [n, k/32, 32] int8."""
+        return (self.integer_quants().to(torch.int8) - 16).to(torch.int8)
+
     def dequantize(self) -> torch.Tensor:
         """The float32 weight [n, k], computed as the gguf package does."""
         n, k = self.shape
+        if self.kind is BlockType.Q5_0:
+            return (self.scales[..., None] * self.signed_quants().float()).view(n, k)
         if self.kind in (BlockType.Q4_1, BlockType.Q5_1):
             assert self.mins is not None
             q = self.integer_quants().float()
@@ -251,6 +277,9 @@ class QuantizedLinearKernel:
         self._q5_1 = library.q5_1_linear
         self._q5_1.restype = ctypes.c_int
         self._q5_1.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4 + [ctypes.c_int]
+        self._q5_0 = library.q5_0_linear
+        self._q5_0.restype = ctypes.c_int
+        self._q5_0.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_int]
 
     def __call__(
         self,
@@ -301,7 +330,7 @@ class QuantizedLinearKernel:
                 threads,
             )
         else:
-            failed = self._q8_0(
+            failed = (self._q5_0 if weight.kind is BlockType.Q5_0 else self._q8_0)(
                 x.data_ptr(),
                 weight.quants.data_ptr(),
                 weight.scales.data_ptr(),
@@ -340,16 +369,17 @@ class QuantizedLinearKernel:
         n, k = weight.shape
         if k % 32:
             raise ValueError(f"k = {k} is not a whole number of 32-weight blocks")
-        q4 = weight.kind in (BlockType.Q4_1, BlockType.Q5_1)
-        check_tensors(quants=(weight.quants, torch.uint8 if q4 else torch.int8))
-        width = {BlockType.Q4_1: 16, BlockType.Q5_1: Q5_BYTES}.get(weight.kind, 32)
+        bit_fields = weight.kind in NIBBLES
+        check_tensors(quants=(weight.quants, torch.uint8 if bit_fields else torch.int8))
+        width = Q5_BYTES if weight.kind in FIVE_BITS else 16 if bit_fields else 32
         check_shape("quants", weight.quants, n, k // 32, width)
         per_scale = HALF if weight.kind is BlockType.Q8_16 else BLOCK
         check_shape("scales", weight.scales, n, k // per_scale)
-        if q4 and weight.mins is None:
+        with_mins = weight.kind in (BlockType.Q4_1, BlockType.Q5_1)
+        if with_mins and weight.mins is None:
             raise ValueError(f"{weight.kind.value} blocks need their mins")
-        if weight.kind is BlockType.Q8_0 and weight.mins is not None:
-            raise ValueError("Q8_0 blocks have no mins")
+        if weight.kind in (BlockType.Q8_0, BlockType.Q5_0) and weight.mins is not None:
+            raise ValueError(f"{weight.kind.value} blocks have no mins")
         if weight.mins is not None:
             check_tensors(mins=(weight.mins, torch.float32))
             check_shape("mins", weight.mins, n, k // per_scale)

@@ -32,7 +32,7 @@
 #include "vector_math.h"
 
 typedef struct {
-    int64_t kind; /* KIND_Q4_1, KIND_Q8_0, KIND_Q8_16 or KIND_Q5_1 (quantized_dot.h) */
+    int64_t kind; /* KIND_Q4_1, KIND_Q8_0, KIND_Q8_16, KIND_Q5_1 or KIND_Q5_0 (quantized_dot.h) */
     const void *quants;
     const float *scales;
     const float *mins; /* Q4_1's; Q8_16's where it has them; else NULL */

@@ -10,6 +10,8 @@
    q5_1: quants [n, k / 32, 20] uint8: Q4_1's 16 bytes of low nibbles, then 4 bytes
          (little-endian) whose bit j is weight j's fifth bit; w = scale * q + min
          (Q5_0, Q5_1 and Q5_K's sub-blocks of 32)
+   q5_0: quants as q5_1's, scales [n, k / 32], no mins; w = scale * (q - 16): Q5_0,
+         run as Q8_0 blocks of signed quants (-16 to 15) read from five bits
    q8_16: quants [n, k / 32, 32] int8; scales (and mins, or none) [n, k / 16]: one
          per 16 weights; w = scale * q (+ min). The K-quants' layout once unpacked
          (Q6_K: a scale per 16; Q5_K, Q5_1: a scale and a min, given per 16 here)
@@ -45,7 +47,9 @@ static inline int omp_get_thread_num(void) { return 0; } /* built without OpenMP
 #define NIBBLE_BLOCK_BYTES(five_bits) ((five_bits) ? Q5_BYTES : BLOCK / 2)
 
 /* The block kinds, as carpool/models/packed_linear.py and llama_stack.py number them */
-enum { KIND_Q4_1 = 0, KIND_Q8_0 = 1, KIND_Q8_16 = 2, KIND_Q5_1 = 3 };
+enum { KIND_Q4_1 = 0, KIND_Q8_0 = 1, KIND_Q8_16 = 2, KIND_Q5_1 = 3, KIND_Q5_0 = 4 };
+/* A Q8_0 (five_bits 0) or Q5_0 (1) block's bytes */
+#define SIGNED_BLOCK_BYTES(five_bits) ((five_bits) ? Q5_BYTES : BLOCK)
 
 /* A Q5_1 block's fifth bits (bytes 16-19, little-endian) */
 static inline uint32_t fifth_bits(const uint8_t *q) {
@@ -57,6 +61,11 @@ static inline uint32_t fifth_bits(const uint8_t *q) {
 static inline int block_value(const uint8_t *q, uint32_t bits, int j) {
     const int nibble = j < 16 ? q[j] & 15 : q[j - 16] >> 4;
     return nibble | (int)((bits >> j) & 1) << 4;
+}
+
+/* Weight j of a Q8_0 block (five_bits 0) or of a Q5_0 block (1): its signed quant */
+static inline int signed_value(const uint8_t *q, int five_bits, int j) {
+    return five_bits ? block_value(q, fifth_bits(q), j) - 16 : (int)((const int8_t *)q)[j];
 }
 /* inlined into each row count's copy (see FOR_EACH_ROW_COUNT) */
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
@@ -134,6 +143,12 @@ ALWAYS_INLINE void block_floats(const uint8_t *q, int five_bits, __m256 w[4]) {
     w[3] = bytes_to_floats(_mm_srli_si128(hi, 8));
 }
 
+/* A Q8_0 (five_bits 0) or Q5_0 block's 32 signed quants, one a byte, in weight order */
+ALWAYS_INLINE __m256i signed_bytes(const uint8_t *q, int five_bits) {
+    if (five_bits) return _mm256_sub_epi8(q5_bytes(q), _mm256_set1_epi8(16));
+    return _mm256_loadu_si256((const __m256i *)q);
+}
+
 /* out[r] = sum over blocks of scale * (q . x_r) + min * (the block's sum of x_r), for
    ROWS rows of x at once (sums: [rows, groups]), Q4_1 or Q5_1 blocks (five_bits, a
    constant in each inlined copy): each block is unpacked once for all */
@@ -161,14 +176,25 @@ ALWAYS_INLINE void nibble_dot(const uint8_t *q, int five_bits, const float *scal
         out[r] = horizontal_sum(acc[r]) + min_share(mins, sums + r * groups, groups);
 }
 
-ALWAYS_INLINE void q8_0_dot(const int8_t *q, const float *scales, const float *x, int64_t k,
-                            int64_t rows, int64_t groups, float *out) {
+/* Q8_0 blocks, or with five_bits Q5_0's (signed quants read from five bits) */
+ALWAYS_INLINE void q8_0_dot(const uint8_t *q, int five_bits, const float *scales, const float *x,
+                            int64_t k, int64_t rows, int64_t groups, float *out) {
     __m256 acc[ROWS];
     for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < groups; g++, q += BLOCK) {
+    for (int64_t g = 0; g < groups; g++, q += SIGNED_BLOCK_BYTES(five_bits)) {
         __m256 w[BLOCK / 8];
-        for (int j = 0; j < BLOCK / 8; j++)
-            w[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * j))));
+        if (five_bits) {
+            const __m256i bytes = signed_bytes(q, 1);
+            const __m128i lo = _mm256_castsi256_si128(bytes), hi = _mm256_extracti128_si256(bytes, 1);
+            w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+            w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+            w[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+            w[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+        } else {
+            for (int j = 0; j < BLOCK / 8; j++)
+                w[j] = _mm256_cvtepi32_ps(
+                    _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * j))));
+        }
         const __m256 scale = _mm256_set1_ps(scales[g]);
         for (int64_t r = 0; r < rows; r++) {
             const float *xg = x + r * k + g * BLOCK;
@@ -212,13 +238,13 @@ ALWAYS_INLINE void nibble_dot_int8(const uint8_t *q, int five_bits, const float 
         out[r] = horizontal_sum(acc[r]) + min_share(mins, sums + r * groups, groups);
 }
 
-ALWAYS_INLINE void q8_0_dot_int8(const int8_t *q, const float *scales, const int8_t *xq,
-                                 const float *xscales, int64_t k, int64_t rows, int64_t groups,
-                                 float *out) {
+ALWAYS_INLINE void q8_0_dot_int8(const uint8_t *q, int five_bits, const float *scales,
+                                 const int8_t *xq, const float *xscales, int64_t k, int64_t rows,
+                                 int64_t groups, float *out) {
     __m256 acc[ROWS];
     for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < groups; g++, q += BLOCK) {
-        const __m256i w = _mm256_loadu_si256((const __m256i *)q);
+    for (int64_t g = 0; g < groups; g++, q += SIGNED_BLOCK_BYTES(five_bits)) {
+        const __m256i w = signed_bytes(q, five_bits);
         const __m256i magnitude = _mm256_abs_epi8(w); /* -128 becomes 128 as unsigned */
         for (int64_t r = 0; r < rows; r++) {
             const __m256i a = _mm256_loadu_si256((const __m256i *)(xq + r * k + g * BLOCK));
@@ -229,6 +255,66 @@ ALWAYS_INLINE void q8_0_dot_int8(const int8_t *q, const float *scales, const int
         }
     }
     for (int64_t r = 0; r < rows; r++) out[r] = horizontal_sum(acc[r]);
+}
+
+/* One row against FEATURE_GROUP features' Q8_0 or Q5_0 blocks at once (a decode step
+   of one sequence): each of x's blocks is loaded once for all of them, and their sums
+   run as independent chains. The next group's rows, contiguous after these, are
+   prefetched 128 bytes a block (what four Q8_0 blocks take; Q5_0's 80 run ahead),
+   since four rows read side by side defeat the hardware's stream prefetch on a
+   matrix that is not in the caches (an LM head took 1.7x as long without it on Zen
+   3; a prefetch past the end is harmless: it never faults). Feature f's blocks start at q + f * feature_bytes, its
+   scales at scales + f * groups. Each feature's arithmetic is q8_0_dot's or
+   q8_0_dot_int8's for one row, in the same order: the results are theirs, bit for bit. */
+#define FEATURE_GROUP 4
+ALWAYS_INLINE void q8_0_dot_features(const uint8_t *q, int five_bits, int64_t feature_bytes,
+                                     const float *scales, const float *x, int64_t groups,
+                                     float *out) {
+    __m256 acc[FEATURE_GROUP];
+    for (int f = 0; f < FEATURE_GROUP; f++) acc[f] = _mm256_setzero_ps();
+    const char *next = (const char *)(q + FEATURE_GROUP * feature_bytes);
+    for (int64_t g = 0; g < groups; g++) {
+        _mm_prefetch(next + 128 * g, _MM_HINT_T0);
+        _mm_prefetch(next + 128 * g + 64, _MM_HINT_T0);
+        const float *xg = x + g * BLOCK;
+        const __m256 x0 = _mm256_loadu_ps(xg), x1 = _mm256_loadu_ps(xg + 8);
+        const __m256 x2 = _mm256_loadu_ps(xg + 16), x3 = _mm256_loadu_ps(xg + 24);
+        for (int f = 0; f < FEATURE_GROUP; f++) {
+            const __m256i bytes =
+                signed_bytes(q + f * feature_bytes + g * SIGNED_BLOCK_BYTES(five_bits), five_bits);
+            const __m128i lo = _mm256_castsi256_si128(bytes), hi = _mm256_extracti128_si256(bytes, 1);
+            __m256 dot = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), x0);
+            dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))),
+                                  x1, dot);
+            dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), x2, dot);
+            dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))),
+                                  x3, dot);
+            acc[f] = _mm256_fmadd_ps(_mm256_set1_ps(scales[f * groups + g]), dot, acc[f]);
+        }
+    }
+    for (int f = 0; f < FEATURE_GROUP; f++) out[f] = horizontal_sum(acc[f]);
+}
+
+ALWAYS_INLINE void q8_0_dot_int8_features(const uint8_t *q, int five_bits, int64_t feature_bytes,
+                                          const float *scales, const int8_t *xq,
+                                          const float *xscales, int64_t groups, float *out) {
+    __m256 acc[FEATURE_GROUP];
+    for (int f = 0; f < FEATURE_GROUP; f++) acc[f] = _mm256_setzero_ps();
+    const char *next = (const char *)(q + FEATURE_GROUP * feature_bytes);
+    for (int64_t g = 0; g < groups; g++) {
+        _mm_prefetch(next + 128 * g, _MM_HINT_T0);
+        _mm_prefetch(next + 128 * g + 64, _MM_HINT_T0);
+        const __m256i a = _mm256_loadu_si256((const __m256i *)(xq + g * BLOCK));
+        const float xscale = xscales[g];
+        for (int f = 0; f < FEATURE_GROUP; f++) {
+            const __m256i w =
+                signed_bytes(q + f * feature_bytes + g * SIGNED_BLOCK_BYTES(five_bits), five_bits);
+            const __m256 dot =
+                _mm256_cvtepi32_ps(dot_u8_s8(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w)));
+            acc[f] = _mm256_fmadd_ps(_mm256_set1_ps(scales[f * groups + g] * xscale), dot, acc[f]);
+        }
+    }
+    for (int f = 0; f < FEATURE_GROUP; f++) out[f] = horizontal_sum(acc[f]);
 }
 
 /* As q8_0_dot with the scale changing after 16 weights (Q8_16's mins are added by
@@ -299,14 +385,15 @@ static void nibble_dot(const uint8_t *q, int five_bits, const float *scales,
     }
 }
 
-static void q8_0_dot(const int8_t *q, const float *scales, const float *x, int64_t k,
-                     int64_t rows, int64_t groups, float *out) {
+static void q8_0_dot(const uint8_t *q, int five_bits, const float *scales, const float *x,
+                     int64_t k, int64_t rows, int64_t groups, float *out) {
     for (int64_t r = 0; r < rows; r++) {
         float acc = 0.f;
         for (int64_t g = 0; g < groups; g++) {
             const float *xg = x + r * k + g * BLOCK;
+            const uint8_t *qb = q + g * SIGNED_BLOCK_BYTES(five_bits);
             float dot = 0.f;
-            for (int j = 0; j < BLOCK; j++) dot += (float)q[g * BLOCK + j] * xg[j];
+            for (int j = 0; j < BLOCK; j++) dot += (float)signed_value(qb, five_bits, j) * xg[j];
             acc += scales[g] * dot;
         }
         out[r] = acc;
@@ -334,19 +421,36 @@ static void nibble_dot_int8(const uint8_t *q, int five_bits, const float *scales
     }
 }
 
-static void q8_0_dot_int8(const int8_t *q, const float *scales, const int8_t *xq,
-                          const float *xscales, int64_t k, int64_t rows, int64_t groups,
-                          float *out) {
+static void q8_0_dot_int8(const uint8_t *q, int five_bits, const float *scales,
+                          const int8_t *xq, const float *xscales, int64_t k, int64_t rows,
+                          int64_t groups, float *out) {
     for (int64_t r = 0; r < rows; r++) {
         float acc = 0.f;
         for (int64_t g = 0; g < groups; g++) {
             const int8_t *a = xq + r * k + g * BLOCK;
+            const uint8_t *qb = q + g * SIGNED_BLOCK_BYTES(five_bits);
             int32_t dot = 0;
-            for (int j = 0; j < BLOCK; j++) dot += q[g * BLOCK + j] * a[j];
+            for (int j = 0; j < BLOCK; j++) dot += signed_value(qb, five_bits, j) * a[j];
             acc += scales[g] * xscales[r * groups + g] * (float)dot;
         }
         out[r] = acc;
     }
+}
+
+#define FEATURE_GROUP 4
+static void q8_0_dot_features(const uint8_t *q, int five_bits, int64_t feature_bytes,
+                              const float *scales, const float *x, int64_t groups, float *out) {
+    for (int f = 0; f < FEATURE_GROUP; f++)
+        q8_0_dot(q + f * feature_bytes, five_bits, scales + f * groups, x, groups * BLOCK, 1,
+                 groups, out + f);
+}
+
+static void q8_0_dot_int8_features(const uint8_t *q, int five_bits, int64_t feature_bytes,
+                                   const float *scales, const int8_t *xq, const float *xscales,
+                                   int64_t groups, float *out) {
+    for (int f = 0; f < FEATURE_GROUP; f++)
+        q8_0_dot_int8(q + f * feature_bytes, five_bits, scales + f * groups, xq, xscales,
+                      groups * BLOCK, 1, groups, out + f);
 }
 
 static void q8_16_dot(const int8_t *q, const float *scales, const float *x, int64_t k,
@@ -409,11 +513,17 @@ static void nibble_dot_rows(const uint8_t *q, int five_bits, const float *scales
 #undef CALL5
 }
 
-static void q8_0_dot_rows(const int8_t *q, const float *scales, const float *x, int64_t k,
-                          int64_t rows, int64_t groups, float *out) {
-#define CALL(n) q8_0_dot(q, scales, x, k, n, groups, out)
-    FOR_EACH_ROW_COUNT(CALL)
-#undef CALL
+static void q8_0_dot_rows(const uint8_t *q, int five_bits, const float *scales, const float *x,
+                          int64_t k, int64_t rows, int64_t groups, float *out) {
+#define CALL8(n) q8_0_dot(q, 0, scales, x, k, n, groups, out)
+#define CALL5(n) q8_0_dot(q, 1, scales, x, k, n, groups, out)
+    if (five_bits) {
+        FOR_EACH_ROW_COUNT(CALL5)
+    } else {
+        FOR_EACH_ROW_COUNT(CALL8)
+    }
+#undef CALL8
+#undef CALL5
 }
 
 static void nibble_dot_int8_rows(const uint8_t *q, int five_bits, const float *scales,
@@ -431,12 +541,18 @@ static void nibble_dot_int8_rows(const uint8_t *q, int five_bits, const float *s
 #undef CALL5
 }
 
-static void q8_0_dot_int8_rows(const int8_t *q, const float *scales, const int8_t *xq,
-                               const float *xscales, int64_t k, int64_t rows, int64_t groups,
-                               float *out) {
-#define CALL(n) q8_0_dot_int8(q, scales, xq, xscales, k, n, groups, out)
-    FOR_EACH_ROW_COUNT(CALL)
-#undef CALL
+static void q8_0_dot_int8_rows(const uint8_t *q, int five_bits, const float *scales,
+                               const int8_t *xq, const float *xscales, int64_t k, int64_t rows,
+                               int64_t groups, float *out) {
+#define CALL8(n) q8_0_dot_int8(q, 0, scales, xq, xscales, k, n, groups, out)
+#define CALL5(n) q8_0_dot_int8(q, 1, scales, xq, xscales, k, n, groups, out)
+    if (five_bits) {
+        FOR_EACH_ROW_COUNT(CALL5)
+    } else {
+        FOR_EACH_ROW_COUNT(CALL8)
+    }
+#undef CALL8
+#undef CALL5
 }
 
 static void q8_16_dot_rows(const int8_t *q, const float *scales, const float *x, int64_t k,
@@ -581,6 +697,24 @@ static int nibble_few_rows(const float *x, const uint8_t *quants, const float *s
     return 0;
 }
 
+/* y[0..FEATURE_GROUP) = features o ... of one row x (or its int8 rows xq) against Q8_0
+   blocks, or Q5_0's with five_bits: a copy for each kind and arithmetic */
+static void q8_0_features_one_row(const uint8_t *quants, int five_bits, int int8_dots,
+                                  int64_t o, const float *scales, const float *x,
+                                  const QuantizedRows *xq, int64_t groups, float *y) {
+    const int64_t bytes = groups * SIGNED_BLOCK_BYTES(five_bits);
+    const uint8_t *q = quants + o * bytes;
+    const float *s = scales + o * groups;
+    if (int8_dots && five_bits)
+        q8_0_dot_int8_features(q, 1, bytes, s, xq->quants, xq->scales, groups, y);
+    else if (int8_dots)
+        q8_0_dot_int8_features(q, 0, bytes, s, xq->quants, xq->scales, groups, y);
+    else if (five_bits)
+        q8_0_dot_features(q, 1, bytes, s, x, groups, y);
+    else
+        q8_0_dot_features(q, 0, bytes, s, x, groups, y);
+}
+
 /* sums[r * 2 * groups + h]: the sum of x's row r over weights 16h ... 16h + 15, in one
    fixed order (halves added lane by lane, then halved again), for Q8_16's mins; NULL
    when out of memory */
@@ -606,11 +740,12 @@ static inline float half_min_share(const float *mins, const float *sums, int64_t
     return share;
 }
 
-/* Q8_0 blocks (a scale per 32), or with per_16 Q8_16's (a scale per 16, and mins
-   where they are not NULL) */
-static int q8_few_rows(const float *x, const int8_t *quants, const float *scales,
+/* Q8_0 blocks (a scale per 32), with five_bits Q5_0's (the same, the signed quants
+   read from five bits), or with per_16 Q8_16's (a scale per 16, and mins where they
+   are not NULL) */
+static int q8_few_rows(const float *x, const void *quants, const float *scales,
                        const float *mins, float *y, int64_t rows, int64_t n, int64_t k,
-                       int int8_dots, int per_16, int num_threads) {
+                       int int8_dots, int per_16, int five_bits, int num_threads) {
     const int64_t groups = k / BLOCK, halves = k / HALF, chunks = (n + CHUNK - 1) / CHUNK;
     const int64_t per_feature = per_16 ? halves : groups; /* scales a feature has */
     QuantizedRows xq = {NULL, NULL, NULL};
@@ -626,9 +761,17 @@ static int q8_few_rows(const float *x, const int8_t *quants, const float *scales
 #pragma omp parallel num_threads(num_threads)
     {
         int victim = 0;
-        for (int64_t c; (c = next_chunk(shares, num_threads, omp_get_thread_num(), &victim)) >= 0;)
-            for (int64_t o = c * CHUNK; o < n && o < (c + 1) * CHUNK; o++) {
-                const int8_t *qo = quants + o * groups * BLOCK;
+        for (int64_t c; (c = next_chunk(shares, num_threads, omp_get_thread_num(), &victim)) >= 0;) {
+            int64_t o = c * CHUNK;
+            const int64_t end = n < (c + 1) * CHUNK ? n : (c + 1) * CHUNK;
+            if (rows == 1 && !per_16 && mins == NULL)
+                for (; o + FEATURE_GROUP <= end; o += FEATURE_GROUP)
+                    q8_0_features_one_row((const uint8_t *)quants, five_bits, int8_dots, o,
+                                          scales, x, &xq, groups, y + o);
+            for (; o < end; o++) {
+                const uint8_t *qo =
+                    (const uint8_t *)quants + o * groups * SIGNED_BLOCK_BYTES(five_bits);
+                const int8_t *q8o = (const int8_t *)qo;
                 const float *so = scales + o * per_feature;
                 for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
                     const int64_t count = rows - r0 < ROWS ? rows - r0 : ROWS;
@@ -636,13 +779,13 @@ static int q8_few_rows(const float *x, const int8_t *quants, const float *scales
                     const float *xs0 = xq.scales + r0 * groups;
                     float dots[ROWS];
                     if (int8_dots && per_16)
-                        q8_16_dot_int8_rows(qo, so, xq0, xs0, k, count, groups, dots);
+                        q8_16_dot_int8_rows(q8o, so, xq0, xs0, k, count, groups, dots);
                     else if (int8_dots)
-                        q8_0_dot_int8_rows(qo, so, xq0, xs0, k, count, groups, dots);
+                        q8_0_dot_int8_rows(qo, five_bits, so, xq0, xs0, k, count, groups, dots);
                     else if (per_16)
-                        q8_16_dot_rows(qo, so, x + r0 * k, k, count, groups, dots);
+                        q8_16_dot_rows(q8o, so, x + r0 * k, k, count, groups, dots);
                     else
-                        q8_0_dot_rows(qo, so, x + r0 * k, k, count, groups, dots);
+                        q8_0_dot_rows(qo, five_bits, so, x + r0 * k, k, count, groups, dots);
                     for (int64_t r = 0; r < count; r++)
                         y[(r0 + r) * n + o] =
                             mins == NULL ? dots[r]
@@ -651,6 +794,7 @@ static int q8_few_rows(const float *x, const int8_t *quants, const float *scales
                                                                     halves);
                 }
             }
+        }
     }
     free_rows(&xq);
     free(sums);

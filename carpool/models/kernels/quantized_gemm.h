@@ -24,7 +24,8 @@
 #define LANES 16 /* rows per tile: two AVX2 vectors */
 
 /* w[0..32) = the weights of one block: scale * q (+ min for Q4_1 and Q5_1, and for Q8_16
-   where it has mins; Q8_16's scale and min change after 16 weights). The product is
+   where it has mins; Q8_16's scale and min change after 16 weights; Q5_0's
+   scale * (q - 16)). The product is
    rounded before the sum, as torch's and the gguf package's dequantization round
    it (the kernels are built with -ffp-contract=off, so no fused multiply-add). */
 static void dequantize_block(int64_t kind, const void *quants, const float *scales,
@@ -54,6 +55,15 @@ static void dequantize_block(int64_t kind, const void *quants, const float *scal
         }
         return;
     }
+    if (kind == KIND_Q5_0) {
+        const uint8_t *q = (const uint8_t *)quants + index * Q5_BYTES;
+        const __m256 sixteen = _mm256_set1_ps(16.f);
+        __m256 qf[4];
+        block_floats(q, 1, qf);
+        for (int j = 0; j < 4; j++)
+            _mm256_storeu_ps(w + 8 * j, _mm256_mul_ps(s, _mm256_sub_ps(qf[j], sixteen)));
+        return;
+    }
     /* Q4_1 or Q5_1 */
     const int five_bits = kind == KIND_Q5_1;
     const uint8_t *q = (const uint8_t *)quants + index * NIBBLE_BLOCK_BYTES(five_bits);
@@ -66,6 +76,11 @@ static void dequantize_block(int64_t kind, const void *quants, const float *scal
     if (kind == KIND_Q8_0) {
         const int8_t *q = (const int8_t *)quants + index * GEMM_BLOCK;
         for (int j = 0; j < GEMM_BLOCK; j++) w[j] = scale * (float)q[j];
+        return;
+    }
+    if (kind == KIND_Q5_0) {
+        const uint8_t *q = (const uint8_t *)quants + index * Q5_BYTES;
+        for (int j = 0; j < GEMM_BLOCK; j++) w[j] = scale * (float)signed_value(q, 1, j);
         return;
     }
     /* Q4_1 or Q5_1 */

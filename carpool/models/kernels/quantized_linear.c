@@ -27,6 +27,13 @@ int q5_1_linear(const float *x, const uint8_t *quants, const float *scales, cons
                             num_threads);
 }
 
+/* quants: [n, k / 32, 20] (quantized_dot.h's q5_0: Q5_1's bytes, no mins) */
+int q5_0_linear(const float *x, const uint8_t *quants, const float *scales, float *y,
+                int64_t rows, int64_t n, int64_t k, int64_t int8_dots, int num_threads) {
+    return quantized_linear(KIND_Q5_0, x, quants, scales, NULL, y, rows, n, k, int8_dots,
+                            num_threads);
+}
+
 /* scales and mins (NULL: none): [n, k / 16] */
 int q8_16_linear(const float *x, const int8_t *quants, const float *scales, const float *mins,
                  float *y, int64_t rows, int64_t n, int64_t k, int64_t int8_dots,

@@ -81,6 +81,15 @@ K_QUANT_MIX = {
     "token_embd": T.Q8_0,
     "output": T.Q6_K,
 }
+# Its second layer as llama-quantize writes a Q4_K_M whose rows are not whole
+# super-blocks (SmolLM2's 576): Q5_0 in their place, a Q8_0 value beside them.
+FALLBACK_LAYER = {
+    "attn_q": T.Q5_0,
+    "attn_k": T.Q5_0,
+    "attn_v": T.Q8_0,
+    "ffn_gate": T.Q5_0,
+    "ffn_up": T.Q5_0,
+}
 
 
 def k_quant_model(folder: Path, smollm_folder: Path) -> Path:
@@ -120,9 +129,10 @@ def k_quant_model(folder: Path, smollm_folder: Path) -> Path:
         for part in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
             n, k = shapes[part]
             seed += 1
-            raw = random_blocks(K_QUANT_MIX[part], n, k, seed)
+            kind = (FALLBACK_LAYER if layer == 1 else {}).get(part, K_QUANT_MIX[part])
+            raw = random_blocks(kind, n, k, seed)
             writer.add_tensor(
-                f"blk.{layer}.{part}.weight", raw, raw_shape=raw.shape, raw_dtype=K_QUANT_MIX[part]
+                f"blk.{layer}.{part}.weight", raw, raw_shape=raw.shape, raw_dtype=kind
             )
     for name in ("token_embd", "output"):
         n, k = shapes[name]
@@ -158,11 +168,20 @@ def test_a_k_quant_model_runs_on_its_blocks_with_its_float32_tokens(
     folder = k_quant_model(tmp_path / "k", smollm_folder)
     packed = GGUFCheckpoint(tmp_path / "k" / "tiny-k.gguf").packed_weights()
     layouts = {w.kind for w in packed.values()}
-    assert layouts == {BlockType.Q4_1, BlockType.Q5_1, BlockType.Q8_16, BlockType.Q8_0}
+    assert layouts == {
+        BlockType.Q4_1,
+        BlockType.Q5_1,
+        BlockType.Q5_0,
+        BlockType.Q8_16,
+        BlockType.Q8_0,
+    }
     native = load_causal_lm(folder, progress=False, weight_kernel="native")
     plain = load_causal_lm(folder, progress=False, weight_kernel="torch")
     assert native.packed_layers == 4 * 2 + 1  # qkv, o, gate_up, down per layer; the head
     assert native.model.stack is not None  # the fused stack runs K-quant layers too
+    fallback = native.model.layers[1]
+    assert fallback.self_attn.qkv_proj.packed.kind is BlockType.Q8_0  # Q5_0 beside Q8_0
+    assert fallback.mlp.gate_up_proj.packed.kind is BlockType.Q5_0
     # The blocks alone hold the matrices and the embedding table: the float32
     # parameters left are the norms.
     assert float_bytes(native) == 4 * 256 * (2 * 2 + 1)

@@ -126,15 +126,17 @@ def test_the_interleaved_int8_kernel_computes_the_same_bits_on_every_rung(
     assert all(torch.equal(r, results[0]) for r in results[1:])
 
 
-@pytest.mark.parametrize("kind", ["Q8_16+mins", "Q5_1"])
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("kind", ["Q8_16+mins", "Q5_1", "Q5_0", "Q8_0"])
 def test_the_k_quant_layouts_compute_their_products_on_every_rung(
-    linear_rungs: list[tuple[tuple[str, ...], Path]], kind: str
+    linear_rungs: list[tuple[tuple[str, ...], Path]], kind: str, rows: int
 ) -> None:
-    """Q8_16 (scales and mins per 16) and Q5_1 (a plane of fifth bits) in the vector
-    code and the portable C: the float32 product, and with int8 dots the rounded
-    rows' integer products."""
+    """Q8_16 (scales and mins per 16), Q5_1 and Q5_0 (a plane of fifth bits) and Q8_0
+    in the vector code and the portable C, one row (Q8_0 and Q5_0 four features at a
+    time) and a few: the float32 product, and with int8 dots the rounded rows'
+    integer products."""
     packed, weight = gguf_weight(kind, 40, 128, seed=6)
-    x = torch.randn(3, 128, generator=torch.Generator().manual_seed(6))
+    x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(6))
     exact, rounded = x @ weight.T, rounded_rows_product(x, packed)
     for extra, path in linear_rungs:
         library = ctypes.CDLL(str(path))

@@ -35,10 +35,11 @@ KINDS = {
     BlockType.Q4_1: GGMLQuantizationType.Q4_1,
     BlockType.Q8_0: GGMLQuantizationType.Q8_0,
     BlockType.Q5_1: GGMLQuantizationType.Q5_1,
+    BlockType.Q5_0: GGMLQuantizationType.Q5_0,
 }
 # Each layout the kernels read; Q8_16 (Q6_K's, and a mixed fused projection's) with
 # and without mins.
-LAYOUTS = ["Q4_1", "Q8_0", "Q5_1", "Q8_16", "Q8_16+mins"]
+LAYOUTS = ["Q4_1", "Q8_0", "Q5_1", "Q5_0", "Q8_16", "Q8_16+mins"]
 INTERLEAVED = ["Q4_1", "Q8_0"]  # Q8_16 has no interleaved kernel
 
 
@@ -46,7 +47,7 @@ def gguf_weight(
     kind: BlockType | str, n: int, k: int, seed: int = 0
 ) -> tuple[PackedWeight, torch.Tensor]:
     """Blocks of ``kind`` (a layout name of ``LAYOUTS``), and the float32 weight they
-    hold: Q4_1, Q5_1 and Q8_0 made by the gguf package (and read as it reads them);
+    hold: Q4_1, Q5_1, Q5_0 and Q8_0 made by the gguf package (and read as it reads them);
     Q8_16 random quants of 6 bits with scales (and mins) per 16, as a Q6_K's (a
     Q5_K's) unpack to (``test_gguf_blocks.py`` checks the unpacking against gguf)."""
     if kind in ("Q8_16", "Q8_16+mins"):
@@ -91,6 +92,21 @@ def test_past_a_few_rows_a_rows_bits_do_not_depend_on_the_batch(kind: str) -> No
     whole = kernel(x, packed)
     assert torch.equal(kernel(x[5:22], packed), whole[5:22])
     assert torch.equal(kernel(x[20:40], packed), whole[20:40])
+
+
+@pytest.mark.parametrize("int8_dots", [False, True])
+@pytest.mark.parametrize("kind", LAYOUTS)
+def test_a_row_alone_gets_the_bits_it_gets_among_a_few(kind: str, int8_dots: bool) -> None:
+    """A one-row step (one stream decoding) runs Q8_0 and Q5_0 four features at a
+    time; each feature's sums keep the few-rows kernel's order, so a stream's logits
+    do not depend on whether others share its step. 70 features: groups of four and
+    a remainder in the last chunk of 16."""
+    packed, _ = gguf_weight(kind, 70, 160, seed=11)
+    x = torch.randn(3, 160, generator=torch.Generator().manual_seed(11))
+    kernel = quantized_linear_kernel(int8_dots)
+    together = kernel(x, packed)
+    for r in range(3):
+        assert torch.equal(kernel(x[r : r + 1], packed)[0], together[r])
 
 
 def test_a_layer_uses_its_blocks_for_few_rows_only() -> None:
@@ -188,7 +204,9 @@ def rounded_rows_product(x: torch.Tensor, packed: PackedWeight) -> torch.Tensor:
     step = blocks.abs().amax(-1) / 127
     inverse = torch.where(step > 0, 1 / step, torch.zeros_like(step))
     xq = torch.round(blocks * inverse[..., None]).double()
-    if packed.kind in (BlockType.Q4_1, BlockType.Q5_1):
+    if packed.kind is BlockType.Q5_0:
+        q = packed.signed_quants().double()
+    elif packed.kind in (BlockType.Q4_1, BlockType.Q5_1):
         q = packed.integer_quants().double()
     else:
         q = packed.quants.double()
@@ -330,3 +348,15 @@ def test_a_fused_projection_of_mixed_layouts_keeps_every_weight() -> None:
     assert torch.equal(fused.dequantize(), torch.cat([w for _, w in parts]))
     same = PackedWeight.stack([parts[0][0], parts[0][0]])
     assert same.kind is BlockType.Q4_1
+
+
+def test_q5_0_beside_q8_0_is_fused_as_q8_0() -> None:
+    """The Q5_0 query and key beside a Q8_0 value (llama-quantize's fallback where
+    rows are not whole K-quant super-blocks): Q8_0, 9 bits a weight, not Q8_16's 12."""
+    parts = [gguf_weight(kind, 16, 64, seed=i) for i, kind in enumerate(["Q5_0", "Q5_0", "Q8_0"])]
+    fused = PackedWeight.stack([p for p, _ in parts])
+    assert fused.kind is BlockType.Q8_0 and fused.mins is None
+    assert torch.equal(fused.dequantize(), torch.cat([w for _, w in parts]))
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(3))
+    product = x @ torch.cat([w for _, w in parts]).T
+    torch.testing.assert_close(quantized_linear_kernel()(x, fused), product, rtol=1e-5, atol=1e-5)
