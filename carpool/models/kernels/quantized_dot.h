@@ -260,13 +260,21 @@ ALWAYS_INLINE void q8_0_dot_int8(const uint8_t *q, int five_bits, const float *s
 /* One row against FEATURE_GROUP features' Q8_0 or Q5_0 blocks at once (a decode step
    of one sequence): each of x's blocks is loaded once for all of them, and their sums
    run as independent chains. The next group's rows, contiguous after these, are
-   prefetched 128 bytes a block (what four Q8_0 blocks take; Q5_0's 80 run ahead),
-   since four rows read side by side defeat the hardware's stream prefetch on a
-   matrix that is not in the caches (an LM head took 1.7x as long without it on Zen
-   3; a prefetch past the end is harmless: it never faults). Feature f's blocks start at q + f * feature_bytes, its
-   scales at scales + f * groups. Each feature's arithmetic is q8_0_dot's or
-   q8_0_dot_int8's for one row, in the same order: the results are theirs, bit for bit. */
+   prefetched as these are read, since four rows read side by side defeat the
+   hardware's stream prefetch on a matrix that is not in the caches (an LM head took
+   1.7x as long without it on Zen 3). Feature f's blocks start at q + f *
+   feature_bytes, its scales at scales + f * groups. Each feature's arithmetic is
+   q8_0_dot's or q8_0_dot_int8's for one row, in the same order: the results are
+   theirs, bit for bit. */
 #define FEATURE_GROUP 4
+
+/* Prefetch block g's share of the next group's rows (step bytes a block, 64 to 128;
+   a prefetch past the end is harmless: it never faults). Always inlined: GCC sees no
+   effect in a prefetch, so a call to this left out of line is deleted. */
+ALWAYS_INLINE void prefetch_block(const char *next, int64_t g, int64_t step) {
+    _mm_prefetch(next + g * step, _MM_HINT_T0);
+    _mm_prefetch(next + g * step + 64, _MM_HINT_T0);
+}
 ALWAYS_INLINE void q8_0_dot_features(const uint8_t *q, int five_bits, int64_t feature_bytes,
                                      const float *scales, const float *x, int64_t groups,
                                      float *out) {
@@ -274,8 +282,7 @@ ALWAYS_INLINE void q8_0_dot_features(const uint8_t *q, int five_bits, int64_t fe
     for (int f = 0; f < FEATURE_GROUP; f++) acc[f] = _mm256_setzero_ps();
     const char *next = (const char *)(q + FEATURE_GROUP * feature_bytes);
     for (int64_t g = 0; g < groups; g++) {
-        _mm_prefetch(next + 128 * g, _MM_HINT_T0);
-        _mm_prefetch(next + 128 * g + 64, _MM_HINT_T0);
+        prefetch_block(next, g, FEATURE_GROUP * SIGNED_BLOCK_BYTES(five_bits));
         const float *xg = x + g * BLOCK;
         const __m256 x0 = _mm256_loadu_ps(xg), x1 = _mm256_loadu_ps(xg + 8);
         const __m256 x2 = _mm256_loadu_ps(xg + 16), x3 = _mm256_loadu_ps(xg + 24);
@@ -302,8 +309,7 @@ ALWAYS_INLINE void q8_0_dot_int8_features(const uint8_t *q, int five_bits, int64
     for (int f = 0; f < FEATURE_GROUP; f++) acc[f] = _mm256_setzero_ps();
     const char *next = (const char *)(q + FEATURE_GROUP * feature_bytes);
     for (int64_t g = 0; g < groups; g++) {
-        _mm_prefetch(next + 128 * g, _MM_HINT_T0);
-        _mm_prefetch(next + 128 * g + 64, _MM_HINT_T0);
+        prefetch_block(next, g, FEATURE_GROUP * SIGNED_BLOCK_BYTES(five_bits));
         const __m256i a = _mm256_loadu_si256((const __m256i *)(xq + g * BLOCK));
         const float xscale = xscales[g];
         for (int f = 0; f < FEATURE_GROUP; f++) {
@@ -315,6 +321,57 @@ ALWAYS_INLINE void q8_0_dot_int8_features(const uint8_t *q, int five_bits, int64
         }
     }
     for (int f = 0; f < FEATURE_GROUP; f++) out[f] = horizontal_sum(acc[f]);
+}
+
+/* As q8_0_dot_features for Q4_1 (five_bits 0) or Q5_1 blocks: nibble_dot's and
+   nibble_dot_int8's arithmetic for one row, their mins' share added the same way
+   (feature f's mins at mins + f * groups; sums: x's block sums) */
+ALWAYS_INLINE void nibble_dot_features(const uint8_t *q, int five_bits, int64_t feature_bytes,
+                                       const float *scales, const float *mins, const float *sums,
+                                       const float *x, int64_t groups, float *out) {
+    __m256 acc[FEATURE_GROUP];
+    for (int f = 0; f < FEATURE_GROUP; f++) acc[f] = _mm256_setzero_ps();
+    const char *next = (const char *)(q + FEATURE_GROUP * feature_bytes);
+    for (int64_t g = 0; g < groups; g++) {
+        prefetch_block(next, g, FEATURE_GROUP * NIBBLE_BLOCK_BYTES(five_bits));
+        const float *xg = x + g * BLOCK;
+        const __m256 x0 = _mm256_loadu_ps(xg), x1 = _mm256_loadu_ps(xg + 8);
+        const __m256 x2 = _mm256_loadu_ps(xg + 16), x3 = _mm256_loadu_ps(xg + 24);
+        for (int f = 0; f < FEATURE_GROUP; f++) {
+            __m256 w[4];
+            block_floats(q + f * feature_bytes + g * NIBBLE_BLOCK_BYTES(five_bits), five_bits, w);
+            __m256 dot = _mm256_mul_ps(w[0], x0);
+            dot = _mm256_fmadd_ps(w[1], x1, dot);
+            dot = _mm256_fmadd_ps(w[2], x2, dot);
+            dot = _mm256_fmadd_ps(w[3], x3, dot);
+            acc[f] = _mm256_fmadd_ps(_mm256_set1_ps(scales[f * groups + g]), dot, acc[f]);
+        }
+    }
+    for (int f = 0; f < FEATURE_GROUP; f++)
+        out[f] = horizontal_sum(acc[f]) + min_share(mins + f * groups, sums, groups);
+}
+
+ALWAYS_INLINE void nibble_dot_int8_features(const uint8_t *q, int five_bits,
+                                            int64_t feature_bytes, const float *scales,
+                                            const float *mins, const float *sums,
+                                            const int8_t *xq, const float *xscales,
+                                            int64_t groups, float *out) {
+    __m256 acc[FEATURE_GROUP];
+    for (int f = 0; f < FEATURE_GROUP; f++) acc[f] = _mm256_setzero_ps();
+    const char *next = (const char *)(q + FEATURE_GROUP * feature_bytes);
+    for (int64_t g = 0; g < groups; g++) {
+        prefetch_block(next, g, FEATURE_GROUP * NIBBLE_BLOCK_BYTES(five_bits));
+        const __m256i a = _mm256_loadu_si256((const __m256i *)(xq + g * BLOCK));
+        const float xscale = xscales[g];
+        for (int f = 0; f < FEATURE_GROUP; f++) {
+            const __m256i w =
+                block_bytes(q + f * feature_bytes + g * NIBBLE_BLOCK_BYTES(five_bits), five_bits);
+            const __m256 dot = _mm256_cvtepi32_ps(dot_u8_s8(w, a));
+            acc[f] = _mm256_fmadd_ps(_mm256_set1_ps(scales[f * groups + g] * xscale), dot, acc[f]);
+        }
+    }
+    for (int f = 0; f < FEATURE_GROUP; f++)
+        out[f] = horizontal_sum(acc[f]) + min_share(mins + f * groups, sums, groups);
 }
 
 /* As q8_0_dot with the scale changing after 16 weights (Q8_16's mins are added by
@@ -361,6 +418,58 @@ ALWAYS_INLINE void q8_16_dot_int8(const int8_t *q, const float *scales, const in
         }
     }
     for (int64_t r = 0; r < rows; r++) out[r] = horizontal_sum(acc[r]);
+}
+
+/* As q8_0_dot_features for Q8_16 blocks (a scale per 16; the caller adds the mins):
+   q8_16_dot's and q8_16_dot_int8's arithmetic for one row */
+ALWAYS_INLINE void q8_16_dot_features(const int8_t *q, const float *scales, const float *x,
+                                      int64_t groups, float *out) {
+    __m256 acc[FEATURE_GROUP];
+    for (int f = 0; f < FEATURE_GROUP; f++) acc[f] = _mm256_setzero_ps();
+    const char *next = (const char *)(q + FEATURE_GROUP * groups * BLOCK);
+    for (int64_t g = 0; g < groups; g++) {
+        prefetch_block(next, g, FEATURE_GROUP * BLOCK);
+        const float *xg = x + g * BLOCK;
+        const __m256 x0 = _mm256_loadu_ps(xg), x1 = _mm256_loadu_ps(xg + 8);
+        const __m256 x2 = _mm256_loadu_ps(xg + 16), x3 = _mm256_loadu_ps(xg + 24);
+        for (int f = 0; f < FEATURE_GROUP; f++) {
+            const int8_t *qb = q + (f * groups + g) * BLOCK;
+            const float *sf = scales + f * 2 * groups;
+            __m256 w[BLOCK / 8];
+            for (int j = 0; j < BLOCK / 8; j++)
+                w[j] = _mm256_cvtepi32_ps(
+                    _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qb + 8 * j))));
+            __m256 d0 = _mm256_mul_ps(w[0], x0);
+            d0 = _mm256_fmadd_ps(w[1], x1, d0);
+            __m256 d1 = _mm256_mul_ps(w[2], x2);
+            d1 = _mm256_fmadd_ps(w[3], x3, d1);
+            acc[f] = _mm256_fmadd_ps(_mm256_set1_ps(sf[2 * g]), d0, acc[f]);
+            acc[f] = _mm256_fmadd_ps(_mm256_set1_ps(sf[2 * g + 1]), d1, acc[f]);
+        }
+    }
+    for (int f = 0; f < FEATURE_GROUP; f++) out[f] = horizontal_sum(acc[f]);
+}
+
+ALWAYS_INLINE void q8_16_dot_int8_features(const int8_t *q, const float *scales,
+                                           const int8_t *xq, const float *xscales,
+                                           int64_t groups, float *out) {
+    __m256 acc[FEATURE_GROUP];
+    for (int f = 0; f < FEATURE_GROUP; f++) acc[f] = _mm256_setzero_ps();
+    const char *next = (const char *)(q + FEATURE_GROUP * groups * BLOCK);
+    for (int64_t g = 0; g < groups; g++) {
+        prefetch_block(next, g, FEATURE_GROUP * BLOCK);
+        const __m256i a = _mm256_loadu_si256((const __m256i *)(xq + g * BLOCK));
+        const __m256 xscale = _mm256_set1_ps(xscales[g]);
+        for (int f = 0; f < FEATURE_GROUP; f++) {
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(q + (f * groups + g) * BLOCK));
+            const float *sf = scales + f * 2 * groups;
+            const __m256 halves = _mm256_set_m128(_mm_set1_ps(sf[2 * g + 1]), _mm_set1_ps(sf[2 * g]));
+            const __m256 dot =
+                _mm256_cvtepi32_ps(dot_u8_s8(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w)));
+            acc[f] = _mm256_fmadd_ps(_mm256_mul_ps(halves, xscale), dot, acc[f]);
+        }
+    }
+    for (int f = 0; f < FEATURE_GROUP; f++) out[f] = horizontal_sum(acc[f]);
 }
 
 #else
@@ -451,6 +560,43 @@ static void q8_0_dot_int8_features(const uint8_t *q, int five_bits, int64_t feat
     for (int f = 0; f < FEATURE_GROUP; f++)
         q8_0_dot_int8(q + f * feature_bytes, five_bits, scales + f * groups, xq, xscales,
                       groups * BLOCK, 1, groups, out + f);
+}
+
+static void q8_16_dot(const int8_t *q, const float *scales, const float *x, int64_t k,
+                      int64_t rows, int64_t groups, float *out);
+static void q8_16_dot_int8(const int8_t *q, const float *scales, const int8_t *xq,
+                           const float *xscales, int64_t k, int64_t rows, int64_t groups,
+                           float *out);
+
+static void q8_16_dot_features(const int8_t *q, const float *scales, const float *x,
+                               int64_t groups, float *out) {
+    for (int f = 0; f < FEATURE_GROUP; f++)
+        q8_16_dot(q + f * groups * BLOCK, scales + f * 2 * groups, x, groups * BLOCK, 1, groups,
+                  out + f);
+}
+
+static void q8_16_dot_int8_features(const int8_t *q, const float *scales, const int8_t *xq,
+                                    const float *xscales, int64_t groups, float *out) {
+    for (int f = 0; f < FEATURE_GROUP; f++)
+        q8_16_dot_int8(q + f * groups * BLOCK, scales + f * 2 * groups, xq, xscales,
+                       groups * BLOCK, 1, groups, out + f);
+}
+
+static void nibble_dot_features(const uint8_t *q, int five_bits, int64_t feature_bytes,
+                                const float *scales, const float *mins, const float *sums,
+                                const float *x, int64_t groups, float *out) {
+    for (int f = 0; f < FEATURE_GROUP; f++)
+        nibble_dot(q + f * feature_bytes, five_bits, scales + f * groups, mins + f * groups, sums,
+                   x, groups * BLOCK, 1, groups, out + f);
+}
+
+static void nibble_dot_int8_features(const uint8_t *q, int five_bits, int64_t feature_bytes,
+                                     const float *scales, const float *mins, const float *sums,
+                                     const int8_t *xq, const float *xscales, int64_t groups,
+                                     float *out) {
+    for (int f = 0; f < FEATURE_GROUP; f++)
+        nibble_dot_int8(q + f * feature_bytes, five_bits, scales + f * groups, mins + f * groups,
+                        sums, xq, xscales, groups * BLOCK, 1, groups, out + f);
 }
 
 static void q8_16_dot(const int8_t *q, const float *scales, const float *x, int64_t k,
@@ -657,6 +803,25 @@ static int quantize_rows(const float *x, int64_t rows, int64_t k, int with_quant
     return 0;
 }
 
+/* y[0..FEATURE_GROUP) = features o ... of one row x (or its int8 rows xq) against Q4_1
+   blocks, or Q5_1's with five_bits: a copy for each kind and arithmetic */
+static void nibble_features_one_row(const uint8_t *quants, int five_bits, int int8_dots,
+                                    int64_t o, const float *scales, const float *mins,
+                                    const float *x, const QuantizedRows *xq, int64_t groups,
+                                    float *y) {
+    const int64_t bytes = groups * NIBBLE_BLOCK_BYTES(five_bits);
+    const uint8_t *q = quants + o * bytes;
+    const float *s = scales + o * groups, *m = mins + o * groups;
+    if (int8_dots && five_bits)
+        nibble_dot_int8_features(q, 1, bytes, s, m, xq->sums, xq->quants, xq->scales, groups, y);
+    else if (int8_dots)
+        nibble_dot_int8_features(q, 0, bytes, s, m, xq->sums, xq->quants, xq->scales, groups, y);
+    else if (five_bits)
+        nibble_dot_features(q, 1, bytes, s, m, xq->sums, x, groups, y);
+    else
+        nibble_dot_features(q, 0, bytes, s, m, xq->sums, x, groups, y);
+}
+
 /* Q4_1 blocks, or with five_bits Q5_1's (both a scale and a min per 32) */
 static int nibble_few_rows(const float *x, const uint8_t *quants, const float *scales,
                          const float *mins, float *y, int64_t rows, int64_t n, int64_t k,
@@ -673,8 +838,14 @@ static int nibble_few_rows(const float *x, const uint8_t *quants, const float *s
 #pragma omp parallel num_threads(num_threads)
     {
         int victim = 0;
-        for (int64_t c; (c = next_chunk(shares, num_threads, omp_get_thread_num(), &victim)) >= 0;)
-            for (int64_t o = c * CHUNK; o < n && o < (c + 1) * CHUNK; o++) {
+        for (int64_t c; (c = next_chunk(shares, num_threads, omp_get_thread_num(), &victim)) >= 0;) {
+            int64_t o = c * CHUNK;
+            const int64_t end = n < (c + 1) * CHUNK ? n : (c + 1) * CHUNK;
+            if (rows == 1)
+                for (; o + FEATURE_GROUP <= end; o += FEATURE_GROUP)
+                    nibble_features_one_row(quants, five_bits, int8_dots, o, scales, mins, x, &xq,
+                                            groups, y + o);
+            for (; o < end; o++) {
                 const uint8_t *qo = quants + o * groups * block_size;
                 const float *mo = mins + o * groups;
                 for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
@@ -691,6 +862,7 @@ static int nibble_few_rows(const float *x, const uint8_t *quants, const float *s
                     for (int64_t r = 0; r < count; r++) y[(r0 + r) * n + o] = dots[r];
                 }
             }
+        }
     }
     free_rows(&xq);
     free(shares);
@@ -698,14 +870,19 @@ static int nibble_few_rows(const float *x, const uint8_t *quants, const float *s
 }
 
 /* y[0..FEATURE_GROUP) = features o ... of one row x (or its int8 rows xq) against Q8_0
-   blocks, or Q5_0's with five_bits: a copy for each kind and arithmetic */
-static void q8_0_features_one_row(const uint8_t *quants, int five_bits, int int8_dots,
-                                  int64_t o, const float *scales, const float *x,
-                                  const QuantizedRows *xq, int64_t groups, float *y) {
+   blocks, Q5_0's with five_bits, or Q8_16's with per_16 (without their mins): a copy
+   for each kind and arithmetic */
+static void q8_features_one_row(const uint8_t *quants, int five_bits, int per_16, int int8_dots,
+                                int64_t o, const float *scales, const float *x,
+                                const QuantizedRows *xq, int64_t groups, float *y) {
     const int64_t bytes = groups * SIGNED_BLOCK_BYTES(five_bits);
     const uint8_t *q = quants + o * bytes;
-    const float *s = scales + o * groups;
-    if (int8_dots && five_bits)
+    const float *s = scales + o * groups * (per_16 ? 2 : 1);
+    if (per_16 && int8_dots)
+        q8_16_dot_int8_features((const int8_t *)q, s, xq->quants, xq->scales, groups, y);
+    else if (per_16)
+        q8_16_dot_features((const int8_t *)q, s, x, groups, y);
+    else if (int8_dots && five_bits)
         q8_0_dot_int8_features(q, 1, bytes, s, xq->quants, xq->scales, groups, y);
     else if (int8_dots)
         q8_0_dot_int8_features(q, 0, bytes, s, xq->quants, xq->scales, groups, y);
@@ -764,10 +941,14 @@ static int q8_few_rows(const float *x, const void *quants, const float *scales,
         for (int64_t c; (c = next_chunk(shares, num_threads, omp_get_thread_num(), &victim)) >= 0;) {
             int64_t o = c * CHUNK;
             const int64_t end = n < (c + 1) * CHUNK ? n : (c + 1) * CHUNK;
-            if (rows == 1 && !per_16 && mins == NULL)
-                for (; o + FEATURE_GROUP <= end; o += FEATURE_GROUP)
-                    q8_0_features_one_row((const uint8_t *)quants, five_bits, int8_dots, o,
-                                          scales, x, &xq, groups, y + o);
+            if (rows == 1)
+                for (; o + FEATURE_GROUP <= end; o += FEATURE_GROUP) {
+                    q8_features_one_row((const uint8_t *)quants, five_bits, per_16, int8_dots, o,
+                                        scales, x, &xq, groups, y + o);
+                    if (mins != NULL)
+                        for (int f = 0; f < FEATURE_GROUP; f++)
+                            y[o + f] += half_min_share(mins + (o + f) * halves, sums, halves);
+                }
             for (; o < end; o++) {
                 const uint8_t *qo =
                     (const uint8_t *)quants + o * groups * SIGNED_BLOCK_BYTES(five_bits);
