@@ -48,6 +48,7 @@ static inline int omp_get_thread_num(void) { return 0; } /* built without OpenMP
 
 /* The block kinds, as carpool/models/packed_linear.py and llama_stack.py number them */
 enum { KIND_Q4_1 = 0, KIND_Q8_0 = 1, KIND_Q8_16 = 2, KIND_Q5_1 = 3, KIND_Q5_0 = 4 };
+#define FEATURE_GROUP 4 /* features a one-row step computes at once (the *_features functions) */
 /* A Q8_0 (five_bits 0) or Q5_0 (1) block's bytes */
 #define SIGNED_BLOCK_BYTES(five_bits) ((five_bits) ? Q5_BYTES : BLOCK)
 
@@ -266,7 +267,6 @@ ALWAYS_INLINE void q8_0_dot_int8(const uint8_t *q, int five_bits, const float *s
    feature_bytes, its scales at scales + f * groups. Each feature's arithmetic is
    q8_0_dot's or q8_0_dot_int8's for one row, in the same order: the results are
    theirs, bit for bit. */
-#define FEATURE_GROUP 4
 
 /* Prefetch block g's share of the next group's rows (step bytes a block, 64 to 128;
    a prefetch past the end is harmless: it never faults). Always inlined: GCC sees no
@@ -546,7 +546,37 @@ static void q8_0_dot_int8(const uint8_t *q, int five_bits, const float *scales,
     }
 }
 
-#define FEATURE_GROUP 4
+
+static void q8_16_dot(const int8_t *q, const float *scales, const float *x, int64_t k,
+                      int64_t rows, int64_t groups, float *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        float acc = 0.f;
+        for (int64_t h = 0; h < 2 * groups; h++) {
+            const float *xh = x + r * k + h * HALF;
+            float dot = 0.f;
+            for (int j = 0; j < HALF; j++) dot += (float)q[h * HALF + j] * xh[j];
+            acc += scales[h] * dot;
+        }
+        out[r] = acc;
+    }
+}
+
+static void q8_16_dot_int8(const int8_t *q, const float *scales, const int8_t *xq,
+                           const float *xscales, int64_t k, int64_t rows, int64_t groups,
+                           float *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        float acc = 0.f;
+        for (int64_t h = 0; h < 2 * groups; h++) {
+            const int8_t *a = xq + r * k + h * HALF;
+            int32_t dot = 0;
+            for (int j = 0; j < HALF; j++) dot += q[h * HALF + j] * a[j];
+            acc += scales[h] * xscales[r * groups + h / 2] * (float)dot;
+        }
+        out[r] = acc;
+    }
+}
+
+/* One row against FEATURE_GROUP features: the row functions, one feature at a time */
 static void q8_0_dot_features(const uint8_t *q, int five_bits, int64_t feature_bytes,
                               const float *scales, const float *x, int64_t groups, float *out) {
     for (int f = 0; f < FEATURE_GROUP; f++)
@@ -561,12 +591,6 @@ static void q8_0_dot_int8_features(const uint8_t *q, int five_bits, int64_t feat
         q8_0_dot_int8(q + f * feature_bytes, five_bits, scales + f * groups, xq, xscales,
                       groups * BLOCK, 1, groups, out + f);
 }
-
-static void q8_16_dot(const int8_t *q, const float *scales, const float *x, int64_t k,
-                      int64_t rows, int64_t groups, float *out);
-static void q8_16_dot_int8(const int8_t *q, const float *scales, const int8_t *xq,
-                           const float *xscales, int64_t k, int64_t rows, int64_t groups,
-                           float *out);
 
 static void q8_16_dot_features(const int8_t *q, const float *scales, const float *x,
                                int64_t groups, float *out) {
@@ -598,36 +622,6 @@ static void nibble_dot_int8_features(const uint8_t *q, int five_bits, int64_t fe
         nibble_dot_int8(q + f * feature_bytes, five_bits, scales + f * groups, mins + f * groups,
                         sums, xq, xscales, groups * BLOCK, 1, groups, out + f);
 }
-
-static void q8_16_dot(const int8_t *q, const float *scales, const float *x, int64_t k,
-                      int64_t rows, int64_t groups, float *out) {
-    for (int64_t r = 0; r < rows; r++) {
-        float acc = 0.f;
-        for (int64_t h = 0; h < 2 * groups; h++) {
-            const float *xh = x + r * k + h * HALF;
-            float dot = 0.f;
-            for (int j = 0; j < HALF; j++) dot += (float)q[h * HALF + j] * xh[j];
-            acc += scales[h] * dot;
-        }
-        out[r] = acc;
-    }
-}
-
-static void q8_16_dot_int8(const int8_t *q, const float *scales, const int8_t *xq,
-                           const float *xscales, int64_t k, int64_t rows, int64_t groups,
-                           float *out) {
-    for (int64_t r = 0; r < rows; r++) {
-        float acc = 0.f;
-        for (int64_t h = 0; h < 2 * groups; h++) {
-            const int8_t *a = xq + r * k + h * HALF;
-            int32_t dot = 0;
-            for (int j = 0; j < HALF; j++) dot += q[h * HALF + j] * a[j];
-            acc += scales[h] * xscales[r * groups + h / 2] * (float)dot;
-        }
-        out[r] = acc;
-    }
-}
-
 #endif
 
 /* Each dot product compiled for 1 to ROWS rows, so a row's accumulators stay in
