@@ -49,6 +49,7 @@ static inline int omp_get_thread_num(void) { return 0; } /* built without OpenMP
 /* The block kinds, as carpool/models/packed_linear.py and llama_stack.py number them */
 enum { KIND_Q4_1 = 0, KIND_Q8_0 = 1, KIND_Q8_16 = 2, KIND_Q5_1 = 3, KIND_Q5_0 = 4 };
 #define FEATURE_GROUP 4 /* features a one-row step computes at once (the *_features functions) */
+#define PREFETCH_AHEAD (4 * FEATURE_GROUP) /* how many features ahead they prefetch */
 /* A Q8_0 (five_bits 0) or Q5_0 (1) block's bytes */
 #define SIGNED_BLOCK_BYTES(five_bits) ((five_bits) ? Q5_BYTES : BLOCK)
 
@@ -260,86 +261,59 @@ ALWAYS_INLINE void q8_0_dot_int8(const uint8_t *q, int five_bits, const float *s
 
 /* One row against FEATURE_GROUP features' Q8_0 or Q5_0 blocks at once (a decode step
    of one sequence): each of x's blocks is loaded once for all of them, and their sums
-   run as independent chains. The next group's rows, contiguous after these, are
-   prefetched as these are read, since four rows read side by side defeat the
-   hardware's stream prefetch on a matrix that is not in the caches (an LM head took
-   1.7x as long without it on Zen 3). Feature f's blocks start at q + f *
+   run as independent chains. The rows PREFETCH_AHEAD features on (contiguous after
+   these) are prefetched as these are read, since four rows read side by side defeat
+   the hardware's stream prefetch on a matrix that is not in the caches: without it
+   an LM head (49152 x 576 Q8_0) took 1.7x as long on Zen 3, with the next group's
+   rows prefetched 0.8-1.0x, four groups ahead 0.7-0.8x (one row, 2 threads). Feature f's blocks start at q + f *
    feature_bytes, its scales at scales + f * groups. Each feature's arithmetic is
    q8_0_dot's or q8_0_dot_int8's for one row, in the same order: the results are
    theirs, bit for bit. */
 
-/* Prefetch block g's share of the next group's rows (step bytes a block, 64 to 128;
+/* Prefetch block g's share of a group's rows from next (step bytes a block, 64 to 128;
    a prefetch past the end is harmless: it never faults). Always inlined: GCC sees no
    effect in a prefetch, so a call to this left out of line is deleted. */
 ALWAYS_INLINE void prefetch_block(const char *next, int64_t g, int64_t step) {
     _mm_prefetch(next + g * step, _MM_HINT_T0);
     _mm_prefetch(next + g * step + 64, _MM_HINT_T0);
 }
-ALWAYS_INLINE void q8_0_dot_features(const uint8_t *q, int five_bits, int64_t feature_bytes,
-                                     const float *scales, const float *x, int64_t groups,
-                                     float *out) {
-    __m256 acc[FEATURE_GROUP];
-    for (int f = 0; f < FEATURE_GROUP; f++) acc[f] = _mm256_setzero_ps();
-    const char *next = (const char *)(q + FEATURE_GROUP * feature_bytes);
-    for (int64_t g = 0; g < groups; g++) {
-        prefetch_block(next, g, FEATURE_GROUP * SIGNED_BLOCK_BYTES(five_bits));
-        const float *xg = x + g * BLOCK;
-        const __m256 x0 = _mm256_loadu_ps(xg), x1 = _mm256_loadu_ps(xg + 8);
-        const __m256 x2 = _mm256_loadu_ps(xg + 16), x3 = _mm256_loadu_ps(xg + 24);
-        for (int f = 0; f < FEATURE_GROUP; f++) {
-            const __m256i bytes =
-                signed_bytes(q + f * feature_bytes + g * SIGNED_BLOCK_BYTES(five_bits), five_bits);
-            const __m128i lo = _mm256_castsi256_si128(bytes), hi = _mm256_extracti128_si256(bytes, 1);
-            __m256 dot = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), x0);
-            dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))),
-                                  x1, dot);
-            dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), x2, dot);
-            dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))),
-                                  x3, dot);
-            acc[f] = _mm256_fmadd_ps(_mm256_set1_ps(scales[f * groups + g]), dot, acc[f]);
-        }
+/* Block g of feature f as floats: nibbles (Q4_1, or Q5_1 with five_bits) or signed
+   quants (Q8_0, or Q5_0 with five_bits), as the row functions convert them */
+ALWAYS_INLINE void feature_floats(const uint8_t *q, int nibbles, int five_bits, __m256 w[4]) {
+    if (nibbles) {
+        block_floats(q, five_bits, w);
+        return;
     }
-    for (int f = 0; f < FEATURE_GROUP; f++) out[f] = horizontal_sum(acc[f]);
+    const __m256i bytes = signed_bytes(q, five_bits);
+    const __m128i lo = _mm256_castsi256_si128(bytes), hi = _mm256_extracti128_si256(bytes, 1);
+    w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+    w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+    w[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+    w[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
 }
 
-ALWAYS_INLINE void q8_0_dot_int8_features(const uint8_t *q, int five_bits, int64_t feature_bytes,
-                                          const float *scales, const int8_t *xq,
-                                          const float *xscales, int64_t groups, float *out) {
-    __m256 acc[FEATURE_GROUP];
-    for (int f = 0; f < FEATURE_GROUP; f++) acc[f] = _mm256_setzero_ps();
-    const char *next = (const char *)(q + FEATURE_GROUP * feature_bytes);
-    for (int64_t g = 0; g < groups; g++) {
-        prefetch_block(next, g, FEATURE_GROUP * SIGNED_BLOCK_BYTES(five_bits));
-        const __m256i a = _mm256_loadu_si256((const __m256i *)(xq + g * BLOCK));
-        const float xscale = xscales[g];
-        for (int f = 0; f < FEATURE_GROUP; f++) {
-            const __m256i w =
-                signed_bytes(q + f * feature_bytes + g * SIGNED_BLOCK_BYTES(five_bits), five_bits);
-            const __m256 dot =
-                _mm256_cvtepi32_ps(dot_u8_s8(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w)));
-            acc[f] = _mm256_fmadd_ps(_mm256_set1_ps(scales[f * groups + g] * xscale), dot, acc[f]);
-        }
-    }
-    for (int f = 0; f < FEATURE_GROUP; f++) out[f] = horizontal_sum(acc[f]);
-}
+/* The bytes a block of these kinds takes */
+#define FEATURE_BLOCK_BYTES(nibbles, five_bits) \
+    ((nibbles) ? NIBBLE_BLOCK_BYTES(five_bits) : SIGNED_BLOCK_BYTES(five_bits))
 
-/* As q8_0_dot_features for Q4_1 (five_bits 0) or Q5_1 blocks: nibble_dot's and
-   nibble_dot_int8's arithmetic for one row, their mins' share added the same way
-   (feature f's mins at mins + f * groups; sums: x's block sums) */
-ALWAYS_INLINE void nibble_dot_features(const uint8_t *q, int five_bits, int64_t feature_bytes,
-                                       const float *scales, const float *mins, const float *sums,
-                                       const float *x, int64_t groups, float *out) {
+/* out[f] for the FEATURE_GROUP features whose blocks start at q + f * feature_bytes
+   (scales, and for nibbles mins, at + f * groups; sums: x's block sums): q8_0_dot's
+   or nibble_dot's arithmetic for one row */
+ALWAYS_INLINE void dot_features(const uint8_t *q, int nibbles, int five_bits,
+                                int64_t feature_bytes, const float *scales, const float *mins,
+                                const float *sums, const float *x, int64_t groups, float *out) {
+    const int64_t step = FEATURE_BLOCK_BYTES(nibbles, five_bits);
     __m256 acc[FEATURE_GROUP];
     for (int f = 0; f < FEATURE_GROUP; f++) acc[f] = _mm256_setzero_ps();
-    const char *next = (const char *)(q + FEATURE_GROUP * feature_bytes);
+    const char *next = (const char *)(q + PREFETCH_AHEAD * feature_bytes);
     for (int64_t g = 0; g < groups; g++) {
-        prefetch_block(next, g, FEATURE_GROUP * NIBBLE_BLOCK_BYTES(five_bits));
+        prefetch_block(next, g, FEATURE_GROUP * step);
         const float *xg = x + g * BLOCK;
         const __m256 x0 = _mm256_loadu_ps(xg), x1 = _mm256_loadu_ps(xg + 8);
         const __m256 x2 = _mm256_loadu_ps(xg + 16), x3 = _mm256_loadu_ps(xg + 24);
         for (int f = 0; f < FEATURE_GROUP; f++) {
             __m256 w[4];
-            block_floats(q + f * feature_bytes + g * NIBBLE_BLOCK_BYTES(five_bits), five_bits, w);
+            feature_floats(q + f * feature_bytes + g * step, nibbles, five_bits, w);
             __m256 dot = _mm256_mul_ps(w[0], x0);
             dot = _mm256_fmadd_ps(w[1], x1, dot);
             dot = _mm256_fmadd_ps(w[2], x2, dot);
@@ -348,30 +322,40 @@ ALWAYS_INLINE void nibble_dot_features(const uint8_t *q, int five_bits, int64_t 
         }
     }
     for (int f = 0; f < FEATURE_GROUP; f++)
-        out[f] = horizontal_sum(acc[f]) + min_share(mins + f * groups, sums, groups);
+        out[f] = nibbles ? horizontal_sum(acc[f]) + min_share(mins + f * groups, sums, groups)
+                         : horizontal_sum(acc[f]);
 }
 
-ALWAYS_INLINE void nibble_dot_int8_features(const uint8_t *q, int five_bits,
-                                            int64_t feature_bytes, const float *scales,
-                                            const float *mins, const float *sums,
-                                            const int8_t *xq, const float *xscales,
-                                            int64_t groups, float *out) {
+/* As dot_features with int8 rows xq (xscales: their steps): q8_0_dot_int8's or
+   nibble_dot_int8's arithmetic for one row */
+ALWAYS_INLINE void dot_int8_features(const uint8_t *q, int nibbles, int five_bits,
+                                     int64_t feature_bytes, const float *scales,
+                                     const float *mins, const float *sums, const int8_t *xq,
+                                     const float *xscales, int64_t groups, float *out) {
+    const int64_t step = FEATURE_BLOCK_BYTES(nibbles, five_bits);
     __m256 acc[FEATURE_GROUP];
     for (int f = 0; f < FEATURE_GROUP; f++) acc[f] = _mm256_setzero_ps();
-    const char *next = (const char *)(q + FEATURE_GROUP * feature_bytes);
+    const char *next = (const char *)(q + PREFETCH_AHEAD * feature_bytes);
     for (int64_t g = 0; g < groups; g++) {
-        prefetch_block(next, g, FEATURE_GROUP * NIBBLE_BLOCK_BYTES(five_bits));
+        prefetch_block(next, g, FEATURE_GROUP * step);
         const __m256i a = _mm256_loadu_si256((const __m256i *)(xq + g * BLOCK));
         const float xscale = xscales[g];
         for (int f = 0; f < FEATURE_GROUP; f++) {
-            const __m256i w =
-                block_bytes(q + f * feature_bytes + g * NIBBLE_BLOCK_BYTES(five_bits), five_bits);
-            const __m256 dot = _mm256_cvtepi32_ps(dot_u8_s8(w, a));
-            acc[f] = _mm256_fmadd_ps(_mm256_set1_ps(scales[f * groups + g] * xscale), dot, acc[f]);
+            const uint8_t *qb = q + f * feature_bytes + g * step;
+            __m256i sums8;
+            if (nibbles) {
+                sums8 = dot_u8_s8(block_bytes(qb, five_bits), a);
+            } else {
+                const __m256i w = signed_bytes(qb, five_bits);
+                sums8 = dot_u8_s8(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w));
+            }
+            acc[f] = _mm256_fmadd_ps(_mm256_set1_ps(scales[f * groups + g] * xscale),
+                                     _mm256_cvtepi32_ps(sums8), acc[f]);
         }
     }
     for (int f = 0; f < FEATURE_GROUP; f++)
-        out[f] = horizontal_sum(acc[f]) + min_share(mins + f * groups, sums, groups);
+        out[f] = nibbles ? horizontal_sum(acc[f]) + min_share(mins + f * groups, sums, groups)
+                         : horizontal_sum(acc[f]);
 }
 
 /* As q8_0_dot with the scale changing after 16 weights (Q8_16's mins are added by
@@ -420,13 +404,13 @@ ALWAYS_INLINE void q8_16_dot_int8(const int8_t *q, const float *scales, const in
     for (int64_t r = 0; r < rows; r++) out[r] = horizontal_sum(acc[r]);
 }
 
-/* As q8_0_dot_features for Q8_16 blocks (a scale per 16; the caller adds the mins):
+/* As dot_features for Q8_16 blocks (a scale per 16; the caller adds the mins):
    q8_16_dot's and q8_16_dot_int8's arithmetic for one row */
 ALWAYS_INLINE void q8_16_dot_features(const int8_t *q, const float *scales, const float *x,
                                       int64_t groups, float *out) {
     __m256 acc[FEATURE_GROUP];
     for (int f = 0; f < FEATURE_GROUP; f++) acc[f] = _mm256_setzero_ps();
-    const char *next = (const char *)(q + FEATURE_GROUP * groups * BLOCK);
+    const char *next = (const char *)(q + PREFETCH_AHEAD * groups * BLOCK);
     for (int64_t g = 0; g < groups; g++) {
         prefetch_block(next, g, FEATURE_GROUP * BLOCK);
         const float *xg = x + g * BLOCK;
@@ -455,7 +439,7 @@ ALWAYS_INLINE void q8_16_dot_int8_features(const int8_t *q, const float *scales,
                                            int64_t groups, float *out) {
     __m256 acc[FEATURE_GROUP];
     for (int f = 0; f < FEATURE_GROUP; f++) acc[f] = _mm256_setzero_ps();
-    const char *next = (const char *)(q + FEATURE_GROUP * groups * BLOCK);
+    const char *next = (const char *)(q + PREFETCH_AHEAD * groups * BLOCK);
     for (int64_t g = 0; g < groups; g++) {
         prefetch_block(next, g, FEATURE_GROUP * BLOCK);
         const __m256i a = _mm256_loadu_si256((const __m256i *)(xq + g * BLOCK));
@@ -577,19 +561,32 @@ static void q8_16_dot_int8(const int8_t *q, const float *scales, const int8_t *x
 }
 
 /* One row against FEATURE_GROUP features: the row functions, one feature at a time */
-static void q8_0_dot_features(const uint8_t *q, int five_bits, int64_t feature_bytes,
-                              const float *scales, const float *x, int64_t groups, float *out) {
-    for (int f = 0; f < FEATURE_GROUP; f++)
-        q8_0_dot(q + f * feature_bytes, five_bits, scales + f * groups, x, groups * BLOCK, 1,
-                 groups, out + f);
+static void dot_features(const uint8_t *q, int nibbles, int five_bits, int64_t feature_bytes,
+                         const float *scales, const float *mins, const float *sums,
+                         const float *x, int64_t groups, float *out) {
+    for (int f = 0; f < FEATURE_GROUP; f++) {
+        const uint8_t *qf = q + f * feature_bytes;
+        if (nibbles)
+            nibble_dot(qf, five_bits, scales + f * groups, mins + f * groups, sums, x,
+                       groups * BLOCK, 1, groups, out + f);
+        else
+            q8_0_dot(qf, five_bits, scales + f * groups, x, groups * BLOCK, 1, groups, out + f);
+    }
 }
 
-static void q8_0_dot_int8_features(const uint8_t *q, int five_bits, int64_t feature_bytes,
-                                   const float *scales, const int8_t *xq, const float *xscales,
-                                   int64_t groups, float *out) {
-    for (int f = 0; f < FEATURE_GROUP; f++)
-        q8_0_dot_int8(q + f * feature_bytes, five_bits, scales + f * groups, xq, xscales,
-                      groups * BLOCK, 1, groups, out + f);
+static void dot_int8_features(const uint8_t *q, int nibbles, int five_bits, int64_t feature_bytes,
+                              const float *scales, const float *mins, const float *sums,
+                              const int8_t *xq, const float *xscales, int64_t groups,
+                              float *out) {
+    for (int f = 0; f < FEATURE_GROUP; f++) {
+        const uint8_t *qf = q + f * feature_bytes;
+        if (nibbles)
+            nibble_dot_int8(qf, five_bits, scales + f * groups, mins + f * groups, sums, xq,
+                            xscales, groups * BLOCK, 1, groups, out + f);
+        else
+            q8_0_dot_int8(qf, five_bits, scales + f * groups, xq, xscales, groups * BLOCK, 1,
+                          groups, out + f);
+    }
 }
 
 static void q8_16_dot_features(const int8_t *q, const float *scales, const float *x,
@@ -606,22 +603,6 @@ static void q8_16_dot_int8_features(const int8_t *q, const float *scales, const 
                        groups * BLOCK, 1, groups, out + f);
 }
 
-static void nibble_dot_features(const uint8_t *q, int five_bits, int64_t feature_bytes,
-                                const float *scales, const float *mins, const float *sums,
-                                const float *x, int64_t groups, float *out) {
-    for (int f = 0; f < FEATURE_GROUP; f++)
-        nibble_dot(q + f * feature_bytes, five_bits, scales + f * groups, mins + f * groups, sums,
-                   x, groups * BLOCK, 1, groups, out + f);
-}
-
-static void nibble_dot_int8_features(const uint8_t *q, int five_bits, int64_t feature_bytes,
-                                     const float *scales, const float *mins, const float *sums,
-                                     const int8_t *xq, const float *xscales, int64_t groups,
-                                     float *out) {
-    for (int f = 0; f < FEATURE_GROUP; f++)
-        nibble_dot_int8(q + f * feature_bytes, five_bits, scales + f * groups, mins + f * groups,
-                        sums, xq, xscales, groups * BLOCK, 1, groups, out + f);
-}
 #endif
 
 /* Each dot product compiled for 1 to ROWS rows, so a row's accumulators stay in
@@ -807,13 +788,13 @@ static void nibble_features_one_row(const uint8_t *quants, int five_bits, int in
     const uint8_t *q = quants + o * bytes;
     const float *s = scales + o * groups, *m = mins + o * groups;
     if (int8_dots && five_bits)
-        nibble_dot_int8_features(q, 1, bytes, s, m, xq->sums, xq->quants, xq->scales, groups, y);
+        dot_int8_features(q, 1, 1, bytes, s, m, xq->sums, xq->quants, xq->scales, groups, y);
     else if (int8_dots)
-        nibble_dot_int8_features(q, 0, bytes, s, m, xq->sums, xq->quants, xq->scales, groups, y);
+        dot_int8_features(q, 1, 0, bytes, s, m, xq->sums, xq->quants, xq->scales, groups, y);
     else if (five_bits)
-        nibble_dot_features(q, 1, bytes, s, m, xq->sums, x, groups, y);
+        dot_features(q, 1, 1, bytes, s, m, xq->sums, x, groups, y);
     else
-        nibble_dot_features(q, 0, bytes, s, m, xq->sums, x, groups, y);
+        dot_features(q, 1, 0, bytes, s, m, xq->sums, x, groups, y);
 }
 
 /* Q4_1 blocks, or with five_bits Q5_1's (both a scale and a min per 32) */
@@ -877,13 +858,13 @@ static void q8_features_one_row(const uint8_t *quants, int five_bits, int per_16
     else if (per_16)
         q8_16_dot_features((const int8_t *)q, s, x, groups, y);
     else if (int8_dots && five_bits)
-        q8_0_dot_int8_features(q, 1, bytes, s, xq->quants, xq->scales, groups, y);
+        dot_int8_features(q, 0, 1, bytes, s, NULL, NULL, xq->quants, xq->scales, groups, y);
     else if (int8_dots)
-        q8_0_dot_int8_features(q, 0, bytes, s, xq->quants, xq->scales, groups, y);
+        dot_int8_features(q, 0, 0, bytes, s, NULL, NULL, xq->quants, xq->scales, groups, y);
     else if (five_bits)
-        q8_0_dot_features(q, 1, bytes, s, x, groups, y);
+        dot_features(q, 0, 1, bytes, s, NULL, NULL, x, groups, y);
     else
-        q8_0_dot_features(q, 0, bytes, s, x, groups, y);
+        dot_features(q, 0, 0, bytes, s, NULL, NULL, x, groups, y);
 }
 
 /* sums[r * 2 * groups + h]: the sum of x's row r over weights 16h ... 16h + 15, in one
