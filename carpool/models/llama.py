@@ -303,7 +303,8 @@ class LlamaForCausalLM(nn.Module):
         self, packed: dict[str, PackedWeight], kernel: QuantizedLinearKernel | None
     ) -> int:
         """Give each linear layer whose Hugging Face weights are all in ``packed``
-        its blocks (a fused projection of mixed layouts as Q8_16); None detaches.
+        its blocks (a fused projection of mixed layouts as Q8_0 or Q8_16,
+        ``PackedWeight.stack``); None detaches.
         The entries of ``packed`` are taken (removed from it) as they are used, so
         a fused projection's parts are freed once stacked.
         An embedding whose float32 table was dropped looks its rows up in the

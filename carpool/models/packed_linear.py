@@ -184,7 +184,7 @@ class Interleaved:
     @staticmethod
     def of(packed: PackedWeight) -> Interleaved | None:
         """``packed`` interleaved; None unless its rows are a multiple of 16 and it is
-        Q4_1 or Q8_0 (Q8_16 and Q5_1 have no interleaved kernel: their int8 dot
+        Q4_1 or Q8_0 (Q8_16, Q5_1 and Q5_0 have no interleaved kernel: their int8 dot
         products run on the few-rows kernels, more rows exact)."""
         n, k = packed.shape
         if n % FEATURES or packed.kind not in (BlockType.Q4_1, BlockType.Q8_0):
