@@ -1,8 +1,9 @@
 """A K-quant GGUF (Q4_K_M) on carpool's native kernels against llama.cpp on the
 same file, side by side in one run, 2 threads each: one stream (``llama-bench``
-tg128 against carpool's offline engine), 64 concurrent streams over HTTP (``carpool
-bench``, the same random prompts for ``carpool serve`` and ``llama-server``), and
-each server's peak resident memory against the file's size plus its KV cache.
+tg128 against carpool's offline engine, back to back in ``--rounds`` rounds), 64
+concurrent streams over HTTP (``carpool bench``, the same random prompts for ``carpool
+serve`` and ``llama-server``), and each server's peak resident memory against the
+file's size plus its KV cache.
 
     python -m benchmarks.k_quants --llama-bin /path/to/llama.cpp/build/bin [--gguf F]
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import collections
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -108,6 +110,27 @@ def concurrent(name: str, args: argparse.Namespace) -> dict[str, Any]:
         stop(process)
 
 
+def one_stream_round(args: argparse.Namespace, bin_dir: Path, index: int) -> tuple[float, float]:
+    """(llama-bench tg128, carpool's offline engine) tokens/s, back to back, llama-bench
+    first in even rounds."""
+
+    def bench() -> float:
+        return llama_bench(bin_dir / "llama-bench", str(args.gguf), args.threads)
+
+    def own() -> float:
+        gguf = str(args.gguf)
+        seconds = offline(
+            args.threads, args.requests, args.weight_kernel, gguf, kv_cache_memory=KV_CACHE
+        )
+        return 1 / seconds
+
+    if index % 2 == 0:
+        bench_ts = bench()
+        return bench_ts, own()
+    own_ts = own()
+    return bench(), own_ts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--llama-bin", required=True, help="llama.cpp's build/bin folder")
@@ -115,6 +138,13 @@ def main() -> None:
     parser.add_argument("--out-dir", default="benchmarks/results/k_quants")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--requests", type=int, default=8, help="one-stream requests")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="one-stream rounds, llama-bench and carpool back to back in alternating order "
+        "(this CPU drifts between two measurements: the median of the rounds' ratios)",
+    )
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--num-prompts", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
@@ -138,18 +168,19 @@ def main() -> None:
 
     convert_gguf(args.gguf, default_cache_dir(), progress=False)  # not in what is measured
     memory = {kernel: model_memory(args.gguf, kernel) for kernel in ("native", "torch")}
-    bench_ts = llama_bench(bin_dir / "llama-bench", str(args.gguf), args.threads)
-    own_ms = 1000 * offline(
-        args.threads, args.requests, args.weight_kernel, str(args.gguf), kv_cache_memory=KV_CACHE
-    )
+    rounds = [one_stream_round(args, bin_dir, i) for i in range(args.rounds)]
     carpool = concurrent("carpool", args)
     llama = concurrent("llama-server", args)
 
     kv = int(KV_CACHE.removesuffix("MiB"))
-    print(
-        f"\none stream: llama-bench tg128 {bench_ts:.1f} tok/s | carpool offline "
-        f"{1000 / own_ms:.1f} tok/s | ratio {1000 / own_ms / bench_ts:.2f}"
-    )
+    print()
+    for i, (bench_ts, own_ts) in enumerate(rounds):
+        print(
+            f"one stream, round {i + 1}: llama-bench tg128 {bench_ts:.1f} tok/s | carpool "
+            f"offline {own_ts:.1f} tok/s | ratio {own_ts / bench_ts:.2f}"
+        )
+    ratio = statistics.median(own / bench for bench, own in rounds)
+    print(f"one stream: median ratio {ratio:.2f} over {len(rounds)} rounds")
     print(
         f"c={args.concurrency}: output tok/s carpool {carpool['output_throughput']:.1f} | "
         f"llama-server {llama['output_throughput']:.1f} | ratio "
