@@ -132,9 +132,8 @@ def test_the_k_quant_layouts_compute_their_products_on_every_rung(
     linear_rungs: list[tuple[tuple[str, ...], Path]], kind: str, rows: int
 ) -> None:
     """Q8_16 (scales and mins per 16), Q5_1 and Q5_0 (a plane of fifth bits) and Q8_0
-    in the vector code and the portable C, one row (Q8_0 and Q5_0 four features at a
-    time) and a few: the float32 product, and with int8 dots the rounded rows'
-    integer products."""
+    in the vector code and the portable C, one row (four features at a time) and a
+    few: the float32 product, and with int8 dots the rounded rows' integer products."""
     packed, weight = gguf_weight(kind, 40, 128, seed=6)
     x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(6))
     exact, rounded = x @ weight.T, rounded_rows_product(x, packed)

@@ -97,7 +97,7 @@ def test_past_a_few_rows_a_rows_bits_do_not_depend_on_the_batch(kind: str) -> No
 @pytest.mark.parametrize("int8_dots", [False, True])
 @pytest.mark.parametrize("kind", LAYOUTS)
 def test_a_row_alone_gets_the_bits_it_gets_among_a_few(kind: str, int8_dots: bool) -> None:
-    """A one-row step (one stream decoding) runs Q8_0 and Q5_0 four features at a
+    """A one-row step (one stream decoding) runs every layout four features at a
     time; each feature's sums keep the few-rows kernel's order, so a stream's logits
     do not depend on whether others share its step. 70 features: groups of four and
     a remainder in the last chunk of 16."""
