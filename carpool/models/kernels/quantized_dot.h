@@ -151,6 +151,16 @@ ALWAYS_INLINE __m256i signed_bytes(const uint8_t *q, int five_bits) {
     return _mm256_loadu_si256((const __m256i *)q);
 }
 
+/* The same quants as four vectors of 8 floats, in weight order */
+ALWAYS_INLINE void signed_floats(const uint8_t *q, int five_bits, __m256 w[4]) {
+    const __m256i bytes = signed_bytes(q, five_bits);
+    const __m128i lo = _mm256_castsi256_si128(bytes), hi = _mm256_extracti128_si256(bytes, 1);
+    w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+    w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+    w[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+    w[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+}
+
 /* out[r] = sum over blocks of scale * (q . x_r) + min * (the block's sum of x_r), for
    ROWS rows of x at once (sums: [rows, groups]), Q4_1 or Q5_1 blocks (five_bits, a
    constant in each inlined copy): each block is unpacked once for all */
@@ -186,13 +196,8 @@ ALWAYS_INLINE void q8_0_dot(const uint8_t *q, int five_bits, const float *scales
     for (int64_t g = 0; g < groups; g++, q += SIGNED_BLOCK_BYTES(five_bits)) {
         __m256 w[BLOCK / 8];
         if (five_bits) {
-            const __m256i bytes = signed_bytes(q, 1);
-            const __m128i lo = _mm256_castsi256_si128(bytes), hi = _mm256_extracti128_si256(bytes, 1);
-            w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
-            w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
-            w[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
-            w[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
-        } else {
+            signed_floats(q, 1, w);
+        } else { /* four 8-byte loads: faster here than one 32-byte load split in two */
             for (int j = 0; j < BLOCK / 8; j++)
                 w[j] = _mm256_cvtepi32_ps(
                     _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * j))));
@@ -280,16 +285,10 @@ ALWAYS_INLINE void prefetch_block(const char *next, int64_t g, int64_t step) {
 /* Block g of feature f as floats: nibbles (Q4_1, or Q5_1 with five_bits) or signed
    quants (Q8_0, or Q5_0 with five_bits), as the row functions convert them */
 ALWAYS_INLINE void feature_floats(const uint8_t *q, int nibbles, int five_bits, __m256 w[4]) {
-    if (nibbles) {
+    if (nibbles)
         block_floats(q, five_bits, w);
-        return;
-    }
-    const __m256i bytes = signed_bytes(q, five_bits);
-    const __m128i lo = _mm256_castsi256_si128(bytes), hi = _mm256_extracti128_si256(bytes, 1);
-    w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
-    w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
-    w[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
-    w[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+    else
+        signed_floats(q, five_bits, w);
 }
 
 /* The bytes a block of these kinds takes */
@@ -606,74 +605,61 @@ static void q8_16_dot_int8_features(const int8_t *q, const float *scales, const 
 #endif
 
 /* Each dot product compiled for 1 to ROWS rows, so a row's accumulators stay in
-   registers (a dynamic row count keeps them in memory, a store and a load per block) */
-#define FOR_EACH_ROW_COUNT(call) \
-    switch (rows) {              \
-        case 1: call(1); break;  \
-        case 2: call(2); break;  \
-        case 3: call(3); break;  \
-        case 4: call(4); break;  \
-        case 5: call(5); break;  \
-        case 6: call(6); break;  \
-        case 7: call(7); break;  \
-        default: call(8); break; \
+   registers (a dynamic row count keeps them in memory, a store and a load per block):
+   call(arg, n) for n the row count (up to ROWS) */
+#define FOR_EACH_ROW_COUNT_WITH(call, arg) \
+    switch (rows) {                        \
+        case 1: call(arg, 1); break;       \
+        case 2: call(arg, 2); break;       \
+        case 3: call(arg, 3); break;       \
+        case 4: call(arg, 4); break;       \
+        case 5: call(arg, 5); break;       \
+        case 6: call(arg, 6); break;       \
+        case 7: call(arg, 7); break;       \
+        default: call(arg, 8); break;      \
+    }
+#define CALL_WITH_ROWS(call, n) call(n)
+/* call(n) for the row count */
+#define FOR_EACH_ROW_COUNT(call) FOR_EACH_ROW_COUNT_WITH(CALL_WITH_ROWS, call)
+/* call(five_bits, n) with five_bits and the row count each a constant in its copy */
+#define FOR_EACH_FIVE_BITS_AND_ROW_COUNT(call) \
+    if (five_bits) {                            \
+        FOR_EACH_ROW_COUNT_WITH(call, 1)        \
+    } else {                                    \
+        FOR_EACH_ROW_COUNT_WITH(call, 0)        \
     }
 
 /* A copy per kind too: five_bits is a constant in each */
 static void nibble_dot_rows(const uint8_t *q, int five_bits, const float *scales,
                             const float *mins, const float *sums, const float *x, int64_t k,
                             int64_t rows, int64_t groups, float *out) {
-#define CALL4(n) nibble_dot(q, 0, scales, mins, sums, x, k, n, groups, out)
-#define CALL5(n) nibble_dot(q, 1, scales, mins, sums, x, k, n, groups, out)
-    if (five_bits) {
-        FOR_EACH_ROW_COUNT(CALL5)
-    } else {
-        FOR_EACH_ROW_COUNT(CALL4)
-    }
-#undef CALL4
-#undef CALL5
+#define CALL(bits, n) nibble_dot(q, bits, scales, mins, sums, x, k, n, groups, out)
+    FOR_EACH_FIVE_BITS_AND_ROW_COUNT(CALL)
+#undef CALL
 }
 
 static void q8_0_dot_rows(const uint8_t *q, int five_bits, const float *scales, const float *x,
                           int64_t k, int64_t rows, int64_t groups, float *out) {
-#define CALL8(n) q8_0_dot(q, 0, scales, x, k, n, groups, out)
-#define CALL5(n) q8_0_dot(q, 1, scales, x, k, n, groups, out)
-    if (five_bits) {
-        FOR_EACH_ROW_COUNT(CALL5)
-    } else {
-        FOR_EACH_ROW_COUNT(CALL8)
-    }
-#undef CALL8
-#undef CALL5
+#define CALL(bits, n) q8_0_dot(q, bits, scales, x, k, n, groups, out)
+    FOR_EACH_FIVE_BITS_AND_ROW_COUNT(CALL)
+#undef CALL
 }
 
 static void nibble_dot_int8_rows(const uint8_t *q, int five_bits, const float *scales,
                                  const float *mins, const float *sums, const int8_t *xq,
                                  const float *xscales, int64_t k, int64_t rows, int64_t groups,
                                  float *out) {
-#define CALL4(n) nibble_dot_int8(q, 0, scales, mins, sums, xq, xscales, k, n, groups, out)
-#define CALL5(n) nibble_dot_int8(q, 1, scales, mins, sums, xq, xscales, k, n, groups, out)
-    if (five_bits) {
-        FOR_EACH_ROW_COUNT(CALL5)
-    } else {
-        FOR_EACH_ROW_COUNT(CALL4)
-    }
-#undef CALL4
-#undef CALL5
+#define CALL(bits, n) nibble_dot_int8(q, bits, scales, mins, sums, xq, xscales, k, n, groups, out)
+    FOR_EACH_FIVE_BITS_AND_ROW_COUNT(CALL)
+#undef CALL
 }
 
 static void q8_0_dot_int8_rows(const uint8_t *q, int five_bits, const float *scales,
                                const int8_t *xq, const float *xscales, int64_t k, int64_t rows,
                                int64_t groups, float *out) {
-#define CALL8(n) q8_0_dot_int8(q, 0, scales, xq, xscales, k, n, groups, out)
-#define CALL5(n) q8_0_dot_int8(q, 1, scales, xq, xscales, k, n, groups, out)
-    if (five_bits) {
-        FOR_EACH_ROW_COUNT(CALL5)
-    } else {
-        FOR_EACH_ROW_COUNT(CALL8)
-    }
-#undef CALL8
-#undef CALL5
+#define CALL(bits, n) q8_0_dot_int8(q, bits, scales, xq, xscales, k, n, groups, out)
+    FOR_EACH_FIVE_BITS_AND_ROW_COUNT(CALL)
+#undef CALL
 }
 
 static void q8_16_dot_rows(const int8_t *q, const float *scales, const float *x, int64_t k,
