@@ -14,6 +14,12 @@ its sequence runs on (``release_behind``). Its table entry then names ``NULL_BLO
 a block reserved for this and never written (the KV cache starts zeroed), so block
 tables keep indexing by position and a kernel that reads the entry and masks it
 reads finite zeros.
+
+Hybrid models (Gemma 3: sliding layers beside layers that see everything) keep two
+pools (``HybridBlockManager``): one for the layers that attend the whole context,
+one for the windowed layers, which release what their window has passed. Each
+sequence then has a block table in each (``BlockTable.windowed``), and a step's
+blocks come from both or neither.
 """
 
 from __future__ import annotations
@@ -25,19 +31,46 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 NULL_BLOCK = 0  # where a released entry points; reserved only by a windowed manager
+UNBOUNDED = 1 << 62  # a sequence length no pool bounds (``max_sequence_tokens``)
 
 
 class BlockTable:
     """One sequence's blocks, in order, and the prefix hashes of its full blocks;
-    the first ``released`` entries are ``NULL_BLOCK`` (behind a sliding window)."""
+    the first ``released`` entries are ``NULL_BLOCK`` (behind a sliding window).
+    ``windowed``: its table in a hybrid model's windowed pool (``HybridBlockManager``;
+    None elsewhere)."""
 
     def __init__(self) -> None:
         self.blocks: list[int] = []
         self.hashes: list[bytes] = []
         self.released = 0
+        self.windowed: BlockTable | None = None
 
     def __len__(self) -> int:
         return len(self.blocks)
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """Cached full blocks a sequence can start from: entry i is the block whose
+    prefix hash is ``hashes[i]``, or ``NULL_BLOCK`` where no query of the sequence
+    will see it (behind a window: the block need not still be cached).
+    ``windowed``: a hybrid model's same prefix in its windowed pool
+    (``HybridBlockManager``)."""
+
+    blocks: tuple[int, ...] = ()
+    hashes: tuple[bytes, ...] = ()
+    windowed: Prefix | None = None
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+    def __getitem__(self, part: slice) -> Prefix:
+        """The entries ``part`` (of this pool only)."""
+        return Prefix(self.blocks[part], self.hashes[part])
+
+
+NO_PREFIX = Prefix()
 
 
 @dataclass
@@ -100,26 +133,58 @@ class BlockManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def match_prefix(self, token_ids: Sequence[int]) -> list[int]:
-        """Cached blocks holding the longest full-block prefix of ``token_ids``.
+    def max_sequence_tokens(self, budget: int) -> int:
+        """The longest sequence the pool can run alone, with steps of up to ``budget``
+        tokens. Behind a window blocks are released as it moves on, so it holds at
+        most its window, one step's tokens and a partial block at each end: where
+        the pool holds that, any length runs (``UNBOUNDED``: the caller bounds it by
+        the model's own limit)."""
+        held = self.num_usable * self.block_size
+        if self.window is not None and held >= self.window + budget + 2 * self.block_size:
+            return UNBOUNDED
+        return held
 
-        At least one token is always left to compute, since the model must produce
-        logits for the last prompt token. Takes no references and counts nothing:
-        pass the result to ``allocate``, and once that succeeds to ``record_prefix``
-        (a sequence that waits for blocks looks its prefix up again every step)."""
-        if not self.prefix_caching:
-            return []
-        found: list[int] = []
+    def prefix_hashes(self, token_ids: Sequence[int]) -> list[bytes]:
+        """The prefix hashes of ``token_ids``'s full blocks before its last token
+        (the model must compute at least that one, for its logits)."""
+        hashes: list[bytes] = []
         parent: bytes | None = None
         for i in range(self._full_blocks_before_last(token_ids)):
             parent = chain_hash(parent, token_ids[i * self.block_size : (i + 1) * self.block_size])
-            block = self._cached.get(parent)
-            if block is None:
-                break
-            found.append(block)
-        return found
+            hashes.append(parent)
+        return hashes
 
-    def record_prefix(self, token_ids: Sequence[int], prefix: Sequence[int]) -> None:
+    def match_prefix(self, token_ids: Sequence[int]) -> Prefix:
+        """The longest cached full-block prefix of ``token_ids`` (``match_hashes``)."""
+        if not self.prefix_caching:
+            return NO_PREFIX
+        return self.match_hashes(self.prefix_hashes(token_ids))
+
+    def match_hashes(self, hashes: Sequence[bytes]) -> Prefix:
+        """The longest prefix of the blocks hashed ``hashes`` whose blocks that its
+        first query (at the token after it) sees are cached; the ones behind a
+        window are ``NULL_BLOCK`` entries, cached or not.
+
+        Takes no references and counts nothing: pass the result to ``allocate``, and
+        once that succeeds to ``record_prefix`` (a sequence that waits for blocks
+        looks its prefix up again every step)."""
+        if not self.prefix_caching:
+            return NO_PREFIX
+        found = [self._cached.get(h) for h in hashes]
+        length = next((i for i, block in enumerate(found) if block is None), len(found))
+        if self.window is not None:
+            # Behind the window a block may be gone: try longer prefixes first.
+            length = next(
+                m
+                for m in range(len(found), -1, -1)
+                if None not in found[self._behind(m * self.block_size, m) : m]
+            )
+        unseen = self._behind(length * self.block_size, length)
+        blocks = [NULL_BLOCK] * unseen + [b for b in found[unseen:length] if b is not None]
+        assert len(blocks) == length
+        return Prefix(tuple(blocks), tuple(hashes[:length]))
+
+    def record_prefix(self, token_ids: Sequence[int], prefix: Prefix) -> None:
         """Count one admitted sequence's lookup in ``stats``: the full blocks before
         its last token as queries, the ``prefix`` blocks it got as hits."""
         if self.prefix_caching:
@@ -129,31 +194,39 @@ class BlockManager:
     def _full_blocks_before_last(self, token_ids: Sequence[int]) -> int:
         return (len(token_ids) - 1) // self.block_size
 
-    def allocate(self, table: BlockTable, num_tokens: int, prefix: Sequence[int] = ()) -> bool:
-        """Make ``table`` cover ``num_tokens`` tokens, starting from the cached
-        ``prefix`` blocks if the table is empty (behind a sliding window, those its
-        first query cannot see start the table released). False, with nothing
-        changed, if there are not enough free blocks."""
+    def fits(self, table: BlockTable, num_tokens: int, prefix: Prefix = NO_PREFIX) -> bool:
+        """Whether ``allocate`` would succeed."""
         if prefix and table.blocks:
             raise ValueError("a prefix can only start an empty block table")
-        unseen = self._behind(len(prefix) * self.block_size, len(prefix))
-        reused_free = sum(1 for b in prefix[unseen:] if self._refs[b] == 0)
+        seen = prefix.blocks[self._unseen(prefix) :]
+        reused_free = sum(1 for b in seen if self._refs[b] == 0)
         fresh = max(0, self.blocks_needed(num_tokens) - len(table.blocks) - len(prefix))
-        if fresh + reused_free > self.num_free:
+        return fresh + reused_free <= self.num_free
+
+    def allocate(self, table: BlockTable, num_tokens: int, prefix: Prefix = NO_PREFIX) -> bool:
+        """Make ``table`` cover ``num_tokens`` tokens, starting from the cached
+        ``prefix`` (``match_prefix``) if the table is empty; its null entries start
+        the table released. False, with nothing changed, if there are not enough
+        free blocks."""
+        if not self.fits(table, num_tokens, prefix):
             return False
-        for i, block in enumerate(prefix):
-            table.hashes.append(self._hash_of[block])
+        unseen = self._unseen(prefix)
+        table.released = max(table.released, unseen)
+        for i, (block, digest) in enumerate(zip(prefix.blocks, prefix.hashes, strict=True)):
+            table.hashes.append(digest)
+            table.blocks.append(block)
             if i < unseen:
-                table.blocks.append(NULL_BLOCK)
                 continue
             if self._refs[block] == 0:
                 del self._free[block]
             self._refs[block] += 1
-            table.blocks.append(block)
-        table.released = max(table.released, unseen)
-        for _ in range(fresh):
+        while len(table.blocks) < self.blocks_needed(num_tokens):
             table.blocks.append(self._take_free())
         return True
+
+    def _unseen(self, prefix: Prefix) -> int:
+        """How many of ``prefix``'s entries its first query does not see (null)."""
+        return self._behind(len(prefix) * self.block_size, len(prefix))
 
     def _behind(self, position: int, num_blocks: int) -> int:
         """How many of the first ``num_blocks`` blocks no query at ``position`` or
@@ -231,3 +304,104 @@ class BlockManager:
             assert self._refs[NULL_BLOCK] == 0 and NULL_BLOCK not in self._free, "null block"
         assert all(self._hash_of[b] == h for h, b in self._cached.items()), "cache maps agree"
         assert len(self._hash_of) == len(self._cached)
+
+
+@dataclass
+class HybridBlockManager:
+    """Blocks for a model whose layers attend in two ways (Gemma 3): ``full`` holds
+    the KV of the layers that attend the whole context, ``windowed`` (which has a
+    window) that of the sliding layers, in a pool of its own, released behind the
+    window as a sequence moves on. A sequence's table is its ``full`` one, and its
+    ``windowed`` table hangs from it. Every call changes both pools or neither: a
+    step gets its blocks in both or waits. Prefix caching asks both: a prefix is
+    used as far as both hold it (the windowed pool only what its window sees)."""
+
+    full: BlockManager
+    windowed: BlockManager
+
+    def __post_init__(self) -> None:
+        if self.full.window is not None or self.windowed.window is None:
+            raise ValueError("a hybrid manager pairs a pool without a window and one with")
+        if self.full.block_size != self.windowed.block_size:
+            raise ValueError("both pools must have the same block size")
+        if self.full.prefix_caching != self.windowed.prefix_caching:
+            raise ValueError("prefix caching is on for both pools or for neither")
+
+    @property
+    def block_size(self) -> int:
+        return self.full.block_size
+
+    @property
+    def num_blocks(self) -> int:
+        """The pool of the layers that see everything (``windowed`` has its own)."""
+        return self.full.num_blocks
+
+    @property
+    def num_free(self) -> int:
+        """Free blocks in both pools."""
+        return self.full.num_free + self.windowed.num_free
+
+    @property
+    def num_usable(self) -> int:
+        """Blocks both pools can hand out."""
+        return self.full.num_usable + self.windowed.num_usable
+
+    @property
+    def stats(self) -> PrefixCacheStats:
+        return self.full.stats
+
+    @property
+    def usage(self) -> float:
+        """The fuller pool's usage: the one that stops admissions first."""
+        return max(self.full.usage, self.windowed.usage)
+
+    def max_sequence_tokens(self, budget: int) -> int:
+        return min(self.full.max_sequence_tokens(budget), self.windowed.max_sequence_tokens(budget))
+
+    def match_prefix(self, token_ids: Sequence[int]) -> Prefix:
+        """The longest prefix both pools hold, as ``full``'s with ``windowed``'s in it."""
+        full = self.full.match_prefix(token_ids)
+        windowed = self.windowed.match_hashes(full.hashes)
+        found = full[: len(windowed)]
+        return Prefix(found.blocks, found.hashes, windowed)
+
+    def record_prefix(self, token_ids: Sequence[int], prefix: Prefix) -> None:
+        self.full.record_prefix(token_ids, prefix)
+
+    def allocate(self, table: BlockTable, num_tokens: int, prefix: Prefix = NO_PREFIX) -> bool:
+        """``BlockManager.allocate`` in both pools, or in neither."""
+        windowed, inner = prefix.windowed or NO_PREFIX, self._windowed(table)
+        if not self.full.fits(table, num_tokens, prefix):
+            return False
+        if not self.windowed.fits(inner, num_tokens, windowed):
+            return False
+        self.full.allocate(table, num_tokens, prefix)
+        self.windowed.allocate(inner, num_tokens, windowed)
+        return True
+
+    def commit(self, table: BlockTable, token_ids: Sequence[int], num_computed: int) -> None:
+        self.full.commit(table, token_ids, num_computed)
+        self.windowed.commit(self._windowed(table), token_ids, num_computed)
+
+    def release_behind(self, table: BlockTable, position: int) -> None:
+        self.windowed.release_behind(self._windowed(table), position)
+
+    def free(self, table: BlockTable) -> None:
+        self.full.free(table)
+        self.windowed.free(self._windowed(table))
+
+    def check(self, tables: Sequence[BlockTable]) -> None:
+        """Both pools' invariants, and each sequence's two tables the same length."""
+        for table in tables:
+            assert len(self._windowed(table)) == len(table), "both tables cover the sequence"
+        self.full.check(tables)
+        self.windowed.check([self._windowed(t) for t in tables])
+
+    @staticmethod
+    def _windowed(table: BlockTable) -> BlockTable:
+        if table.windowed is None:
+            table.windowed = BlockTable()
+        return table.windowed
+
+
+Blocks = BlockManager | HybridBlockManager  # what the scheduler allocates from

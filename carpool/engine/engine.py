@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, cast
 
 from carpool.clock import Clock, MonotonicClock
 from carpool.config import EngineConfig, SpeculativeConfig
-from carpool.engine.block_manager import BlockManager
+from carpool.engine.block_manager import BlockManager, Blocks, HybridBlockManager
 from carpool.engine.detokenizer import IncrementalDetokenizer
 from carpool.engine.outputs import LOOKAHEAD, SchedulerOutput, pending
 from carpool.engine.request_output import CompletionOutput, RequestOutput
@@ -100,12 +100,7 @@ class Engine:
         self.spec = runner.spec
         self.config = config or EngineConfig()
         self.clock = clock or MonotonicClock()
-        self.blocks = BlockManager(
-            runner.num_blocks,
-            self.config.block_size,
-            prefix_caching=self.config.enable_prefix_caching,
-            window=self.spec.sliding_window,
-        )
+        self.blocks = self._blocks(runner)
         # ``engine_for`` resolves the budget for its device; a bare engine takes the CPU's.
         budget = self.config.step_budget_on("cpu")
         self.max_model_len = self.config.model_len(
@@ -129,17 +124,20 @@ class Engine:
         self._requests: dict[str, _Request] = {}
         self._by_seq: dict[str, tuple[_Request, int]] = {}
 
+    def _blocks(self, runner: Runner) -> Blocks:
+        """One pool, or a hybrid model's two (its runner keeps the KV so)."""
+        size, caching = self.config.block_size, self.config.enable_prefix_caching
+        full = BlockManager(runner.num_blocks, size, caching, window=self.spec.sliding_window)
+        if self.spec.hybrid_window is None:
+            return full
+        windowed = BlockManager(
+            self.spec.window_blocks, size, caching, window=self.spec.hybrid_window
+        )
+        return HybridBlockManager(full, windowed)
+
     def _kv_tokens_per_sequence(self, budget: int) -> int:
-        """The longest sequence the KV cache can run alone. Behind a sliding window
-        blocks are released as it moves on, so it holds at most its window, one
-        step's tokens and a partial block at each end: where the cache holds that,
-        any length runs."""
-        blocks = self.blocks
-        held = blocks.num_usable * blocks.block_size
-        window = blocks.window
-        if window is not None and held >= window + budget + 2 * blocks.block_size:
-            return self.spec.max_position_embeddings
-        return held
+        """The longest sequence the KV cache can run alone."""
+        return min(self.blocks.max_sequence_tokens(budget), self.spec.max_position_embeddings)
 
     @property
     def paths(self) -> tuple[PathTaken, ...]:

@@ -115,6 +115,12 @@ class ModelSpec:
     # tokens); None where any layer sees the whole context. Set, the engine frees the
     # blocks a sequence's window has passed.
     sliding_window: int | None = None
+    # A hybrid model's (Gemma 3's): the window of its sliding layers, where the
+    # others attend the whole context and the runner keeps the sliding layers' KV in
+    # a pool of ``window_blocks`` blocks of their own, which the engine frees behind
+    # the window (``HybridBlockManager``); None where the runner keeps one pool.
+    hybrid_window: int | None = None
+    window_blocks: int = 0
 
 
 class Runner(Protocol):

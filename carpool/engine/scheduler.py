@@ -8,7 +8,8 @@ priority then arrival order. When the KV blocks run out, the running sequence
 that sorts last (lowest priority, most recently arrived) is preempted: its blocks
 are freed and it goes back to the head of the waiting queue to be recomputed.
 Where the model attends a sliding window, each step releases the blocks that have
-fallen behind it (``BlockManager.release_behind``), planned steps included: a block
+fallen behind it (``BlockManager.release_behind``; a hybrid model's, in the pool of
+its windowed layers: ``HybridBlockManager``), planned steps included: a block
 released then is written only by a step planned later, which runs after them.
 A sequence still waiting to start when a step passes it by after its deadline is
 finished with a timeout (one that starts has met its deadline); ``abort``
@@ -24,7 +25,7 @@ from collections.abc import Mapping
 from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass
 
-from carpool.engine.block_manager import BlockManager
+from carpool.engine.block_manager import NO_PREFIX, Blocks
 from carpool.engine.outputs import ScheduledChunk, SchedulerOutput
 from carpool.engine.sequence import FinishReason, Sequence, SequenceStatus
 
@@ -40,7 +41,7 @@ class SchedulerConfig:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, blocks: BlockManager) -> None:
+    def __init__(self, config: SchedulerConfig, blocks: Blocks) -> None:
         self.config = config
         self.blocks = blocks
         self.waiting: list[Sequence] = []
@@ -79,7 +80,7 @@ class Scheduler:
             seq = self.waiting[0]
             # Waiting sequences hold no blocks (preemption frees them): start from
             # whatever full-block prefix is cached.
-            prefix = self.blocks.match_prefix(seq.token_ids) if seq.use_prefix_cache else []
+            prefix = self.blocks.match_prefix(seq.token_ids) if seq.use_prefix_cache else NO_PREFIX
             cached = len(prefix) * self.blocks.block_size
             n = min(seq.num_tokens - cached, budget)
             if not self.blocks.allocate(seq.block_table, cached + n, prefix):

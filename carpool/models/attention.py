@@ -20,6 +20,7 @@ device's, ``carpool.models.triton_attention``) starts each row there.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -106,19 +107,31 @@ class AttentionMetadata:
     prefills: tuple[PrefillSegment, ...]
     native: NativeDecode | None = None
     device: DeviceAttention | None = None
+    # A hybrid model's windowed layers' own: slots and tables in the pool of blocks
+    # their caches hold (``HybridBlockManager``); None where every layer shares these.
+    windowed: AttentionMetadata | None = None
+
+    def for_layer(self, window: int | None) -> AttentionMetadata:
+        """What a layer with ``window`` (None: it attends everything) reads."""
+        if window is not None and self.windowed is not None:
+            return self.windowed
+        return self
 
 
 def allocate_kv_cache(
-    num_layers: int,
-    num_blocks: int,
+    layer_blocks: Sequence[int],
     block_size: int,
     num_kv_heads: int,
     head_dim: int,
     dtype: torch.dtype,
     device: torch.device,
 ) -> list[torch.Tensor]:
-    shape = (2, num_blocks, block_size, num_kv_heads, head_dim)
-    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+    """Each layer's cache, zeroed, of ``layer_blocks[layer]`` blocks (a hybrid
+    model's windowed layers have a pool of their own)."""
+    return [
+        torch.zeros((2, n, block_size, num_kv_heads, head_dim), dtype=dtype, device=device)
+        for n in layer_blocks
+    ]
 
 
 def kv_bytes_per_block(
@@ -140,6 +153,7 @@ def paged_attention(
     """``q``: [T, H, D]; ``k``, ``v``: [T, Hkv, D]. Stores k and v in ``cache``, then
     returns the attention output [T, H, D] (over the last ``window`` positions where
     one is given)."""
+    meta = meta.for_layer(window)
     if meta.device is not None:
         return meta.device.attend(q, k, v, cache, scale, window)
     kv_heads, head_dim = cache.shape[-2:]
@@ -201,6 +215,7 @@ def rotary_attention(
     queries and keys take the rotary embedding first; ``heads`` is (H, Hkv, D).
     Returns [T, H, D]."""
     h, hkv, d = heads
+    meta = meta.for_layer(window)
     if meta.device is not None:
         return meta.device.attend_rotary(qkv, positions, rope, cache, h, scale, window)
     t = qkv.shape[0]

@@ -85,6 +85,13 @@ class DecoderConfig:
             for kind in self.layer_types
         )
 
+    def hybrid_window(self) -> int | None:
+        """The sliding layers' window where the other layers attend the whole context
+        (Gemma 3; Qwen2/3 with ``max_window_layers``); None where every layer attends
+        alike."""
+        windows = self.layer_windows()
+        return self.sliding_window if None in windows and any(windows) else None
+
     @property
     def is_gpt2(self) -> bool:
         return self.architecture in GPT2_FAMILY

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from carpool.models.attention import AttentionMetadata
+from carpool.models.attention import AttentionMetadata, NativeDecode
 from carpool.models.native import (
     KernelUnavailable,
     check_range,
@@ -116,6 +116,9 @@ def _function() -> Any:
         ctypes.c_void_p,  # slots
         ctypes.c_void_p,  # block_tables
         ctypes.c_int64,  # max_blocks
+        ctypes.c_void_p,  # window_slots
+        ctypes.c_void_p,  # window_block_tables
+        ctypes.c_int64,  # window_max_blocks
         ctypes.c_void_p,  # row_seqs
         ctypes.c_void_p,  # context_lens
         ctypes.c_int,  # num_threads
@@ -268,7 +271,7 @@ class LlamaStack:
             shape.gelu,
         )
         self._caches: Sequence[torch.Tensor] | None = None
-        self._num_blocks = 0
+        self._layer_blocks: list[int] = []  # each layer's cache's blocks
         self._rope = shape.rope
         self._local_rope = shape.local_rope if any(w.local_rope for w in layers) else None
 
@@ -303,9 +306,17 @@ class LlamaStack:
             local_cos = self._local_rope.cos_table[positions].contiguous()
             local_sin = self._local_rope.sin_table[positions].contiguous()
             self._check_rows("local_cos", local_cos, x.shape[0])
-        self._check(
-            x, cos, meta.slot_mapping, native.block_tables, native.row_seqs, native.context_lens
-        )
+        windowed = meta.windowed.native if meta.windowed is not None else None
+        self._check(x, cos, meta.slot_mapping, native, self._pool_blocks(windowed, False))
+        window_slots = window_tables = None
+        if windowed is not None:
+            assert meta.windowed is not None
+            window_slots, window_tables = meta.windowed.slot_mapping, windowed.block_tables
+            self._check(x, cos, window_slots, windowed, self._pool_blocks(windowed, True))
+            if not torch.equal(windowed.row_seqs, native.row_seqs) or not torch.equal(
+                windowed.context_lens, native.context_lens
+            ):
+                raise ValueError("the windowed pool's rows are not the step's")
         failed = self._function(
             ctypes.addressof(self._layers),
             len(self._layers),
@@ -319,6 +330,9 @@ class LlamaStack:
             meta.slot_mapping.data_ptr(),
             native.block_tables.data_ptr(),
             native.block_tables.shape[1],
+            _pointer(window_slots),
+            _pointer(window_tables),
+            window_tables.shape[1] if window_tables is not None else 0,
             native.row_seqs.data_ptr(),
             native.context_lens.data_ptr(),
             torch.get_num_threads(),
@@ -331,18 +345,33 @@ class LlamaStack:
         check_tensors(**{name: (table, torch.float32)})
         check_shape(name, table, rows, self._dims.head_dim)
 
+    def _pool_blocks(self, windowed: NativeDecode | None, window_pool: bool) -> int:
+        """The blocks every layer reading a pool's tables holds: with ``windowed``
+        tables, the windowed layers read those (``window_pool``) and the rest the
+        step's; without, every layer reads the step's."""
+        counts = [
+            blocks
+            for blocks, layer in zip(self._layer_blocks, self._layers, strict=True)
+            if windowed is None or (layer.window > 0) == window_pool
+        ]
+        return min(counts, default=0)
+
     def _check(
         self,
         x: torch.Tensor,
         cos: torch.Tensor,
         slots: torch.Tensor,
-        block_tables: torch.Tensor,
-        row_seqs: torch.Tensor,
-        context_lens: torch.Tensor,
+        native: NativeDecode,
+        num_blocks: int,
     ) -> None:
         """Raise ValueError unless every tensor is what the C side reads and every
-        index it follows points inside the caches (a corrupted block table fails
-        the step's requests, not the process)."""
+        index it follows points inside the caches of ``num_blocks`` blocks that read
+        it (a corrupted block table fails the step's requests, not the process)."""
+        block_tables, row_seqs, context_lens = (
+            native.block_tables,
+            native.row_seqs,
+            native.context_lens,
+        )
         check_tensors(
             x=(x, torch.float32),
             cos=(cos, torch.float32),
@@ -360,22 +389,25 @@ class LlamaStack:
         if block_tables.dim() != 2:
             raise ValueError(f"block_tables has shape {tuple(block_tables.shape)}, expected 2-D")
         num_seqs, max_blocks = block_tables.shape
-        check_range("slots", slots, 0, self._num_blocks * dims.block_size - 1)
-        check_range("block_tables", block_tables, 0, self._num_blocks - 1)
+        check_range("slots", slots, 0, num_blocks * dims.block_size - 1)
+        check_range("block_tables", block_tables, 0, num_blocks - 1)
         check_range("row_seqs", row_seqs, 0, num_seqs - 1)
         check_range("context_lens", context_lens, 1, max_blocks * dims.block_size)
 
     def _bind(self, caches: Sequence[torch.Tensor]) -> None:
-        """Point every layer at its cache ([2, blocks, block_size, kv_heads, head_dim])."""
+        """Point every layer at its cache ([2, blocks, block_size, kv_heads, head_dim];
+        a hybrid model's windowed layers' hold blocks of their own pool)."""
         cfg = self._dims
         shape = tuple(caches[0].shape)
         if len(shape) != 5 or shape[0] != 2 or shape[3:] != (cfg.num_kv_heads, cfg.head_dim):
             raise ValueError(f"a KV cache of shape {shape} does not fit this model")
+        blocks: list[int] = []
         for slot, cache in zip(self._layers, caches, strict=True):
             check_tensors(cache=(cache, torch.float32))
-            check_shape("cache", cache, *shape)
+            check_shape("cache", cache, 2, cache.shape[1], *shape[2:])
             slot.k_cache = cache[0].data_ptr()
             slot.v_cache = cache[1].data_ptr()
+            blocks.append(cache.shape[1])
         self._dims.block_size = shape[2]
-        self._num_blocks = shape[1]
+        self._layer_blocks = blocks
         self._caches = caches

@@ -17,6 +17,7 @@ from sse_starlette.sse import AppStatus
 from carpool.batching import DynamicBatcher
 from carpool.config import CarpoolConfig, ConfigError, ServerConfig
 from carpool.engine.async_engine import AsyncEngine, EngineWorker, GenerationWorker
+from carpool.engine.block_manager import HybridBlockManager
 from carpool.engine.engine import Engine
 from carpool.engine.engine_process import EngineClient
 from carpool.faults import FaultPlan, FaultyBatchModel, FaultyCausalLM
@@ -224,6 +225,13 @@ def _engine(name: str, lm: LoadedLM, config: CarpoolConfig) -> Engine:
         config.engine.kv_cache_memory,
         engine.max_model_len,
     )
+    if isinstance(engine.blocks, HybridBlockManager):
+        log.info(
+            "%s: %d more KV blocks for the layers with a %d-token window, freed behind it",
+            name,
+            engine.blocks.windowed.num_blocks,
+            engine.blocks.windowed.window,
+        )
     return engine
 
 

@@ -52,8 +52,29 @@ def engine_for(
         kernel, attention = select_decode_kernel(config.attention_kernel, lm.device, lm.dtype)
         # The fused stack needs native attention.
         paths = (*(_without_stack(p) if kernel is None else p for p in lm.paths), attention)
-        runner = ModelRunner(lm, blocks, bs, kernel, paths)
+        full, windowed = _pools(lm, config, memory, num_blocks)
+        runner = ModelRunner(lm, full or blocks, bs, kernel, paths, windowed)
     return Engine(runner, config, clock, _draft_proposer(lm, config, cache_dir))
+
+
+def _pools(
+    lm: LoadedLM, config: EngineConfig, memory: int, num_blocks: int | None
+) -> tuple[int, int]:
+    """A hybrid model's two pools (full, windowed), or (0, 0): one pool. ``num_blocks``
+    given, each pool has that many."""
+    if lm.config.hybrid_window() is None:
+        return 0, 0
+    if num_blocks:
+        return num_blocks, num_blocks
+    pools = ModelRunner.pools_for_memory(
+        lm, memory, config.block_size, config.max_num_seqs, config.step_budget_on("cpu")
+    )
+    if min(pools) < 2:
+        raise ValueError(
+            f"kv_cache_memory {config.kv_cache_memory} holds no pair of pools for "
+            f"{lm.name}'s windowed and full layers"
+        )
+    return pools
 
 
 # The KV cache's size on the CPU when kv_cache_memory is auto.

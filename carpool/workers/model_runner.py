@@ -7,7 +7,8 @@ multi-token prompt chunks (see ``carpool.models.attention``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Callable, Mapping
 from typing import cast
 
 import torch
@@ -24,6 +25,7 @@ from carpool.engine.runner import (
     TokenLogprobs,
 )
 from carpool.engine.sampling_params import Grammar
+from carpool.engine.sequence import Sequence
 from carpool.engine.structured import GrammarConstraint, Grammars
 from carpool.models.attention import (
     AttentionMetadata,
@@ -45,6 +47,21 @@ from carpool.workers.step_tensors import (
     resolve_pending,
 )
 
+BlocksOf = Callable[[Sequence], list[int]]  # a sequence's blocks in one pool
+
+
+def _full_blocks(seq: Sequence) -> list[int]:
+    return seq.block_table.blocks
+
+
+def _windowed_blocks(seq: Sequence) -> list[int]:
+    """The sequence's blocks in a hybrid model's windowed pool."""
+    table = seq.block_table.windowed
+    if table is None:
+        raise ValueError(f"{seq.request_id} has no blocks in the windowed pool")
+    return table.blocks
+
+
 # Single-token rows attended per call, after sorting by context length: small groups
 # pad less, large ones make fewer calls (16 measured better than 8, 32 or 64 here).
 SINGLE_GROUP = 16
@@ -60,12 +77,19 @@ class ModelRunner:
         block_size: int,
         decode_kernel: DecodeKernel | None = None,
         paths: tuple[PathTaken, ...] = (),
+        window_blocks: int = 0,
     ) -> None:
         """``decode_kernel``: attends the single-token rows; None: torch, in groups.
-        ``paths``: which code runs each part of a step, as said to users."""
+        ``paths``: which code runs each part of a step, as said to users.
+        ``window_blocks``: for a hybrid model (``DecoderConfig.hybrid_window``), the
+        blocks of its windowed layers' own pool (``pools_for_memory``), which the
+        engine frees behind the window; 0: every layer keeps ``num_blocks``."""
         cfg = lm.config
         self.lm = lm
         windows = set(cfg.layer_windows())
+        hybrid = cfg.hybrid_window() if window_blocks else None
+        if window_blocks and hybrid is None:
+            raise ValueError(f"{lm.name} has no windowed layers beside full ones to pool")
         self.spec = ModelSpec(
             lm.name,
             cfg.vocab_size,
@@ -73,6 +97,8 @@ class ModelRunner:
             lm.eos_token_ids,
             lm.tokenizer,
             sliding_window=windows.pop() if len(windows) == 1 else None,
+            hybrid_window=hybrid,
+            window_blocks=window_blocks,
         )
         self.num_blocks = num_blocks
         self.paths = paths
@@ -80,14 +106,12 @@ class ModelRunner:
         self.block_size = block_size
         self.decode_kernel = decode_kernel
         self.device = lm.device
+        layer_blocks = [
+            window_blocks if hybrid is not None and w is not None else num_blocks
+            for w in cfg.layer_windows()
+        ]
         self.caches = allocate_kv_cache(
-            cfg.num_layers,
-            num_blocks,
-            block_size,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-            lm.dtype,
-            lm.device,
+            layer_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, lm.dtype, lm.device
         )
 
     def make_generator(self, seed: int) -> torch.Generator:
@@ -101,11 +125,37 @@ class ModelRunner:
 
     @staticmethod
     def blocks_for_memory(lm: LoadedLM, memory_bytes: int, block_size: int) -> int:
+        """The blocks ``memory_bytes`` holds where every layer shares one pool."""
+        return memory_bytes // ModelRunner._layer_block_bytes(lm, block_size, lm.config.num_layers)
+
+    @staticmethod
+    def pools_for_memory(
+        lm: LoadedLM, memory_bytes: int, block_size: int, max_num_seqs: int, step_tokens: int
+    ) -> tuple[int, int]:
+        """A hybrid model's two pools in ``memory_bytes``: (full, windowed) blocks. The
+        windowed pool gets what ``max_num_seqs`` sequences' windows hold at once, a
+        partial block at each end of each, a step of ``step_tokens`` and the null
+        block, but never more than one pool for every layer would give it; the
+        layers that attend everything get the rest. (0, 0) for a model that is not
+        hybrid."""
         cfg = lm.config
-        per_block = kv_bytes_per_block(
-            cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim, lm.dtype
-        )
-        return memory_bytes // per_block
+        window = cfg.hybrid_window()
+        if window is None:
+            return 0, 0
+        windowed_layers = sum(w is not None for w in cfg.layer_windows())
+        full_layers = cfg.num_layers - windowed_layers
+        per_layer = ModelRunner._layer_block_bytes(lm, block_size, 1)
+        shared = memory_bytes // (per_layer * cfg.num_layers)
+        per_window = -(-window // block_size) + 2
+        wanted = max_num_seqs * per_window + -(-step_tokens // block_size) + 1
+        windowed = min(shared, wanted)
+        full = (memory_bytes - windowed * per_layer * windowed_layers) // (per_layer * full_layers)
+        return full, windowed
+
+    @staticmethod
+    def _layer_block_bytes(lm: LoadedLM, block_size: int, layers: int) -> int:
+        cfg = lm.config
+        return kv_bytes_per_block(layers, block_size, cfg.num_kv_heads, cfg.head_dim, lm.dtype)
 
     @torch.inference_mode()
     def execute(
@@ -240,23 +290,15 @@ class ModelRunner:
         singles = sorted(
             (c for c in step.chunks if c.num_tokens == 1), key=lambda c: c.seq.num_computed
         )
-        multis = [c for c in step.chunks if c.num_tokens > 1]
+        chunks = singles + [c for c in step.chunks if c.num_tokens > 1]
         ids: list[int] = []
         positions: list[int] = []
-        slots: list[int] = []
         sample_index: list[int] = []
         sampling: list[ScheduledChunk] = []
-        segments: list[PrefillSegment] = []
-        bs = self.block_size
         first_row: dict[int, int] = {}
-        for chunk in singles + multis:
-            seq, start, n = chunk.seq, chunk.seq.num_computed, chunk.num_tokens
+        for chunk in chunks:
+            start, n = chunk.seq.num_computed, chunk.num_tokens
             first_row[id(chunk)] = len(ids)
-            if n > 1:
-                segments.append(self._segment(chunk, len(ids)))
-            blocks = seq.block_table.blocks
-            for pos in range(start, start + n):
-                slots.append(slot_of(blocks, pos, bs))
             ids.extend(chunk.input_ids)
             positions.extend(range(start, start + n))
             if chunk.samples:
@@ -264,16 +306,10 @@ class ModelRunner:
                 sample_index.extend(range(len(ids) - 1 - len(chunk.draft), len(ids)))
                 sampling.append(chunk)
         check_ids(ids, after)
-        native = None
-        groups: tuple[SingleGroup, ...] = ()
-        if self.decode_kernel is not None:
-            native = self._native(singles, multis, self.decode_kernel)
-        else:
-            groups = tuple(
-                self._group(singles[i : i + SINGLE_GROUP], i)
-                for i in range(0, len(singles), SINGLE_GROUP)
-            )
-        meta = AttentionMetadata(self._tensor(slots), groups, tuple(segments), native)
+        meta = self._metadata(chunks, len(singles), _full_blocks)
+        if self.spec.hybrid_window is not None:
+            windowed = self._metadata(chunks, len(singles), _windowed_blocks)
+            meta = dataclasses.replace(meta, windowed=windowed)
         return StepInputs(
             self._tensor(ids),
             self._tensor(positions),
@@ -283,9 +319,34 @@ class ModelRunner:
             [first_row[id(c)] for c in step.chunks],
         )
 
-    def _group(self, chunks: list[ScheduledChunk], start: int) -> SingleGroup:
+    def _metadata(
+        self, chunks: list[ScheduledChunk], num_singles: int, table: BlocksOf
+    ) -> AttentionMetadata:
+        """Where the rows of ``chunks`` (their single-token ones first) write and read
+        in the pool whose blocks ``table`` gives of each sequence."""
+        slots: list[int] = []
+        segments: list[PrefillSegment] = []
+        row = 0
+        for chunk in chunks:
+            blocks, start, n = table(chunk.seq), chunk.seq.num_computed, chunk.num_tokens
+            if n > 1:
+                segments.append(self._segment(chunk, row, blocks))
+            slots.extend(slot_of(blocks, pos, self.block_size) for pos in range(start, start + n))
+            row += n
+        native = None
+        groups: tuple[SingleGroup, ...] = ()
+        if self.decode_kernel is not None:
+            native = self._native(chunks, num_singles, self.decode_kernel, table)
+        else:
+            groups = tuple(
+                self._group(chunks[i : min(i + SINGLE_GROUP, num_singles)], i, table)
+                for i in range(0, num_singles, SINGLE_GROUP)
+            )
+        return AttentionMetadata(self._tensor(slots), groups, tuple(segments), native)
+
+    def _group(self, chunks: list[ScheduledChunk], start: int, table: BlocksOf) -> SingleGroup:
         width = max(self._blocks_covering(c) for c in chunks)
-        tables = [c.seq.block_table.blocks[: self._blocks_covering(c)] for c in chunks]
+        tables = [table(c.seq)[: self._blocks_covering(c)] for c in chunks]
         padded = self._tensor([t + [0] * (width - len(t)) for t in tables])
         contexts = torch.tensor([c.seq.num_computed + 1 for c in chunks], device=self.device)
         keys = torch.arange(width * self.block_size, device=self.device)
@@ -293,11 +354,14 @@ class ModelRunner:
         return SingleGroup(start, len(chunks), padded, mask)
 
     def _native(
-        self, singles: list[ScheduledChunk], multis: list[ScheduledChunk], kernel: DecodeKernel
+        self,
+        chunks: list[ScheduledChunk],
+        num_singles: int,
+        kernel: DecodeKernel,
+        table: BlocksOf,
     ) -> NativeDecode:
-        chunks = singles + multis
         width = max(self._blocks_covering(c) for c in chunks)
-        tables = [c.seq.block_table.blocks[: self._blocks_covering(c)] for c in chunks]
+        tables = [table(c.seq)[: self._blocks_covering(c)] for c in chunks]
         padded = self._tensor([t + [0] * (width - len(t)) for t in tables])
         row_seqs: list[int] = []
         contexts: list[int] = []
@@ -306,15 +370,15 @@ class ModelRunner:
             row_seqs.extend([index] * chunk.num_tokens)
             contexts.extend(range(start + 1, start + chunk.num_tokens + 1))
         return NativeDecode(
-            len(singles), padded, self._tensor(row_seqs), self._tensor(contexts), kernel
+            num_singles, padded, self._tensor(row_seqs), self._tensor(contexts), kernel
         )
 
     def _blocks_covering(self, chunk: ScheduledChunk) -> int:
         return -(-(chunk.seq.num_computed + chunk.num_tokens) // self.block_size)
 
-    def _segment(self, chunk: ScheduledChunk, start: int) -> PrefillSegment:
+    def _segment(self, chunk: ScheduledChunk, start: int, blocks: list[int]) -> PrefillSegment:
         cached, n = chunk.seq.num_computed, chunk.num_tokens
-        block_ids = self._tensor(chunk.seq.block_table.blocks[: self._blocks_covering(chunk)])
+        block_ids = self._tensor(blocks[: self._blocks_covering(chunk)])
         mask = None
         if cached:
             keys = torch.arange(cached + n, device=self.device)

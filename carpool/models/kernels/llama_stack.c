@@ -18,7 +18,10 @@
    read (Gemma 3's sliding layers), or NULL where no layer does.
    slots: [rows], where each row's key and value go (block * block_size + offset).
    block_tables: [num_seqs, max_blocks], one per sequence of the step;
-   row_seqs: [rows], each row's sequence; context_lens: [rows], each row's position + 1. */
+   row_seqs: [rows], each row's sequence; context_lens: [rows], each row's position + 1.
+   window_slots, window_block_tables ([num_seqs, window_max_blocks]): where not NULL,
+   the layers with a window write and read these instead (a hybrid model's windowed
+   layers keep their KV in a pool of their own, with tables of their own). */
 
 #include "abi.h"
 
@@ -141,8 +144,9 @@ static void add_in_place(float *x, const float *delta, int64_t count, int thread
 int llama_stack(const Layer *layers, int64_t num_layers, const Dims *dims, float *x,
                 int64_t rows, const float *cos, const float *sin, const float *local_cos,
                 const float *local_sin, const int64_t *slots,
-                const int64_t *block_tables, int64_t max_blocks, const int64_t *row_seqs,
-                const int64_t *context_lens, int num_threads) {
+                const int64_t *block_tables, int64_t max_blocks, const int64_t *window_slots,
+                const int64_t *window_block_tables, int64_t window_max_blocks,
+                const int64_t *row_seqs, const int64_t *context_lens, int num_threads) {
     const int64_t hidden = dims->hidden, d = dims->head_dim;
     const int64_t q_size = dims->num_heads * d, kv_size = dims->num_kv_heads * d;
     const int64_t qkv_size = q_size + 2 * kv_size, inter = dims->intermediate;
@@ -160,7 +164,11 @@ int llama_stack(const Layer *layers, int64_t num_layers, const Dims *dims, float
         const Layer *layer = layers + l;
         const float *layer_cos = layer->local_rope ? local_cos : cos;
         const float *layer_sin = layer->local_rope ? local_sin : sin;
-        if (layer_cos == NULL || layer_sin == NULL) {
+        const int own_pool = layer->window > 0 && window_slots != NULL;
+        const int64_t *layer_slots = own_pool ? window_slots : slots;
+        const int64_t *tables = own_pool ? window_block_tables : block_tables;
+        const int64_t width = own_pool ? window_max_blocks : max_blocks;
+        if (layer_cos == NULL || layer_sin == NULL || tables == NULL) {
             failed = 1;
             break;
         }
@@ -177,16 +185,15 @@ int llama_stack(const Layer *layers, int64_t num_layers, const Dims *dims, float
             rotate(row, dims->num_heads + dims->num_kv_heads, d, layer_cos + r * d,
                    layer_sin + r * d);
             for (int64_t i = 0; i < q_size; i++) queries[r * q_size + i] = row[i];
-            float *k_slot = layer->k_cache + slots[r] * kv_size;
-            float *v_slot = layer->v_cache + slots[r] * kv_size;
+            float *k_slot = layer->k_cache + layer_slots[r] * kv_size;
+            float *v_slot = layer->v_cache + layer_slots[r] * kv_size;
             for (int64_t i = 0; i < kv_size; i++) {
                 k_slot[i] = row[q_size + i];
                 v_slot[i] = row[q_size + kv_size + i];
             }
         }
-        failed |= attend_rows(&shape, queries, layer->k_cache, layer->v_cache, block_tables,
-                              max_blocks, row_seqs, context_lens, layer->window, rows, attended,
-                              num_threads);
+        failed |= attend_rows(&shape, queries, layer->k_cache, layer->v_cache, tables, width,
+                              row_seqs, context_lens, layer->window, rows, attended, num_threads);
         failed |= linear(&layer->o, attended, delta, rows, dims->int8_dots, num_threads);
         if (layer->attn_out_norm != NULL)
             rms_norm(delta, layer->attn_out_norm, delta, rows, hidden, dims->eps, num_threads);

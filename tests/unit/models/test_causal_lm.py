@@ -17,12 +17,14 @@ import torch
 from gguf.quants import quantize
 
 from carpool.config import EngineConfig
+from carpool.engine.block_manager import HybridBlockManager
 from carpool.engine.sampling_params import SamplingParams
 from carpool.models import causal_lm, gguf_file
 from carpool.models.causal_lm import LoadedLM, convert_gguf, load_causal_lm
 from carpool.models.gguf_file import GGUFCheckpoint
 from carpool.models.registry import BUILTIN_MODELS
 from carpool.workers.factory import engine_for
+from carpool.workers.model_runner import ModelRunner
 from tests import tiny_models
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -76,8 +78,9 @@ def test_sliding_windows_match_transformers_past_the_window(
     global one) under prompts and outputs well past it: alone, then batched with
     prompts prefilled in chunks that start past the window, on the native decode
     kernel and on torch's grouped path; then a prompt whose first 80 tokens come
-    from the prefix cache. Mistral's blocks behind the window are released: its
-    sequences also run on a cache of 5 blocks (80 tokens), shorter than each."""
+    from the prefix cache. Blocks behind the window are released: Mistral's
+    sequences also run on a cache of 5 blocks (80 tokens), shorter than each, and
+    Gemma 3's on a pool of 12 for its sliding layer, shorter than the longest."""
     reference = tiny_models.build(arch, tmp_path, smollm_folder, sliding_window=16)
     lm = load_causal_lm(tmp_path, progress=False)
     assert set(lm.config.layer_windows()) >= {16}
@@ -97,12 +100,25 @@ def test_sliding_windows_match_transformers_past_the_window(
             done.update({o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished})
     assert engine.blocks.stats.hits > 0
     assert done["1"] == tiny_models.hf_greedy(reference, shared, 24)
+    longer = [[*p, *p] for p in prompts]  # 10, 46, 180 tokens + 24
+    want = [tiny_models.hf_greedy(reference, p, 24) for p in longer]
     if arch == "mistral":
-        longer = [[*p, *p] for p in prompts]  # 10, 46, 180 tokens + 24
-        want = [tiny_models.hf_greedy(reference, p, 24) for p in longer]
         for kernel in ("native", "torch"):
             got = generate(lm, longer, 24, 6, max_num_batched_tokens=32, attention_kernel=kernel)
             assert got == want, kernel
+    else:
+        # The sliding layer's KV has a pool of its own, freed behind the window: for
+        # three sequences at most, 12 blocks (11 beside the null one: 176 tokens),
+        # shorter than the longest sequence; the global layer's pool takes the rest.
+        assert isinstance(engine.blocks, HybridBlockManager)
+        pools = ModelRunner.pools_for_memory(lm, 256 << 20, 16, 3, 32)
+        assert pools[1] == 12 and (pools[1] - 1) * 16 < 180 + 24
+        # 64 windows want more than one shared pool would give: it gets that much.
+        shared = ModelRunner.blocks_for_memory(lm, 1 << 20, 16)
+        assert ModelRunner.pools_for_memory(lm, 1 << 20, 16, 64, 32) == (shared, shared)
+        for kernel in ("native", "torch"):
+            config = {"max_num_batched_tokens": 32, "max_num_seqs": 3, "attention_kernel": kernel}
+            assert generate(lm, longer, 24, **config) == want, kernel
 
 
 def test_gguf_tensors_land_in_place_for_each_type(tmp_path: Path, smollm_folder: Path) -> None:
