@@ -11,6 +11,7 @@ report how long the GPU waited on the host.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 import torch
@@ -23,7 +24,7 @@ from carpool.models.causal_lm import LoadedLM
 from carpool.models.triton_attention import PagedMetadata, Tiles, prefill_block_q, tiles_for
 from carpool.paths import PathTaken
 from carpool.workers.decode_graphs import DecodeGraphs
-from carpool.workers.model_runner import ModelRunner
+from carpool.workers.model_runner import ModelRunner, windowed_blocks
 from carpool.workers.sampler import sample
 from carpool.workers.step_tensors import Chosen, StepInputs, check_ids, pending_tokens
 
@@ -41,17 +42,20 @@ class CudaModelRunner(ModelRunner):
         max_model_len: int,
         cuda_graphs: bool = True,
         max_passes: int = 1,
+        window_blocks: int = 0,
     ) -> None:
         """``max_num_seqs`` and ``max_model_len`` bound the captured decode steps;
         ``cuda_graphs`` False runs every step eagerly (as it must on the CPU, where
         the tests run this runner's kernels under Triton's interpreter).
         ``max_passes``: the most forward passes of one decode step (multi-step
-        decoding, ``EngineConfig.num_scheduler_steps``)."""
-        super().__init__(lm, num_blocks, block_size, None, paths)
+        decoding, ``EngineConfig.num_scheduler_steps``). ``window_blocks``: a hybrid
+        model's windowed pool (``ModelRunner``)."""
+        super().__init__(lm, num_blocks, block_size, None, paths, window_blocks)
         self.max_blocks = -(-max_model_len // block_size)
         self.block_q = prefill_block_q(lm.config.num_heads // lm.config.num_kv_heads)
+        hybrid = self.spec.hybrid_window is not None
         self.decode = DecodeGraphs(
-            lm, self.caches, max_num_seqs, self.max_blocks, block_size, max_passes
+            lm, self.caches, max_num_seqs, self.max_blocks, block_size, max_passes, hybrid
         )
         if cuda_graphs:
             self.decode.capture()
@@ -146,18 +150,24 @@ class CudaModelRunner(ModelRunner):
         self.steps += 1
 
     def prepare(self, step: SchedulerOutput, after: Launch | None = None) -> StepInputs:
-        """The step's rows in its chunks' order, with the Triton kernels' metadata."""
+        """The step's rows in its chunks' order, with the Triton kernels' metadata (a
+        hybrid model's windowed layers' own beside it)."""
         bs = self.block_size
-        tokens: list[list[int]] = [[], [], []]  # ids, positions, slots
-        ids, positions, slots = tokens
+        tokens: list[list[int]] = [[], [], [], []]  # ids, positions, slots, windowed slots
+        ids, positions, slots, window_slots = tokens
         sample_index: list[int] = []
         chunk_starts: list[int] = []
-        query_start, seq_lens, tables = [0], [], []
+        query_start, seq_lens, tables, window_tables = [0], [], [], []
+        hybrid = self.spec.hybrid_window is not None
         for chunk in step.chunks:
             seq, start, n = chunk.seq, chunk.seq.num_computed, chunk.num_tokens
             chunk_starts.append(len(ids))
             blocks = seq.block_table.blocks
             slots.extend(slot_of(blocks, p, bs) for p in range(start, start + n))
+            if hybrid:
+                windowed = windowed_blocks(seq)
+                window_slots.extend(slot_of(windowed, p, bs) for p in range(start, start + n))
+                window_tables.append(windowed[: self._blocks_covering(chunk)])
             ids.extend(chunk.input_ids)
             positions.extend(range(start, start + n))
             if chunk.samples:
@@ -171,9 +181,10 @@ class CudaModelRunner(ModelRunner):
         rows_per_seq = [c.num_tokens for c in step.chunks]
         tile_seq, tile_row, tile_end = tiles_for(rows_per_seq, seq_lens, self.block_q)
         # Two uploads: the int64 rows, then every int32 array in one buffer.
-        i64 = torch.tensor(tokens, dtype=torch.int64).to(self.device, non_blocking=True)
-        table_rows = [b for t in tables for b in (*t, *[0] * (width - len(t)))]
-        arrays = [query_start, seq_lens, tile_seq, tile_row, tile_end, table_rows]
+        i64 = torch.tensor(tokens if hybrid else tokens[:3], dtype=torch.int64)
+        i64 = i64.to(self.device, non_blocking=True)
+        arrays = [query_start, seq_lens, tile_seq, tile_row, tile_end]
+        arrays += [_padded(tables, width), _padded(window_tables, width)]
         flat, bounds = _aligned(arrays)
         i32 = torch.tensor(flat, dtype=torch.int32).to(self.device, non_blocking=True)
         parts = [i32[a:b] for a, b in bounds]
@@ -184,7 +195,13 @@ class CudaModelRunner(ModelRunner):
             seq_lens=parts[1],
             tiles=Tiles(parts[2], parts[3], parts[4]),
         )
-        meta = AttentionMetadata(paged.slot_mapping, (), (), None, paged)
+        windowed_meta = None
+        if hybrid:
+            window_paged = dataclasses.replace(
+                paged, slot_mapping=i64[3], block_tables=parts[6].view(len(step.chunks), width)
+            )
+            windowed_meta = AttentionMetadata(i64[3], (), (), None, window_paged)
+        meta = AttentionMetadata(paged.slot_mapping, (), (), None, paged, windowed_meta)
         return StepInputs(
             i64[0],
             i64[1],
@@ -193,6 +210,11 @@ class CudaModelRunner(ModelRunner):
             [c for c in step.chunks if c.samples],
             chunk_starts,
         )
+
+
+def _padded(tables: list[list[int]], width: int) -> list[int]:
+    """Block tables row by row, each padded with block 0 to ``width``."""
+    return [b for t in tables for b in (*t, *[0] * (width - len(t)))]
 
 
 def _aligned(arrays: list[list[int]]) -> tuple[list[int], list[tuple[int, int]]]:

@@ -27,6 +27,7 @@ from carpool.engine.outputs import ScheduledChunk
 from carpool.models.attention import AttentionMetadata
 from carpool.models.causal_lm import LoadedLM
 from carpool.models.triton_attention import PagedMetadata
+from carpool.workers.model_runner import windowed_blocks
 from carpool.workers.step_tensors import resolve_pending
 
 log = logging.getLogger(__name__)
@@ -51,8 +52,12 @@ class DecodeGraphs:
         max_blocks: int,
         block_size: int,
         max_passes: int = 1,
+        hybrid: bool = False,
     ) -> None:
+        """``hybrid``: the model's windowed layers keep their KV in a pool of their
+        own, with slots and block tables of their own (``ModelRunner``)."""
         device = lm.device
+        self.hybrid = hybrid
         self.lm = lm
         self.caches = caches
         self.block_size = block_size
@@ -66,24 +71,29 @@ class DecodeGraphs:
             tensor = torch.zeros(*shape, dtype=dtype)
             return tensor.pin_memory() if pinned else tensor
 
-        # ids, positions, slots; then seq_lens and the block tables, row by row. Two
-        # sets, used in turn: with asynchronous scheduling a step is filled while the
-        # last one's upload may still wait in the stream (``_staged`` waits for the
-        # upload before last, long done).
+        # ids, positions, slots (and a hybrid model's windowed slots); then seq_lens
+        # and the block tables, row by row (then the windowed ones). Two sets, used in
+        # turn: with asynchronous scheduling a step is filled while the last one's
+        # upload may still wait in the stream (``_staged`` waits for the upload before
+        # last, long done).
+        rows, pools = (4, 2) if hybrid else (3, 1)
         self.staging = [
             (
-                host(3, max_batch, dtype=torch.int64),
-                host(max_batch * (1 + max_blocks), dtype=torch.int32),
+                host(rows, max_batch, dtype=torch.int64),
+                host(max_batch * (1 + pools * max_blocks), dtype=torch.int32),
             )
             for _ in range(2)
         ]
         self.uploads: list[torch.cuda.Event | None] = [None, None]
         self.host_i64, self.host_i32 = self.staging[0]
-        self.dev_i64 = torch.zeros(3, max_batch, dtype=torch.int64, device=device)
-        self.dev_i32 = torch.zeros(max_batch * (1 + max_blocks), dtype=torch.int32, device=device)
-        # Passes after the first: positions and slots, and seq_lens, per pass.
-        self.host_more_i64 = host(max(max_passes - 1, 1), 2, max_batch, dtype=torch.int64)
-        self.host_more_i32 = host(max(max_passes - 1, 1), max_batch, dtype=torch.int32)
+        self.dev_i64 = torch.zeros(rows, max_batch, dtype=torch.int64, device=device)
+        self.dev_i32 = torch.zeros(
+            max_batch * (1 + pools * max_blocks), dtype=torch.int32, device=device
+        )
+        # Passes after the first: positions and slots (windowed too), and seq_lens.
+        more = max(max_passes - 1, 1)
+        self.host_more_i64 = host(more, rows - 1, max_batch, dtype=torch.int64)
+        self.host_more_i32 = host(more, max_batch, dtype=torch.int32)
         self.dev_more_i64 = torch.zeros_like(self.host_more_i64, device=device)
         self.dev_more_i32 = torch.zeros_like(self.host_more_i32, device=device)
         self.query_start = torch.arange(max_batch + 1, dtype=torch.int32, device=device)
@@ -171,11 +181,18 @@ class DecodeGraphs:
             return logits
         return self._forward(size, self._meta(size))
 
+    def _tables(self, buffer: torch.Tensor, pool: int) -> torch.Tensor:
+        """The block tables of ``pool`` (1: the windowed one) in an int32 buffer,
+        host or device."""
+        start = self.max_batch * (1 + pool * self.max_blocks)
+        end = start + self.max_batch * self.max_blocks
+        return buffer[start:end].view(self.max_batch, self.max_blocks)
+
     def _fill(self, chunks: Sequence[ScheduledChunk]) -> None:
         i64 = self.host_i64.numpy()
-        i32 = self.host_i32.numpy()
-        lens = i32[: self.max_batch]
-        tables = i32[self.max_batch :].reshape(self.max_batch, self.max_blocks)
+        lens = self.host_i32.numpy()[: self.max_batch]
+        tables = self._tables(self.host_i32, 0).numpy()
+        window_tables = self._tables(self.host_i32, 1).numpy() if self.hybrid else None
         bs = self.block_size
         for i, chunk in enumerate(chunks):
             seq = chunk.seq
@@ -186,6 +203,10 @@ class DecodeGraphs:
             i64[2, i] = slot_of(blocks, position, bs)
             lens[i] = position + 1
             tables[i, : len(blocks)] = blocks
+            if window_tables is not None:
+                windowed = windowed_blocks(seq)
+                i64[3, i] = slot_of(windowed, position, bs)
+                window_tables[i, : len(windowed)] = windowed
 
     def _plan_passes(
         self, chunks: Sequence[ScheduledChunk], lookahead: list[int], passes: int
@@ -198,21 +219,26 @@ class DecodeGraphs:
         more_i64[: passes - 1, 0] = 0
         more_i64[: passes - 1, 1] = -1
         more_i32[: passes - 1] = 0
+        if self.hybrid:
+            more_i64[: passes - 1, 2] = -1
         for i, chunk in enumerate(chunks):
             first = chunk.seq.num_computed
             blocks = chunk.seq.block_table.blocks
+            windowed = windowed_blocks(chunk.seq) if self.hybrid else []
             for j in range(1, lookahead[i] + 1):
                 position = first + j
                 more_i64[j - 1, 0, i] = position
                 more_i64[j - 1, 1, i] = slot_of(blocks, position, bs)
                 more_i32[j - 1, i] = position + 1
+                if windowed:
+                    more_i64[j - 1, 2, i] = slot_of(windowed, position, bs)
         self.dev_more_i64[: passes - 1].copy_(self.host_more_i64[: passes - 1], non_blocking=True)
         self.dev_more_i32[: passes - 1].copy_(self.host_more_i32[: passes - 1], non_blocking=True)
 
     def _pad(self, start: int, end: int) -> None:
         i64 = self.host_i64.numpy()
         i64[0:2, start:end] = 0
-        i64[2, start:end] = -1
+        i64[2:, start:end] = -1  # slots, windowed ones too
         self.host_i32.numpy()[start:end] = 0
 
     def _staged(self) -> None:
@@ -227,20 +253,32 @@ class DecodeGraphs:
         self.dev_i64.copy_(self.host_i64, non_blocking=True)
         used = self.max_batch + size * self.max_blocks
         self.dev_i32[:used].copy_(self.host_i32[:used], non_blocking=True)
+        if self.hybrid:
+            self._tables(self.dev_i32, 1)[:size].copy_(
+                self._tables(self.host_i32, 1)[:size], non_blocking=True
+            )
         if self.dev_i64.is_cuda:
             event = torch.cuda.Event()
             event.record()
             self.uploads[0] = event
 
     def _meta(self, size: int) -> AttentionMetadata:
-        tables = self.dev_i32[self.max_batch :].view(self.max_batch, self.max_blocks)
         paged = PagedMetadata(
             slot_mapping=self.dev_i64[2, :size],
-            block_tables=tables[:size],
+            block_tables=self._tables(self.dev_i32, 0)[:size],
             query_start=self.query_start[: size + 1],
             seq_lens=self.dev_i32[:size],
         )
-        return AttentionMetadata(paged.slot_mapping, (), (), None, paged)
+        windowed = None
+        if self.hybrid:
+            window_paged = PagedMetadata(
+                slot_mapping=self.dev_i64[3, :size],
+                block_tables=self._tables(self.dev_i32, 1)[:size],
+                query_start=paged.query_start,
+                seq_lens=paged.seq_lens,
+            )
+            windowed = AttentionMetadata(window_paged.slot_mapping, (), (), None, window_paged)
+        return AttentionMetadata(paged.slot_mapping, (), (), None, paged, windowed)
 
     def _forward(self, size: int, meta: AttentionMetadata) -> torch.Tensor:
         model = self.lm.model

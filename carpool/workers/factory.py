@@ -45,15 +45,16 @@ def engine_for(
     blocks = num_blocks or ModelRunner.blocks_for_memory(lm, memory, bs)
     if blocks < 1:
         raise ValueError(f"kv_cache_memory {config.kv_cache_memory} holds no block")
+    full, windowed = _pools(lm, config, memory, num_blocks)
+    blocks = full or blocks
     runner: ModelRunner
     if lm.device.type == "cuda":
-        runner = _cuda_runner(lm, config, blocks)
+        runner = _cuda_runner(lm, config, blocks, windowed)
     else:
         kernel, attention = select_decode_kernel(config.attention_kernel, lm.device, lm.dtype)
         # The fused stack needs native attention.
         paths = (*(_without_stack(p) if kernel is None else p for p in lm.paths), attention)
-        full, windowed = _pools(lm, config, memory, num_blocks)
-        runner = ModelRunner(lm, full or blocks, bs, kernel, paths, windowed)
+        runner = ModelRunner(lm, blocks, bs, kernel, paths, windowed)
     return Engine(runner, config, clock, _draft_proposer(lm, config, cache_dir))
 
 
@@ -61,13 +62,13 @@ def _pools(
     lm: LoadedLM, config: EngineConfig, memory: int, num_blocks: int | None
 ) -> tuple[int, int]:
     """A hybrid model's two pools (full, windowed), or (0, 0): one pool. ``num_blocks``
-    given, each pool has that many."""
+    given, each pool has that many. ``config``'s step budget is resolved."""
     if lm.config.hybrid_window() is None:
         return 0, 0
     if num_blocks:
         return num_blocks, num_blocks
     pools = ModelRunner.pools_for_memory(
-        lm, memory, config.block_size, config.max_num_seqs, config.step_budget_on("cpu")
+        lm, memory, config.block_size, config.max_num_seqs, config.max_num_batched_tokens
     )
     if min(pools) < 2:
         raise ValueError(
@@ -108,7 +109,9 @@ def _kv_cache_bytes(lm: LoadedLM, config: EngineConfig) -> int:
     return room
 
 
-def _cuda_runner(lm: LoadedLM, config: EngineConfig, blocks: int) -> ModelRunner:
+def _cuda_runner(
+    lm: LoadedLM, config: EngineConfig, blocks: int, window_blocks: int
+) -> ModelRunner:
     """The GPU's runner: Triton paged attention, decode steps from CUDA graphs."""
     if config.attention_kernel == "native":
         raise ValueError("attention_kernel native runs on the CPU; on a GPU attention is Triton's")
@@ -132,6 +135,7 @@ def _cuda_runner(lm: LoadedLM, config: EngineConfig, blocks: int) -> ModelRunner
         config.model_len(lm.config.max_context, blocks * config.block_size),
         config.cuda_graphs,
         config.num_scheduler_steps,
+        window_blocks,
     )
 
 

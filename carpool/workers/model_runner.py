@@ -54,7 +54,7 @@ def _full_blocks(seq: Sequence) -> list[int]:
     return seq.block_table.blocks
 
 
-def _windowed_blocks(seq: Sequence) -> list[int]:
+def windowed_blocks(seq: Sequence) -> list[int]:
     """The sequence's blocks in a hybrid model's windowed pool."""
     table = seq.block_table.windowed
     if table is None:
@@ -308,7 +308,7 @@ class ModelRunner:
         check_ids(ids, after)
         meta = self._metadata(chunks, len(singles), _full_blocks)
         if self.spec.hybrid_window is not None:
-            windowed = self._metadata(chunks, len(singles), _windowed_blocks)
+            windowed = self._metadata(chunks, len(singles), windowed_blocks)
             meta = dataclasses.replace(meta, windowed=windowed)
         return StepInputs(
             self._tensor(ids),

@@ -24,6 +24,7 @@ CUDA = torch.cuda.is_available()
 pytest.importorskip("triton")
 
 from carpool.config import ConfigError, EngineConfig  # noqa: E402
+from carpool.engine.block_manager import HybridBlockManager  # noqa: E402
 from carpool.engine.engine import Engine  # noqa: E402
 from carpool.engine.sampling_params import SamplingParams  # noqa: E402
 from carpool.models.causal_lm import LoadedLM, load_causal_lm  # noqa: E402
@@ -64,8 +65,10 @@ def finals(engine: Engine, prompts: list[list[int]], params: list[SamplingParams
     return [done[str(i)] for i in range(len(prompts))]
 
 
-def gpu_engine(lm: LoadedLM, graphs: bool = CUDA, **config: Any) -> Engine:
-    """An engine on ``CudaModelRunner`` (on the CPU: eager, interpreted kernels)."""
+def gpu_engine(lm: LoadedLM, graphs: bool = CUDA, window_blocks: int = 0, **config: Any) -> Engine:
+    """An engine on ``CudaModelRunner`` (on the CPU: eager, interpreted kernels;
+    ``window_blocks``: a hybrid model's windowed pool there, which ``engine_for``
+    sizes on a GPU)."""
     engine_config = EngineConfig(**{"kv_cache_memory": "32MiB", **config})
     if CUDA:
         return engine_for(lm, dataclasses.replace(engine_config, cuda_graphs=graphs))
@@ -78,6 +81,7 @@ def gpu_engine(lm: LoadedLM, graphs: bool = CUDA, **config: Any) -> Engine:
         2048,
         cuda_graphs=False,
         max_passes=engine_config.num_scheduler_steps,
+        window_blocks=window_blocks,
     )
     return Engine(runner, engine_config)
 
@@ -123,13 +127,21 @@ def test_the_newer_architectures_match_transformers_batched(
 
 def test_a_sliding_window_matches_transformers_past_it(tmp_path: Path, smollm_folder: Path) -> None:
     """Gemma 3's sliding layer with a window of 16 beside its global one: prompts
-    prefilled in tiles that start past the window, decodes past it."""
+    prefilled in tiles that start past the window, decodes past it, one pass a step
+    and four. The sliding layer keeps its KV in a pool of its own of 12 blocks (three
+    sequences' windows), shorter than the longest sequence: its blocks behind the
+    window are released, in eager steps and in the decode steps' buffers alike."""
     reference = tiny_models.build("gemma3", tmp_path, smollm_folder, sliding_window=16)
     lm = load_causal_lm(tmp_path, progress=False, device=DEVICE)
     rng = random.Random("mistral")  # prompts whose tokens the window changes
-    prompts = [[rng.randrange(3, tiny_models.VOCAB) for _ in range(n)] for n in (5, 23, 90)]
+    prompts = [[rng.randrange(3, tiny_models.VOCAB) for _ in range(n)] for n in (5, 23, 180)]
     expected = [tiny_models.hf_greedy(reference, p, 24) for p in prompts]
-    assert run(gpu_engine(lm, max_num_batched_tokens=32), prompts, 24) == expected
+    for steps in (1, 4):
+        config = {"max_num_batched_tokens": 32, "max_num_seqs": 3, "num_scheduler_steps": steps}
+        engine = gpu_engine(lm, window_blocks=12, **config)
+        assert isinstance(engine.blocks, HybridBlockManager)
+        assert engine.blocks.windowed.num_usable * 16 < 180 + 24
+        assert run(engine, prompts, 24) == expected, steps
 
 
 def test_multi_step_decoding_gives_the_tokens_of_one_step_at_a_time(
