@@ -16,6 +16,7 @@ by layer in torch.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -312,11 +313,9 @@ class LlamaStack:
         if windowed is not None:
             assert meta.windowed is not None
             window_slots, window_tables = meta.windowed.slot_mapping, windowed.block_tables
-            self._check(x, cos, window_slots, windowed, self._pool_blocks(windowed, True))
-            if not torch.equal(windowed.row_seqs, native.row_seqs) or not torch.equal(
-                windowed.context_lens, native.context_lens
-            ):
-                raise ValueError("the windowed pool's rows are not the step's")
+            # The C side reads the step's rows against the windowed tables.
+            rows = dataclasses.replace(native, block_tables=window_tables)
+            self._check(x, cos, window_slots, rows, self._pool_blocks(windowed, True))
         failed = self._function(
             ctypes.addressof(self._layers),
             len(self._layers),
