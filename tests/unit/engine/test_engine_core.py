@@ -6,6 +6,7 @@ Torch-free (``scripts/check_core.sh`` runs it where torch is not installed)."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Mapping
 
@@ -13,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from carpool.config import EngineConfig
+from carpool.engine.block_manager import HybridBlockManager
 from carpool.engine.engine import Engine
 from carpool.engine.outputs import SchedulerOutput
 from carpool.engine.request_output import RequestOutput
@@ -221,13 +223,16 @@ REPLIES = {
     blocks=st.sampled_from([8, 16, 64]),
     aborts=st.dictionaries(st.sampled_from(sorted(REPLIES)), st.integers(1, 12), max_size=3),
     mode=st.sampled_from(["plain", "speculate", "overlap"]),
+    hybrid=st.booleans(),
 )
 def test_random_load_with_chunking_preemption_and_aborts_gives_each_its_own_answer(
-    order: list[str], budget: int, blocks: int, aborts: dict[str, int], mode: str
+    order: list[str], budget: int, blocks: int, aborts: dict[str, int], mode: str, hybrid: bool
 ) -> None:
     """Small token budgets chunk the prompts, few blocks force preemption, drafts
     come and go, or each step is launched before the last one lands; every request
-    not aborted gets exactly the text it gets alone, and ends once."""
+    not aborted gets exactly the text it gets alone, and ends once. ``hybrid``: the
+    blocks are a hybrid model's two pools (a window of 10 in the second, as many
+    blocks), whose invariants ``run`` checks after every step too."""
     config = EngineConfig(
         block_size=8,
         max_num_batched_tokens=budget,
@@ -236,7 +241,10 @@ def test_random_load_with_chunking_preemption_and_aborts_gives_each_its_own_answ
         async_scheduling=mode == "overlap",
     )
     runner = (LaunchingFakeRunner if mode == "overlap" else FakeRunner)(REPLIES, num_blocks=blocks)
+    if hybrid:
+        runner.spec = dataclasses.replace(runner.spec, hybrid_window=10, window_blocks=blocks)
     engine = Engine(runner, config)
+    assert isinstance(engine.blocks, HybridBlockManager) == hybrid
     for prompt in order:
         engine.add_request(prompt, ids(prompt), greedy(max_tokens=30))
     finals = run(engine, abort_after=aborts)
