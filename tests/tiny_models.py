@@ -14,8 +14,9 @@ VOCAB = 512  # token ids below this decode with the built-in model's tokenizer
 
 
 def hf_config(arch: str, vocab: int = VOCAB, sliding_window: int | None = None) -> Any:
-    """``sliding_window``: Mistral's (all layers) or Gemma 3's (its sliding layers);
-    None keeps each default (Mistral none, Gemma 3 past every test sequence)."""
+    """``sliding_window``: Mistral's (all layers), Gemma 3's (its sliding layers) or
+    Qwen3's (its second layer, by ``max_window_layers``); None keeps each default
+    (Mistral and Qwen3 none, Gemma 3 past every test sequence)."""
     import transformers as tf
 
     common: dict[str, Any] = {"vocab_size": vocab, "initializer_range": 0.2, "eos_token_id": 2}
@@ -50,9 +51,14 @@ def hf_config(arch: str, vocab: int = VOCAB, sliding_window: int | None = None) 
         return tf.Qwen2Config(tie_word_embeddings=True, **llama_like)
     if arch == "qwen3":  # q/k norms; a head_dim that is not hidden / heads; YaRN
         yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
-        return tf.Qwen3Config(
+        config = tf.Qwen3Config(
             tie_word_embeddings=True, head_dim=32, rope_scaling=yarn, **llama_like
         )
+        if sliding_window is not None:  # layers from max_window_layers on are windowed
+            config.use_sliding_window, config.sliding_window = True, sliding_window
+            config.max_window_layers = 1
+            config.layer_types = ["full_attention", "sliding_attention"]
+        return config
     if arch == "phi3":  # fused qkv and gate_up in the checkpoint; LongRoPE's factors
         half = llama_like["hidden_size"] // llama_like["num_attention_heads"] // 2
         longrope = {

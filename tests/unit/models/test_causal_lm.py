@@ -70,17 +70,18 @@ def test_tiny_model_matches_transformers_alone_and_batched(
     assert generate(lm, prompts, 20, max_num_batched_tokens=64) == expected
 
 
-@pytest.mark.parametrize("arch", ["mistral", "gemma3"])
+@pytest.mark.parametrize("arch", ["mistral", "gemma3", "qwen3"])
 def test_sliding_windows_match_transformers_past_the_window(
     arch: str, tmp_path: Path, smollm_folder: Path
 ) -> None:
     """A window of 16 (Mistral: every layer; Gemma 3: its sliding layer beside a
-    global one) under prompts and outputs well past it: alone, then batched with
-    prompts prefilled in chunks that start past the window, on the native decode
-    kernel and on torch's grouped path; then a prompt whose first 80 tokens come
-    from the prefix cache. Blocks behind the window are released: Mistral's
-    sequences also run on a cache of 5 blocks (80 tokens), shorter than each, and
-    Gemma 3's on a pool of 12 for its sliding layer, shorter than the longest."""
+    global one; Qwen3: its second layer, by ``max_window_layers``) under prompts and
+    outputs well past it: alone, then batched with prompts prefilled in chunks that
+    start past the window, on the native decode kernel and on torch's grouped path;
+    then a prompt whose first 80 tokens come from the prefix cache. Blocks behind the
+    window are released: Mistral's sequences also run on a cache of 5 blocks (80
+    tokens), shorter than each, and Gemma 3's and Qwen3's on a pool of 12 for their
+    windowed layer, shorter than the longest."""
     reference = tiny_models.build(arch, tmp_path, smollm_folder, sliding_window=16)
     lm = load_causal_lm(tmp_path, progress=False)
     assert set(lm.config.layer_windows()) >= {16}
