@@ -171,8 +171,9 @@ class BlockManager:
         if not self.prefix_caching:
             return NO_PREFIX
         found = [self._cached.get(h) for h in hashes]
-        length = next((i for i, block in enumerate(found) if block is None), len(found))
-        if self.window is not None:
+        if self.window is None:
+            length = next((i for i, block in enumerate(found) if block is None), len(found))
+        else:
             # Behind the window a block may be gone: try longer prefixes first.
             length = next(
                 m

@@ -272,7 +272,10 @@ class LlamaStack:
             shape.gelu,
         )
         self._caches: Sequence[torch.Tensor] | None = None
-        self._layer_blocks: list[int] = []  # each layer's cache's blocks
+        # The fewest blocks a cache holds among every layer, among the layers without
+        # a window and among those with one (a hybrid model's windowed pool): what a
+        # step's tables are checked against (``_bind``).
+        self._least_blocks = (0, 0, 0)
         self._rope = shape.rope
         self._local_rope = shape.local_rope if any(w.local_rope for w in layers) else None
 
@@ -307,15 +310,17 @@ class LlamaStack:
             local_cos = self._local_rope.cos_table[positions].contiguous()
             local_sin = self._local_rope.sin_table[positions].contiguous()
             self._check_rows("local_cos", local_cos, x.shape[0])
+        every, unwindowed, windowed_pool = self._least_blocks
         windowed = meta.windowed.native if meta.windowed is not None else None
-        self._check(x, cos, meta.slot_mapping, native, self._pool_blocks(windowed, False))
+        read_by = every if windowed is None else unwindowed
+        self._check(x, cos, meta.slot_mapping, native, read_by)
         window_slots = window_tables = None
         if windowed is not None:
             assert meta.windowed is not None
             window_slots, window_tables = meta.windowed.slot_mapping, windowed.block_tables
             # The C side reads the step's rows against the windowed tables.
             rows = dataclasses.replace(native, block_tables=window_tables)
-            self._check(x, cos, window_slots, rows, self._pool_blocks(windowed, True))
+            self._check(x, cos, window_slots, rows, windowed_pool)
         failed = self._function(
             ctypes.addressof(self._layers),
             len(self._layers),
@@ -343,17 +348,6 @@ class LlamaStack:
     def _check_rows(self, name: str, table: torch.Tensor, rows: int) -> None:
         check_tensors(**{name: (table, torch.float32)})
         check_shape(name, table, rows, self._dims.head_dim)
-
-    def _pool_blocks(self, windowed: NativeDecode | None, window_pool: bool) -> int:
-        """The blocks every layer reading a pool's tables holds: with ``windowed``
-        tables, the windowed layers read those (``window_pool``) and the rest the
-        step's; without, every layer reads the step's."""
-        counts = [
-            blocks
-            for blocks, layer in zip(self._layer_blocks, self._layers, strict=True)
-            if windowed is None or (layer.window > 0) == window_pool
-        ]
-        return min(counts, default=0)
 
     def _check(
         self,
@@ -408,5 +402,10 @@ class LlamaStack:
             slot.v_cache = cache[1].data_ptr()
             blocks.append(cache.shape[1])
         self._dims.block_size = shape[2]
-        self._layer_blocks = blocks
+        windows = [layer.window > 0 for layer in self._layers]
+        self._least_blocks = (
+            min(blocks),
+            min((b for b, w in zip(blocks, windows, strict=True) if not w), default=0),
+            min((b for b, w in zip(blocks, windows, strict=True) if w), default=0),
+        )
         self._caches = caches

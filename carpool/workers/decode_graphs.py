@@ -224,13 +224,13 @@ class DecodeGraphs:
         for i, chunk in enumerate(chunks):
             first = chunk.seq.num_computed
             blocks = chunk.seq.block_table.blocks
-            windowed = windowed_blocks(chunk.seq) if self.hybrid else []
+            windowed = windowed_blocks(chunk.seq) if self.hybrid else None
             for j in range(1, lookahead[i] + 1):
                 position = first + j
                 more_i64[j - 1, 0, i] = position
                 more_i64[j - 1, 1, i] = slot_of(blocks, position, bs)
                 more_i32[j - 1, i] = position + 1
-                if windowed:
+                if windowed is not None:
                     more_i64[j - 1, 2, i] = slot_of(windowed, position, bs)
         self.dev_more_i64[: passes - 1].copy_(self.host_more_i64[: passes - 1], non_blocking=True)
         self.dev_more_i32[: passes - 1].copy_(self.host_more_i32[: passes - 1], non_blocking=True)
