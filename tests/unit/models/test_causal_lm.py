@@ -257,7 +257,7 @@ def hf_builtin() -> Any:
 
 def builtin_prompts(tok: Any) -> list[list[int]]:
     """The 17 chat prompts above, templated, and three long ones (600 characters,
-    1,000 and 3,000 tokens)."""
+    1,000 and 1,600 tokens: four chunks of 512)."""
     chats = [
         tok.encode(
             tok.apply_chat_template(
@@ -271,16 +271,16 @@ def builtin_prompts(tok: Any) -> list[list[int]]:
     long_prompts = [
         tok.encode(story[:600]),
         tok.encode(story * 2)[:1000],
-        tok.encode(story * 10)[:3000],
+        tok.encode(story * 10)[:1600],
     ]
     return [list(p) for p in chats] + long_prompts
 
 
 def assert_matches_on_20_prompts(lm: LoadedLM, reference: Any) -> None:
     prompts = builtin_prompts(lm.tokenizer)
-    assert len(prompts) == 20 and max(len(p) for p in prompts) == 3000
-    expected = [tiny_models.hf_greedy(reference, p, 24) for p in prompts]
-    got = generate(lm, prompts, 24, max_num_batched_tokens=512)
+    assert len(prompts) == 20 and max(len(p) for p in prompts) == 1600
+    expected = [tiny_models.hf_greedy(reference, p, 16) for p in prompts]
+    got = generate(lm, prompts, 16, max_num_batched_tokens=512)
     mismatches = [i for i, (a, b) in enumerate(zip(got, expected, strict=True)) if a != b]
     assert not mismatches, f"prompts {mismatches} differ from transformers on {lm.device}"
 
