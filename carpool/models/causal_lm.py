@@ -238,9 +238,10 @@ def _attach_packed(model: nn.Module, blocks: _Blocks, choice: str) -> tuple[int,
         if count:
             detail = f"quantized_linear on the file's blocks, {count} layers, no float32 copy"
             if kernel.int8_dots and kernel.interleaved_vectorized:
-                detail += ", int8 dot products on interleaved blocks (AVX-512 VNNI)"
+                isa = "AVX-512 VNNI" if kernel.interleaved_vectorized == 2 else "AVX2"
+                detail += f", int8 dot products on interleaved blocks ({isa}; Q8_16 up to 8 rows)"
             elif kernel.int8_dots:
-                detail += ", int8 dot products for up to 8 rows (no AVX-512 VNNI here)"
+                detail += ", int8 dot products for up to 8 rows (no AVX2 here)"
             log.info("%d linear layers run on the file's blocks", count)
             return count, PathTaken(part, True, detail)
         why = "no linear layer has all its weights in blocks of a native layout"

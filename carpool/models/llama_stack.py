@@ -33,21 +33,12 @@ from carpool.models.native import (
     load_library,
 )
 from carpool.models.packed_linear import (
-    BlockType,
+    KIND_CODES,
     Linear,
     QuantizedLinearKernel,
     check_interleaved,
 )
 from carpool.models.rope import RotaryEmbedding
-
-# quantized_dot.h's numbers
-_KIND = {
-    BlockType.Q4_1: 0,
-    BlockType.Q8_0: 1,
-    BlockType.Q8_16: 2,
-    BlockType.Q5_1: 3,
-    BlockType.Q5_0: 4,
-}
 
 
 class _Matrix(ctypes.Structure):
@@ -143,7 +134,7 @@ def _matrix(linear: Linear) -> _Matrix:
     if interleaved is not None:
         check_interleaved(interleaved)
     return _Matrix(
-        _KIND[packed.kind],
+        KIND_CODES[packed.kind],
         packed.quants.data_ptr(),
         packed.scales.data_ptr(),
         None if packed.mins is None else packed.mins.data_ptr(),
@@ -152,7 +143,7 @@ def _matrix(linear: Linear) -> _Matrix:
         k,
         None if interleaved is None else interleaved.quants.data_ptr(),
         None if interleaved is None else interleaved.scales.data_ptr(),
-        None if interleaved is None else interleaved.extra.data_ptr(),
+        None if interleaved is None or interleaved.extra is None else interleaved.extra.data_ptr(),
     )
 
 

@@ -166,41 +166,55 @@ class PackedWeight:
 
 
 FEATURES = 16  # kernels/interleaved.h: output features interleaved together
+# quantized_dot.h's numbers for the block kinds
+KIND_CODES = {
+    BlockType.Q4_1: 0,
+    BlockType.Q8_0: 1,
+    BlockType.Q8_16: 2,
+    BlockType.Q5_1: 3,
+    BlockType.Q5_0: 4,
+}
+INTERLEAVED_KINDS = (BlockType.Q4_1, BlockType.Q8_0, BlockType.Q5_1, BlockType.Q5_0)
 
 
 @dataclass(frozen=True)
 class Interleaved:
     """A weight's blocks interleaved ``FEATURES`` output features at a time, for
     ``--weight-kernel native-int8`` (``kernels/interleaved.h`` has the layouts): the
-    file's quants and scales in the order that lets one vector instruction advance 16
-    features' dot products."""
+    file's quants and scales in the order that lets one vector instruction advance
+    several features' dot products. Q5_1's and Q5_0's quants are one a byte (0-31)."""
 
     kind: BlockType
-    quants: torch.Tensor  # Q4_1: [n/16, k/32, 4, 16, 4] uint8; Q8_0: [n/16, k/32, 8, 16, 4] int8
+    # Q4_1: [n/16, k/32, 4, 16, 4] uint8; Q8_0: [n/16, k/32, 8, 16, 4] int8; Q5_*: as
+    # Q8_0's, uint8
+    quants: torch.Tensor
     scales: torch.Tensor  # [n/16, k/32, 16] float32
-    extra: torch.Tensor  # Q4_1: the mins, like scales; Q8_0: 128 * each block's quant sum, int32
+    # Q4_1, Q5_1: the mins, like scales; Q8_0: 128 * each block's quant sum, int32; Q5_0: None
+    extra: torch.Tensor | None
     shape: tuple[int, int]
 
     @staticmethod
     def of(packed: PackedWeight) -> Interleaved | None:
         """``packed`` interleaved; None unless its rows are a multiple of 16 and it is
-        Q4_1 or Q8_0 (Q8_16, Q5_1 and Q5_0 have no interleaved kernel: their int8 dot
+        Q4_1, Q8_0, Q5_1 or Q5_0 (Q8_16 has no interleaved kernel: its int8 dot
         products run on the few-rows kernels, more rows exact)."""
         n, k = packed.shape
-        if n % FEATURES or packed.kind not in (BlockType.Q4_1, BlockType.Q8_0):
+        if n % FEATURES or packed.kind not in INTERLEAVED_KINDS:
             return None
         strips, groups = n // FEATURES, k // BLOCK
         lanes = 4 if packed.kind is BlockType.Q4_1 else 8  # 32-bit lanes a feature's block fills
+        quants = packed.integer_quants() if packed.kind in FIVE_BITS else packed.quants
         # a feature's 4 bytes at a time (one 32-bit lane), the 16 features side by side
-        quants = packed.quants.view(strips, FEATURES, groups, lanes, 4).permute(0, 2, 3, 1, 4)
+        quants = quants.view(strips, FEATURES, groups, lanes, 4).permute(0, 2, 3, 1, 4)
 
         def by_strip(t: torch.Tensor) -> torch.Tensor:
             return t.view(strips, FEATURES, groups).permute(0, 2, 1).contiguous()
 
-        if packed.kind is BlockType.Q4_1:
+        extra: torch.Tensor | None = None
+        if packed.kind in (BlockType.Q4_1, BlockType.Q5_1):
             assert packed.mins is not None
             extra = by_strip(packed.mins)
-        else:
+        elif packed.kind is BlockType.Q8_0:
             extra = by_strip(128 * packed.quants.to(torch.int32).sum(-1, dtype=torch.int32))
         return Interleaved(packed.kind, quants.contiguous(), by_strip(packed.scales), extra, (n, k))
 
@@ -213,8 +227,21 @@ class Interleaved:
             return t.permute(0, 2, 1).reshape(n, groups)
 
         quants = self.quants.permute(0, 3, 1, 2, 4).reshape(n, groups, -1)
-        mins = by_feature(self.extra) if self.kind is BlockType.Q4_1 else None
+        if self.kind in FIVE_BITS:
+            quants = five_bit_blocks(quants)
+        with_mins = self.kind in (BlockType.Q4_1, BlockType.Q5_1)
+        mins = by_feature(self.extra) if with_mins and self.extra is not None else None
         return PackedWeight(self.kind, quants, by_feature(self.scales), mins)
+
+
+def five_bit_blocks(quants: torch.Tensor) -> torch.Tensor:
+    """Quants 0-31 one a byte, [n, k/32, 32] uint8, in Q5_1's and Q5_0's 20-byte
+    blocks (``PackedWeight.integer_quants`` undone)."""
+    nibbles = (quants[..., :16] & 15) | ((quants[..., 16:] & 15) << 4)
+    fifth = ((quants >> 4) & 1).to(torch.int64) << torch.arange(32)
+    word = fifth.sum(-1)
+    bits = torch.stack([(word >> (8 * i)) & 255 for i in range(4)], dim=-1).to(torch.uint8)
+    return torch.cat([nibbles, bits], dim=-1)
 
 
 def save_packed(weights: dict[str, PackedWeight], path: Path) -> None:
@@ -252,8 +279,8 @@ class QuantizedLinearKernel:
     (opt-in, ``--weight-kernel native-int8``) x is rounded per block of 32 to int8
     and the dot products are integer (llama.cpp's way): faster, not exact. With a
     weight's ``Interleaved`` copy that is every row count (``kernels/interleaved.h``);
-    without one (no AVX-512 VNNI, or rows not a multiple of 16), steps of up to 8
-    rows, larger ones exact."""
+    without one (no AVX2, a Q8_16 weight, or rows not a multiple of 16), steps of up
+    to 8 rows, larger ones exact."""
 
     def __init__(self, library: ctypes.CDLL, int8_dots: bool = False) -> None:
         self.int8_dots = int8_dots
@@ -264,7 +291,8 @@ class QuantizedLinearKernel:
         )
         vectorized = library.interleaved_vectorized
         vectorized.restype = ctypes.c_int64
-        self.interleaved_vectorized = bool(vectorized())
+        # 2: AVX-512 VNNI, 1: AVX2, 0: the portable C
+        self.interleaved_vectorized = int(vectorized())
         self._q4_1 = library.q4_1_linear
         self._q4_1.restype = ctypes.c_int
         self._q4_1.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4 + [ctypes.c_int]
@@ -349,11 +377,11 @@ class QuantizedLinearKernel:
         check_interleaved(weight)
         y = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
         failed = self._interleaved(
-            weight.kind is BlockType.Q8_0,
+            KIND_CODES[weight.kind],
             x.data_ptr(),
             weight.quants.data_ptr(),
             weight.scales.data_ptr(),
-            weight.extra.data_ptr(),
+            None if weight.extra is None else weight.extra.data_ptr(),
             y.data_ptr(),
             x.shape[0],
             *weight.shape,
@@ -390,15 +418,24 @@ def check_interleaved(weight: Interleaved) -> None:
     n, k = weight.shape
     if n % FEATURES or k % BLOCK:
         raise ValueError(f"an interleaved weight needs n % 16 == 0 and k % 32 == 0, got {n}, {k}")
-    q4 = weight.kind is BlockType.Q4_1
+    if weight.kind not in INTERLEAVED_KINDS:
+        raise ValueError(f"{weight.kind.value} blocks have no interleaved kernel")
+    q8 = weight.kind is BlockType.Q8_0
     check_tensors(
-        quants=(weight.quants, torch.uint8 if q4 else torch.int8),
+        quants=(weight.quants, torch.int8 if q8 else torch.uint8),
         scales=(weight.scales, torch.float32),
-        extra=(weight.extra, torch.float32 if q4 else torch.int32),
     )
     strips, groups = n // FEATURES, k // BLOCK
-    check_shape("quants", weight.quants, strips, groups, 4 if q4 else 8, FEATURES, 4)
+    lanes = 4 if weight.kind is BlockType.Q4_1 else 8
+    check_shape("quants", weight.quants, strips, groups, lanes, FEATURES, 4)
     check_shape("scales", weight.scales, strips, groups, FEATURES)
+    if weight.kind is BlockType.Q5_0:
+        if weight.extra is not None:
+            raise ValueError("interleaved Q5_0 blocks have no extra")
+        return
+    if weight.extra is None:
+        raise ValueError(f"interleaved {weight.kind.value} blocks need their extra")
+    check_tensors(extra=(weight.extra, torch.int32 if q8 else torch.float32))
     check_shape("extra", weight.extra, strips, groups, FEATURES)
 
 
@@ -429,9 +466,9 @@ class Linear(nn.Linear):
     def attach(self, packed: PackedWeight | None, kernel: QuantizedLinearKernel | None) -> None:
         """Use ``packed`` for few rows; it must hold exactly this layer's weight
         where the layer keeps one. A kernel with int8 dot products also gets the
-        blocks interleaved where it has the vector code for them (AVX-512 VNNI;
-        elsewhere the portable C would be slower than the few-rows int8 kernels,
-        which then run instead)."""
+        blocks interleaved where it has the vector code for them (AVX2 or AVX-512
+        VNNI; elsewhere the portable C would be slower than the few-rows int8
+        kernels, which then run instead)."""
         shape = (self.out_features, self.in_features)
         if packed is not None:
             if packed.shape != shape:

@@ -4,29 +4,35 @@
    The file's layout (quantized_dot.h) keeps one feature's block of 32 weights
    together, so an integer dot product yields 8 partial sums of one block that must
    each be converted and scaled: ~5 instructions per row and block. Interleaved, one
-   512-bit multiply-add of unsigned by signed bytes (AVX-512 VNNI vpdpbusd), four
-   bytes of x broadcast, advances FEATURES features at once, eight of them finish a
-   block, and one conversion and two multiply-adds scale it: ~12 instructions per row
-   for FEATURES blocks. Unpacking the weights is shared by up to TILE_ROWS rows, so a
-   step of a few rows (a speculative verification) costs little more than one row;
-   prompt chunks run here too, so every row of every step gets the same arithmetic.
+   multiply-add of unsigned by signed bytes, four bytes of x broadcast, advances
+   several features at once (AVX-512 VNNI's vpdpbusd: 16; AVX2's vpmaddubsw: 8, its
+   16-bit sums added up before one vpmaddwd widens them), eight of them finish a
+   block, and one conversion and two multiply-adds scale it. Unpacking the weights is
+   shared by up to TILE_ROWS rows, so a step of a few rows (a speculative
+   verification) costs little more than one row; prompt chunks run here too, so every
+   row of every step gets the same arithmetic.
 
    Layouts (carpool/models/packed_linear.py Interleaved writes them), n a multiple of
    FEATURES, groups = k / 32, per strip of FEATURES features and block:
-   Q4_1: quants [4][FEATURES][4] uint8: byte (j, f, b) holds weight 4j + b of feature
-         f's block in its low nibble and weight 16 + 4j + b in its high nibble;
+   Q4_1: quants [4][FEATURES][4] uint8: byte (j, f, b) holds weight 4j + b of feature f's
+         block in its low nibble and weight 16 + 4j + b in its high nibble;
          extra: mins, float32 [FEATURES].
    Q8_0: quants [8][FEATURES][4] int8: byte (j, f, b) is weight 4j + b of feature f;
          extra: 128 * the sum of the block's quants, int32 [FEATURES] (vpdpbusd takes
          x + 128 as its unsigned bytes; this takes the 128s back out).
+   Q5_1, Q5_0: quants [8][FEATURES][4] uint8, Q8_0's order: the stored quants (0-31),
+         one a byte; extra: Q5_1's mins, float32 [FEATURES]; Q5_0: none (its quants'
+         16 is taken out of the integer sum as 16 * the sum of x's block's int8 steps).
    scales: float32 [FEATURES].
 
    x's rows are rounded per block of 32 to int8 steps first (quantize_rows in
-   quantized_dot.h). Each feature's result, per row, over blocks g in order:
-       acc = fma((float)(q . xq) * xscale, scale, acc)   then for Q4_1
+   quantized_dot.h), each step within [-127, 127]. Each feature's result, per row, over
+   blocks g in order:
+       acc = fma((float)(q . xq) * xscale, scale, acc)   then for Q4_1 and Q5_1
        acc = fma(xsum, min, acc)
-   with the integer dot product exact; the portable C path computes the same (fmaf),
-   so a row's result depends neither on the step's other rows nor on the threads. */
+   with the integer dot product exact (Q5_0's q - 16); the portable C path computes the
+   same (fmaf), so a row's result depends neither on the step's other rows, nor on the
+   threads, nor on the instruction set. */
 
 #ifndef CARPOOL_INTERLEAVED_H
 #define CARPOOL_INTERLEAVED_H
@@ -42,17 +48,31 @@
 #define TILE_ROWS 8
 
 typedef struct {
-    int64_t kind_q8_0;
+    int64_t kind; /* KIND_Q4_1, KIND_Q8_0, KIND_Q5_1 or KIND_Q5_0 (quantized_dot.h) */
     const void *quants;
     const float *scales;
-    const void *extra; /* Q4_1: mins (float); Q8_0: 128 * quant sums (int32) */
+    const void *extra; /* Q4_1, Q5_1: mins (float); Q8_0: 128 * quant sums (int32); Q5_0: NULL */
 } InterleavedWeight;
 
 /* bytes of one block of FEATURES features */
-static inline int64_t tile_bytes(int64_t kind_q8_0) { return FEATURES * BLOCK / (kind_q8_0 ? 1 : 2); }
+static inline int64_t tile_bytes(int64_t kind) { return FEATURES * BLOCK / (kind == KIND_Q4_1 ? 2 : 1); }
+
+static inline int interleaved_kind(int64_t kind) {
+    return kind == KIND_Q4_1 || kind == KIND_Q8_0 || kind == KIND_Q5_1 || kind == KIND_Q5_0;
+}
+
+/* The x operands of one tile: its rows' int8 steps (xq), Q8_0's xq + 128 under VNNI
+   (xu), Q5_0's sums of each block's steps (xqsums), and per block the step (xscales)
+   and the float32 sum (xsums); each [rows, k] or [rows, groups] from the tile's row. */
+typedef struct {
+    const int8_t *xq;
+    const uint8_t *xu;
+    const int32_t *xqsums;
+    const float *xscales, *xsums;
+} TileRows;
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#define INTERLEAVED_VNNI 1
+#define INTERLEAVED_VECTORIZED 2
 
 static inline __m512i broadcast4(const uint8_t *a) {
     int32_t v;
@@ -60,84 +80,179 @@ static inline __m512i broadcast4(const uint8_t *a) {
     return _mm512_set1_epi32(v);
 }
 
-/* x's rows as vpdpbusd's unsigned operand: Q4_1's weights are the unsigned bytes and
-   x the signed ones; Q8_0's signed weights take x + 128 (xu) as the unsigned ones */
-ALWAYS_INLINE void interleaved_tile(int64_t kind_q8_0, const uint8_t *q, const float *scales,
-                                    const void *extra, const int8_t *xq, const uint8_t *xu,
-                                    const float *xscales, const float *xsums, int64_t k,
+/* x's rows as vpdpbusd's unsigned operand: Q4_1's and Q5's weights are the unsigned
+   bytes and x the signed ones; Q8_0's signed weights take x + 128 (xu) as the unsigned
+   ones */
+ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const float *scales,
+                                    const void *extra, const TileRows *x, int64_t k,
                                     int64_t groups, int64_t rows, float *y, int64_t n) {
     __m512 acc[TILE_ROWS];
     for (int r = 0; r < TILE_ROWS; r++) acc[r] = _mm512_setzero_ps();
     const __m512i low = _mm512_set1_epi8(15);
-    const int64_t bytes = tile_bytes(kind_q8_0);
+    const int64_t bytes = tile_bytes(kind);
+    const int with_mins = kind == KIND_Q4_1 || kind == KIND_Q5_1;
     for (int64_t g = 0; g < groups; g++, q += bytes) {
         __m512i w[8];
-        if (kind_q8_0) {
-            for (int j = 0; j < 8; j++) w[j] = _mm512_loadu_si512((const void *)(q + 64 * j));
-        } else {
+        if (kind == KIND_Q4_1) {
             for (int j = 0; j < 4; j++) {
                 const __m512i packed = _mm512_loadu_si512((const void *)(q + 64 * j));
                 w[j] = _mm512_and_si512(packed, low);
                 w[4 + j] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
             }
+        } else {
+            for (int j = 0; j < 8; j++) w[j] = _mm512_loadu_si512((const void *)(q + 64 * j));
         }
         const __m512 scale = _mm512_loadu_ps(scales + g * FEATURES);
         for (int64_t r = 0; r < rows; r++) {
             __m512i dot;
-            if (kind_q8_0) {
-                const uint8_t *a = xu + r * k + g * BLOCK;
+            if (kind == KIND_Q8_0) {
+                const uint8_t *a = x->xu + r * k + g * BLOCK;
                 dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), broadcast4(a), w[0]);
                 for (int j = 1; j < 8; j++) dot = _mm512_dpbusd_epi32(dot, broadcast4(a + 4 * j), w[j]);
                 dot = _mm512_sub_epi32(
                     dot, _mm512_loadu_si512((const void *)((const int32_t *)extra + g * FEATURES)));
-            } else {
-                const uint8_t *a = (const uint8_t *)(xq + r * k + g * BLOCK);
+            } else if (kind == KIND_Q4_1) {
+                const uint8_t *a = (const uint8_t *)(x->xq + r * k + g * BLOCK);
                 dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], broadcast4(a));
                 for (int j = 1; j < 8; j++)
                     dot = _mm512_dpbusd_epi32(dot, w[j], broadcast4(a + 4 * (j % 4) + 16 * (j / 4)));
+            } else {
+                const uint8_t *a = (const uint8_t *)(x->xq + r * k + g * BLOCK);
+                dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], broadcast4(a));
+                for (int j = 1; j < 8; j++) dot = _mm512_dpbusd_epi32(dot, w[j], broadcast4(a + 4 * j));
+                if (kind == KIND_Q5_0)
+                    dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(16 * x->xqsums[r * groups + g]));
             }
             const __m512 part =
-                _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(xscales[r * groups + g]));
+                _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(x->xscales[r * groups + g]));
             acc[r] = _mm512_fmadd_ps(part, scale, acc[r]);
-            if (!kind_q8_0)
-                acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(xsums[r * groups + g]),
+            if (with_mins)
+                acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(x->xsums[r * groups + g]),
                                          _mm512_loadu_ps((const float *)extra + g * FEATURES),
                                          acc[r]);
         }
     }
     for (int64_t r = 0; r < rows; r++) _mm512_storeu_ps(y + r * n, acc[r]);
 }
-#else
-#define INTERLEAVED_VNNI 0
+#elif defined(__AVX2__) && defined(__FMA__)
+#define INTERLEAVED_VECTORIZED 1
 
-ALWAYS_INLINE void interleaved_tile(int64_t kind_q8_0, const uint8_t *q, const float *scales,
-                                    const void *extra, const int8_t *xq, const uint8_t *xu,
-                                    const float *xscales, const float *xsums, int64_t k,
+static inline __m256i broadcast4(const int8_t *a) {
+    int32_t v;
+    memcpy(&v, a, sizeof v);
+    return _mm256_set1_epi32(v);
+}
+
+/* The 8 features of half h: vpmaddubsw multiplies unsigned weights by signed x bytes
+   into 16-bit sums of two products, which are added up as 16-bit sums while they
+   cannot overflow (Q4_1: 8 of them, at most 8 * 2 * 15 * 127; Q5: 4, at most
+   4 * 2 * 31 * 127), then widened to 32 bits by vpmaddwd. Q8_0's signed weights
+   multiply as |w| times x with w's sign (vpsignb), at most 2 * 128 * 127 a 16-bit sum,
+   so each is widened at once. */
+ALWAYS_INLINE __m256i half_dot(int64_t kind, const __m256i *w, const __m256i *wabs,
+                               const int8_t *a) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (kind == KIND_Q8_0) {
+        __m256i dot = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            const __m256i signed_x = _mm256_sign_epi8(broadcast4(a + 4 * j), w[j]);
+            dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[j], signed_x), ones));
+        }
+        return dot;
+    }
+    if (kind == KIND_Q4_1) {
+        __m256i sum = _mm256_maddubs_epi16(w[0], broadcast4(a));
+        for (int j = 1; j < 8; j++)
+            sum = _mm256_add_epi16(
+                sum, _mm256_maddubs_epi16(w[j], broadcast4(a + 4 * (j % 4) + 16 * (j / 4))));
+        return _mm256_madd_epi16(sum, ones);
+    }
+    __m256i first = _mm256_maddubs_epi16(w[0], broadcast4(a));
+    __m256i second = _mm256_maddubs_epi16(w[4], broadcast4(a + 16));
+    for (int j = 1; j < 4; j++) {
+        first = _mm256_add_epi16(first, _mm256_maddubs_epi16(w[j], broadcast4(a + 4 * j)));
+        second = _mm256_add_epi16(second, _mm256_maddubs_epi16(w[4 + j], broadcast4(a + 16 + 4 * j)));
+    }
+    return _mm256_add_epi32(_mm256_madd_epi16(first, ones), _mm256_madd_epi16(second, ones));
+}
+
+/* Half h's weights of a block (its 8 features) are unpacked once into 8 registers
+   and then multiplied with every row's block: the sums stay in memory (acc), the
+   weights in registers. */
+ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const float *scales,
+                                    const void *extra, const TileRows *x, int64_t k,
                                     int64_t groups, int64_t rows, float *y, int64_t n) {
-    (void)xu;
-    const int64_t bytes = tile_bytes(kind_q8_0);
+    __m256 acc[TILE_ROWS][2];
+    for (int r = 0; r < TILE_ROWS; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi8(15);
+    const int64_t bytes = tile_bytes(kind);
+    const int with_mins = kind == KIND_Q4_1 || kind == KIND_Q5_1;
+    for (int64_t g = 0; g < groups; g++, q += bytes)
+        for (int h = 0; h < 2; h++) {
+            __m256i w[8], wabs[8]; /* features 8h on, bytes 4j on */
+            if (kind == KIND_Q4_1) {
+                for (int j = 0; j < 4; j++) {
+                    const __m256i packed = _mm256_loadu_si256((const __m256i *)(q + 64 * j + 32 * h));
+                    w[j] = _mm256_and_si256(packed, low);
+                    w[4 + j] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+                }
+            } else {
+                for (int j = 0; j < 8; j++)
+                    w[j] = _mm256_loadu_si256((const __m256i *)(q + 64 * j + 32 * h));
+            }
+            if (kind == KIND_Q8_0)
+                for (int j = 0; j < 8; j++) wabs[j] = _mm256_abs_epi8(w[j]);
+            const int64_t at = g * FEATURES + 8 * h;
+            const __m256 scale = _mm256_loadu_ps(scales + at);
+            for (int64_t r = 0; r < rows; r++) {
+                __m256i dot = half_dot(kind, w, wabs, x->xq + r * k + g * BLOCK);
+                if (kind == KIND_Q5_0)
+                    dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(16 * x->xqsums[r * groups + g]));
+                const __m256 part =
+                    _mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(x->xscales[r * groups + g]));
+                acc[r][h] = _mm256_fmadd_ps(part, scale, acc[r][h]);
+                if (with_mins)
+                    acc[r][h] = _mm256_fmadd_ps(_mm256_set1_ps(x->xsums[r * groups + g]),
+                                                _mm256_loadu_ps((const float *)extra + at), acc[r][h]);
+            }
+        }
+    for (int64_t r = 0; r < rows; r++) {
+        _mm256_storeu_ps(y + r * n, acc[r][0]);
+        _mm256_storeu_ps(y + r * n + 8, acc[r][1]);
+    }
+}
+#else
+#define INTERLEAVED_VECTORIZED 0
+
+ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const float *scales,
+                                    const void *extra, const TileRows *x, int64_t k,
+                                    int64_t groups, int64_t rows, float *y, int64_t n) {
+    const int64_t bytes = tile_bytes(kind);
     for (int64_t r = 0; r < rows; r++)
         for (int f = 0; f < FEATURES; f++) {
             float acc = 0.f;
             for (int64_t g = 0; g < groups; g++) {
                 const uint8_t *t = q + g * bytes;
-                const int8_t *a = xq + r * k + g * BLOCK;
+                const int8_t *a = x->xq + r * k + g * BLOCK;
                 int32_t dot = 0;
-                if (kind_q8_0) {
-                    for (int j = 0; j < 8; j++)
-                        for (int b = 0; b < 4; b++)
-                            dot += (int8_t)t[(j * FEATURES + f) * 4 + b] * a[4 * j + b];
-                } else {
+                if (kind == KIND_Q4_1) {
                     for (int j = 0; j < 4; j++)
                         for (int b = 0; b < 4; b++) {
                             const uint8_t byte = t[(j * FEATURES + f) * 4 + b];
                             dot += (byte & 15) * a[4 * j + b] + (byte >> 4) * a[16 + 4 * j + b];
                         }
+                } else {
+                    for (int j = 0; j < 8; j++)
+                        for (int b = 0; b < 4; b++) {
+                            const uint8_t byte = t[(j * FEATURES + f) * 4 + b];
+                            dot += (kind == KIND_Q8_0 ? (int8_t)byte : byte) * a[4 * j + b];
+                        }
+                    if (kind == KIND_Q5_0) dot -= 16 * x->xqsums[r * groups + g];
                 }
-                const float part = (float)dot * xscales[r * groups + g];
+                const float part = (float)dot * x->xscales[r * groups + g];
                 acc = fmaf(part, scales[g * FEATURES + f], acc);
-                if (!kind_q8_0)
-                    acc = fmaf(xsums[r * groups + g], ((const float *)extra)[g * FEATURES + f], acc);
+                if (kind == KIND_Q4_1 || kind == KIND_Q5_1)
+                    acc = fmaf(x->xsums[r * groups + g], ((const float *)extra)[g * FEATURES + f], acc);
             }
             y[r * n + f] = acc;
         }
@@ -145,54 +260,82 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind_q8_0, const uint8_t *q, const f
 #endif
 
 /* One copy per kind and row count, so the accumulators stay in registers */
-static void interleaved_rows(int64_t kind_q8_0, const uint8_t *q, const float *scales,
-                             const void *extra, const int8_t *xq, const uint8_t *xu,
-                             const float *xscales, const float *xsums, int64_t k, int64_t groups,
+static void interleaved_rows(int64_t kind, const uint8_t *q, const float *scales,
+                             const void *extra, const TileRows *x, int64_t k, int64_t groups,
                              int64_t rows, float *y, int64_t n) {
-#define CALL_Q4_1(count) \
-    interleaved_tile(0, q, scales, extra, xq, xu, xscales, xsums, k, groups, count, y, n)
-#define CALL_Q8_0(count) \
-    interleaved_tile(1, q, scales, extra, xq, xu, xscales, xsums, k, groups, count, y, n)
-    if (kind_q8_0) {
-        FOR_EACH_ROW_COUNT(CALL_Q8_0)
-    } else {
-        FOR_EACH_ROW_COUNT(CALL_Q4_1)
+#define CALL(kind_code, count) interleaved_tile(kind_code, q, scales, extra, x, k, groups, count, y, n)
+    switch (kind) {
+        case KIND_Q4_1: FOR_EACH_ROW_COUNT_WITH(CALL, KIND_Q4_1) break;
+        case KIND_Q8_0: FOR_EACH_ROW_COUNT_WITH(CALL, KIND_Q8_0) break;
+        case KIND_Q5_1: FOR_EACH_ROW_COUNT_WITH(CALL, KIND_Q5_1) break;
+        default: FOR_EACH_ROW_COUNT_WITH(CALL, KIND_Q5_0) break;
     }
-#undef CALL_Q4_1
-#undef CALL_Q8_0
+#undef CALL
+}
+
+/* The per-row operands interleaved_tile reads beside xq (see TileRows); 1 when out
+   of memory (nothing left to free then). */
+static int tile_operands(int64_t kind, const QuantizedRows *xq, int64_t rows, int64_t k,
+                         uint8_t **xu, int32_t **xqsums) {
+    const int64_t groups = k / BLOCK;
+    *xu = INTERLEAVED_VECTORIZED == 2 && kind == KIND_Q8_0 ? malloc((size_t)(rows * k)) : NULL;
+    *xqsums = kind == KIND_Q5_0 ? malloc(sizeof(int32_t) * (size_t)(rows * groups)) : NULL;
+    if ((*xu == NULL && INTERLEAVED_VECTORIZED == 2 && kind == KIND_Q8_0) ||
+        (*xqsums == NULL && kind == KIND_Q5_0)) {
+        free(*xu);
+        free(*xqsums);
+        return 1;
+    }
+    for (int64_t i = 0; *xu != NULL && i < rows * k; i++) (*xu)[i] = (uint8_t)(xq->quants[i] ^ 0x80);
+    for (int64_t b = 0; *xqsums != NULL && b < rows * groups; b++) {
+        int32_t sum = 0;
+        for (int j = 0; j < BLOCK; j++) sum += xq->quants[b * BLOCK + j];
+        (*xqsums)[b] = sum;
+    }
+    return 0;
 }
 
 /* Returns 1 when out of memory. */
 static int interleaved_linear(const InterleavedWeight *w, const float *x, float *y, int64_t rows,
                               int64_t n, int64_t k, int num_threads) {
-    const int64_t groups = k / BLOCK, strips = n / FEATURES, bytes = tile_bytes(w->kind_q8_0);
+    const int64_t groups = k / BLOCK, strips = n / FEATURES, bytes = tile_bytes(w->kind);
     QuantizedRows xq;
     if (quantize_rows(x, rows, k, 1, &xq)) return 1;
-    uint8_t *xu = w->kind_q8_0 ? malloc((size_t)(rows * k)) : NULL;
-    Share *shares = new_shares(strips, num_threads);
-    if (shares == NULL || (w->kind_q8_0 && xu == NULL)) {
+    uint8_t *xu;
+    int32_t *xqsums;
+    if (tile_operands(w->kind, &xq, rows, k, &xu, &xqsums)) {
         free_rows(&xq);
-        free(xu);
-        free(shares);
         return 1;
     }
-    for (int64_t i = 0; xu != NULL && i < rows * k; i++) xu[i] = (uint8_t)(xq.quants[i] ^ 0x80);
-    const int64_t extra_size = w->kind_q8_0 ? sizeof(int32_t) : sizeof(float);
+    Share *shares = new_shares(strips, num_threads);
+    if (shares == NULL) {
+        free_rows(&xq);
+        free(xu);
+        free(xqsums);
+        return 1;
+    }
+    const int64_t extra_size = w->kind == KIND_Q8_0 ? sizeof(int32_t) : sizeof(float);
 #pragma omp parallel num_threads(num_threads)
     {
         int victim = 0;
         for (int64_t s; (s = next_chunk(shares, num_threads, omp_get_thread_num(), &victim)) >= 0;)
-            for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS)
-                interleaved_rows(w->kind_q8_0, (const uint8_t *)w->quants + s * groups * bytes,
-                                 w->scales + s * groups * FEATURES,
-                                 (const char *)w->extra + s * groups * FEATURES * extra_size,
-                                 xq.quants + r0 * k, xu == NULL ? NULL : xu + r0 * k,
-                                 xq.scales + r0 * groups, xq.sums + r0 * groups, k, groups,
-                                 rows - r0 < TILE_ROWS ? rows - r0 : TILE_ROWS,
-                                 y + r0 * n + s * FEATURES, n);
+            for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS) {
+                const TileRows tile = {
+                    xq.quants + r0 * k, xu == NULL ? NULL : xu + r0 * k,
+                    xqsums == NULL ? NULL : xqsums + r0 * groups, xq.scales + r0 * groups,
+                    xq.sums + r0 * groups};
+                interleaved_rows(
+                    w->kind, (const uint8_t *)w->quants + s * groups * bytes,
+                    w->scales + s * groups * FEATURES,
+                    w->extra == NULL ? NULL
+                                     : (const char *)w->extra + s * groups * FEATURES * extra_size,
+                    &tile, k, groups, rows - r0 < TILE_ROWS ? rows - r0 : TILE_ROWS,
+                    y + r0 * n + s * FEATURES, n);
+            }
     }
     free_rows(&xq);
     free(xu);
+    free(xqsums);
     free(shares);
     return 0;
 }

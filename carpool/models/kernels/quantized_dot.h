@@ -727,6 +727,36 @@ static inline void quantize_block(const float *xb, int with_quants, float *sum, 
     _mm_storeu_si128((__m128i *)quants, _mm512_cvtsepi32_epi8(ia));
     _mm_storeu_si128((__m128i *)(quants + 16), _mm512_cvtsepi32_epi8(ib));
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+/* quantize_block's portable C below, vectorized: the same sum order (block_sum's), the
+   same amax (a NaN skipped, as fmaxf skips it), the same rounding */
+static inline void quantize_block(const float *xb, int with_quants, float *sum, float *step,
+                                  int8_t *quants) {
+    __m256 v[4];
+    for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(xb + 8 * i);
+    *sum = horizontal_sum(_mm256_add_ps(_mm256_add_ps(v[0], v[2]), _mm256_add_ps(v[1], v[3])));
+    if (!with_quants) return;
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 amax = _mm256_setzero_ps();
+    for (int i = 0; i < 4; i++) amax = _mm256_max_ps(_mm256_and_ps(v[i], magnitude), amax);
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    *step = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m))) / 127.f;
+    const float inverse = *step > 0.f ? 1.f / *step : 0.f;
+    const __m256 s = _mm256_set1_ps(inverse);
+    __m256i q[4];
+    for (int i = 0; i < 4; i++) {
+        const __m256 scaled = _mm256_mul_ps(v[i], s);
+        /* nearest even, as nearbyintf in the default mode; a NaN becomes 0 */
+        const __m256 rounded = _mm256_and_ps(_mm256_round_ps(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+                                             _mm256_cmp_ps(scaled, scaled, _CMP_ORD_Q));
+        q[i] = _mm256_cvtps_epi32(rounded);
+    }
+    /* the packs work within 128-bit lanes: put the 32-bit groups back in order */
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256((__m256i *)quants,
+                        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
 #else
 static inline void quantize_block(const float *xb, int with_quants, float *sum, float *step,
                                   int8_t *quants) {

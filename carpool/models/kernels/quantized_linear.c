@@ -50,14 +50,18 @@ int quantized_gemm_rows(int64_t kind, const float *x, const void *quants, const 
     return quantized_gemm(kind, x, quants, scales, mins, y, rows, n, k, num_threads);
 }
 
-/* Blocks interleaved (interleaved.h), int8 dot products, any number of rows; n must
-   be a multiple of 16 (the caller checks). */
-int interleaved_int8_linear(int64_t kind_q8_0, const float *x, const void *quants,
+/* Blocks interleaved (interleaved.h), int8 dot products, any number of rows; kind as
+   quantized_linear's (Q4_1, Q8_0, Q5_1 or Q5_0: 2 is refused), n a multiple of 16 and
+   the layouts interleaved.h's (the caller checks). Returns 1 when out of memory, 2 for
+   another kind. */
+int interleaved_int8_linear(int64_t kind, const float *x, const void *quants,
                             const float *scales, const void *extra, float *y, int64_t rows,
                             int64_t n, int64_t k, int num_threads) {
-    const InterleavedWeight w = {kind_q8_0, quants, scales, extra};
+    if (!interleaved_kind(kind)) return 2;
+    const InterleavedWeight w = {kind, quants, scales, extra};
     return interleaved_linear(&w, x, y, rows, n, k, num_threads);
 }
 
-/* 1 when the interleaved kernel was built with AVX-512 VNNI, 0 for its portable C. */
-int64_t interleaved_vectorized(void) { return INTERLEAVED_VNNI; }
+/* How the interleaved kernel was built: 2 with AVX-512 VNNI, 1 with AVX2, 0 its
+   portable C. */
+int64_t interleaved_vectorized(void) { return INTERLEAVED_VECTORIZED; }

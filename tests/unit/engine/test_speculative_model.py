@@ -55,7 +55,7 @@ def test_greedy_speculation_keeps_the_tokens_with_int8_dot_products(
     """Not exact arithmetic, but the same for a row whatever its step: a verified
     row gets the bits its decode would (last bits there can move an int8 rounding)."""
     if not quantized_linear_kernel(int8_dots=True).interleaved_vectorized:
-        pytest.skip("no AVX-512 VNNI: int8 runs the few-rows kernels, not batch invariant")
+        pytest.skip("no AVX2: int8 runs the few-rows kernels, not batch invariant")
     int8 = load_causal_lm(smollm_folder, progress=False, weight_kernel="native-int8")
     check_greedy_identity(int8, "auto")
 

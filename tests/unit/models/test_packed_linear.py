@@ -40,7 +40,7 @@ KINDS = {
 # Each layout the kernels read; Q8_16 (Q6_K's, and a mixed fused projection's) with
 # and without mins.
 LAYOUTS = ["Q4_1", "Q8_0", "Q5_1", "Q5_0", "Q8_16", "Q8_16+mins"]
-INTERLEAVED = ["Q4_1", "Q8_0"]  # Q8_16 has no interleaved kernel
+INTERLEAVED = ["Q4_1", "Q8_0", "Q5_1", "Q5_0"]  # Q8_16 has no interleaved kernel
 
 
 def gguf_weight(
@@ -227,7 +227,7 @@ def rounded_rows_product(x: torch.Tensor, packed: PackedWeight) -> torch.Tensor:
 )
 def test_int8_dots_are_integer_products_of_the_rounded_rows(kind: str, n: int, rows: int) -> None:
     """70 features are not interleaved: steps of up to 8 rows run the few-rows int8
-    kernel; 80 are (Q4_1, Q8_0): every row count runs the interleaved kernel. The same
+    kernel; 80 are (Q4_1, Q8_0, Q5_1, Q5_0): every row count runs the interleaved kernel. The same
     arithmetic, up to the order of float32 sums."""
     if kind not in INTERLEAVED and rows > 8:
         pytest.skip(f"{kind} is not interleaved: more than 8 rows stay exact")
