@@ -126,18 +126,24 @@ def _function() -> Any:
     return function
 
 
-def _matrix(linear: Linear) -> _Matrix:
+def _matrix(linear: Linear, int8_dots: bool) -> _Matrix:
+    """``linear``'s blocks for the C side: the file's layout, its interleaved copy or
+    both; a layer that kept only the interleaved copy runs on int8 dot products."""
     packed, interleaved = linear.packed, linear.interleaved
-    assert packed is not None
-    QuantizedLinearKernel.check_blocks(packed)
-    n, k = packed.shape
     if interleaved is not None:
         check_interleaved(interleaved)
+    if packed is None:
+        if interleaved is None or not int8_dots:
+            raise ValueError("a layer with only interleaved blocks needs int8 dot products")
+        kind, (n, k) = interleaved.kind, interleaved.shape
+    else:
+        QuantizedLinearKernel.check_blocks(packed)
+        kind, (n, k) = packed.kind, packed.shape
     return _Matrix(
-        KIND_CODES[packed.kind],
-        packed.quants.data_ptr(),
-        packed.scales.data_ptr(),
-        None if packed.mins is None else packed.mins.data_ptr(),
+        KIND_CODES[kind],
+        None if packed is None else packed.quants.data_ptr(),
+        None if packed is None else packed.scales.data_ptr(),
+        None if packed is None or packed.mins is None else packed.mins.data_ptr(),
         None if linear.bias is None else linear.bias.detach().data_ptr(),
         n,
         k,
@@ -246,10 +252,10 @@ class LlamaStack:
             slot.mlp_out_norm = _pointer(layer.mlp_out_norm)
             slot.window = layer.window or 0
             slot.local_rope = layer.local_rope
-            slot.qkv = _matrix(layer.qkv)
-            slot.o = _matrix(layer.o)
-            slot.gate_up = _matrix(layer.gate_up)
-            slot.down = _matrix(layer.down)
+            slot.qkv = _matrix(layer.qkv, int8_dots)
+            slot.o = _matrix(layer.o, int8_dots)
+            slot.gate_up = _matrix(layer.gate_up, int8_dots)
+            slot.down = _matrix(layer.down, int8_dots)
         self._dims = _Dims(
             shape.hidden_size,
             shape.num_heads,
@@ -273,7 +279,7 @@ class LlamaStack:
     @staticmethod
     def usable(layers: Sequence[LayerWeights]) -> bool:
         """Whether every layer's linear layers have their blocks."""
-        return all(linear.packed is not None for layer in layers for linear in layer.linears)
+        return all(linear.has_blocks for layer in layers for linear in layer.linears)
 
     @staticmethod
     def applies(x: torch.Tensor, meta: AttentionMetadata) -> bool:

@@ -312,20 +312,25 @@ class QuantizedLinearKernel:
     def __call__(
         self,
         x: torch.Tensor,
-        weight: PackedWeight,
+        weight: PackedWeight | None,
         interleaved: Interleaved | None = None,
     ) -> torch.Tensor:
-        """``interleaved``: ``weight``'s interleaved copy, which int8 dot products
-        use for any number of rows."""
-        n, k = weight.shape
-        x = x.contiguous()
-        if x.dim() != 2 or x.shape[1] != k:
-            raise ValueError(f"x must be [rows, {k}], got {list(x.shape)}")
-        check_tensors(x=(x, torch.float32), scales=(weight.scales, torch.float32))
+        """``weight`` in the file's layout and/or ``interleaved``, its interleaved
+        copy, which int8 dot products use for any number of rows (a layer that keeps
+        only that copy needs them)."""
         if self.int8_dots and interleaved is not None:
-            if interleaved.shape != weight.shape or interleaved.kind is not weight.kind:
+            if weight is not None and (
+                interleaved.shape != weight.shape or interleaved.kind is not weight.kind
+            ):
                 raise ValueError("the interleaved blocks are not this weight's")
-            return self._run_interleaved(x, interleaved)
+            return self._run_interleaved(_rows_of(x, interleaved.shape[1]), interleaved)
+        if weight is None:
+            raise ValueError(
+                "without int8 dot products on interleaved blocks, the file's are needed"
+            )
+        n, k = weight.shape
+        x = _rows_of(x, k)
+        check_tensors(scales=(weight.scales, torch.float32))
         self.check_blocks(weight)
         y = torch.empty(x.shape[0], n, dtype=torch.float32)
         threads = torch.get_num_threads()
@@ -413,6 +418,15 @@ class QuantizedLinearKernel:
             check_shape("mins", weight.mins, n, k // per_scale)
 
 
+def _rows_of(x: torch.Tensor, k: int) -> torch.Tensor:
+    """``x`` as the kernels read it: float32 rows [m, k], contiguous."""
+    x = x.contiguous()
+    if x.dim() != 2 or x.shape[1] != k:
+        raise ValueError(f"x must be [rows, {k}], got {list(x.shape)}")
+    check_tensors(x=(x, torch.float32))
+    return x
+
+
 def check_interleaved(weight: Interleaved) -> None:
     """Raise ValueError unless ``weight`` is laid out as the C side reads it."""
     n, k = weight.shape
@@ -468,7 +482,8 @@ class Linear(nn.Linear):
         where the layer keeps one. A kernel with int8 dot products also gets the
         blocks interleaved where it has the vector code for them (AVX2 or AVX-512
         VNNI; elsewhere the portable C would be slower than the few-rows int8
-        kernels, which then run instead)."""
+        kernels, which then run instead); a layer without a float32 weight then
+        keeps the interleaved copy alone (``packed`` None)."""
         shape = (self.out_features, self.in_features)
         if packed is not None:
             if packed.shape != shape:
@@ -480,10 +495,19 @@ class Linear(nn.Linear):
         self.packed, self.kernel = packed, kernel
         interleave = kernel is not None and kernel.int8_dots and kernel.interleaved_vectorized
         self.interleaved = Interleaved.of(packed) if interleave and packed is not None else None
+        if self.interleaved is not None and not self.weight.numel():
+            # the interleaved copy holds the same weights (``deinterleave``) and runs
+            # every row: the file's layout would only double their memory
+            self.packed = None
+
+    @property
+    def has_blocks(self) -> bool:
+        """Whether blocks hold this layer's weight (the file's or interleaved)."""
+        return self.packed is not None or self.interleaved is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (
-            self.packed is not None
+            self.has_blocks
             and self.kernel is not None
             and x.dim() == 2
             and (

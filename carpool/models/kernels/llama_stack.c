@@ -36,6 +36,8 @@
 
 typedef struct {
     int64_t kind; /* KIND_Q4_1, KIND_Q8_0, KIND_Q8_16, KIND_Q5_1 or KIND_Q5_0 (quantized_dot.h) */
+    /* the file's layout; NULL where the interleaved blocks alone hold the weights
+       (then Dims.int8_dots is 1: the caller checks) */
     const void *quants;
     const float *scales;
     const float *mins; /* Q4_1's; Q8_16's where it has them; else NULL */

@@ -193,3 +193,32 @@ def test_a_k_quant_model_runs_on_its_blocks_with_its_float32_tokens(
     assert generate(native, prompts, 16, max_num_batched_tokens=32) == expected
     native.model.stack = None  # layer by layer: the few-rows kernels and the strips
     assert generate(native, prompts, 16, max_num_batched_tokens=32) == expected
+
+
+def test_int8_dots_keep_each_interleaved_matrix_once_and_run_it_fused(
+    tmp_path: Path, smollm_folder: Path
+) -> None:
+    """With ``native-int8`` on a CPU with the interleaved kernel's vector code, a
+    matrix of an interleaved layout keeps that copy alone (not the file's beside it),
+    Q8_16 keeps the file's; the fused stack, which then has no file-layout pointer
+    for those matrices, gives the tokens layer-by-layer steps give."""
+    folder = k_quant_model(tmp_path / "k", smollm_folder)
+    int8 = load_causal_lm(folder, progress=False, weight_kernel="native-int8")
+    kernel = int8.model.lm_head.kernel
+    if kernel is None or not kernel.interleaved_vectorized:
+        pytest.skip("no AVX2: int8 dot products run on the file's blocks")
+    kinds = set()
+    for layer in int8.model.layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        for linear in (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj):
+            assert linear.has_blocks and (linear.packed is None or linear.interleaved is None)
+            held = linear.interleaved or linear.packed
+            assert (linear.interleaved is None) == (held.kind is BlockType.Q8_16)
+            kinds.add(held.kind)
+    assert kinds == set(BlockType)  # every layout, Q8_16 on the file's blocks
+    assert int8.model.stack is not None
+    rng = random.Random(8)
+    prompts = [[rng.randrange(3, tiny_models.VOCAB) for _ in range(n)] for n in (1, 9, 60)]
+    fused = generate(int8, prompts, 16, max_num_batched_tokens=32)
+    int8.model.stack = None
+    assert generate(int8, prompts, 16, max_num_batched_tokens=32) == fused
