@@ -182,11 +182,11 @@ class Interleaved:
     """A weight's blocks interleaved ``FEATURES`` output features at a time, for
     ``--weight-kernel native-int8`` (``kernels/interleaved.h`` has the layouts): the
     file's quants and scales in the order that lets one vector instruction advance
-    several features' dot products. Q5_1's and Q5_0's quants are one a byte (0-31)."""
+    several features' dot products."""
 
     kind: BlockType
-    # Q4_1: [n/16, k/32, 4, 16, 4] uint8; Q8_0: [n/16, k/32, 8, 16, 4] int8; Q5_*: as
-    # Q8_0's, uint8
+    # [n/16, k/32, lanes, 16, 4]: 4 bytes of each of 16 features per lane; Q4_1: 4 lanes
+    # of nibbles, uint8; Q5_*: those 4 and a lane of fifth bits, uint8; Q8_0: 8, int8
     quants: torch.Tensor
     scales: torch.Tensor  # [n/16, k/32, 16] float32
     # Q4_1, Q5_1: the mins, like scales; Q8_0: 128 * each block's quant sum, int32; Q5_0: None
@@ -202,8 +202,10 @@ class Interleaved:
         if n % FEATURES or packed.kind not in INTERLEAVED_KINDS:
             return None
         strips, groups = n // FEATURES, k // BLOCK
-        lanes = 4 if packed.kind is BlockType.Q4_1 else 8  # 32-bit lanes a feature's block fills
-        quants = packed.integer_quants() if packed.kind in FIVE_BITS else packed.quants
+        quants = packed.quants
+        if packed.kind in FIVE_BITS:
+            quants = torch.cat([quants[..., :16], fifth_bit_lane(packed.integer_quants())], -1)
+        lanes = interleaved_lanes(packed.kind)
         # a feature's 4 bytes at a time (one 32-bit lane), the 16 features side by side
         quants = quants.view(strips, FEATURES, groups, lanes, 4).permute(0, 2, 3, 1, 4)
 
@@ -228,10 +230,28 @@ class Interleaved:
 
         quants = self.quants.permute(0, 3, 1, 2, 4).reshape(n, groups, -1)
         if self.kind in FIVE_BITS:
-            quants = five_bit_blocks(quants)
+            nibbles, lane = quants[..., :16], quants[..., 16:].to(torch.int64)
+            # byte b's bit j is weight 4j + b's fifth bit
+            fifth = ((lane[..., None, :] >> torch.arange(8)[:, None]) & 1).reshape(n, groups, 32)
+            q = torch.cat([nibbles & 15, nibbles >> 4], -1) | (fifth << 4).to(torch.uint8)
+            quants = five_bit_blocks(q)
         with_mins = self.kind in (BlockType.Q4_1, BlockType.Q5_1)
         mins = by_feature(self.extra) if with_mins and self.extra is not None else None
         return PackedWeight(self.kind, quants, by_feature(self.scales), mins)
+
+
+def interleaved_lanes(kind: BlockType) -> int:
+    """The 32-bit lanes a feature's interleaved block fills (Q4_1: four of nibbles;
+    Q5_*: those and one of fifth bits; Q8_0: eight of bytes)."""
+    return {BlockType.Q4_1: 4, BlockType.Q5_1: 5, BlockType.Q5_0: 5, BlockType.Q8_0: 8}[kind]
+
+
+def fifth_bit_lane(quants: torch.Tensor) -> torch.Tensor:
+    """Quants 0-31 one a byte, [n, k/32, 32], to the interleaved Q5 layout's lane of
+    fifth bits, [n, k/32, 4] uint8: byte b's bit j is weight 4j + b's fifth bit (the
+    weight that nibble lane j's byte b holds: j < 4 low nibbles, then high ones)."""
+    fifth = ((quants >> 4) & 1).to(torch.int64).view(*quants.shape[:-1], 8, 4)
+    return (fifth << torch.arange(8)[:, None]).sum(-2).to(torch.uint8)
 
 
 def five_bit_blocks(quants: torch.Tensor) -> torch.Tensor:
@@ -440,7 +460,7 @@ def check_interleaved(weight: Interleaved) -> None:
         scales=(weight.scales, torch.float32),
     )
     strips, groups = n // FEATURES, k // BLOCK
-    lanes = 4 if weight.kind is BlockType.Q4_1 else 8
+    lanes = interleaved_lanes(weight.kind)
     check_shape("quants", weight.quants, strips, groups, lanes, FEATURES, 4)
     check_shape("scales", weight.scales, strips, groups, FEATURES)
     if weight.kind is BlockType.Q5_0:

@@ -20,9 +20,12 @@
    Q8_0: quants [8][FEATURES][4] int8: byte (j, f, b) is weight 4j + b of feature f;
          extra: 128 * the sum of the block's quants, int32 [FEATURES] (vpdpbusd takes
          x + 128 as its unsigned bytes; this takes the 128s back out).
-   Q5_1, Q5_0: quants [8][FEATURES][4] uint8, Q8_0's order: the stored quants (0-31),
-         one a byte; extra: Q5_1's mins, float32 [FEATURES]; Q5_0: none (its quants'
-         16 is taken out of the integer sum as 16 * the sum of x's block's int8 steps).
+   Q5_1, Q5_0: quants [5][FEATURES][4] uint8: lanes 0-3 Q4_1's nibbles of the low four
+         bits, then lane 4: byte (f, b)'s bit j is the fifth bit of weight 4j + b (the
+         weight nibble lane j holds at byte b: j < 4 low nibbles, then high ones), so
+         shifting that bit to bit 4 and or-ing it in gives lane j's quants (0-31);
+         extra: Q5_1's mins, float32 [FEATURES]; Q5_0: none (its quants' 16 is taken
+         out of the integer sum as 16 * the sum of x's block's int8 steps).
    scales: float32 [FEATURES].
 
    x's rows are rounded per block of 32 to int8 steps first (quantize_rows in
@@ -54,8 +57,12 @@ typedef struct {
     const void *extra; /* Q4_1, Q5_1: mins (float); Q8_0: 128 * quant sums (int32); Q5_0: NULL */
 } InterleavedWeight;
 
-/* bytes of one block of FEATURES features */
-static inline int64_t tile_bytes(int64_t kind) { return FEATURES * BLOCK / (kind == KIND_Q4_1 ? 2 : 1); }
+/* 32-bit lanes of one feature's block (4 bytes each), and bytes of one block of
+   FEATURES features */
+static inline int64_t tile_lanes(int64_t kind) {
+    return kind == KIND_Q4_1 ? 4 : kind == KIND_Q8_0 ? 8 : 5;
+}
+static inline int64_t tile_bytes(int64_t kind) { return FEATURES * 4 * tile_lanes(kind); }
 
 static inline int interleaved_kind(int64_t kind) {
     return kind == KIND_Q4_1 || kind == KIND_Q8_0 || kind == KIND_Q5_1 || kind == KIND_Q5_0;
@@ -93,14 +100,25 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const float 
     const int with_mins = kind == KIND_Q4_1 || kind == KIND_Q5_1;
     for (int64_t g = 0; g < groups; g++, q += bytes) {
         __m512i w[8];
-        if (kind == KIND_Q4_1) {
+        if (kind == KIND_Q8_0) {
+            for (int j = 0; j < 8; j++) w[j] = _mm512_loadu_si512((const void *)(q + 64 * j));
+        } else {
             for (int j = 0; j < 4; j++) {
                 const __m512i packed = _mm512_loadu_si512((const void *)(q + 64 * j));
                 w[j] = _mm512_and_si512(packed, low);
                 w[4 + j] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
             }
-        } else {
-            for (int j = 0; j < 8; j++) w[j] = _mm512_loadu_si512((const void *)(q + 64 * j));
+            if (kind != KIND_Q4_1) {
+                const __m512i fifth = _mm512_loadu_si512((const void *)(q + 256));
+                for (int j = 0; j < 8; j++) {
+                    /* bit j of each byte to bit 4: the 16-bit shifts move no bit across
+                       a byte, since only bit j is left in each */
+                    const __m512i bit = _mm512_and_si512(fifth, _mm512_set1_epi8((char)(1 << j)));
+                    const __m512i sixteen = j < 4 ? _mm512_slli_epi16(bit, 4 - j)
+                                                  : _mm512_srli_epi16(bit, j - 4);
+                    w[j] = _mm512_or_si512(w[j], sixteen);
+                }
+            }
         }
         const __m512 scale = _mm512_loadu_ps(scales + g * FEATURES);
         for (int64_t r = 0; r < rows; r++) {
@@ -190,15 +208,25 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const float 
     for (int64_t g = 0; g < groups; g++, q += bytes)
         for (int h = 0; h < 2; h++) {
             __m256i w[8], wabs[8]; /* features 8h on, bytes 4j on */
-            if (kind == KIND_Q4_1) {
+            if (kind == KIND_Q8_0) {
+                for (int j = 0; j < 8; j++)
+                    w[j] = _mm256_loadu_si256((const __m256i *)(q + 64 * j + 32 * h));
+            } else {
                 for (int j = 0; j < 4; j++) {
                     const __m256i packed = _mm256_loadu_si256((const __m256i *)(q + 64 * j + 32 * h));
                     w[j] = _mm256_and_si256(packed, low);
                     w[4 + j] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
                 }
-            } else {
-                for (int j = 0; j < 8; j++)
-                    w[j] = _mm256_loadu_si256((const __m256i *)(q + 64 * j + 32 * h));
+                if (kind != KIND_Q4_1) {
+                    const __m256i fifth = _mm256_loadu_si256((const __m256i *)(q + 256 + 32 * h));
+                    for (int j = 0; j < 8; j++) {
+                        /* bit j of each byte to bit 4 (see the AVX-512 code) */
+                        const __m256i bit = _mm256_and_si256(fifth, _mm256_set1_epi8((char)(1 << j)));
+                        const __m256i sixteen = j < 4 ? _mm256_slli_epi16(bit, 4 - j)
+                                                      : _mm256_srli_epi16(bit, j - 4);
+                        w[j] = _mm256_or_si256(w[j], sixteen);
+                    }
+                }
             }
             if (kind == KIND_Q8_0)
                 for (int j = 0; j < 8; j++) wabs[j] = _mm256_abs_epi8(w[j]);
@@ -235,17 +263,19 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const float 
                 const uint8_t *t = q + g * bytes;
                 const int8_t *a = x->xq + r * k + g * BLOCK;
                 int32_t dot = 0;
-                if (kind == KIND_Q4_1) {
+                if (kind == KIND_Q8_0) {
+                    for (int j = 0; j < 8; j++)
+                        for (int b = 0; b < 4; b++)
+                            dot += (int8_t)t[(j * FEATURES + f) * 4 + b] * a[4 * j + b];
+                } else {
                     for (int j = 0; j < 4; j++)
                         for (int b = 0; b < 4; b++) {
                             const uint8_t byte = t[(j * FEATURES + f) * 4 + b];
-                            dot += (byte & 15) * a[4 * j + b] + (byte >> 4) * a[16 + 4 * j + b];
-                        }
-                } else {
-                    for (int j = 0; j < 8; j++)
-                        for (int b = 0; b < 4; b++) {
-                            const uint8_t byte = t[(j * FEATURES + f) * 4 + b];
-                            dot += (kind == KIND_Q8_0 ? (int8_t)byte : byte) * a[4 * j + b];
+                            /* Q5: the fifth bits of weights 4j + b and 16 + 4j + b */
+                            const uint8_t fifth = kind == KIND_Q4_1 ? 0 : t[(4 * FEATURES + f) * 4 + b];
+                            const int low = (byte & 15) | ((fifth >> j) & 1) << 4;
+                            const int high = (byte >> 4) | ((fifth >> (4 + j)) & 1) << 4;
+                            dot += low * a[4 * j + b] + high * a[16 + 4 * j + b];
                         }
                     if (kind == KIND_Q5_0) dot -= 16 * x->xqsums[r * groups + g];
                 }
