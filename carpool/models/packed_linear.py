@@ -204,7 +204,7 @@ class Interleaved:
         strips, groups = n // FEATURES, k // BLOCK
         quants = packed.quants
         if packed.kind in FIVE_BITS:
-            quants = torch.cat([quants[..., :16], fifth_bit_lane(packed.integer_quants())], -1)
+            quants = torch.cat([quants[..., :16], fifth_bit_lane(quants[..., 16:])], -1)
         lanes = interleaved_lanes(packed.kind)
         # a feature's 4 bytes at a time (one 32-bit lane), the 16 features side by side
         quants = quants.view(strips, FEATURES, groups, lanes, 4).permute(0, 2, 3, 1, 4)
@@ -246,12 +246,20 @@ def interleaved_lanes(kind: BlockType) -> int:
     return {BlockType.Q4_1: 4, BlockType.Q5_1: 5, BlockType.Q5_0: 5, BlockType.Q8_0: 8}[kind]
 
 
-def fifth_bit_lane(quants: torch.Tensor) -> torch.Tensor:
-    """Quants 0-31 one a byte, [n, k/32, 32], to the interleaved Q5 layout's lane of
-    fifth bits, [n, k/32, 4] uint8: byte b's bit j is weight 4j + b's fifth bit (the
-    weight that nibble lane j's byte b holds: j < 4 low nibbles, then high ones)."""
-    fifth = ((quants >> 4) & 1).to(torch.int64).view(*quants.shape[:-1], 8, 4)
-    return (fifth << torch.arange(8)[:, None]).sum(-2).to(torch.uint8)
+def fifth_bit_lane(word: torch.Tensor) -> torch.Tensor:
+    """A Q5 block's fifth bits as its 4 little-endian bytes ([..., 4] uint8: bit i
+    of the word is weight i's) to the interleaved Q5 layout's lane, [..., 4] uint8:
+    byte b's bit j is weight 4j + b's fifth bit (the weight that nibble lane j's byte
+    b holds: j < 4 low nibbles, then high ones). Weight 8m + t's bit is bit t of
+    word byte m, so it goes to byte t % 4, bit 2m + t // 4; in uint8 throughout (a
+    wider temporary per weight would be several times the model's size)."""
+    lane = torch.zeros_like(word)
+    b = torch.arange(4, dtype=torch.uint8)
+    for m in range(4):
+        for half in range(2):
+            bits = (word[..., m, None] >> (b + 4 * half)) & 1
+            lane |= bits << (2 * m + half)
+    return lane
 
 
 def five_bit_blocks(quants: torch.Tensor) -> torch.Tensor:
