@@ -420,6 +420,8 @@ class QuantizedLinearKernel:
             *weight.shape,
             torch.get_num_threads(),
         )
+        if failed == 2:
+            raise ValueError(f"{weight.kind.value} blocks have no interleaved kernel")
         if failed:
             raise MemoryError("quantized linear could not allocate its rounded rows")
         return y
