@@ -61,17 +61,17 @@ def to_packed(kind: GGMLQuantizationType, raw: np.ndarray) -> PackedWeight | Non
     if kind is T.Q5_0:
         blocks = raw.reshape(n, -1, 22)
         quants = _unit_quants(kind, blocks, [(0, ONE)]) + 16
-        return _q5(BlockType.Q5_0, quants, n, _f16(blocks[..., 0:2]), None)
+        return q5_blocks(BlockType.Q5_0, quants, n, _f16(blocks[..., 0:2]), None)
     if kind is T.Q5_1:
         blocks = raw.reshape(n, -1, 24)
         quants = _unit_quants(kind, blocks, [(0, ONE), (2, np.zeros(2, np.uint8))])
-        return _q5(BlockType.Q5_1, quants, n, _f16(blocks[..., 0:2]), _f16(blocks[..., 2:4]))
+        return q5_blocks(BlockType.Q5_1, quants, n, _f16(blocks[..., 0:2]), _f16(blocks[..., 2:4]))
     if kind is T.Q5_K:
         blocks = raw.reshape(n, -1, 176)
         unit = [(0, ONE), (2, np.zeros(2, np.uint8)), (4, _UNIT_K_SCALES)]
         quants = _unit_quants(kind, blocks, unit)
         scales, mins = _k_scales(blocks)
-        return _q5(BlockType.Q5_1, quants, n, scales, mins)
+        return q5_blocks(BlockType.Q5_1, quants, n, scales, mins)
     if kind is T.Q6_K:
         blocks = raw.reshape(n, -1, 210)
         quants = _unit_quants(kind, blocks, [(192, np.ones(16, np.uint8)), (208, ONE)])
@@ -112,7 +112,7 @@ def _q8_16(quants: np.ndarray, n: int, scales: np.ndarray, mins: np.ndarray | No
     )
 
 
-def _q5(
+def q5_blocks(
     kind: BlockType, quants: np.ndarray, n: int, scales: np.ndarray, mins: np.ndarray | None
 ) -> PackedWeight:
     """``quants`` [n, k] (0-31 as float) into Q5_1 or Q5_0 blocks: weights j and j +

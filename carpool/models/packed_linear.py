@@ -229,14 +229,22 @@ class Interleaved:
             return t.permute(0, 2, 1).reshape(n, groups)
 
         quants = self.quants.permute(0, 3, 1, 2, 4).reshape(n, groups, -1)
+        with_mins = self.kind in (BlockType.Q4_1, BlockType.Q5_1)
+        mins = by_feature(self.extra) if with_mins and self.extra is not None else None
         if self.kind in FIVE_BITS:
+            from carpool.models.gguf_blocks import q5_blocks  # it imports this module
+
             nibbles, lane = quants[..., :16], quants[..., 16:].to(torch.int64)
             # byte b's bit j is weight 4j + b's fifth bit
             fifth = ((lane[..., None, :] >> torch.arange(8)[:, None]) & 1).reshape(n, groups, 32)
             q = torch.cat([nibbles & 15, nibbles >> 4], -1) | (fifth << 4).to(torch.uint8)
-            quants = five_bit_blocks(q)
-        with_mins = self.kind in (BlockType.Q4_1, BlockType.Q5_1)
-        mins = by_feature(self.extra) if with_mins and self.extra is not None else None
+            return q5_blocks(
+                self.kind,
+                q.reshape(n, k).numpy(),
+                n,
+                by_feature(self.scales).numpy(),
+                None if mins is None else mins.numpy(),
+            )
         return PackedWeight(self.kind, quants, by_feature(self.scales), mins)
 
 
@@ -260,16 +268,6 @@ def fifth_bit_lane(word: torch.Tensor) -> torch.Tensor:
             bits = (word[..., m, None] >> (b + 4 * half)) & 1
             lane |= bits << (2 * m + half)
     return lane
-
-
-def five_bit_blocks(quants: torch.Tensor) -> torch.Tensor:
-    """Quants 0-31 one a byte, [n, k/32, 32] uint8, in Q5_1's and Q5_0's 20-byte
-    blocks (``PackedWeight.integer_quants`` undone)."""
-    nibbles = (quants[..., :16] & 15) | ((quants[..., 16:] & 15) << 4)
-    fifth = ((quants >> 4) & 1).to(torch.int64) << torch.arange(32)
-    word = fifth.sum(-1)
-    bits = torch.stack([(word >> (8 * i)) & 255 for i in range(4)], dim=-1).to(torch.uint8)
-    return torch.cat([nibbles, bits], dim=-1)
 
 
 def save_packed(weights: dict[str, PackedWeight], path: Path) -> None:

@@ -129,12 +129,7 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const float 
                 for (int j = 1; j < 8; j++) dot = _mm512_dpbusd_epi32(dot, broadcast4(a + 4 * j), w[j]);
                 dot = _mm512_sub_epi32(
                     dot, _mm512_loadu_si512((const void *)((const int32_t *)extra + g * FEATURES)));
-            } else if (kind == KIND_Q4_1) {
-                const uint8_t *a = (const uint8_t *)(x->xq + r * k + g * BLOCK);
-                dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], broadcast4(a));
-                for (int j = 1; j < 8; j++)
-                    dot = _mm512_dpbusd_epi32(dot, w[j], broadcast4(a + 4 * (j % 4) + 16 * (j / 4)));
-            } else {
+            } else { /* Q4_1, Q5: w[j] holds weights 4j + b, unsigned */
                 const uint8_t *a = (const uint8_t *)(x->xq + r * k + g * BLOCK);
                 dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], broadcast4(a));
                 for (int j = 1; j < 8; j++) dot = _mm512_dpbusd_epi32(dot, w[j], broadcast4(a + 4 * j));
@@ -178,11 +173,10 @@ ALWAYS_INLINE __m256i half_dot(int64_t kind, const __m256i *w, const __m256i *wa
         }
         return dot;
     }
-    if (kind == KIND_Q4_1) {
+    if (kind == KIND_Q4_1) { /* w[j] holds weights 4j + b, as Q5's */
         __m256i sum = _mm256_maddubs_epi16(w[0], broadcast4(a));
         for (int j = 1; j < 8; j++)
-            sum = _mm256_add_epi16(
-                sum, _mm256_maddubs_epi16(w[j], broadcast4(a + 4 * (j % 4) + 16 * (j / 4))));
+            sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(w[j], broadcast4(a + 4 * j)));
         return _mm256_madd_epi16(sum, ones);
     }
     __m256i first = _mm256_maddubs_epi16(w[0], broadcast4(a));
@@ -308,10 +302,11 @@ static void interleaved_rows(int64_t kind, const uint8_t *q, const float *scales
 static int tile_operands(int64_t kind, const QuantizedRows *xq, int64_t rows, int64_t k,
                          uint8_t **xu, int32_t **xqsums) {
     const int64_t groups = k / BLOCK;
-    *xu = INTERLEAVED_VECTORIZED == 2 && kind == KIND_Q8_0 ? malloc((size_t)(rows * k)) : NULL;
-    *xqsums = kind == KIND_Q5_0 ? malloc(sizeof(int32_t) * (size_t)(rows * groups)) : NULL;
-    if ((*xu == NULL && INTERLEAVED_VECTORIZED == 2 && kind == KIND_Q8_0) ||
-        (*xqsums == NULL && kind == KIND_Q5_0)) {
+    const int with_xu = INTERLEAVED_VECTORIZED == 2 && kind == KIND_Q8_0;
+    const int with_xqsums = kind == KIND_Q5_0;
+    *xu = with_xu ? malloc((size_t)(rows * k)) : NULL;
+    *xqsums = with_xqsums ? malloc(sizeof(int32_t) * (size_t)(rows * groups)) : NULL;
+    if ((with_xu && *xu == NULL) || (with_xqsums && *xqsums == NULL)) {
         free(*xu);
         free(*xqsums);
         return 1;
