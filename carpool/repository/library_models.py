@@ -101,12 +101,37 @@ def _torch_device(device: str) -> Any:
     return device if device.startswith("cuda") else "cpu"
 
 
+def _prepared_once(model: Any) -> Any:
+    """``model`` (a sentence-transformers model) with its per-call preparation done
+    once. Its ``predict`` and ``encode`` put it in eval mode and check every parameter's
+    device on each call (``eval``, ``_resolve_inference_device``): two walks of the
+    module tree, 1.6 ms of a 26 ms one-pair MiniLM-sized CrossEncoder call here (0.74 and
+    0.83 ms, warm), more than the server's own work on a request. carpool never trains,
+    moves or asks another device of a served model, so both are done here once and are
+    no-ops on this instance from then on; a library version without them (before 5.0)
+    is left as it is."""
+    resolve = getattr(model, "_resolve_inference_device", None)
+    if not callable(resolve) or not callable(getattr(model, "eval", None)):
+        return model
+    model.eval()
+    device = resolve(None)
+    model._resolve_inference_device = lambda requested: device
+    model.eval = _already_in_eval_mode
+    return model
+
+
+def _already_in_eval_mode() -> None:
+    """What ``eval`` does on a model ``_prepared_once`` has prepared: nothing."""
+
+
 class SentenceTransformerBackend:
     """Embeddings from a sentence-transformers model folder."""
 
     def __init__(self, spec: ModelSpec, instance: int, device: str) -> None:
         library = _require("sentence_transformers", "sentence_transformer")
-        self.model = library.SentenceTransformer(spec.source.path, device=_torch_device(device))
+        self.model = _prepared_once(
+            library.SentenceTransformer(spec.source.path, device=_torch_device(device))
+        )
         self.normalize = bool(spec.source.options.get("normalize", False))
 
     def execute(self, payloads: list[TensorPayload]) -> list[Outputs | Failed]:
@@ -130,7 +155,9 @@ class CrossEncoderBackend:
 
     def __init__(self, spec: ModelSpec, instance: int, device: str) -> None:
         library = _require("sentence_transformers", "cross_encoder")
-        self.model = library.CrossEncoder(spec.source.path, device=_torch_device(device))
+        self.model = _prepared_once(
+            library.CrossEncoder(spec.source.path, device=_torch_device(device))
+        )
 
     def execute(self, payloads: list[TensorPayload]) -> list[Outputs | Failed]:
         queries, counts = _rows(payloads, "query")
