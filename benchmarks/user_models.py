@@ -50,6 +50,7 @@ import orjson
 from benchmarks.loadgen import LoadResult
 from benchmarks.user_model_peers.models import BATCH, FEATURES, Mlp, Reranker, make_reranker
 from carpool.models.registry import BUILTIN_MODELS
+from carpool.repository.library_models import prepared_once
 from carpool.testing import free_port
 
 PEERS = Path(__file__).parent / "user_model_peers"
@@ -262,6 +263,15 @@ def in_process_models(reranker: Path) -> dict[str, Callable[[Any], Any]]:
     return {"mlp": Mlp(), "reranker": Reranker(reranker)}
 
 
+def lean_models(reranker: Path) -> dict[str, Callable[[Any], Any]]:
+    """The models as carpool's backends call them, where that differs from the plain
+    in-process call: the CrossEncoder prepared once (eval mode, device) instead of on
+    every ``predict``."""
+    lean = Reranker(reranker)
+    lean.model = prepared_once(lean.model)
+    return {"reranker": lean}
+
+
 def one_row(name: str, row: Any) -> Any:
     return np.asarray([row], np.float32) if name == "mlp" else [row]
 
@@ -303,7 +313,8 @@ def interleaved_c1(
     limit_s: float,
     per_block: int = 20,
     idle_s: float = 0.002,
-) -> tuple[LoadResult, list[float], float]:
+    lean: Callable[[Any], Any] | None = None,
+) -> tuple[LoadResult, list[float], float, float | None]:
     """``count`` requests at concurrency 1 and as many in-process one-row calls of the
     same rows, in alternating blocks of ``per_block``; and the median over blocks of
     (the block's c=1 p50 - its in-process p50). The CPU here drifts by tens of percent
@@ -311,11 +322,14 @@ def interleaved_c1(
     ``idle_s`` of idleness, as the server's model is called once a request with the
     HTTP round trip between. Blocks, not call by call: an in-process call just before
     each request left this process's torch threads spinning on the two cores while the
-    server answered (+0.16 to +0.63 ms on the MLP's c=1 p50, measured)."""
+    server answered (+0.16 to +0.63 ms on the MLP's c=1 p50, measured). With ``lean``
+    (the same model called as carpool's backend calls it), each row is also called so,
+    and the last value is the same median against those calls."""
     latencies: list[float] = []
     errors = 0
     singles: list[float] = []
     over: list[float] = []
+    over_lean: list[float] = []
     started = time.perf_counter()
     for start_at in range(0, count, per_block):
         part = bodies[start_at : start_at + per_block]
@@ -323,16 +337,27 @@ def interleaved_c1(
         latencies += result.latencies
         errors += result.errors
         block: list[float] = []
+        lean_block: list[float] = []
         for row in rows[start_at : start_at + len(part)]:
             one = one_row(name, row)
-            time.sleep(idle_s)
-            t0 = time.perf_counter()
-            model(one)
-            block.append(time.perf_counter() - t0)
+            block.append(idle_then_time(model, one, idle_s))
+            if lean is not None:
+                lean_block.append(idle_then_time(lean, one, idle_s))
         singles += block
-        over.append(statistics.median(result.latencies) - statistics.median(block))
+        p50 = statistics.median(result.latencies)
+        over.append(p50 - statistics.median(block))
+        if lean_block:
+            over_lean.append(p50 - statistics.median(lean_block))
     load = LoadResult(len(latencies), errors, time.perf_counter() - started, latencies)
-    return load, singles, statistics.median(over)
+    lean_over = statistics.median(over_lean) if over_lean else None
+    return load, singles, statistics.median(over), lean_over
+
+
+def idle_then_time(model: Callable[[Any], Any], one: Any, idle_s: float) -> float:
+    time.sleep(idle_s)
+    t0 = time.perf_counter()
+    model(one)
+    return time.perf_counter() - t0
 
 
 def main() -> None:
@@ -360,6 +385,7 @@ def main() -> None:
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus; "
           f"logs in {tmp}")  # fmt: skip
     models = in_process_models(reranker)
+    leans = lean_models(reranker)
     ceilings = {name: ceiling(name, model, work[name].rows) for name, model in models.items()}
     for name, (rows_s, single) in ceilings.items():
         print(f"in-process {name}: {rows_s:.0f} rows/s in batches of {BATCH}; one-row "
@@ -376,9 +402,10 @@ def main() -> None:
             try:
                 wait_ready(url, *bodies[0], process)
                 asyncio.run(closed_loop(url, bodies[:200], 16, args.limit_s))  # warm up
-                one, singles, over = interleaved_c1(
-                    url, bodies, model, models[model], work[model].rows, args.single, args.limit_s
-                )
+                one, singles, over, over_lean = interleaved_c1(
+                    url, bodies, model, models[model], work[model].rows, args.single,
+                    args.limit_s, lean=leans.get(model) if peer.startswith("carpool") else None,
+                )  # fmt: skip
                 single = statistics.median(singles)
                 # The batched ceiling just before and just after the c=64 run (the
                 # server idle): the figure it is compared with drifts within minutes.
@@ -391,6 +418,7 @@ def main() -> None:
                     "c64": many.summary(),
                     "in_process_single": single,
                     "c1_over_in_process": over,
+                    "c1_over_lean": over_lean,
                     "ceiling_rows_s": (before + after) / 2,
                 }
                 if peer.startswith("carpool"):
@@ -427,6 +455,9 @@ def main() -> None:
                 f"call (after 2 ms idle; median of interleaved blocks' differences) + "
                 f"{over * 1e3:.2f} ms (back to back + "
                 f"{(ours['c1']['p50'] - ceilings[model][1]) * 1e3:.2f} ms)")  # fmt: skip
+        if ours.get("c1_over_lean") is not None:
+            line += (f"; against the same model called in-process as carpool's backend calls "
+                     f"it (prepared once): {ours['c1_over_lean'] * 1e3:+.2f} ms")  # fmt: skip
         bare = results.get((model, "bare"), {})
         if "c1_over_in_process" in bare:
             line += (f"; the bare server (no batching, the model on its event loop): c=1 "

@@ -101,7 +101,7 @@ def _torch_device(device: str) -> Any:
     return device if device.startswith("cuda") else "cpu"
 
 
-def _prepared_once(model: Any) -> Any:
+def prepared_once(model: Any) -> Any:
     """``model`` (a sentence-transformers model) with its per-call preparation done
     once. Its ``predict`` and ``encode`` put it in eval mode and check every parameter's
     device on each call (``eval``, ``_resolve_inference_device``): two walks of the
@@ -121,7 +121,7 @@ def _prepared_once(model: Any) -> Any:
 
 
 def _already_in_eval_mode() -> None:
-    """What ``eval`` does on a model ``_prepared_once`` has prepared: nothing."""
+    """What ``eval`` does on a model ``prepared_once`` has prepared: nothing."""
 
 
 class SentenceTransformerBackend:
@@ -129,7 +129,7 @@ class SentenceTransformerBackend:
 
     def __init__(self, spec: ModelSpec, instance: int, device: str) -> None:
         library = _require("sentence_transformers", "sentence_transformer")
-        self.model = _prepared_once(
+        self.model = prepared_once(
             library.SentenceTransformer(spec.source.path, device=_torch_device(device))
         )
         self.normalize = bool(spec.source.options.get("normalize", False))
@@ -155,7 +155,7 @@ class CrossEncoderBackend:
 
     def __init__(self, spec: ModelSpec, instance: int, device: str) -> None:
         library = _require("sentence_transformers", "cross_encoder")
-        self.model = _prepared_once(
+        self.model = prepared_once(
             library.CrossEncoder(spec.source.path, device=_torch_device(device))
         )
 
