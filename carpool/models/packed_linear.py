@@ -29,6 +29,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from carpool.models.native import check_shape, check_tensors, load_library
+from carpool.models.weights import read_tensors
 
 BLOCK = 32
 # Rows up to which the kernel beats torch's float32 GEMM (MKL) here, with
@@ -288,16 +289,16 @@ def load_packed(path: Path) -> dict[str, PackedWeight]:
     parts included after they are stacked."""
     with safe_open(str(path), framework="pt") as f:
         kinds = f.metadata() or {}
-        names = set(f.keys())
-        return {
-            name: PackedWeight(
-                BlockType(kind),
-                f.get_tensor(f"{name}:quants").clone(),
-                f.get_tensor(f"{name}:scales").clone(),
-                f.get_tensor(f"{name}:mins").clone() if f"{name}:mins" in names else None,
-            )
-            for name, kind in kinds.items()
-        }
+    tensors = dict(read_tensors(path, copy=True))
+    return {
+        name: PackedWeight(
+            BlockType(kind),
+            tensors.pop(f"{name}:quants"),
+            tensors.pop(f"{name}:scales"),
+            tensors.pop(f"{name}:mins", None),
+        )
+        for name, kind in kinds.items()
+    }
 
 
 class QuantizedLinearKernel:
