@@ -452,9 +452,9 @@ def main() -> None:
         over = ours["c1_over_in_process"]
         line = (f"{model}: carpool c=64 = {ours['c64']['rps'] / ours['ceiling_rows_s']:.2f}x "
                 f"the in-process ceiling measured around it; c=1 p50 = in-process one-row "
-                f"call (after 2 ms idle; median of interleaved blocks' differences) + "
-                f"{over * 1e3:.2f} ms (back to back + "
-                f"{(ours['c1']['p50'] - ceilings[model][1]) * 1e3:.2f} ms)")  # fmt: skip
+                f"call (after 2 ms idle; median of interleaved blocks' differences) "
+                f"{over * 1e3:+.2f} ms (back to back "
+                f"{(ours['c1']['p50'] - ceilings[model][1]) * 1e3:+.2f} ms)")  # fmt: skip
         if ours.get("c1_over_lean") is not None:
             line += (f"; against the same model called in-process as carpool's backend calls "
                      f"it (prepared once): {ours['c1_over_lean'] * 1e3:+.2f} ms")  # fmt: skip

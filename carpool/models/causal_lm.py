@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from carpool import c_heap
 from carpool.config import ConfigError, default_cache_dir
 from carpool.models.attention import AttentionMetadata
 from carpool.models.decoder_config import GEMMA3_FAMILY, GPT2_FAMILY, LLAMA_FAMILY, DecoderConfig
@@ -152,6 +153,7 @@ def load_causal_lm(
     model = model.to(dtype).eval().requires_grad_(False)
     packed_layers, linear = _attach_packed(model, blocks, weight_kernel)
     tokenizer = load_tokenizer(folder)
+    c_heap.trim()  # what loading's temporaries freed, before a KV cache is allocated
     return LoadedLM(
         name=name or path.stem,
         model=model,  # type: ignore[arg-type]
