@@ -108,8 +108,8 @@ def prepared_once(model: Any) -> Any:
     module tree, 1.6 ms of a 26 ms one-pair MiniLM-sized CrossEncoder call here (0.74 and
     0.83 ms, warm), more than the server's own work on a request. carpool never trains,
     moves or asks another device of a served model, so both are done here once and are
-    no-ops on this instance from then on; a library version without them (before 5.0)
-    is left as it is."""
+    no-ops on this instance from then on; a library version without them is left as
+    it is."""
     resolve = getattr(model, "_resolve_inference_device", None)
     if not callable(resolve) or not callable(getattr(model, "eval", None)):
         return model
