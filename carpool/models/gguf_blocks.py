@@ -6,9 +6,11 @@ The file's block types map onto five layouts:
 - ``Q4_1`` (4-bit quants, a scale and a min per 32): Q4_1 itself, Q4_0 (min -8
   scale) and Q4_K (each sub-block of 32 its own scale ``d * sc`` and min
   ``-dmin * m``): Q4_K_M's bulk at 6 bits a weight in memory (float32 scales and
-  mins; the file's 4.5);
+  mins; the file's 4.5), 4.75 in the interleaved copy (``--weight-kernel
+  native-int8``), which keeps the file's ``d``, ``dmin``, ``sc`` and ``m``
+  (``KScales``) instead;
 - ``Q5_1`` (5-bit quants, a scale and a min per 32): Q5_1 itself and Q5_K (as Q4_K),
-  7 bits a weight (the files' 6);
+  7 bits a weight (the files' 6; 5.75 interleaved);
 - ``Q5_0`` (Q5_1's quants, a scale per 32, no min: w = scale * (q - 16)): Q5_0, 6
   bits a weight (the file's 5.5);
 - ``Q8_0`` (int8 quants, a scale per 32): Q8_0 itself, 9 bits;
@@ -29,7 +31,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import Q4_K, dequantize
 
-from carpool.models.packed_linear import BlockType, PackedWeight
+from carpool.models.packed_linear import BlockType, KScales, PackedWeight
 
 T = GGMLQuantizationType
 ONE = np.frombuffer(np.float16(1.0).tobytes(), dtype=np.uint8)  # float16 1.0's two bytes
@@ -70,8 +72,8 @@ def to_packed(kind: GGMLQuantizationType, raw: np.ndarray) -> PackedWeight | Non
         blocks = raw.reshape(n, -1, 176)
         unit = [(0, ONE), (2, np.zeros(2, np.uint8)), (4, _UNIT_K_SCALES)]
         quants = _unit_quants(kind, blocks, unit)
-        scales, mins = _k_scales(blocks)
-        return q5_blocks(BlockType.Q5_1, quants, n, scales, mins)
+        scales, mins, k_scales = _k_scales(blocks)
+        return q5_blocks(BlockType.Q5_1, quants, n, scales, mins, k_scales)
     if kind is T.Q6_K:
         blocks = raw.reshape(n, -1, 210)
         quants = _unit_quants(kind, blocks, [(192, np.ones(16, np.uint8)), (208, ONE)])
@@ -113,7 +115,12 @@ def _q8_16(quants: np.ndarray, n: int, scales: np.ndarray, mins: np.ndarray | No
 
 
 def q5_blocks(
-    kind: BlockType, quants: np.ndarray, n: int, scales: np.ndarray, mins: np.ndarray | None
+    kind: BlockType,
+    quants: np.ndarray,
+    n: int,
+    scales: np.ndarray,
+    mins: np.ndarray | None,
+    k_scales: KScales | None = None,
 ) -> PackedWeight:
     """``quants`` [n, k] (0-31 as float) into Q5_1 or Q5_0 blocks: weights j and j +
     16's low nibbles in byte j, then the 32 fifth bits as a little-endian word."""
@@ -127,28 +134,37 @@ def q5_blocks(
         torch.from_numpy(np.ascontiguousarray(np.concatenate([nibbles, bits], axis=-1))),
         torch.from_numpy(np.ascontiguousarray(scales, dtype=np.float32)),
         None if mins is None else torch.from_numpy(np.ascontiguousarray(mins, dtype=np.float32)),
+        k_scales,
     )
 
 
-def _q4_1(quants: np.ndarray, scales: np.ndarray, mins: np.ndarray) -> PackedWeight:
+def _q4_1(
+    quants: np.ndarray, scales: np.ndarray, mins: np.ndarray, k_scales: KScales | None = None
+) -> PackedWeight:
     return PackedWeight(
         BlockType.Q4_1,
         torch.from_numpy(quants),
         torch.from_numpy(np.ascontiguousarray(scales)),
         torch.from_numpy(np.ascontiguousarray(mins)),
+        k_scales,
     )
 
 
-def _k_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _k_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, KScales]:
     """Q4_K / Q5_K: each sub-block of 32's scale ``d * sc`` and min ``-(dmin * m)``,
-    [n, blocks * 8] float32, computed as the gguf package computes them."""
+    [n, blocks * 8] float32, computed as the gguf package computes them; and the
+    factors they are made of (``KScales``)."""
     n, count = blocks.shape[:2]
     d, dmin = _f16(blocks[..., 0:2]), _f16(blocks[..., 2:4])
     sc, m = Q4_K.get_scale_min(np.ascontiguousarray(blocks[..., 4:16]).reshape(-1, 12))
     sc, m = sc.reshape(n, count, 8), m.reshape(n, count, 8)
     scales = d[..., None] * sc.astype(np.float32)
     mins = -(dmin[..., None] * m.astype(np.float32))
-    return scales.reshape(n, -1), mins.reshape(n, -1)
+    k_scales = KScales(
+        torch.from_numpy(np.ascontiguousarray(np.stack([d, -dmin], axis=-1), dtype=np.float32)),
+        torch.from_numpy(np.stack([sc, m], axis=-1).astype(np.uint8).reshape(n, count * 8, 2)),
+    )
+    return scales.reshape(n, -1), mins.reshape(n, -1), k_scales
 
 
 def _q4_k(blocks: np.ndarray) -> PackedWeight:
@@ -158,5 +174,5 @@ def _q4_k(blocks: np.ndarray) -> PackedWeight:
     qs = blocks[..., 16:].reshape(n, count, 4, 32)
     values = np.stack([qs & 15, qs >> 4], axis=3).reshape(n, count * 8, 32)
     packed = (values[..., :16] | (values[..., 16:] << 4)).astype(np.uint8)
-    scales, mins = _k_scales(blocks)
-    return _q4_1(np.ascontiguousarray(packed), scales, mins)
+    scales, mins, k_scales = _k_scales(blocks)
+    return _q4_1(np.ascontiguousarray(packed), scales, mins, k_scales)

@@ -28,6 +28,7 @@ from carpool.models.packed_linear import (
     PackedWeight,
     QuantizedLinearKernel,
     drop_float,
+    without_k_scales,
 )
 from carpool.models.rope import RotaryEmbedding
 
@@ -318,7 +319,8 @@ class LlamaForCausalLM(nn.Module):
             parts = [packed[h] for h in hf if h in packed]
             usable = kernel is not None and len(parts) == len(hf)
             if isinstance(module, Embedding):
-                module.packed = parts[0] if usable and not module.weight.numel() else None
+                kept = usable and not module.weight.numel()
+                module.packed = without_k_scales(parts[0]) if kept else None
             elif usable:
                 module.attach(PackedWeight.stack(parts), kernel)  # type: ignore[operator]
                 attached += 1

@@ -53,6 +53,7 @@ class _Matrix(ctypes.Structure):
         ("iquants", ctypes.c_void_p),
         ("iscales", ctypes.c_void_p),
         ("iextra", ctypes.c_void_p),
+        ("ikind", ctypes.c_int64),
     ]
 
 
@@ -150,6 +151,7 @@ def _matrix(linear: Linear, int8_dots: bool) -> _Matrix:
         None if interleaved is None else interleaved.quants.data_ptr(),
         None if interleaved is None else interleaved.scales.data_ptr(),
         None if interleaved is None or interleaved.extra is None else interleaved.extra.data_ptr(),
+        KIND_CODES[kind] if interleaved is None else interleaved.code,
     )
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 
@@ -49,9 +49,31 @@ class BlockType(Enum):
 
 
 HALF = 16  # Q8_16's weights per scale
+SUPER = 8  # blocks of 32 in a K-quant's super-block (256 weights)
 Q5_BYTES = 20  # a Q5_1 or Q5_0 block in memory: 16 bytes of nibbles, then 4 of fifth bits
 FIVE_BITS = (BlockType.Q5_1, BlockType.Q5_0)
 NIBBLES = (BlockType.Q4_1, BlockType.Q5_1, BlockType.Q5_0)  # quants held as uint8 bit fields
+
+
+@dataclass(frozen=True)
+class KScales:
+    """A K-quant matrix's scales and mins as its file holds them (Q4_K, Q5_K): block
+    j's scale is ``d * sc`` and its min ``-dmin * m``, ``d`` and ``-dmin`` per
+    super-block of ``SUPER`` blocks, ``sc`` and ``m`` (6 bits) per block. Each product
+    is exact in float32 (a float16 times an integer below 64): the floats of the
+    matrix's ``PackedWeight.scales`` and ``mins``, in a quarter of their bytes."""
+
+    supers: torch.Tensor  # [n, k/256, 2] float32: d, -dmin
+    factors: torch.Tensor  # [n, k/32, 2] uint8: sc, m
+
+    def scales_and_mins(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The float32 scales and mins [n, k/32] they make."""
+        per_block = self.supers.repeat_interleave(SUPER, dim=1)
+        made = per_block * self.factors.to(torch.float32)
+        return made[..., 0], made[..., 1]
+
+    def rows(self, order: torch.Tensor) -> KScales:
+        return KScales(self.supers[order].contiguous(), self.factors[order].contiguous())
 
 
 @dataclass(frozen=True)
@@ -66,6 +88,9 @@ class PackedWeight:
     quants: torch.Tensor
     scales: torch.Tensor  # [n, k/32] float32; Q8_16: [n, k/16]
     mins: torch.Tensor | None  # like scales; Q4_1, Q5_1 always, Q8_16 optionally, else never
+    # Q4_1's and Q5_1's made from Q4_K and Q5_K: the file's scales, which make scales
+    # and mins exactly (the interleaved copy keeps these instead)
+    k_scales: KScales | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -78,10 +103,16 @@ class PackedWeight:
         Q5_0 beside Q8_0 (a Q4_K_M file's query beside its value), else Q8_16 (its
         Q4_K query beside a Q6_K value); a part without mins beside one with them gets
         zeros. One part is returned as it is, not copied (a tied head shares its
-        embedding's blocks)."""
+        embedding's blocks). The K-quants' scales are kept where every part has them."""
         if len(parts) == 1:
             return parts[0]
         kind = parts[0].kind
+        k_scales = None
+        if all(p.kind is kind and p.k_scales is not None for p in parts):
+            k_scales = KScales(
+                torch.cat([p.k_scales.supers for p in parts if p.k_scales is not None]),
+                torch.cat([p.k_scales.factors for p in parts if p.k_scales is not None]),
+            )
         if all(p.kind in (BlockType.Q5_0, BlockType.Q8_0) for p in parts) and any(
             p.kind is not kind for p in parts
         ):
@@ -97,6 +128,7 @@ class PackedWeight:
             torch.cat([p.quants for p in parts]),
             torch.cat([p.scales for p in parts]),
             mins,
+            k_scales,
         )
 
     def as_q8_0(self) -> PackedWeight:
@@ -122,7 +154,11 @@ class PackedWeight:
     def permute_rows(self, order: torch.Tensor) -> PackedWeight:
         mins = None if self.mins is None else self.mins[order].contiguous()
         return PackedWeight(
-            self.kind, self.quants[order].contiguous(), self.scales[order].contiguous(), mins
+            self.kind,
+            self.quants[order].contiguous(),
+            self.scales[order].contiguous(),
+            mins,
+            None if self.k_scales is None else self.k_scales.rows(order),
         )
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
@@ -176,6 +212,8 @@ KIND_CODES = {
     BlockType.Q5_0: 4,
 }
 INTERLEAVED_KINDS = (BlockType.Q4_1, BlockType.Q8_0, BlockType.Q5_1, BlockType.Q5_0)
+# kernels/interleaved.h's Q4_K and Q5_K: Q4_1's and Q5_1's quants with KScales
+K_SCALE_CODES = {BlockType.Q4_1: 5, BlockType.Q5_1: 6}
 
 
 @dataclass(frozen=True)
@@ -189,16 +227,26 @@ class Interleaved:
     # [n/16, k/32, lanes, 16, 4]: 4 bytes of each of 16 features per lane; Q4_1: 4 lanes
     # of nibbles, uint8; Q5_*: those 4 and a lane of fifth bits, uint8; Q8_0: 8, int8
     quants: torch.Tensor
-    scales: torch.Tensor  # [n/16, k/32, 16] float32
-    # Q4_1, Q5_1: the mins, like scales; Q8_0: 128 * each block's quant sum, int32; Q5_0: None
+    # [n/16, k/32, 16] float32; with k_scales [n/16, k/32, 2, 16] uint8 (KScales.factors)
+    scales: torch.Tensor
+    # Q4_1, Q5_1: the mins, like scales; Q8_0: 128 * each block's quant sum, int32; Q5_0:
+    # None; with k_scales [n/16, k/256, 2, 16] float32 (KScales.supers)
     extra: torch.Tensor | None
     shape: tuple[int, int]
+    k_scales: bool = False  # Q4_1 or Q5_1 whose scales are a K-quant's (KScales)
+
+    @property
+    def code(self) -> int:
+        """The kind's number on the C side."""
+        return K_SCALE_CODES[self.kind] if self.k_scales else KIND_CODES[self.kind]
 
     @staticmethod
     def of(packed: PackedWeight) -> Interleaved | None:
         """``packed`` interleaved; None unless its rows are a multiple of 16 and it is
         Q4_1, Q8_0, Q5_1 or Q5_0 (Q8_16 has no interleaved kernel: its int8 dot
-        products run on the few-rows kernels, more rows exact)."""
+        products run on the few-rows kernels, more rows exact). Blocks with the
+        K-quants' scales keep those (``KScales``) instead of float32 scales and mins;
+        ValueError if they do not make them."""
         n, k = packed.shape
         if n % FEATURES or packed.kind not in INTERLEAVED_KINDS:
             return None
@@ -213,6 +261,23 @@ class Interleaved:
         def by_strip(t: torch.Tensor) -> torch.Tensor:
             return t.view(strips, FEATURES, groups).permute(0, 2, 1).contiguous()
 
+        if packed.k_scales is not None and packed.kind in K_SCALE_CODES:
+            (scales, mins), held = packed.k_scales.scales_and_mins(), packed.mins
+            if held is None or not (_same(scales, packed.scales) and _same(mins, held)):
+                raise ValueError("the K-quant scales do not make the blocks' scales and mins")
+
+            def by_strip_pairs(t: torch.Tensor) -> torch.Tensor:
+                return t.view(strips, FEATURES, t.shape[1], 2).permute(0, 2, 3, 1).contiguous()
+
+            k_scales = packed.k_scales
+            return Interleaved(
+                packed.kind,
+                quants.contiguous(),
+                by_strip_pairs(k_scales.factors),
+                by_strip_pairs(k_scales.supers),
+                (n, k),
+                True,
+            )
         extra: torch.Tensor | None = None
         if packed.kind in (BlockType.Q4_1, BlockType.Q5_1):
             assert packed.mins is not None
@@ -231,7 +296,19 @@ class Interleaved:
 
         quants = self.quants.permute(0, 3, 1, 2, 4).reshape(n, groups, -1)
         with_mins = self.kind in (BlockType.Q4_1, BlockType.Q5_1)
-        mins = by_feature(self.extra) if with_mins and self.extra is not None else None
+        k_scales = None
+        mins: torch.Tensor | None
+        if self.k_scales:
+            assert self.extra is not None
+
+            def pairs(t: torch.Tensor) -> torch.Tensor:
+                return t.permute(0, 3, 1, 2).reshape(n, t.shape[1], 2)
+
+            k_scales = KScales(pairs(self.extra), pairs(self.scales))
+            scales, mins = k_scales.scales_and_mins()
+        else:
+            scales = by_feature(self.scales)
+            mins = by_feature(self.extra) if with_mins and self.extra is not None else None
         if self.kind in FIVE_BITS:
             from carpool.models.gguf_blocks import q5_blocks  # it imports this module
 
@@ -243,10 +320,16 @@ class Interleaved:
                 self.kind,
                 q.reshape(n, k).numpy(),
                 n,
-                by_feature(self.scales).numpy(),
+                scales.numpy(),
                 None if mins is None else mins.numpy(),
+                k_scales,
             )
-        return PackedWeight(self.kind, quants, by_feature(self.scales), mins)
+        return PackedWeight(self.kind, quants, scales, mins, k_scales)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal bit for bit but NaNs (a broken file's scales), which equal each other."""
+    return a.shape == b.shape and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)
 
 
 def interleaved_lanes(kind: BlockType) -> int:
@@ -272,13 +355,16 @@ def fifth_bit_lane(word: torch.Tensor) -> torch.Tensor:
 
 
 def save_packed(weights: dict[str, PackedWeight], path: Path) -> None:
-    """One safetensors file: ``<name>:quants``, ``:scales`` (and ``:mins``) per weight,
-    its block type in the metadata."""
+    """One safetensors file: ``<name>:quants``, ``:scales`` (and ``:mins``, and the
+    K-quants' ``:supers`` and ``:factors``) per weight, its block type in the metadata."""
     tensors: dict[str, torch.Tensor] = {}
     for name, w in weights.items():
         tensors[f"{name}:quants"], tensors[f"{name}:scales"] = w.quants, w.scales
         if w.mins is not None:
             tensors[f"{name}:mins"] = w.mins
+        if w.k_scales is not None:
+            tensors[f"{name}:supers"] = w.k_scales.supers
+            tensors[f"{name}:factors"] = w.k_scales.factors
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path), metadata={n: w.kind.value for n, w in weights.items()})
 
@@ -290,12 +376,18 @@ def load_packed(path: Path) -> dict[str, PackedWeight]:
     with safe_open(str(path), framework="pt") as f:
         kinds = f.metadata() or {}
     tensors = dict(read_tensors(path, copy=True))
+
+    def k_scales(name: str) -> KScales | None:
+        supers, factors = tensors.pop(f"{name}:supers", None), tensors.pop(f"{name}:factors", None)
+        return None if supers is None or factors is None else KScales(supers, factors)
+
     return {
         name: PackedWeight(
             BlockType(kind),
             tensors.pop(f"{name}:quants"),
             tensors.pop(f"{name}:scales"),
             tensors.pop(f"{name}:mins", None),
+            k_scales(name),
         )
         for name, kind in kinds.items()
     }
@@ -409,7 +501,7 @@ class QuantizedLinearKernel:
         check_interleaved(weight)
         y = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
         failed = self._interleaved(
-            KIND_CODES[weight.kind],
+            weight.code,
             x.data_ptr(),
             weight.quants.data_ptr(),
             weight.scales.data_ptr(),
@@ -463,14 +555,23 @@ def check_interleaved(weight: Interleaved) -> None:
         raise ValueError(f"an interleaved weight needs n % 16 == 0 and k % 32 == 0, got {n}, {k}")
     if weight.kind not in INTERLEAVED_KINDS:
         raise ValueError(f"{weight.kind.value} blocks have no interleaved kernel")
+    if weight.k_scales and (weight.kind not in K_SCALE_CODES or k % (SUPER * BLOCK)):
+        raise ValueError(f"{weight.kind.value} blocks of k {k} cannot have K-quant scales")
     q8 = weight.kind is BlockType.Q8_0
     check_tensors(
         quants=(weight.quants, torch.int8 if q8 else torch.uint8),
-        scales=(weight.scales, torch.float32),
+        scales=(weight.scales, torch.uint8 if weight.k_scales else torch.float32),
     )
     strips, groups = n // FEATURES, k // BLOCK
     lanes = interleaved_lanes(weight.kind)
     check_shape("quants", weight.quants, strips, groups, lanes, FEATURES, 4)
+    if weight.k_scales:
+        check_shape("scales", weight.scales, strips, groups, 2, FEATURES)
+        if weight.extra is None:
+            raise ValueError("interleaved blocks with K-quant scales need their super-blocks'")
+        check_tensors(extra=(weight.extra, torch.float32))
+        check_shape("extra", weight.extra, strips, groups // SUPER, 2, FEATURES)
+        return
     check_shape("scales", weight.scales, strips, groups, FEATURES)
     if weight.kind is BlockType.Q5_0:
         if weight.extra is not None:
@@ -486,6 +587,13 @@ def check_interleaved(weight: Interleaved) -> None:
 def quantized_linear_kernel(int8_dots: bool = False) -> QuantizedLinearKernel:
     """The kernel, built once per process; raises KernelUnavailable."""
     return QuantizedLinearKernel(load_library("quantized_linear"), int8_dots)
+
+
+def without_k_scales(packed: PackedWeight | None) -> PackedWeight | None:
+    """``packed`` without its ``KScales`` (the same tensors otherwise)."""
+    if packed is None or packed.k_scales is None:
+        return packed
+    return replace(packed, k_scales=None)
 
 
 def drop_float(layer: nn.Linear | nn.Embedding) -> None:
@@ -521,9 +629,10 @@ class Linear(nn.Linear):
                 raise ValueError("packed blocks do not hold this layer's float32 weight")
         elif not self.weight.numel():
             raise ValueError("a layer whose blocks hold its weight cannot drop them")
-        self.packed, self.kernel = packed, kernel
         interleave = kernel is not None and kernel.int8_dots and kernel.interleaved_vectorized
         self.interleaved = Interleaved.of(packed) if interleave and packed is not None else None
+        # the K-quants' scales are for the interleaved copy; the file's layout has its own
+        self.packed, self.kernel = without_k_scales(packed), kernel
         if self.interleaved is not None and not self.weight.numel():
             # the interleaved copy holds the same weights (``deinterleave``) and runs
             # every row: the file's layout would only double their memory

@@ -26,7 +26,14 @@
          shifting that bit to bit 4 and or-ing it in gives lane j's quants (0-31);
          extra: Q5_1's mins, float32 [FEATURES]; Q5_0: none (its quants' 16 is taken
          out of the integer sum as 16 * the sum of x's block's int8 steps).
-   scales: float32 [FEATURES].
+   Q4_K, Q5_K (kinds of this kernel only): Q4_1's and Q5_1's quants with a K-quant's
+         scales as its file holds them (k a multiple of 256): scales uint8 [2][FEATURES]
+         (each feature's scale sc, then its min m), extra float32 [2][FEATURES] per
+         super-block of SUPER_BLOCKS blocks (d, then -dmin); a block's scale is d * sc
+         and its min -dmin * m, each exact in float32 (a float16 times an integer below
+         64): the floats Q4_1's and Q5_1's scales and mins hold, in 4.75 and 5.75 bits
+         a weight instead of 6 and 7.
+   scales: float32 [FEATURES] (but Q4_K's and Q5_K's).
 
    x's rows are rounded per block of 32 to int8 steps first (quantize_rows in
    quantized_dot.h), each step within [-127, 127]. Each feature's result, per row, over
@@ -51,21 +58,54 @@
 #define TILE_ROWS 8
 
 typedef struct {
-    int64_t kind; /* KIND_Q4_1, KIND_Q8_0, KIND_Q5_1 or KIND_Q5_0 (quantized_dot.h) */
+    /* KIND_Q4_1, KIND_Q8_0, KIND_Q5_1 or KIND_Q5_0 (quantized_dot.h), KIND_Q4_K or KIND_Q5_K */
+    int64_t kind;
     const void *quants;
-    const float *scales;
-    const void *extra; /* Q4_1, Q5_1: mins (float); Q8_0: 128 * quant sums (int32); Q5_0: NULL */
+    const void *scales; /* float32, but Q4_K's and Q5_K's (uint8) */
+    /* Q4_1, Q5_1: mins (float); Q8_0: 128 * quant sums (int32); Q5_0: NULL; Q4_K, Q5_K:
+       the super-blocks' d and -dmin (float) */
+    const void *extra;
 } InterleavedWeight;
+
+/* Interleaved-only kinds: Q4_1's and Q5_1's quants with the K-quants' scales */
+enum { KIND_Q4_K = 5, KIND_Q5_K = 6 };
+#define SUPER_BLOCKS 8 /* blocks of 32 in a K-quant's super-block */
+
+static inline int factored(int64_t kind) { return kind == KIND_Q4_K || kind == KIND_Q5_K; }
+/* the layout of a kind's quants */
+static inline int64_t quant_kind(int64_t kind) {
+    return kind == KIND_Q4_K ? KIND_Q4_1 : kind == KIND_Q5_K ? KIND_Q5_1 : kind;
+}
+static inline int has_mins(int64_t kind) {
+    return quant_kind(kind) == KIND_Q4_1 || quant_kind(kind) == KIND_Q5_1;
+}
 
 /* 32-bit lanes of one feature's block (4 bytes each), and bytes of one block of
    FEATURES features */
 static inline int64_t tile_lanes(int64_t kind) {
-    return kind == KIND_Q4_1 ? 4 : kind == KIND_Q8_0 ? 8 : 5;
+    return quant_kind(kind) == KIND_Q4_1 ? 4 : kind == KIND_Q8_0 ? 8 : 5;
 }
 static inline int64_t tile_bytes(int64_t kind) { return FEATURES * 4 * tile_lanes(kind); }
 
 static inline int interleaved_kind(int64_t kind) {
-    return kind == KIND_Q4_1 || kind == KIND_Q8_0 || kind == KIND_Q5_1 || kind == KIND_Q5_0;
+    return kind == KIND_Q4_1 || kind == KIND_Q8_0 || kind == KIND_Q5_1 || kind == KIND_Q5_0 ||
+           factored(kind);
+}
+
+/* Bytes of scales and of extra per strip of FEATURES features */
+static inline int64_t strip_scale_bytes(int64_t kind, int64_t groups) {
+    return groups * FEATURES * (factored(kind) ? 2 : (int64_t)sizeof(float));
+}
+static inline int64_t strip_extra_bytes(int64_t kind, int64_t groups) {
+    if (factored(kind)) return groups / SUPER_BLOCKS * 2 * FEATURES * (int64_t)sizeof(float);
+    return groups * FEATURES * (int64_t)(kind == KIND_Q8_0 ? sizeof(int32_t) : sizeof(float));
+}
+
+/* Block g's K-quant scale and min of feature f: d * sc and -dmin * m (see Q4_K) */
+static inline float k_scale(const void *scales, const void *extra, int64_t g, int f, int min) {
+    const uint8_t *sc = (const uint8_t *)scales + g * 2 * FEATURES + min * FEATURES;
+    const float *super = (const float *)extra + g / SUPER_BLOCKS * 2 * FEATURES + min * FEATURES;
+    return super[f] * (float)sc[f];
 }
 
 /* The x operands of one tile: its rows' int8 steps (xq), Q8_0's xq + 128 under VNNI
@@ -87,17 +127,22 @@ static inline __m512i broadcast4(const uint8_t *a) {
     return _mm512_set1_epi32(v);
 }
 
+/* FEATURES bytes as floats */
+static inline __m512 u8_floats(const uint8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+
 /* x's rows as vpdpbusd's unsigned operand: Q4_1's and Q5's weights are the unsigned
    bytes and x the signed ones; Q8_0's signed weights take x + 128 (xu) as the unsigned
    ones */
-ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const float *scales,
+ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *scales,
                                     const void *extra, const TileRows *x, int64_t k,
                                     int64_t groups, int64_t rows, float *y, int64_t n) {
     __m512 acc[TILE_ROWS];
     for (int r = 0; r < TILE_ROWS; r++) acc[r] = _mm512_setzero_ps();
     const __m512i low = _mm512_set1_epi8(15);
     const int64_t bytes = tile_bytes(kind);
-    const int with_mins = kind == KIND_Q4_1 || kind == KIND_Q5_1;
+    const int with_mins = has_mins(kind);
     for (int64_t g = 0; g < groups; g++, q += bytes) {
         __m512i w[8];
         if (kind == KIND_Q8_0) {
@@ -108,7 +153,7 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const float 
                 w[j] = _mm512_and_si512(packed, low);
                 w[4 + j] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
             }
-            if (kind != KIND_Q4_1) {
+            if (quant_kind(kind) != KIND_Q4_1) {
                 const __m512i fifth = _mm512_loadu_si512((const void *)(q + 256));
                 for (int j = 0; j < 8; j++) {
                     /* bit j of each byte to bit 4: the 16-bit shifts move no bit across
@@ -120,7 +165,16 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const float 
                 }
             }
         }
-        const __m512 scale = _mm512_loadu_ps(scales + g * FEATURES);
+        __m512 scale, min = _mm512_setzero_ps();
+        if (factored(kind)) {
+            const uint8_t *sc = (const uint8_t *)scales + g * 2 * FEATURES;
+            const float *super = (const float *)extra + g / SUPER_BLOCKS * 2 * FEATURES;
+            scale = _mm512_mul_ps(_mm512_loadu_ps(super), u8_floats(sc));
+            min = _mm512_mul_ps(_mm512_loadu_ps(super + FEATURES), u8_floats(sc + FEATURES));
+        } else {
+            scale = _mm512_loadu_ps((const float *)scales + g * FEATURES);
+            if (with_mins) min = _mm512_loadu_ps((const float *)extra + g * FEATURES);
+        }
         for (int64_t r = 0; r < rows; r++) {
             __m512i dot;
             if (kind == KIND_Q8_0) {
@@ -139,10 +193,7 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const float 
             const __m512 part =
                 _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(x->xscales[r * groups + g]));
             acc[r] = _mm512_fmadd_ps(part, scale, acc[r]);
-            if (with_mins)
-                acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(x->xsums[r * groups + g]),
-                                         _mm512_loadu_ps((const float *)extra + g * FEATURES),
-                                         acc[r]);
+            if (with_mins) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(x->xsums[r * groups + g]), min, acc[r]);
         }
     }
     for (int64_t r = 0; r < rows; r++) _mm512_storeu_ps(y + r * n, acc[r]);
@@ -154,6 +205,11 @@ static inline __m256i broadcast4(const int8_t *a) {
     int32_t v;
     memcpy(&v, a, sizeof v);
     return _mm256_set1_epi32(v);
+}
+
+/* 8 bytes as floats */
+static inline __m256 u8_floats(const uint8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 
 /* The 8 features of half h: vpmaddubsw multiplies unsigned weights by signed x bytes
@@ -191,14 +247,14 @@ ALWAYS_INLINE __m256i half_dot(int64_t kind, const __m256i *w, const __m256i *wa
 /* Half h's weights of a block (its 8 features) are unpacked once into 8 registers
    and then multiplied with every row's block: the sums stay in memory (acc), the
    weights in registers. */
-ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const float *scales,
+ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *scales,
                                     const void *extra, const TileRows *x, int64_t k,
                                     int64_t groups, int64_t rows, float *y, int64_t n) {
     __m256 acc[TILE_ROWS][2];
     for (int r = 0; r < TILE_ROWS; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     const __m256i low = _mm256_set1_epi8(15);
     const int64_t bytes = tile_bytes(kind);
-    const int with_mins = kind == KIND_Q4_1 || kind == KIND_Q5_1;
+    const int with_mins = has_mins(kind);
     for (int64_t g = 0; g < groups; g++, q += bytes)
         for (int h = 0; h < 2; h++) {
             __m256i w[8], wabs[8]; /* features 8h on, bytes 4j on */
@@ -211,7 +267,7 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const float 
                     w[j] = _mm256_and_si256(packed, low);
                     w[4 + j] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
                 }
-                if (kind != KIND_Q4_1) {
+                if (quant_kind(kind) != KIND_Q4_1) {
                     const __m256i fifth = _mm256_loadu_si256((const __m256i *)(q + 256 + 32 * h));
                     for (int j = 0; j < 8; j++) {
                         /* bit j of each byte to bit 4 (see the AVX-512 code) */
@@ -225,7 +281,16 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const float 
             if (kind == KIND_Q8_0)
                 for (int j = 0; j < 8; j++) wabs[j] = _mm256_abs_epi8(w[j]);
             const int64_t at = g * FEATURES + 8 * h;
-            const __m256 scale = _mm256_loadu_ps(scales + at);
+            __m256 scale, min = _mm256_setzero_ps();
+            if (factored(kind)) {
+                const uint8_t *sc = (const uint8_t *)scales + g * 2 * FEATURES + 8 * h;
+                const float *super = (const float *)extra + g / SUPER_BLOCKS * 2 * FEATURES + 8 * h;
+                scale = _mm256_mul_ps(_mm256_loadu_ps(super), u8_floats(sc));
+                min = _mm256_mul_ps(_mm256_loadu_ps(super + FEATURES), u8_floats(sc + FEATURES));
+            } else {
+                scale = _mm256_loadu_ps((const float *)scales + at);
+                if (with_mins) min = _mm256_loadu_ps((const float *)extra + at);
+            }
             for (int64_t r = 0; r < rows; r++) {
                 __m256i dot = half_dot(kind, w, wabs, x->xq + r * k + g * BLOCK);
                 if (kind == KIND_Q5_0)
@@ -234,8 +299,7 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const float 
                     _mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(x->xscales[r * groups + g]));
                 acc[r][h] = _mm256_fmadd_ps(part, scale, acc[r][h]);
                 if (with_mins)
-                    acc[r][h] = _mm256_fmadd_ps(_mm256_set1_ps(x->xsums[r * groups + g]),
-                                                _mm256_loadu_ps((const float *)extra + at), acc[r][h]);
+                    acc[r][h] = _mm256_fmadd_ps(_mm256_set1_ps(x->xsums[r * groups + g]), min, acc[r][h]);
             }
         }
     for (int64_t r = 0; r < rows; r++) {
@@ -246,7 +310,7 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const float 
 #else
 #define INTERLEAVED_VECTORIZED 0
 
-ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const float *scales,
+ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *scales,
                                     const void *extra, const TileRows *x, int64_t k,
                                     int64_t groups, int64_t rows, float *y, int64_t n) {
     const int64_t bytes = tile_bytes(kind);
@@ -266,7 +330,8 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const float 
                         for (int b = 0; b < 4; b++) {
                             const uint8_t byte = t[(j * FEATURES + f) * 4 + b];
                             /* Q5: the fifth bits of weights 4j + b and 16 + 4j + b */
-                            const uint8_t fifth = kind == KIND_Q4_1 ? 0 : t[(4 * FEATURES + f) * 4 + b];
+                            const uint8_t fifth =
+                                quant_kind(kind) == KIND_Q4_1 ? 0 : t[(4 * FEATURES + f) * 4 + b];
                             const int low = (byte & 15) | ((fifth >> j) & 1) << 4;
                             const int high = (byte >> 4) | ((fifth >> (4 + j)) & 1) << 4;
                             dot += low * a[4 * j + b] + high * a[16 + 4 * j + b];
@@ -274,9 +339,14 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const float 
                     if (kind == KIND_Q5_0) dot -= 16 * x->xqsums[r * groups + g];
                 }
                 const float part = (float)dot * x->xscales[r * groups + g];
-                acc = fmaf(part, scales[g * FEATURES + f], acc);
-                if (kind == KIND_Q4_1 || kind == KIND_Q5_1)
-                    acc = fmaf(x->xsums[r * groups + g], ((const float *)extra)[g * FEATURES + f], acc);
+                const float scale = factored(kind) ? k_scale(scales, extra, g, f, 0)
+                                                   : ((const float *)scales)[g * FEATURES + f];
+                acc = fmaf(part, scale, acc);
+                if (has_mins(kind)) {
+                    const float min = factored(kind) ? k_scale(scales, extra, g, f, 1)
+                                                     : ((const float *)extra)[g * FEATURES + f];
+                    acc = fmaf(x->xsums[r * groups + g], min, acc);
+                }
             }
             y[r * n + f] = acc;
         }
@@ -284,7 +354,7 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const float 
 #endif
 
 /* One copy per kind and row count, so the accumulators stay in registers */
-static void interleaved_rows(int64_t kind, const uint8_t *q, const float *scales,
+static void interleaved_rows(int64_t kind, const uint8_t *q, const void *scales,
                              const void *extra, const TileRows *x, int64_t k, int64_t groups,
                              int64_t rows, float *y, int64_t n) {
 #define CALL(kind_code, count) interleaved_tile(kind_code, q, scales, extra, x, k, groups, count, y, n)
@@ -292,6 +362,8 @@ static void interleaved_rows(int64_t kind, const uint8_t *q, const float *scales
         case KIND_Q4_1: FOR_EACH_ROW_COUNT_WITH(CALL, KIND_Q4_1) break;
         case KIND_Q8_0: FOR_EACH_ROW_COUNT_WITH(CALL, KIND_Q8_0) break;
         case KIND_Q5_1: FOR_EACH_ROW_COUNT_WITH(CALL, KIND_Q5_1) break;
+        case KIND_Q4_K: FOR_EACH_ROW_COUNT_WITH(CALL, KIND_Q4_K) break;
+        case KIND_Q5_K: FOR_EACH_ROW_COUNT_WITH(CALL, KIND_Q5_K) break;
         default: FOR_EACH_ROW_COUNT_WITH(CALL, KIND_Q5_0) break;
     }
 #undef CALL
@@ -339,7 +411,8 @@ static int interleaved_linear(const InterleavedWeight *w, const float *x, float 
         free(xqsums);
         return 1;
     }
-    const int64_t extra_size = w->kind == KIND_Q8_0 ? sizeof(int32_t) : sizeof(float);
+    const int64_t scale_bytes = strip_scale_bytes(w->kind, groups);
+    const int64_t extra_bytes = strip_extra_bytes(w->kind, groups);
 #pragma omp parallel num_threads(num_threads)
     {
         int victim = 0;
@@ -351,9 +424,8 @@ static int interleaved_linear(const InterleavedWeight *w, const float *x, float 
                     xq.sums + r0 * groups};
                 interleaved_rows(
                     w->kind, (const uint8_t *)w->quants + s * groups * bytes,
-                    w->scales + s * groups * FEATURES,
-                    w->extra == NULL ? NULL
-                                     : (const char *)w->extra + s * groups * FEATURES * extra_size,
+                    (const char *)w->scales + s * scale_bytes,
+                    w->extra == NULL ? NULL : (const char *)w->extra + s * extra_bytes,
                     &tile, k, groups, rows - r0 < TILE_ROWS ? rows - r0 : TILE_ROWS,
                     y + r0 * n + s * FEATURES, n);
             }

@@ -46,8 +46,11 @@ typedef struct {
     /* the blocks interleaved (interleaved.h), or NULL: with int8_dots every step's
        rows use them (Q4_1, Q8_0, Q5_1 and Q5_0 only; iextra NULL for Q5_0) */
     const void *iquants;
-    const float *iscales;
+    const void *iscales;
     const void *iextra;
+    /* the interleaved blocks' kind: kind, or Q4_K / Q5_K (interleaved.h) where they
+       keep a K-quant's scales */
+    int64_t ikind;
 } Matrix;
 
 typedef struct {
@@ -81,7 +84,7 @@ int64_t llama_stack_struct_size(int64_t which) {
 
 static int linear(const Matrix *w, const float *x, float *y, int64_t rows, int64_t int8_dots,
                   int threads) {
-    const InterleavedWeight interleaved = {w->kind, w->iquants, w->iscales, w->iextra};
+    const InterleavedWeight interleaved = {w->ikind, w->iquants, w->iscales, w->iextra};
     const int failed =
         int8_dots && w->iquants != NULL
             ? interleaved_linear(&interleaved, x, y, rows, w->n, w->k, threads)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import gguf
@@ -18,7 +19,16 @@ from gguf.quants import dequantize
 from carpool.models.causal_lm import LoadedLM, load_causal_lm, save_converted
 from carpool.models.gguf_blocks import NATIVE_TYPES, to_packed
 from carpool.models.gguf_file import GGUFCheckpoint
-from carpool.models.packed_linear import BlockType
+from carpool.models.packed_linear import (
+    BlockType,
+    Interleaved,
+    KScales,
+    check_interleaved,
+    load_packed,
+    quantized_linear_kernel,
+    save_packed,
+    without_k_scales,
+)
 from tests import tiny_models
 from tests.unit.models.test_causal_lm import generate, gguf_writer
 
@@ -62,6 +72,60 @@ def test_every_type_with_a_layout_holds_the_weights_gguf_reads(
     packed = to_packed(kind, raw)
     assert packed is not None and packed.shape == (24, 512)
     assert torch.equal(packed.dequantize(), file_weight(kind, raw).view(24, 512))
+
+
+@pytest.mark.parametrize("kind", [T.Q4_K, T.Q5_K], ids=lambda t: t.name)
+def test_the_interleaved_copy_keeps_a_k_quants_own_scales_and_computes_the_same_bits(
+    kind: gguf.GGMLQuantizationType,
+) -> None:
+    """Interleaved, a Q4_K or Q5_K matrix keeps its file's d, dmin, sc and m (0.75 bits a
+    weight) in place of float32 scales and mins (2): the same floats, so the int8
+    kernel's results are those of the float32 layout, bit for bit, at every row count."""
+    packed = to_packed(kind, random_blocks(kind, 48, 768, seed=int(kind)))
+    assert packed is not None and packed.k_scales is not None
+    kernel = quantized_linear_kernel(int8_dots=True)
+    if not kernel.interleaved_vectorized:
+        pytest.skip("no AVX2: nothing is interleaved")
+    compact = Interleaved.of(packed)
+    floats = Interleaved.of(without_k_scales(packed))
+    assert compact is not None and compact.k_scales and floats is not None
+    assert not floats.k_scales
+    scale_bytes = {
+        name: sum(t.numel() * t.element_size() for t in (w.scales, w.extra) if t is not None)
+        for name, w in (("compact", compact), ("floats", floats))
+    }
+    assert scale_bytes["compact"] * 8 == scale_bytes["floats"] * 3  # 0.75 bits against 2
+    for rows in (1, 3, 9):
+        x = torch.randn(rows, 768, generator=torch.Generator().manual_seed(rows))
+        assert torch.equal(kernel(x, None, compact), kernel(x, None, floats))
+    back = compact.deinterleave()
+    assert torch.equal(back.quants, packed.quants) and back.k_scales is not None
+    assert torch.equal(back.scales, packed.scales) and torch.equal(back.mins, packed.mins)
+    assert torch.equal(back.k_scales.factors, packed.k_scales.factors)
+
+
+def test_k_quant_scales_that_do_not_make_the_blocks_are_refused() -> None:
+    packed = to_packed(T.Q4_K, random_blocks(T.Q4_K, 16, 256, seed=3))
+    assert packed is not None and packed.k_scales is not None
+    wrong = KScales(packed.k_scales.supers * 2, packed.k_scales.factors)
+    with pytest.raises(ValueError, match="do not make the blocks"):
+        Interleaved.of(replace(packed, k_scales=wrong))
+    compact = Interleaved.of(packed)
+    assert compact is not None
+    with pytest.raises(ValueError, match="extra"):
+        check_interleaved(replace(compact, extra=compact.extra[:, :0]))
+    with pytest.raises(ValueError, match="scales"):
+        check_interleaved(replace(compact, scales=compact.scales.float()))
+
+
+def test_a_k_quants_scales_round_trip_through_the_blocks_file(tmp_path: Path) -> None:
+    packed = to_packed(T.Q5_K, random_blocks(T.Q5_K, 16, 512, seed=4))
+    assert packed is not None and packed.k_scales is not None
+    save_packed({"w": packed}, tmp_path / "w.safetensors")
+    loaded = load_packed(tmp_path / "w.safetensors")["w"]
+    assert loaded.k_scales is not None
+    assert torch.equal(loaded.k_scales.supers, packed.k_scales.supers)
+    assert torch.equal(loaded.k_scales.factors, packed.k_scales.factors)
 
 
 def test_a_type_without_a_layout_is_left_to_float32() -> None:
@@ -208,6 +272,7 @@ def test_int8_dots_keep_each_interleaved_matrix_once_and_run_it_fused(
     if kernel is None or not kernel.interleaved_vectorized:
         pytest.skip("no AVX2: int8 dot products run on the file's blocks")
     kinds = set()
+    k_scaled = set()
     for layer in int8.model.layers:
         attention, mlp = layer.self_attn, layer.mlp
         for linear in (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj):
@@ -215,6 +280,12 @@ def test_int8_dots_keep_each_interleaved_matrix_once_and_run_it_fused(
             held = linear.interleaved or linear.packed
             assert (linear.interleaved is None) == (held.kind is BlockType.Q8_16)
             kinds.add(held.kind)
+            if linear.interleaved is not None and linear.interleaved.k_scales:
+                k_scaled.add(linear)
+    # the first layer's Q4_K gate and up (fused) and each layer's Q5_K output keep the
+    # file's own scales
+    first, second = int8.model.layers
+    assert k_scaled == {first.mlp.gate_up_proj, first.self_attn.o_proj, second.self_attn.o_proj}
     assert kinds == set(BlockType)  # every layout, Q8_16 on the file's blocks
     assert int8.model.stack is not None
     rng = random.Random(8)

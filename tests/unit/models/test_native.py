@@ -12,13 +12,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType
 
 from carpool.config import default_compiler
 from carpool.models import llama_stack, native
 from carpool.models.decode_kernel import decode_kernel_in
+from carpool.models.gguf_blocks import to_packed
 from carpool.models.native import BASE_FLAGS, FLAG_LADDER, build_key, build_library
-from carpool.models.packed_linear import Interleaved, QuantizedLinearKernel
+from carpool.models.packed_linear import Interleaved, QuantizedLinearKernel, without_k_scales
 from tests.unit.models.test_decode_kernel import attend, paged_inputs
+from tests.unit.models.test_gguf_blocks import random_blocks
 from tests.unit.models.test_packed_linear import INTERLEAVED, gguf_weight, rounded_rows_product
 
 KERNEL = "paged_decode_attention"
@@ -127,6 +130,25 @@ def test_the_interleaved_int8_kernel_computes_the_same_bits_on_every_rung(
     for _, path in linear_rungs:
         kernel = QuantizedLinearKernel(ctypes.CDLL(str(path)), int8_dots=True)
         results.append(kernel(x, packed, interleaved))
+    assert all(torch.equal(r, results[0]) for r in results[1:])
+
+
+@pytest.mark.parametrize("kind", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K])
+def test_the_interleaved_k_quant_scales_compute_the_same_bits_on_every_rung(
+    linear_rungs: list[tuple[tuple[str, ...], Path]], kind: GGMLQuantizationType
+) -> None:
+    """The interleaved copy that keeps a K-quant's own scales (d * sc, -dmin * m): one
+    result on every rung, the float32-scaled copy's."""
+    packed = to_packed(kind, random_blocks(kind, 32, 512, seed=5))
+    assert packed is not None
+    compact, floats = Interleaved.of(packed), Interleaved.of(without_k_scales(packed))
+    assert compact is not None and compact.k_scales and floats is not None
+    x = torch.randn(9, 512, generator=torch.Generator().manual_seed(5))
+    results = []
+    for _, path in linear_rungs:
+        kernel = QuantizedLinearKernel(ctypes.CDLL(str(path)), int8_dots=True)
+        results.append(kernel(x, None, compact))
+        results.append(kernel(x, None, floats))
     assert all(torch.equal(r, results[0]) for r in results[1:])
 
 
