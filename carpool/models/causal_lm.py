@@ -13,7 +13,7 @@ import json
 import logging
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -33,6 +33,7 @@ from carpool.models.gpt2 import GPT2LMHeadModel
 from carpool.models.llama import LlamaForCausalLM
 from carpool.models.native import KernelUnavailable, torch_because
 from carpool.models.packed_linear import (
+    BlocksFile,
     PackedWeight,
     QuantizedLinearKernel,
     load_packed,
@@ -179,7 +180,7 @@ def _stack_path(model: nn.Module, packed_layers: int) -> tuple[PathTaken, ...]:
 
 
 def _weights(
-    folder: Path, packed: dict[str, PackedWeight] | None, held: set[str]
+    folder: Path, packed: Mapping[str, PackedWeight] | None, held: set[str]
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """The folder's float tensors, then the float32 of every block matrix the model
     does not run on its blocks (a GGUF conversion keeps those as blocks only),
@@ -188,16 +189,16 @@ def _weights(
     yield from iter_safetensors(folder, held)
     if packed is None and (folder / PACKED).exists():
         packed = load_packed(folder / PACKED)
-    for name, weight in (packed or {}).items():
-        if name not in held:
-            yield name, weight.dequantize()
+    for name in list(packed or {}):
+        if packed is not None and name not in held:  # a BlocksFile reads it only then
+            yield name, packed[name].dequantize()
 
 
 @dataclass(frozen=True)
 class _Blocks:
     """A GGUF conversion's blocks and the kernel to run them, or why not."""
 
-    packed: dict[str, PackedWeight] | None
+    packed: MutableMapping[str, PackedWeight] | None  # a BlocksFile: read as taken
     kernel: QuantizedLinearKernel | None
     why: str = ""
     unavailable: bool = False  # no compiler (as opposed to a setting)
@@ -223,7 +224,7 @@ def _blocks_for(
             kernel = quantized_linear_kernel(int8_dots=choice == "native-int8")
         except KernelUnavailable as exc:
             return _Blocks(None, None, str(exc), True)
-        return _Blocks(load_packed(folder / PACKED), kernel)
+        return _Blocks(BlocksFile(folder / PACKED), kernel)
     return _Blocks(None, None, why)
 
 

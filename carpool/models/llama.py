@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping, MutableMapping
 from typing import ClassVar, cast
 
 import torch
@@ -301,13 +301,14 @@ class LlamaForCausalLM(nn.Module):
         return held
 
     def attach_packed(
-        self, packed: dict[str, PackedWeight], kernel: QuantizedLinearKernel | None
+        self, packed: MutableMapping[str, PackedWeight], kernel: QuantizedLinearKernel | None
     ) -> int:
         """Give each linear layer whose Hugging Face weights are all in ``packed``
         its blocks (a fused projection of mixed layouts as Q8_0 or Q8_16,
         ``PackedWeight.stack``); None detaches.
-        The entries of ``packed`` are taken (removed from it) as they are used, so
-        a fused projection's parts are freed once stacked.
+        The entries of ``packed`` are taken (removed from it) as they are used, each
+        read once (a ``BlocksFile`` reads it then), so a fused projection's parts are
+        freed once stacked.
         An embedding whose float32 table was dropped looks its rows up in the
         blocks. Returns how many linear layers got them. When every decoder layer
         has them, steps run on the fused stack (``carpool.models.llama_stack``)
@@ -315,8 +316,16 @@ class LlamaForCausalLM(nn.Module):
         attached = 0
         sources = list(self._block_sources())
         uses = Counter(h for _, hf in sources for h in hf)
+        taken: dict[str, PackedWeight] = {}  # read, and still to be used (a tied head)
+
+        def take(name: str) -> PackedWeight:
+            if name not in taken:
+                taken[name] = packed[name]
+                del packed[name]
+            return taken[name]
+
         for module, hf in sources:
-            parts = [packed[h] for h in hf if h in packed]
+            parts = [take(h) for h in hf if h in packed or h in taken]
             usable = kernel is not None and len(parts) == len(hf)
             if isinstance(module, Embedding):
                 kept = usable and not module.weight.numel()
@@ -329,7 +338,7 @@ class LlamaForCausalLM(nn.Module):
             for h in hf:  # taken: a fused part's own blocks can go once stacked
                 uses[h] -= 1
                 if not uses[h]:
-                    packed.pop(h, None)
+                    taken.pop(h, None)
         self.stack = None
         self.stack_unused_because = "not every linear layer has its blocks"
         weights = self.stack_weights()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
@@ -29,7 +30,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from carpool.models.native import check_shape, check_tensors, load_library
-from carpool.models.weights import read_tensors
+from carpool.models.weights import read_tensor, read_tensors
 
 BLOCK = 32
 # Rows up to which the kernel beats torch's float32 GEMM (MKL) here, with
@@ -367,6 +368,49 @@ def save_packed(weights: dict[str, PackedWeight], path: Path) -> None:
             tensors[f"{name}:factors"] = w.k_scales.factors
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path), metadata={n: w.kind.value for n, w in weights.items()})
+
+
+class BlocksFile(MutableMapping[str, PackedWeight]):
+    """The weights of a file ``save_packed`` wrote, each read when it is asked for
+    (``read_tensor``: copied out of maps that close after): a model that takes its
+    layers' blocks one after another then holds what it took and the one it is taking,
+    not the whole file beside them. Deleting a name forgets it (nothing is read);
+    nothing can be set."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        with safe_open(str(path), framework="pt") as f:
+            self._kinds = dict(f.metadata() or {})
+            self._tensors = set(f.keys())
+
+    def __getitem__(self, name: str) -> PackedWeight:
+        kind = BlockType(self._kinds[name])
+
+        def read(part: str) -> torch.Tensor | None:
+            key = f"{name}:{part}"
+            return read_tensor(self.path, key) if key in self._tensors else None
+
+        quants, scales = read("quants"), read("scales")
+        supers, factors = read("supers"), read("factors")
+        if quants is None or scales is None:
+            raise ValueError(f"{self.path} has no blocks for {name}")
+        k_scales = None if supers is None or factors is None else KScales(supers, factors)
+        return PackedWeight(kind, quants, scales, read("mins"), k_scales)
+
+    def __setitem__(self, name: str, weight: PackedWeight) -> None:
+        raise TypeError("a blocks file is read, not written")
+
+    def __delitem__(self, name: str) -> None:
+        del self._kinds[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._kinds  # the mixin's would read the weight
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._kinds))
+
+    def __len__(self) -> int:
+        return len(self._kinds)
 
 
 def load_packed(path: Path) -> dict[str, PackedWeight]:

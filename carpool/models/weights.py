@@ -57,6 +57,24 @@ def read_tensors(
                 yield name, tensor.clone() if copy else tensor
 
 
+def read_tensor(file: Path, name: str) -> torch.Tensor:
+    """``file``'s tensor ``name``, a copy of its own, read in pieces of at most about
+    ``MAPPED_BYTES`` along its first dimension, the file mapped anew for each: reading
+    one large tensor adds one piece to the peak, not the whole tensor twice."""
+    with safe_open(str(file), framework="pt") as f:
+        part = f.get_slice(name)
+        shape = part.get_shape()
+        if not shape or shape[0] <= 1:
+            return f.get_tensor(name).clone()
+        first = part[0:1]
+    out = torch.empty(shape, dtype=first.dtype)
+    step = max(1, MAPPED_BYTES // max(1, first.nbytes))
+    for start in range(0, shape[0], step):
+        with safe_open(str(file), framework="pt") as f:
+            out[start : start + step] = f.get_slice(name)[start : start + step]
+    return out
+
+
 def _weight_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.exists():

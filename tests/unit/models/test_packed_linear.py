@@ -19,6 +19,7 @@ from carpool.models.causal_lm import LoadedLM, load_causal_lm
 from carpool.models.gguf_blocks import to_packed
 from carpool.models.packed_linear import (
     MAX_KERNEL_ROWS,
+    BlocksFile,
     BlockType,
     Interleaved,
     Linear,
@@ -29,6 +30,7 @@ from carpool.models.packed_linear import (
 )
 from carpool.workers.factory import engine_for
 from tests import tiny_models
+from tests.unit.models.test_weights import _mapped_resident
 
 # The file type each layout is made from here.
 KINDS = {
@@ -145,6 +147,43 @@ def test_blocks_round_trip_through_their_file(tmp_path: Path) -> None:
     for name, w in weights.items():
         assert loaded[name].kind is w.kind
         assert torch.equal(loaded[name].dequantize(), w.dequantize())
+
+
+def test_a_blocks_file_reads_each_weight_when_asked_and_keeps_no_map(tmp_path: Path) -> None:
+    weights = {
+        "a": gguf_weight(BlockType.Q4_1, 8, 64)[0],
+        "b": gguf_weight(BlockType.Q8_0, 4, 32)[0],
+    }
+    path = tmp_path / "w.safetensors"
+    save_packed(weights, path)
+    blocks = BlocksFile(path)
+    assert set(blocks) == {"a", "b"} and len(blocks) == 2
+    a = blocks["a"]
+    assert a.kind is BlockType.Q4_1 and torch.equal(a.dequantize(), weights["a"].dequantize())
+    assert _mapped_resident(path) == 0  # copied out of a map that is closed again
+    del blocks["a"]
+    assert "a" not in blocks and list(blocks) == ["b"]
+    with pytest.raises(TypeError):
+        blocks["c"] = a
+
+
+def test_a_model_takes_each_block_matrix_once_from_its_file(
+    smollm_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loading reads each of the blocks file's matrices once, as its layer takes it (the
+    tied embedding and head share one read), and holds none of the file after."""
+    reads: list[str] = []
+    real = BlocksFile.__getitem__
+
+    def counted(self: BlocksFile, name: str) -> PackedWeight:
+        reads.append(name)
+        return real(self, name)
+
+    monkeypatch.setattr(BlocksFile, "__getitem__", counted)
+    lm = load_causal_lm(smollm_folder, progress=False, weight_kernel="native")
+    assert lm.packed_layers == 4 * lm.config.num_layers + 1
+    assert len(reads) == len(set(reads)) == 7 * lm.config.num_layers + 1
+    assert lm.model.embed_tokens.packed is not None  # the tied head's blocks
 
 
 def test_the_builtin_model_runs_its_blocks_and_keeps_its_outputs(
