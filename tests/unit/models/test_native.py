@@ -133,7 +133,9 @@ def test_the_interleaved_int8_kernel_computes_the_same_bits_on_every_rung(
     assert all(torch.equal(r, results[0]) for r in results[1:])
 
 
-@pytest.mark.parametrize("kind", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K])
+@pytest.mark.parametrize(
+    "kind", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K], ids=lambda t: t.name
+)
 def test_the_interleaved_k_quant_scales_compute_the_same_bits_on_every_rung(
     linear_rungs: list[tuple[tuple[str, ...], Path]], kind: GGMLQuantizationType
 ) -> None:
