@@ -36,7 +36,6 @@ from carpool.models.packed_linear import (
     BlocksFile,
     PackedWeight,
     QuantizedLinearKernel,
-    load_packed,
     quantized_linear_kernel,
     save_packed,
 )
@@ -185,10 +184,10 @@ def _weights(
     """The folder's float tensors, then the float32 of every block matrix the model
     does not run on its blocks (a GGUF conversion keeps those as blocks only),
     none of those named in ``held``; one tensor at a time. ``packed``: the blocks
-    if already read."""
+    (a ``BlocksFile``, or a conversion's own) where the caller has them."""
     yield from iter_safetensors(folder, held)
     if packed is None and (folder / PACKED).exists():
-        packed = load_packed(folder / PACKED)
+        packed = BlocksFile(folder / PACKED)
     for name in list(packed or {}):
         if packed is not None and name not in held:  # a BlocksFile reads it only then
             yield name, packed[name].dequantize()

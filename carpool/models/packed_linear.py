@@ -30,7 +30,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from carpool.models.native import check_shape, check_tensors, load_library
-from carpool.models.weights import read_tensor, read_tensors
+from carpool.models.weights import read_tensor
 
 BLOCK = 32
 # Rows up to which the kernel beats torch's float32 GEMM (MKL) here, with
@@ -411,30 +411,6 @@ class BlocksFile(MutableMapping[str, PackedWeight]):
 
     def __len__(self) -> int:
         return len(self._kinds)
-
-
-def load_packed(path: Path) -> dict[str, PackedWeight]:
-    """What ``save_packed`` wrote, copied out of the file: tensors left on its
-    memory map would keep every page they touched resident, the fused projections'
-    parts included after they are stacked."""
-    with safe_open(str(path), framework="pt") as f:
-        kinds = f.metadata() or {}
-    tensors = dict(read_tensors(path, copy=True))
-
-    def k_scales(name: str) -> KScales | None:
-        supers, factors = tensors.pop(f"{name}:supers", None), tensors.pop(f"{name}:factors", None)
-        return None if supers is None or factors is None else KScales(supers, factors)
-
-    return {
-        name: PackedWeight(
-            BlockType(kind),
-            tensors.pop(f"{name}:quants"),
-            tensors.pop(f"{name}:scales"),
-            tensors.pop(f"{name}:mins", None),
-            k_scales(name),
-        )
-        for name, kind in kinds.items()
-    }
 
 
 class QuantizedLinearKernel:

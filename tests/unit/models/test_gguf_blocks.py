@@ -20,11 +20,11 @@ from carpool.models.causal_lm import LoadedLM, load_causal_lm, save_converted
 from carpool.models.gguf_blocks import NATIVE_TYPES, to_packed
 from carpool.models.gguf_file import GGUFCheckpoint
 from carpool.models.packed_linear import (
+    BlocksFile,
     BlockType,
     Interleaved,
     KScales,
     check_interleaved,
-    load_packed,
     quantized_linear_kernel,
     save_packed,
     without_k_scales,
@@ -122,7 +122,7 @@ def test_a_k_quants_scales_round_trip_through_the_blocks_file(tmp_path: Path) ->
     packed = to_packed(T.Q5_K, random_blocks(T.Q5_K, 16, 512, seed=4))
     assert packed is not None and packed.k_scales is not None
     save_packed({"w": packed}, tmp_path / "w.safetensors")
-    loaded = load_packed(tmp_path / "w.safetensors")["w"]
+    loaded = BlocksFile(tmp_path / "w.safetensors")["w"]
     assert loaded.k_scales is not None
     assert torch.equal(loaded.k_scales.supers, packed.k_scales.supers)
     assert torch.equal(loaded.k_scales.factors, packed.k_scales.factors)

@@ -24,7 +24,6 @@ from carpool.models.packed_linear import (
     Interleaved,
     Linear,
     PackedWeight,
-    load_packed,
     quantized_linear_kernel,
     save_packed,
 )
@@ -142,7 +141,7 @@ def test_blocks_round_trip_through_their_file(tmp_path: Path) -> None:
         "b": gguf_weight(BlockType.Q8_0, 4, 32)[0],
     }
     save_packed(weights, tmp_path / "blocks" / "w.safetensors")
-    loaded = load_packed(tmp_path / "blocks" / "w.safetensors")
+    loaded = BlocksFile(tmp_path / "blocks" / "w.safetensors")
     assert loaded.keys() == weights.keys()
     for name, w in weights.items():
         assert loaded[name].kind is w.kind
