@@ -67,6 +67,8 @@ def read_tensor(file: Path, name: str) -> torch.Tensor:
         if not shape or shape[0] <= 1:
             return f.get_tensor(name).clone()
         first = part[0:1]
+        if first.nbytes * shape[0] <= MAPPED_BYTES:  # one piece: read it from this map
+            return f.get_tensor(name).clone()
     out = torch.empty(shape, dtype=first.dtype)
     step = max(1, MAPPED_BYTES // max(1, first.nbytes))
     for start in range(0, shape[0], step):
