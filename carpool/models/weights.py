@@ -37,11 +37,9 @@ def iter_safetensors(
         yield from read_tensors(file, skip)
 
 
-def read_tensors(
-    file: Path, skip: Collection[str] = (), copy: bool = False
-) -> Iterator[tuple[str, torch.Tensor]]:
+def read_tensors(file: Path, skip: Collection[str] = ()) -> Iterator[tuple[str, torch.Tensor]]:
     """``file``'s tensors in its order, those named in ``skip`` left unread: views of
-    a memory map, or with ``copy`` tensors of their own. The file is mapped anew
+    a memory map (``read_tensor`` copies one out). The file is mapped anew
     after every ``MAPPED_BYTES`` read; an old map goes once no view of it is left."""
     with safe_open(str(file), framework="pt") as f:
         names = [name for name in f.keys() if name not in skip]  # noqa: SIM118 (not a mapping)
@@ -54,7 +52,7 @@ def read_tensors(
                 start += 1
                 tensor = f.get_tensor(name)
                 read += tensor.nbytes
-                yield name, tensor.clone() if copy else tensor
+                yield name, tensor
 
 
 def read_tensor(file: Path, name: str) -> torch.Tensor:
