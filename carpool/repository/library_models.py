@@ -37,6 +37,12 @@ _CLASSIFY_OUTPUTS = (
     TensorSpec("scores", "FP32", (-1,)),
     TensorSpec("labels", "BYTES", (-1,)),
 )
+# How each text task's pipeline takes tokenizer options ("": as keywords of its own).
+_TRUNCATION_KEYWORD = {
+    "text-classification": "",
+    "feature-extraction": "tokenize_kwargs",
+    "fill-mask": "tokenizer_kwargs",
+}
 _JSON_OUTPUT = (TensorSpec("result", "BYTES", (1,)),)
 _TEXT = (TensorSpec("text", "BYTES", (1,)),)
 
@@ -194,9 +200,51 @@ class PipelineBackend:
             "image-classification": self._classify,
             "zero-shot-classification": self._zero_shot,
         }.get(self.task, self._as_json)
+        self.truncate = bool(spec.source.options.get("truncate", False))
+        self.max_tokens = _max_tokens(self.pipe)
 
     def execute(self, payloads: list[TensorPayload]) -> list[Outputs | Failed]:
-        return self._run(payloads)
+        """Each request's outputs. A text over the model's token limit is truncated
+        when the request (parameter ``truncate``) or the model's options ask for it,
+        as TEI does; else its request fails with a 400 naming the limit. (The
+        zero-shot pipeline truncates of itself.)"""
+        if self.task in ("image-classification", "zero-shot-classification"):
+            return self._run(payloads)
+        refused = {i: error for i, p in enumerate(payloads) if (error := self._too_long(p))}
+        kept = [p for i, p in enumerate(payloads) if i not in refused]
+        ran = iter(self._run(kept) if kept else [])
+        return [refused[i] if i in refused else next(ran) for i in range(len(payloads))]
+
+    def _too_long(self, payload: TensorPayload) -> Failed | None:
+        """``Failed`` for a request with a text over the token limit that may not be
+        truncated; None when it may run (truncation is then on for every call)."""
+        if self.max_tokens is None or self.truncate or payload.parameters.get("truncate"):
+            return None
+        rows, _ = _rows([payload], "text")
+        lengths = [len(ids) for ids in self.pipe.tokenizer(_texts(rows, "text"))["input_ids"]]
+        longest = max(lengths, default=0)
+        if longest <= self.max_tokens:
+            return None
+        row = lengths.index(longest)
+        return Failed(
+            InvalidRequest(
+                f"input 'text' row {row} has {longest} tokens; this model takes at most "
+                f"{self.max_tokens} (ask for truncation with the parameter 'truncate': true)",
+                param="text",
+            )
+        )
+
+    def _text_options(self) -> dict[str, Any]:
+        """What every text call passes: truncation at the model's limit, in the
+        task's own keyword (a longer text reaches the pipeline only when truncating it
+        was asked for; token classification truncates of itself)."""
+        if self.max_tokens is None:
+            return {}
+        truncation = {"truncation": True, "max_length": self.max_tokens}
+        keyword = _TRUNCATION_KEYWORD.get(self.task)
+        if keyword is None:
+            return {}
+        return truncation if keyword == "" else {keyword: truncation}
 
     def _call(self, inputs: list[Any], **kwargs: Any) -> list[Any]:
         """One answer per input. A pipeline given a list of one answers as for that one
@@ -217,7 +265,7 @@ class PipelineBackend:
 
     def _classify(self, payloads: list[TensorPayload]) -> list[Outputs | Failed]:
         inputs, counts = self._inputs(payloads)
-        answers = self._call(inputs, top_k=None)
+        answers = self._call(inputs, top_k=None, **self._text_options())
         labels = self.pipe.model.config.id2label
         order = [labels[i] for i in sorted(labels)]
         scores = np.array(
@@ -257,17 +305,34 @@ class PipelineBackend:
 
     def _as_json(self, payloads: list[TensorPayload]) -> list[Outputs | Failed]:
         inputs, counts = self._inputs(payloads)
-        answers = self._call(inputs)
+        answers = self._call(inputs, **self._text_options())
         if self.task == "feature-extraction":
             # A batch is padded to its longest text: each answer keeps its own tokens,
             # as when the text runs alone.
-            lengths = [len(ids) for ids in self.pipe.tokenizer(inputs)["input_ids"]]
+            lengths = [
+                min(len(ids), self.max_tokens or len(ids))
+                for ids in self.pipe.tokenizer(inputs)["input_ids"]
+            ]
             answers = [[a[0][:n]] for a, n in zip(answers, lengths, strict=True)]
         encoded = [[json.dumps(_plain(a)).encode()] for a in answers]
         return _split({"result": np.array(encoded, np.object_)}, counts)
 
     def finalize(self) -> None:
         del self.pipe
+
+
+def _max_tokens(pipe: Any) -> int | None:
+    """The most tokens the pipeline's model takes in one text: the smaller of its
+    tokenizer's ``model_max_length`` (a tokenizer without one says about 1e30) and
+    its config's ``max_position_embeddings``; None when neither says (images)."""
+    if getattr(pipe, "tokenizer", None) is None:
+        return None
+    limits = [
+        getattr(pipe.tokenizer, "model_max_length", None),
+        getattr(pipe.model.config, "max_position_embeddings", None),
+    ]
+    known = [n for n in limits if isinstance(n, int) and 0 < n < 1_000_000]
+    return min(known, default=None)
 
 
 def _plain(value: Any) -> Any:

@@ -142,11 +142,15 @@ class CheckedRequest:
     cost: int
 
 
-def check_unique(names: Sequence[str]) -> None:
-    """``InvalidRequest`` naming the first input a request gives twice."""
-    duplicate = next((n for n in names if names.count(n) > 1), None)
-    if duplicate is not None:
-        raise InvalidRequest(f"input '{duplicate}' is given twice", param=duplicate)
+def check_unique(names: Sequence[str], noun: str = "input") -> None:
+    """``InvalidRequest`` naming the first ``noun`` a request gives twice (Triton refuses
+    a repeated input or output name). Linear in the names: a request may carry
+    thousands of them."""
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise InvalidRequest(f"{noun} '{name}' is given twice", param=name)
+        seen.add(name)
 
 
 def check_inputs(spec: ModelSpec, arrays: Mapping[str, np.ndarray[Any, Any]]) -> CheckedRequest:

@@ -14,7 +14,7 @@ from typing import Any
 from carpool.engine.async_engine import GenerationStream, max_request_prompts
 from carpool.engine.sampling_params import Grammar, SamplingParams
 from carpool.errors import InvalidRequest, RequestTooLarge
-from carpool.server.preprocess import Keep, TooManyTokens, encode_within
+from carpool.server.preprocess import Keep, TooManyTokens, encode_within, token_chars
 from carpool.server.schemas import (
     ChatCompletionRequest,
     ChatMessage,
@@ -270,7 +270,11 @@ def encode_prompts(
     limit = served.max_model_len if truncate is None else truncate
     try:
         return encode_within(
-            lambda ts: served.encode_batch(ts, add_special_tokens), texts, limit, keep
+            lambda ts: served.encode_batch(ts, add_special_tokens),
+            texts,
+            limit,
+            keep,
+            token_chars(served.tokenizer),
         )
     except TooManyTokens as exc:
         raise InvalidRequest(

@@ -16,15 +16,23 @@ by a window of it before the whole is tokenized:
   whole is refused without tokenizing the rest, and a text to be truncated gets
   the window's tokens, whose kept end is the whole text's.
 - Otherwise (text sparse in tokens: long runs of spaces, say) the whole text is
-  tokenized after all.
+  tokenized after all, unless the caller knows the most characters one token can
+  cover (``token_chars``: twice the longest entry of the vocabulary, for a normalizer
+  that folds characters). Then a text longer than ``limit * token_chars`` cannot fit:
+  it is refused unread when it must fit whole, and, kept by an end, it is tokenized
+  in a window of ``(limit + MARGIN) * token_chars`` characters, which holds the kept
+  tokens and more. Without this bound, megabytes of spaces cost seconds of a
+  tokenizer thread per request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Literal, ParamSpec, TypeVar
+from typing import Any, Literal, ParamSpec, TypeVar
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -50,15 +58,41 @@ def window_chars(limit: int) -> int:
     return (limit + MARGIN) * WINDOW_CHARS_PER_TOKEN
 
 
+def token_chars(tokenizer: Any) -> int:
+    """The most characters of text one of ``tokenizer``'s tokens stands for, bounded
+    from above: twice its longest vocabulary entry (a byte-level entry is at least
+    as long as the text it stands for; the factor covers normalizers that fold two
+    characters into one). Computed once per tokenizer."""
+    try:
+        return _TOKEN_CHARS[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    longest = max((len(t) for t in tokenizer.get_vocab()), default=1)
+    bound = 2 * max(1, longest)
+    with contextlib.suppress(TypeError):  # not weakly referable: computed each time
+        _TOKEN_CHARS[tokenizer] = bound
+    return bound
+
+
+_TOKEN_CHARS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+
 def encode_within(
-    encode_batch: EncodeBatch, texts: list[str], limit: int, keep: Keep
+    encode_batch: EncodeBatch,
+    texts: list[str],
+    limit: int,
+    keep: Keep,
+    token_chars: int | None = None,
 ) -> list[list[int]]:
     """Token ids of each text, as described in the module docstring.
 
     ``keep``: "all" when a text must fit ``limit`` whole (raises ``TooManyTokens``
     for the first that certainly does not); "head" or "tail" when the caller keeps
     that end's ``limit`` tokens (a long text's ids may then be a window's). The
-    caller still checks the exact count of what is returned."""
+    caller still checks the exact count of what is returned. ``token_chars``: the
+    most characters a token covers (``token_chars()``), if known."""
+    if token_chars is not None:
+        texts = _within_reach(texts, limit, keep, token_chars)
     size = window_chars(limit)
     windows = [_window(t, size, keep) for t in texts]
     ids = encode_batch(windows)
@@ -75,6 +109,16 @@ def encode_within(
         for i, got in zip(whole, encode_batch([texts[i] for i in whole]), strict=True):
             ids[i] = got
     return ids
+
+
+def _within_reach(texts: list[str], limit: int, keep: Keep, token_chars: int) -> list[str]:
+    """Each text, cut to the characters its kept tokens can come from; raises
+    ``TooManyTokens`` for the first that must fit whole and cannot."""
+    most = limit * token_chars
+    for i, text in enumerate(texts):
+        if keep == "all" and len(text) > most:
+            raise TooManyTokens(i, limit, len(text) // token_chars)
+    return [_window(t, (limit + MARGIN) * token_chars, keep) for t in texts]
 
 
 def _window(text: str, size: int, keep: Keep) -> str:

@@ -128,7 +128,13 @@ class ResponsesRequest(Strict):
     stream: StrictBool = False
     store: StrictBool = True
     previous_response_id: StrictStr | None = None
-    metadata: dict[StrictStr, StrictStr] | None = Field(default=None, max_length=16)
+    # OpenAI's limits: 16 pairs, keys of at most 64 characters, values of at most 512.
+    metadata: (
+        dict[
+            Annotated[StrictStr, Field(max_length=64)], Annotated[StrictStr, Field(max_length=512)]
+        ]
+        | None
+    ) = Field(default=None, max_length=16)
     user: StrictStr | None = None
     reasoning: dict[str, Any] | None = None
     truncation: Literal["disabled", "auto"] | None = None

@@ -55,9 +55,11 @@ async def run_rows(
     priority: int | None = None,
     timeout_s: float | None = None,
     request: Request | None = None,
+    truncate: bool = False,
 ) -> dict[str, np.ndarray[Any, Any]]:
     """Run rows of text columns (one row per item) through the model; every output,
-    its rows in order."""
+    its rows in order. ``truncate``: a text over the model's limit is cut to it
+    (else the request is refused, naming the limit)."""
     version = served.latest
     count = len(next(iter(columns.values())))
     step = max(1, version.spec.max_batch_size)
@@ -68,7 +70,7 @@ async def run_rows(
             for name, texts in columns.items()
         }
         checked = check_inputs(version.spec, arrays)
-        payload = TensorPayload(checked.arrays)
+        payload = TensorPayload(checked.arrays, parameters={"truncate": True} if truncate else {})
         parts.append(
             served.infer(
                 version, checked, payload, priority=priority, timeout_s=timeout_s, request=request
@@ -135,7 +137,7 @@ def router(models: ServedModels) -> APIRouter:
             )
         served = _the_classifier(models, body.model)
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-        out = await run_rows(served, {"text": texts}, request=request)
+        out = await run_rows(served, {"text": texts}, request=request, truncate=body.truncate)
         return predict_body(_labels(out), out["scores"].tolist(), isinstance(body.inputs, str))
 
     return api

@@ -15,7 +15,7 @@ from carpool.repository.payload import TensorPayload
 from carpool.repository.spec import TensorSpec, check_inputs, check_unique
 from carpool.server.openai_routes import check_input_count, tokenize_texts
 from carpool.server.schemas import V2InferRequest
-from carpool.server.served import ServedEmbedding, ServedModels
+from carpool.server.served import ServedEmbedding, ServedGenerator, ServedModels
 from carpool.server.served_user import ServedUserModel
 from carpool.server.v2_tensors import decode_bytes_tensor, decode_tensor
 from carpool.stats import BatcherStats, BatcherStatsData, Duration
@@ -52,6 +52,10 @@ def adapter(models: ServedModels, name: str, runtime_alive: Callable[[], bool]) 
     """The /v2 view of the model ``name``."""
     if models.is_user(name):
         return UserV2(models.user(name), runtime_alive)
+    builtin = models.builtin(name)
+    if isinstance(builtin, ServedGenerator):
+        models.any(name)  # a generator being unloaded is a 503, as for every route
+        return GeneratorV2(builtin, runtime_alive)
     return EmbeddingV2(models.get(name), models, runtime_alive)
 
 
@@ -173,6 +177,86 @@ class EmbeddingV2:
         return [(EMBEDDING_OUTPUT, array)]
 
 
+GENERATION_VERSION = "1"
+
+
+class GeneratorV2:
+    """A built-in generation model, as Triton shows an LLM in its repository (the
+    vLLM backend's tensors): metadata, config, readiness and statistics answer as for
+    any model; inference is text generation, at the OpenAI routes, not tensors."""
+
+    def __init__(self, served: ServedGenerator, runtime_alive: Callable[[], bool]) -> None:
+        self.served = served
+        self.name = served.name
+        self._alive = runtime_alive
+
+    def version_of(self, version: str | None) -> str:
+        if version and version != GENERATION_VERSION:
+            raise InvalidRequest(
+                f"model '{self.name}' has only version {GENERATION_VERSION}", param="version"
+            )
+        return GENERATION_VERSION
+
+    def metadata(self, version: str | None) -> dict[str, Any]:
+        self.version_of(version)
+        return {
+            "name": self.name,
+            "versions": [GENERATION_VERSION],
+            "platform": "carpool_generation",
+            "inputs": [
+                {"name": "text_input", "datatype": "BYTES", "shape": [1]},
+                {"name": "stream", "datatype": "BOOL", "shape": [1]},
+                {"name": "sampling_parameters", "datatype": "BYTES", "shape": [1]},
+            ],
+            "outputs": [{"name": "text_output", "datatype": "BYTES", "shape": [-1]}],
+        }
+
+    def config(self) -> dict[str, Any]:
+        meta = self.metadata(None)
+        return {
+            "name": self.name,
+            "backend": "carpool_generation",
+            "max_batch_size": 0,
+            "model_transaction_policy": {"decoupled": True},
+            "input": [_config_tensor(t) for t in meta["inputs"]],
+            "output": [_config_tensor(t) for t in meta["outputs"]],
+            "parameters": {"max_model_len": {"string_value": str(self.served.max_model_len)}},
+        }
+
+    def ready(self, version: str | None) -> bool:
+        self.version_of(version)
+        return self._alive()
+
+    def stats(self, version: str | None) -> list[dict[str, Any]]:
+        data = self.served.engine.worker.stats.snapshot()
+        done = sum(data.finished.values())
+        stats = model_stats(self.name, self.version_of(version), BatcherStats())
+        stats["inference_count"] = done
+        stats["execution_count"] = data.steps
+        stats["inference_stats"]["success"] = {
+            "count": done,
+            "ns": int(data.e2e_latency.total * 1e9),
+        }
+        return [stats]
+
+    async def infer(
+        self, body: V2InferRequest, blobs: dict[str, bytes], request: Request, version: str | None
+    ) -> list[Output]:
+        raise InvalidRequest(
+            f"model '{self.name}' generates text; call it at /v1/chat/completions or "
+            "/v1/completions",
+            param="model",
+        )
+
+
+def _config_tensor(tensor: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": tensor["name"],
+        "data_type": "TYPE_STRING" if tensor["datatype"] == "BYTES" else "TYPE_BOOL",
+        "dims": tensor["shape"],
+    }
+
+
 class UserV2:
     """A repository model: the tensors its config declares."""
 
@@ -234,8 +318,10 @@ def _tensor_metadata(tensor: TensorSpec, batch: list[int]) -> dict[str, Any]:
 
 
 def _check_outputs(body: V2InferRequest, known: set[str]) -> list[str]:
-    """The outputs the request names (empty: all); ``InvalidRequest`` for an unknown one."""
+    """The outputs the request names (empty: all); ``InvalidRequest`` for an unknown or
+    repeated one (a repeated name would copy the output once per mention)."""
     names = [o.name for o in body.outputs or []]
+    check_unique(names, "output")
     for name in names:
         if name not in known:
             raise InvalidRequest(

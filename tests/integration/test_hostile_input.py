@@ -13,6 +13,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
 
 from tests.integration.conftest import Server, rss_bytes, start_server, stop_server
 from tests.integration.conftest import greedy_body as greedy
@@ -245,6 +247,13 @@ def test_a_request_bigger_than_a_queue_is_413_and_refuses_nobody_else(
         ),
         ("/v1/embeddings", {"model": EMBED, "input": "hello world " * 600_000}),
         ("/v1/responses", {"model": CHAT, "input": "hello world " * 600_000}),
+        # Sparse in tokens: megabytes of spaces were tokenized whole (seconds each).
+        ("/v1/completions", greedy("hi" + " " * 1_900_000)),
+        ("/v1/responses", {"model": CHAT, "input": "hi" + " " * 1_900_000}),
+        (
+            "/v1/chat/completions",
+            {"model": CHAT, "messages": [{"role": "user", "content": "hi" + " " * 1_900_000}]},
+        ),
         (
             "/v1/messages",
             {
@@ -266,6 +275,29 @@ def test_a_multi_megabyte_prompt_is_refused_without_tokenizing_it_all(
     assert rss_bytes(server) - before < 300 * 2**20
     assert neighbours == [solo] * 3
     still_serving(server, solo)
+
+
+def test_the_generation_model_answers_tritons_model_routes(server: Server) -> None:
+    """tritonclient's model calls work for the LLM as the repository index lists it."""
+    client = triton.InferenceServerClient(server.url.removeprefix("http://"))
+    index = {m["name"]: m["state"] for m in client.get_model_repository_index()}
+    assert index[CHAT] == "READY"
+    assert client.is_model_ready(CHAT)
+    meta = client.get_model_metadata(CHAT)
+    assert meta["name"] == CHAT and {t["name"] for t in meta["inputs"]} >= {"text_input"}
+    assert client.get_model_config(CHAT)["max_batch_size"] == 0
+    with server.client() as c:
+        c.post("/v1/completions", json=greedy("count me"))
+    stats = client.get_inference_statistics(CHAT)["model_stats"][0]
+    assert stats["name"] == CHAT and stats["inference_count"] >= 1
+    assert not client.is_model_ready(CHAT, model_version="2")
+    with pytest.raises(InferenceServerException) as wrong:
+        client.get_model_metadata(CHAT, model_version="2")
+    assert "version" in wrong.value.message()
+    with server.client() as c:
+        one = {"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["hi"]}
+        tensors = c.post("/v2/models/" + CHAT + "/infer", json={"inputs": [one]})
+    assert tensors.status_code == 400 and "/v1/chat/completions" in tensors.text
 
 
 def test_the_openai_contract(server: Server) -> None:

@@ -187,3 +187,26 @@ def test_task_endpoints_refuse_the_wrong_model_and_bad_bodies(server: Server) ->
     assert uneven.status_code == 400 and "text_2" in uneven.text
     assert missing.status_code == 404
     assert top.status_code in (400, 422) and "top_n" in top.text
+
+
+def test_a_text_over_a_pipelines_limit_is_a_400_or_truncated_when_asked(server: Server) -> None:
+    long = "word " * 300  # over the tiny models' 128 positions
+    tensor = {"name": "text", "datatype": "BYTES", "shape": [1, 1], "data": [long]}
+    with server.client() as c:
+        classify = c.post("/classify", json={"model": "sentiment", "input": ["short", long]})
+        predict = c.post("/predict", json={"inputs": long, "model": "sentiment"})
+        truncated = c.post(
+            "/predict", json={"inputs": long, "model": "sentiment", "truncate": True}
+        )
+        features = c.post("/v2/models/features/infer", json={"inputs": [tensor]})
+        cut = c.post(
+            "/v2/models/features/infer",
+            json={"parameters": {"truncate": True}, "inputs": [tensor]},
+        )
+    for refused in (classify, predict, features):
+        assert refused.status_code == 400, refused.text
+        assert "128" in refused.text and "truncate" in refused.text
+    assert truncated.status_code == 200 and len(truncated.json()) == 3
+    assert cut.status_code == 200
+    vectors = json.loads(cut.json()["outputs"][0]["data"][0])
+    assert len(vectors[0]) == 128  # one vector per kept token

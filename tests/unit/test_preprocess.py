@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from carpool.server.preprocess import MARGIN, TooManyTokens, encode_within, window_chars
+from carpool.server.preprocess import (
+    MARGIN,
+    TooManyTokens,
+    encode_within,
+    token_chars,
+    window_chars,
+)
 
 
 class WordEncoder:
@@ -59,3 +65,30 @@ def test_truncating_keeps_the_whole_texts_end(keep: str, smollm_folder: Path) ->
         assert got[:limit] == whole[:limit]
     else:
         assert got[-limit:] == whole[-limit:]
+
+
+def test_a_sparse_text_past_what_its_tokens_can_cover_is_refused_unread() -> None:
+    enc = WordEncoder()
+    text = "word" + " " * 100_000 + "end"
+    with pytest.raises(TooManyTokens) as info:
+        encode_within(enc, [text], limit=100, keep="all", token_chars=20)
+    assert info.value.index == 0
+    assert enc.seen == []  # refused by its length alone, nothing tokenized
+
+
+@pytest.mark.parametrize("keep", ["head", "tail"])
+def test_a_sparse_text_kept_by_an_end_is_tokenized_in_reach_of_it(keep: str) -> None:
+    enc = WordEncoder()
+    text = "first" + " " * 100_000 + "last"
+    got = encode_within(enc, [text], limit=100, keep=keep, token_chars=20)[0]
+    assert got == ([5] if keep == "head" else [4])
+    assert max(enc.seen) == (100 + MARGIN) * 20 < len(text)
+
+
+def test_token_chars_bounds_every_token_of_a_real_tokenizer(smollm_folder: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(str(smollm_folder))
+    bound = token_chars(tokenizer)
+    text = " " * 5000 + "".join(f"word{i}, " for i in range(500)) + "\u00e9t\u00e9 " * 200
+    ids = tokenizer(text)["input_ids"]
+    assert len(text) <= len(ids) * bound
+    assert token_chars(tokenizer) == bound

@@ -212,3 +212,23 @@ def test_the_store_keeps_the_most_recent_responses() -> None:
     with pytest.raises(ResponseNotFound):
         store.get("r1")
     assert isinstance(ResponseNotFound("x"), ModelNotFound)  # answered 404
+
+
+def test_the_store_is_bounded_in_bytes_too() -> None:
+    def stored(n: int, text: str) -> StoredResponse:
+        return StoredResponse({"id": f"r{n}"}, [{"role": "user", "content": text}])
+
+    one = stored(0, "x" * 100).size()
+    store = ResponseStore(capacity=100, capacity_bytes=3 * one)
+    for n in range(5):
+        store.keep(stored(n, "x" * 100))
+    assert store.held_bytes == 3 * one
+    with pytest.raises(ResponseNotFound):
+        store.get("r1")
+    assert store.get("r4").conversation[0]["content"] == "x" * 100
+    store.keep(stored(9, "y" * 10 * one))  # alone over the bound: not kept, nothing pushed out
+    with pytest.raises(ResponseNotFound):
+        store.get("r9")
+    assert store.held_bytes == 3 * one
+    store.delete("r4")
+    assert store.held_bytes == 2 * one
