@@ -562,10 +562,12 @@ class RepositoryConfig:
         "Poll mode: seconds between scans of the repository.", default=15.0
     )
     model_isolation: str = _help(
-        "Where user model instances run: thread (in the server's process) or process "
-        "(a worker process each, as Triton's Python stub: a crash fails only the batch "
-        "in flight and the worker is restarted). A model's own isolation wins.",
-        default="thread",
+        "Where user model instances run: process (a worker process each, as Triton's "
+        "Python stub: a crash, os._exit or hang fails only the batch in flight and the "
+        "worker is restarted) or thread (in the server's process: faster to call, but a "
+        "crash there ends the server). A model's own isolation wins; a decoupled model "
+        "runs in a thread.",
+        default="process",
     )
     disable_auto_complete_config: bool = _help(
         "Do not call a Python-backend model's auto_complete_config: its config.pbtxt "
@@ -573,9 +575,10 @@ class RepositoryConfig:
         default=False,
     )
     model_execution_timeout_s: float = _help(
-        "Seconds one batch of a user model may run; past it the batch fails and the model "
-        "is marked unready (a process-isolated one is restarted). 0: no limit. A model's "
-        "own execution_timeout_s wins.",
+        "Seconds one batch of a user model may run; past it the batch fails and its "
+        "instance is replaced (a worker process killed and restarted; an in-process "
+        "instance's thread left behind and the model loaded anew); the model is unready "
+        "while no instance is healthy. 0: no limit. A model's own execution_timeout_s wins.",
         default=60.0,
     )
 

@@ -4,11 +4,13 @@ Threads: ``submit`` runs on any thread (the event loop); it only admits the requ
 (a counted slot per priority level) and posts it to the inbox. Everything else, the
 queues included, belongs to the runtime thread, which drains the inbox in ``poll``.
 
-With ``concurrency`` above 1 (a model with that many instances that may run at
-once, Triton's ``instance_group`` count), the runtime thread forms the batch and
-hands it to one of as many dispatch threads, which runs it (isolating failures as
-the runtime thread would) and reports back through a queue the runtime drains; at
-most ``concurrency`` batches run at once.
+Where a batch runs is the model's venue (``instances``): on the runtime thread
+itself (carpool's own models), or, given an ``InstancePool`` (user code), on a free
+instance's own thread: the runtime thread forms the batch, hands it over and moves
+on. The instance runs it (isolating failures as the runtime thread would) and
+reports back through a queue the runtime drains; a batch still running past the
+pool's execution timeout is failed here, on the runtime thread, and its instance
+abandoned to the pool, which replaces it. At most one batch runs per instance.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Hashable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from carpool.batching.instances import Forward, InstancePool
 from carpool.batching.policy import Decision, SendBatch, WaitUntil, decide, slots
 from carpool.batching.queue import PriorityQueues
 from carpool.batching.request import BatchRequest, Failed
@@ -92,8 +96,19 @@ class _Admission:
             return sum(self._counts.values())
 
 
+@dataclass(eq=False)
+class _Flight:
+    """A batch handed to an instance (runtime thread's record of it)."""
+
+    batch: list[BatchRequest]
+    instance: int
+    started: float
+    deadline: float | None = field(default=None)
+
+
 class DynamicBatcher:
-    """Batches requests for one ``BatchModel`` and runs them on the device runtime."""
+    """Batches requests for one ``BatchModel`` and runs them on the device runtime's
+    thread, or, given ``instances``, on the model's own instances."""
 
     def __init__(
         self,
@@ -103,10 +118,8 @@ class DynamicBatcher:
         *,
         priority: int = 0,
         clock: Clock | None = None,
-        concurrency: int = 1,
+        instances: InstancePool | None = None,
     ) -> None:
-        if concurrency < 1:
-            raise ValueError("concurrency must be >= 1")
         self.name = name
         self.priority = priority
         self.model = model
@@ -122,15 +135,16 @@ class DynamicBatcher:
         # Held from the closed check to the inbox put, so nothing lands after ``close``.
         self._entry = threading.Lock()
         self._closed: str | None = None
-        self.concurrency = concurrency
-        self._dispatch: _Dispatch | None = None  # started with the first concurrent batch
-        self._busy = 0  # batches on dispatch threads (runtime thread only)
-        self._finished: queue.SimpleQueue[None] = queue.SimpleQueue()
+        self.instances = instances
+        self._flights: dict[int, _Flight] = {}  # by instance (runtime thread only)
+        self._landed: queue.SimpleQueue[_Flight] = queue.SimpleQueue()
 
     # --- any thread -------------------------------------------------------------
 
     def attach(self, notify: Callable[[], None]) -> None:
         self._notify = notify
+        if self.instances is not None:
+            self.instances.attach(notify)
 
     def max_request_inputs(self, level: int | None = None) -> int:
         """Most inputs one request may bring: half of its level's queue."""
@@ -230,8 +244,6 @@ class DynamicBatcher:
         with self._entry:
             self._closed = reason
         self.fail_all(ModelNotFound(reason, param="model"))
-        if self._dispatch is not None:
-            self._dispatch.stop()
 
     def _wake_if_cancelled(self, future: Future[Any]) -> None:
         if future.cancelled():
@@ -240,7 +252,7 @@ class DynamicBatcher:
     # --- runtime thread -----------------------------------------------------------
 
     def poll(self, now: float) -> WorkState:
-        if self._busy == 0 and self._inbox.empty() and not self._queues:
+        if not self._flights and self._inbox.empty() and not self._queues:
             # Nothing waits, nothing runs: the turn after every batch at low load, in
             # the time a request's result waits for this thread to give up the GIL.
             self._decision = None
@@ -248,12 +260,13 @@ class DynamicBatcher:
         self._drain_inbox()
         self._drop_cancelled(now)
         self._decision = None
-        while not self._finished.empty():
-            self._finished.get_nowait()
-            self._busy -= 1
-        if self._busy >= self.concurrency:  # every instance runs a batch: only expire
+        self._land_flights()
+        self._abandon_overdue(now)
+        busy = bool(self._flights)
+        if self.instances is not None and not self.instances.has_free():
+            # Every instance runs a batch (or is being replaced): only expire.
             self._expire(now, [])
-            return WorkState(wake_at=self._queues.earliest_deadline(), busy=True)
+            return WorkState(wake_at=self._earliest_deadline(), busy=busy)
         decision = self._decide(now)
         # A deadline expires only the requests this chance to run passes by (held back
         # by the queue delay or left out of the batch): one that finds the model idle
@@ -261,16 +274,50 @@ class DynamicBatcher:
         spared = decision.requests if isinstance(decision, SendBatch) else []
         if self._expire(now, spared) and not spared:
             decision = self._decide(now)
-        deadline = self._queues.earliest_deadline()
-        busy = self._busy > 0
+        deadline = self._earliest_deadline()
         if decision is None:
-            return WorkState(busy=True) if busy else IDLE
+            return WorkState(wake_at=deadline, busy=True) if busy else IDLE
         if isinstance(decision, WaitUntil):
             wake = decision.time if deadline is None else min(decision.time, deadline)
             return WorkState(ready_since=None, wake_at=wake, busy=busy)
         self._decision = decision
         ready = min(r.arrival for r in decision.requests)
         return WorkState(ready_since=ready, wake_at=deadline, busy=busy)
+
+    def _earliest_deadline(self) -> float | None:
+        """The earliest queued request's deadline or running batch's timeout."""
+        times = [f.deadline for f in self._flights.values() if f.deadline is not None]
+        queued = self._queues.earliest_deadline()
+        if queued is not None:
+            times.append(queued)
+        return min(times, default=None)
+
+    def _land_flights(self) -> None:
+        """Free the instances whose batches came back (an abandoned one's late
+        answer changes nothing: its instance is the pool's to replace)."""
+        while True:
+            try:
+                flight = self._landed.get_nowait()
+            except queue.Empty:
+                return
+            if self._flights.get(flight.instance) is flight:
+                del self._flights[flight.instance]
+                assert self.instances is not None  # flights exist only with instances
+                self.instances.give_back(flight.instance)
+
+    def _abandon_overdue(self, now: float) -> None:
+        """Fail every batch past its execution timeout and abandon its instance."""
+        for flight in [f for f in self._flights.values() if f.deadline and f.deadline <= now]:
+            del self._flights[flight.instance]
+            assert self.instances is not None
+            error = BatchFailed(
+                f"model '{self.name}' did not finish a batch within its execution timeout of "
+                f"{self.instances.timeout_s:g}s; {self.instances.abandon_note(flight.instance)}"
+            )
+            log.error("%s", error.message)
+            for request in flight.batch:
+                self._fail(request, error)
+            self.instances.abandon(flight.instance)
 
     def run_once(self, now: float) -> None:
         if self._decision is None:
@@ -289,31 +336,36 @@ class DynamicBatcher:
             self.stats.record_queue(now - request.arrival)
         if not live:
             return
-        if self.concurrency > 1:
-            if self._dispatch is None:
-                self._dispatch = _Dispatch(f"carpool-{self.name}", self.concurrency)
-            self._busy += 1
-            self._dispatch.run(self._run_concurrently, live)
+        if self.instances is not None:
+            self._hand_over(live, now)
             return
         self._running = live
-        self._run_isolating(live)
+        self._run_isolating(live, self.model.forward)
         self._running = []
 
-    def _run_concurrently(self, batch: list[BatchRequest]) -> None:
-        """A dispatch thread's part: run ``batch``, then tell the runtime thread. A bug
-        escaping the isolation fails what of the batch is left (the runtime thread's
-        ``recover`` cannot see it here)."""
+    def _hand_over(self, batch: list[BatchRequest], now: float) -> None:
+        """Give ``batch`` to a free instance (``poll`` saw one) and go on."""
+        assert self.instances is not None
+        index = self.instances.take()
+        if index is None:
+            raise RuntimeError(f"model {self.name!r} has no free instance for a batch it formed")
+        timeout = self.instances.timeout_s
+        flight = _Flight(batch, index, now, now + timeout if timeout > 0 else None)
+        self._flights[index] = flight
+        self.instances.run(index, lambda forward: self._run_on_instance(flight, forward))
+
+    def _run_on_instance(self, flight: _Flight, forward: Forward) -> None:
+        """An instance thread's part: run the batch, then tell the runtime thread. A
+        bug escaping the isolation fails what of the batch is left (the runtime
+        thread's ``recover`` cannot see it here)."""
         try:
-            self._run_isolating(batch)
+            self._run_isolating(flight.batch, forward)
         except Exception as exc:
             log.error("running a batch of %s failed", self.name, exc_info=exc)
-            for request in batch:
-                if not request.future.done():
-                    request.future.set_exception(
-                        ModelExecutionError(f"model {self.name!r} failed on this request")
-                    )
+            for request in flight.batch:
+                _settle(request.future, error=ModelExecutionError(_describe(self.name, exc)))
         finally:
-            self._finished.put(None)
+            self._landed.put(flight)
             self._notify()
 
     def recover(self, error: Exception) -> None:
@@ -369,13 +421,13 @@ class DynamicBatcher:
         self.stats.set_pending(self._admission.total())
         return bool(expired)
 
-    def _run_isolating(self, batch: list[BatchRequest]) -> None:
+    def _run_isolating(self, batch: list[BatchRequest], forward: Forward) -> None:
         """Run ``batch``; on a model error re-run it in halves until the failing
         requests are isolated, so only they get the error. A ``BatchFailed`` (the model
         hung or its process died) fails the whole batch: re-running could not isolate
         anything."""
         try:
-            outputs = self._execute(batch)
+            outputs = self._execute(batch, forward)
         except BatchFailed as exc:
             for request in batch:
                 self._fail(request, exc)
@@ -386,22 +438,22 @@ class DynamicBatcher:
                 return
             log.warning("batch of %d failed on %s; splitting to isolate", len(batch), self.name)
             half = len(batch) // 2
-            self._run_isolating(batch[:half])
-            self._run_isolating(batch[half:])
+            self._run_isolating(batch[:half], forward)
+            self._run_isolating(batch[half:], forward)
             return
         end = self._clock.now()
         for request, output in zip(batch, outputs, strict=True):
             if isinstance(output, Failed):
                 self._fail(request, output.error)
                 continue
-            request.future.set_result(output)
-            self.stats.record_outcome(Outcome.SUCCESS, end - request.arrival)
+            if _settle(request.future, result=output):
+                self.stats.record_outcome(Outcome.SUCCESS, end - request.arrival)
 
-    def _execute(self, batch: list[BatchRequest]) -> list[Any]:
+    def _execute(self, batch: list[BatchRequest], forward: Forward) -> list[Any]:
         t0 = self._clock.now()
         collated = self.model.collate([r.payload for r in batch])
         t1 = self._clock.now()
-        output = self.model.forward(collated)
+        output = forward(collated)
         t2 = self._clock.now()
         results = self.model.split(output, len(batch))
         t3 = self._clock.now()
@@ -417,33 +469,32 @@ class DynamicBatcher:
             error: CarpoolError = exc
         else:
             log.error("model %s failed on request %d", self.name, request.id, exc_info=exc)
-            error = ModelExecutionError(f"model {self.name!r} failed on this input")
-        request.future.set_exception(error)
-        self.stats.record_outcome(Outcome.ERROR, self._clock.now() - request.arrival)
+            error = ModelExecutionError(_describe(self.name, exc))
+        if _settle(request.future, error=error):
+            self.stats.record_outcome(Outcome.ERROR, self._clock.now() - request.arrival)
 
 
-class _Dispatch:
-    """``count`` daemon threads that run what they are handed (a concurrent batcher's
-    batches). Daemons, so a batch hung in user code never holds up the server's exit."""
+MESSAGE_CHARS = 2000
 
-    def __init__(self, name: str, count: int) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Callable[..., None], Any] | None] = queue.SimpleQueue()
-        self._count = count
-        for i in range(count):
-            threading.Thread(target=self._main, name=f"{name}-{i}", daemon=True).start()
 
-    def run(self, fn: Callable[[Any], None], arg: Any) -> None:
-        self._jobs.put((fn, arg))
+def _describe(model: str, exc: Exception) -> str:
+    """What the client is told of an exception the model raised: its class and
+    message, as Triton reports it (no stack trace), bounded in length."""
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if len(text) > MESSAGE_CHARS:
+        text = text[:MESSAGE_CHARS] + "..."
+    return f"model '{model}' failed: {text}"
 
-    def stop(self) -> None:
-        """End the threads once they finish what they hold."""
-        for _ in range(self._count):
-            self._jobs.put(None)
 
-    def _main(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            fn, arg = job
-            try:
-                fn(arg)
-            except BaseException:
-                log.exception("a concurrent batch failed outside its model")
+def _settle(future: Future[Any], *, result: Any = None, error: BaseException | None = None) -> bool:
+    """End ``future`` with ``error`` or ``result`` unless it has ended already (a
+    batch that timed out was failed on the runtime thread while its instance still
+    ran it); whether this call ended it."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except InvalidStateError:
+        return False
+    return True

@@ -2,12 +2,13 @@
 
 The worker process loads the user's model with the in-process backend and answers
 batches over a pipe (payloads and results are pickled: numpy arrays and plain
-objects). If the process dies (a crash, ``os._exit``, a signal) the batch in flight
-fails with ``BatchFailed`` and a new process is started in the background; the next
-batch waits for it. A batch past the execution timeout kills the process the same
-way. The server itself never runs the user's code, so the thread that sends a batch
-may wait on its answer itself (``execute``'s timeout): no thread of its own is needed
-to give up on a model that hangs.
+objects). While it runs a batch, the model's BLS calls (``InferenceRequest.exec``)
+come back over the same pipe and the server answers them (``call_model``), so a
+process-isolated model calls other models as an in-process one does. If the process
+dies (a crash, ``os._exit``, a signal) the batch in flight fails with
+``BatchFailed`` and a new process is started in the background; ``healthy`` is
+false until it has loaded. A batch past the execution timeout is the caller's to
+notice: it ``restart``s the worker (or passes a timeout to ``execute``).
 """
 
 from __future__ import annotations
@@ -17,13 +18,15 @@ import logging
 import multiprocessing
 import threading
 import time
+from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
 from carpool.batching.request import Failed
-from carpool.errors import BatchFailed
+from carpool.errors import BatchFailed, CarpoolError, ModelExecutionError
 from carpool.repository.backends import Outputs, create_backend
+from carpool.repository.bls import Arrays, CallModel
 from carpool.repository.errors import RepositoryError
 from carpool.repository.payload import TensorPayload
 from carpool.repository.spec import ModelSpec
@@ -34,8 +37,26 @@ START_TIMEOUT_S = 300.0
 
 def _worker_main(conn: Connection, spec: ModelSpec, instance: int, device: str) -> None:
     """The worker process: load, say so, then run every batch it is sent."""
+    lock = threading.Lock()  # one exchange on the pipe at a time (BLS calls from threads)
+
+    def call_over_pipe(
+        caller: str,
+        name: str,
+        version: str,
+        inputs: Arrays,
+        outputs: tuple[str, ...],
+        parameters: Mapping[str, Any],
+    ) -> Arrays:
+        with lock:
+            conn.send(("call", (caller, name, version, inputs, outputs, dict(parameters))))
+            status, detail = conn.recv()
+        if status == "error":
+            raise detail
+        answer: Arrays = detail
+        return answer
+
     try:
-        backend = create_backend(spec, instance, device)
+        backend = create_backend(spec, instance, device, call_over_pipe)
     except Exception as exc:
         conn.send(("error", str(exc)))
         return
@@ -47,18 +68,17 @@ def _worker_main(conn: Connection, spec: ModelSpec, instance: int, device: str) 
             break
         if message is None:
             break
+        answer: tuple[str, Any]
         try:
-            conn.send(("ok", backend.execute(message)))
-        except Exception as exc:
-            conn.send(("raise", f"{type(exc).__name__}: {exc}"))
+            answer = ("ok", backend.execute(message))
+        except (Exception, SystemExit) as exc:  # sys.exit in execute fails the batch only
+            answer = ("raise", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+        with lock:
+            conn.send(answer)
     try:
         backend.finalize()
     finally:
         conn.close()
-
-
-class ModelProcessFailed(RuntimeError):
-    """The user's code raised inside the worker process (its message travels back)."""
 
 
 class ExecutionTimedOut(BatchFailed):
@@ -69,8 +89,13 @@ class ProcessBackend:
     """One model instance in a worker process; a ``Backend`` whose ``execute`` takes a
     timeout (the calling thread waits on the worker itself)."""
 
-    def __init__(self, spec: ModelSpec, instance: int, device: str) -> None:
+    def __init__(
+        self, spec: ModelSpec, instance: int, device: str, call_model: CallModel | None = None
+    ) -> None:
         self.spec = spec
+        self.call_model = call_model
+        # Called (on a restart thread) when a restarted worker has loaded.
+        self.on_ready: Callable[[], None] | None = None
         self._instance = instance
         self._device = device
         self._context = multiprocessing.get_context("spawn")
@@ -90,6 +115,25 @@ class ProcessBackend:
     @property
     def pid(self) -> int | None:
         return None if self._process is None else self._process.pid
+
+    @property
+    def healthy(self) -> bool:
+        """Whether a loaded worker stands (not while one is being restarted, nor after
+        a restart failed to load)."""
+        return self._ready.is_set() and self._conn is not None
+
+    @property
+    def start_error(self) -> str:
+        """Why the last (re)start failed to load; "" if it did not."""
+        return self._start_error
+
+    def restart(self) -> None:
+        """Kill the worker and start a new one (unless a restart is already under
+        way); return once the new one has loaded or failed to. Blocks: never on the
+        runtime thread."""
+        self._kill()
+        self._restart_in_background()
+        self._ready.wait()
 
     def _start(self) -> None:
         """Start a worker and wait for it to load (on the calling thread)."""
@@ -116,6 +160,8 @@ class ProcessBackend:
         else:
             self._process, self._conn = process, parent
         self._ready.set()
+        if self.on_ready is not None:
+            self.on_ready()
 
     def execute(
         self, payloads: list[TensorPayload], timeout_s: float | None = None
@@ -151,11 +197,15 @@ class ProcessBackend:
             )
         try:
             conn.send(payloads)
-            if deadline is not None and not conn.poll(_left(deadline)):
-                self._kill()
-                self._restart_in_background()
-                raise self._timed_out()
-            status, result = conn.recv()
+            while True:
+                if deadline is not None and not conn.poll(_left(deadline)):
+                    self._kill()
+                    self._restart_in_background()
+                    raise self._timed_out()
+                status, result = conn.recv()
+                if status != "call":
+                    break
+                conn.send(self._serve_call(result))
         except (EOFError, OSError, BrokenPipeError):
             code = self._process.exitcode if self._process is not None else None
             self._restart_in_background()
@@ -164,8 +214,21 @@ class ProcessBackend:
                 "it is being restarted"
             ) from None
         if status == "raise":
-            raise ModelProcessFailed(result)
+            raise ModelExecutionError(f"model '{self.spec.name}' failed: {result}")
         return list(result)
+
+    def _serve_call(self, args: tuple[Any, ...]) -> tuple[str, Any]:
+        """Answer a BLS call the worker's model made: ("ok", outputs) or ("error",
+        the call's ``CarpoolError``)."""
+        if self.call_model is None:
+            return "error", ModelExecutionError("BLS calls are not served here")
+        try:
+            return "ok", self.call_model(*args)
+        except CarpoolError as exc:
+            return "error", exc
+        except Exception as exc:
+            log.error("model %s: a BLS call failed", self.spec.name, exc_info=exc)
+            return "error", ModelExecutionError(f"{type(exc).__name__}: {exc}")
 
     def _timed_out(self) -> ExecutionTimedOut:
         return ExecutionTimedOut(

@@ -9,6 +9,7 @@ nothing of it is left running.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +42,7 @@ class ModelRepository:
         root: Path,
         device: str = "cpu",
         execution_timeout_s: float = 0.0,
-        isolation: str = "thread",
+        isolation: str = "process",
         auto_complete: bool = True,
     ) -> None:
         if not root.is_dir():
@@ -88,21 +89,35 @@ class ModelRepository:
                         _finalize_quietly(instance, name)
                     raise
                 timeout = spec.execution_timeout_s or self.execution_timeout_s
-                loaded.append(LoadedVersion(spec, UserBatchModel(spec, instances, timeout)))
+                model = UserBatchModel(spec, instances, timeout, replace=self._replacer(spec))
+                loaded.append(LoadedVersion(spec, model))
         except BaseException:
             for version in loaded:
                 version.model.finalize()
             raise
         return loaded
 
+    def _replacer(self, spec: ModelSpec) -> Callable[[int], Backend]:
+        """Loads instance ``index`` of ``spec`` anew (one that hung is replaced)."""
+        return lambda index: self._instance(spec, index)
+
+    def isolation_of(self, spec: ModelSpec) -> str:
+        """Where ``spec``'s instances run: its own isolation, else the repository's
+        (``process`` by default), but a decoupled model runs in a thread unless it
+        asks for a process, which it cannot have (its responses are sent from its
+        own threads, after ``execute`` returns)."""
+        if spec.isolation:
+            return spec.isolation
+        return "thread" if spec.decoupled else self.isolation
+
     def _instance(self, spec: ModelSpec, index: int) -> Backend:
-        if (spec.isolation or self.isolation) == "process":
+        if self.isolation_of(spec) == "process":
             if spec.decoupled:
                 raise RepositoryError(
                     f"model '{spec.name}': a decoupled model needs isolation 'thread' (a "
                     "process-isolated model cannot send responses of its own)"
                 )
-            return ProcessBackend(spec, index, self.device)
+            return ProcessBackend(spec, index, self.device, self.call_model)
         return create_backend(spec, index, self.device, self.call_model)
 
 

@@ -1,29 +1,36 @@
-"""A repository model as the dynamic batcher's ``BatchModel``.
+"""A repository model as the dynamic batcher's ``BatchModel`` and ``InstancePool``:
+the user's code runs on the model's own instances, never on the runtime thread.
 
-Each in-process instance of the user's model (``instance_group`` count) has its own
-thread; the runtime thread hands a batch to the next instance and waits at most the
-model's execution timeout. A process-isolated instance needs no thread of its own:
-the calling thread sends the batch to its worker and waits on the pipe with the same
-timeout (one hand-over fewer each way on every request). What comes back is checked
-against the config: one result per request, every requested output there, with its
-declared datatype and shape and the request's batch size. A wrong output fails that
-request with a message that says what was wrong. A batch that outlives the timeout
-fails whole; an in-process model is then marked unready (its thread cannot be taken
-back), a process-isolated one has its worker restarted.
+Each instance (``instance_group`` count) has its own thread: an in-process instance
+runs the user's code on it; a process-isolated one uses it to send the batch to its
+worker process and wait for the answer. The batcher takes a free instance, hands it
+the batch and moves on; a batch past the execution timeout is failed by the batcher,
+which then abandons the instance here: a worker process is killed and restarted, an
+in-process instance's thread is left behind (a thread cannot be stopped) and a new
+instance is loaded on a new thread. Until a replacement stands its slot takes no
+batch; the model is unready while no instance is healthy.
+
+What comes back is checked against the config: one result per request, every
+requested output there, with its declared datatype and shape and the request's
+batch size. A wrong output fails that request with a message that says what was
+wrong.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import enum
 import logging
 import queue
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any, NoReturn, TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 
+from carpool.batching.instances import Forward
 from carpool.batching.request import Failed
 from carpool.errors import BatchFailed, CarpoolError, ModelExecutionError, ModelUnavailable
 from carpool.repository.backends import Backend, Outputs
@@ -37,91 +44,222 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Batch = tuple[list[TensorPayload], list[Outputs | Failed]]
+FINALIZE_TIMEOUT_S = 30.0
+
+
+class SlotState(enum.Enum):
+    FREE = "free"
+    BUSY = "busy"  # running a batch the batcher handed it
+    REPLACING = "replacing"  # abandoned; a new instance is starting
+    LOST = "lost"  # its replacement failed to load
+
+
+@dataclass(eq=False)
+class _Slot:
+    """One instance: its backend, the thread it runs on and what it is doing."""
+
+    backend: Backend
+    thread: InstanceThread
+    state: SlotState = SlotState.FREE
+    note: str = ""  # why it is LOST
+
+    @property
+    def healthy(self) -> bool:
+        """Whether its backend can run a batch now (a worker process being restarted
+        cannot)."""
+        return not isinstance(self.backend, ProcessBackend) or self.backend.healthy
+
+    @property
+    def usable(self) -> bool:
+        return self.state in (SlotState.FREE, SlotState.BUSY) and self.healthy
+
+    @property
+    def lost(self) -> str:
+        """Why no instance will come back to this slot ("": one will)."""
+        if isinstance(self.backend, ProcessBackend) and self.backend.start_error:
+            return f"restarting its worker failed: {self.backend.start_error}"
+        return self.note if self.state is SlotState.LOST else ""
 
 
 class UserBatchModel:
-    """Runs batches of ``TensorPayload`` on the user's model instances."""
+    """Runs batches of ``TensorPayload`` on the user's model instances.
 
-    def __init__(self, spec: ModelSpec, instances: Sequence[Backend], timeout_s: float) -> None:
+    ``replace(index)`` loads a new in-process instance for slot ``index`` when one
+    is abandoned (None: the same backend object runs on a new thread, for stateless
+    backends). Slot states are guarded by a lock: the runtime thread takes and gives
+    back slots, replacement threads free them."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        instances: Sequence[Backend],
+        timeout_s: float,
+        replace: Callable[[int], Backend] | None = None,
+    ) -> None:
         if not instances:
             raise ValueError("a model needs at least one instance")
         self.spec = spec
         self.ragged = spec.ragged
         self.timeout_s = timeout_s
-        self.unready_reason = ""
-        self._instances = list(instances)
-        # A worker process is waited on from the calling thread: no thread of its own.
-        self._threads = [
-            None
-            if isinstance(instance, ProcessBackend)
-            else InstanceThread(f"carpool-{spec.name}-{i}")
-            for i, instance in enumerate(instances)
+        self._replace = replace
+        self._notify: Callable[[], None] = lambda: None
+        self._lock = threading.Lock()
+        self._slots = [
+            _Slot(backend, InstanceThread(f"carpool-{spec.name}-{i}"))
+            for i, backend in enumerate(instances)
         ]
         self._next = 0
-        # Instances running a batch: the batcher may run as many batches at once as
-        # there are instances (its dispatch threads), each on a free one.
-        self._busy: set[int] = set()
-        self._busy_lock = threading.Lock()
+        for slot in self._slots:
+            if isinstance(slot.backend, ProcessBackend):
+                # A worker restarted after a crash: the runtime looks again.
+                slot.backend.on_ready = lambda: self._notify()
+
+    @property
+    def instance_count(self) -> int:
+        return len(self._slots)
 
     @property
     def ready(self) -> bool:
         return not self.unready_reason
 
-    # --- BatchModel (runtime thread) ---------------------------------------------
+    @property
+    def unready_reason(self) -> str:
+        """Why the model is not ready ("": it is): no instance is healthy now. Its
+        requests still wait in its queue while one is being restarted."""
+        with self._lock:
+            if any(s.usable for s in self._slots):
+                return ""
+            lost = self.lost_reason_locked()
+        why = f": {lost}" if lost else "; one is being restarted"
+        return f"model '{self.spec.name}' is unready: no instance of it is healthy{why}"
+
+    @property
+    def lost_reason(self) -> str:
+        """Why no instance of the model will come back ("": one is or will be): its
+        requests are refused until it is loaded again."""
+        with self._lock:
+            return self.lost_reason_locked()
+
+    def lost_reason_locked(self) -> str:
+        reasons = [s.lost for s in self._slots]
+        if not all(reasons):
+            return ""
+        return f"model '{self.spec.name}' has no instance left: {reasons[0]}"
+
+    # --- InstancePool (runtime thread) ----------------------------------------------
+
+    def attach(self, notify: Callable[[], None]) -> None:
+        self._notify = notify
+
+    def has_free(self) -> bool:
+        with self._lock:
+            return any(s.state is SlotState.FREE and s.healthy for s in self._slots)
+
+    def take(self) -> int | None:
+        """The next free healthy instance in turn, now busy."""
+        with self._lock:
+            count = len(self._slots)
+            for step in range(count):
+                index = (self._next + step) % count
+                slot = self._slots[index]
+                if slot.state is SlotState.FREE and slot.healthy:
+                    slot.state = SlotState.BUSY
+                    self._next = (index + 1) % count
+                    return index
+        return None
+
+    def run(self, index: int, job: Callable[[Forward], None]) -> None:
+        slot = self._slots[index]
+        slot.thread.submit(job, lambda payloads: (payloads, _execute(slot.backend, payloads)))
+
+    def give_back(self, index: int) -> None:
+        with self._lock:
+            slot = self._slots[index]
+            if slot.state is SlotState.BUSY:
+                slot.state = SlotState.FREE
+
+    def abandon_note(self, index: int) -> str:
+        if isinstance(self._slots[index].backend, ProcessBackend):
+            return "its worker process is being restarted"
+        return "its instance is being replaced"
+
+    def abandon(self, index: int) -> None:
+        with self._lock:
+            slot = self._slots[index]
+            slot.state = SlotState.REPLACING
+        target: Callable[[int, _Slot], None] = (
+            self._restart_worker
+            if isinstance(slot.backend, ProcessBackend)
+            else self._replace_instance
+        )
+        threading.Thread(
+            target=target,
+            args=(index, slot),
+            name=f"carpool-{self.spec.name}-{index}-replace",
+            daemon=True,
+        ).start()
+
+    def _restart_worker(self, index: int, slot: _Slot) -> None:
+        """Kill ``slot``'s worker process and start a new one (its thread, waiting on
+        the pipe, sees the old one die and lets the batch go); the slot is free again
+        once the new one has loaded."""
+        assert isinstance(slot.backend, ProcessBackend)
+        slot.backend.restart()
+        with self._lock:
+            if slot.state is SlotState.REPLACING:
+                slot.state = SlotState.FREE  # still lost if the restart failed (``lost``)
+        self._notify()
+
+    def _replace_instance(self, index: int, old: _Slot) -> None:
+        """Load a new in-process instance for ``index`` on a new thread (the old
+        thread stays hung in the user's code: a daemon, holding nothing of ours)."""
+        try:
+            backend = old.backend if self._replace is None else self._replace(index)
+        except Exception as exc:
+            log.error("model %s: replacing instance %d failed: %s", self.spec.name, index, exc)
+            with self._lock:
+                old.state = SlotState.LOST
+                old.note = f"loading a replacement for a hung instance failed: {exc}"
+            self._notify()
+            return
+        fresh = _Slot(backend, InstanceThread(f"carpool-{self.spec.name}-{index}"))
+        with self._lock:
+            self._slots[index] = fresh
+        log.warning("model %s: instance %d replaced after it hung", self.spec.name, index)
+        self._notify()
+
+    # --- BatchModel -------------------------------------------------------------------
 
     def collate(self, payloads: list[TensorPayload]) -> list[TensorPayload]:
         return payloads
 
-    @property
-    def instance_count(self) -> int:
-        return len(self._instances)
-
     def forward(self, payloads: list[TensorPayload]) -> Batch:
-        """Run a batch on a free instance (the next in turn among the free ones) and
-        wait for it; any thread, at most one batch per instance at once."""
-        if self.unready_reason:
-            raise BatchFailed(self.unready_reason)
-        index, taken = self._take_instance()
-        try:
-            return payloads, self._run(index, payloads)
-        finally:
-            self._release(index, taken)
-
-    def _run(self, index: int, payloads: list[TensorPayload]) -> list[Outputs | Failed]:
-        """``payloads`` run on instance ``index`` within the execution timeout: on the
-        instance's thread, or, for a worker process, from the calling thread."""
-        instance = self._instances[index]
+        """Run a batch now on a usable instance and wait for it, at most the execution
+        timeout (a BLS call's path; the batcher hands batches over with ``run``)."""
+        slot = self._any_usable()
         timeout = self.timeout_s or None
-        if isinstance(instance, ProcessBackend):
+        if isinstance(slot.backend, ProcessBackend):
             try:
-                return instance.execute(payloads, timeout)
-            except ExecutionTimedOut:
-                self._timed_out(restarted=True)
-        thread = self._threads[index]
-        assert thread is not None  # every in-process instance has one
-        future = thread.submit(instance.execute, payloads)
+                return payloads, slot.backend.execute(payloads, timeout)
+            except ExecutionTimedOut as exc:
+                raise BatchFailed(exc.message) from None
+        future = slot.thread.submit(_execute, slot.backend, payloads)
         try:
-            return future.result(timeout)
+            return payloads, future.result(timeout)
         except concurrent.futures.TimeoutError:
-            self._timed_out(restarted=False)
+            raise BatchFailed(
+                f"model '{self.spec.name}' did not finish a call within its execution "
+                f"timeout of {self.timeout_s:g}s"
+            ) from None
 
-    def _take_instance(self) -> tuple[int, bool]:
-        """The next free instance in turn, now marked busy (``True``); or, with none
-        free, the next in turn, to queue behind its work (``False``: not marked)."""
-        with self._busy_lock:
-            count = len(self._instances)
-            order = [(self._next + i) % count for i in range(count)]
-            free = next((i for i in order if i not in self._busy), None)
-            index = order[0] if free is None else free
-            self._next = (index + 1) % count
-            if free is not None:
-                self._busy.add(index)
-            return index, free is not None
-
-    def _release(self, index: int, taken: bool) -> None:
-        if taken:
-            with self._busy_lock:
-                self._busy.discard(index)
+    def _any_usable(self) -> _Slot:
+        """A usable instance, a free one first."""
+        with self._lock:
+            usable = [s for s in self._slots if s.usable]
+        if not usable:
+            raise ModelUnavailable(self.unready_reason)
+        free = [s for s in usable if s.state is SlotState.FREE]
+        return (free or usable)[0]
 
     def split(self, output: Batch, count: int) -> list[Any]:
         """Per request: its checked outputs, ``Failed``, or (a decoupled model) its
@@ -139,20 +277,17 @@ class UserBatchModel:
 
     def call(self, payload: TensorPayload) -> dict[str, np.ndarray[Any, Any]]:
         """Run one checked request now, outside the batcher: a BLS call from another
-        model's ``execute``, made while the runtime waits on that model. Its outputs,
-        checked as a batch's are; raises its ``CarpoolError``."""
-        if self.unready_reason:
-            raise ModelUnavailable(self.unready_reason)
-        index, taken = self._take_instance()
+        model's ``execute``, on that model's instance thread. Its outputs, checked as a
+        batch's are; raises its ``CarpoolError``."""
         try:
-            results = self._run(index, [payload])
+            _, results = self.forward([payload])
         except CarpoolError:
             raise
         except Exception as exc:
             log.error("model %s failed on a BLS request", self.spec.name, exc_info=exc)
-            raise ModelExecutionError(f"model '{self.spec.name}' failed on this request") from None
-        finally:
-            self._release(index, taken)
+            raise ModelExecutionError(
+                f"model '{self.spec.name}' failed: {type(exc).__name__}: {exc}"
+            ) from None
         checked = self._check(payload, results[0])
         if isinstance(checked, Failed):
             raise checked.error
@@ -161,31 +296,29 @@ class UserBatchModel:
 
     # --- control ------------------------------------------------------------------
 
-    def finalize(self) -> None:
-        """Release every instance; their threads end once idle (a hung one never does)."""
-        for instance, thread in zip(self._instances, self._threads, strict=True):
-            try:
-                instance.finalize()
-            except Exception:
-                log.exception("model %s: finalize failed", self.spec.name)
-            if thread is not None:
-                thread.stop()
-
-    def _timed_out(self, restarted: bool) -> NoReturn:
-        """A batch outlived the execution timeout: ``BatchFailed``; a worker process
-        has already been ``restarted``, an in-process model is marked unready."""
-        message = (
-            f"model '{self.spec.name}' did not finish a batch within its execution timeout "
-            f"of {self.timeout_s:g}s"
-        )
-        if restarted:
-            log.error("%s; its worker process is being restarted", message)
-        else:
-            log.error("%s; the model is marked unready (unload and load it to recover)", message)
-            self.unready_reason = (
-                f"model '{self.spec.name}' is unready: it hung past its execution timeout"
+    def finalize(self, timeout_s: float = FINALIZE_TIMEOUT_S) -> None:
+        """Release every instance, waiting at most ``timeout_s`` for them all (a
+        worker process that overruns its own wait is killed; an in-process
+        ``finalize`` that overruns is left on its daemon thread; a hung instance's is
+        never called). Any thread."""
+        with self._lock:
+            slots = list(self._slots)
+        running: list[Future[None]] = []
+        for slot in slots:
+            slot.thread.stop()
+            if isinstance(slot.backend, ProcessBackend) or slot.state is not SlotState.REPLACING:
+                running.append(_on_own_thread(slot.backend.finalize))
+        done, late = concurrent.futures.wait(running, timeout_s)
+        for future in done:
+            if future.exception() is not None:
+                log.error("model %s: finalize failed: %s", self.spec.name, future.exception())
+        if late:
+            log.error(
+                "model %s: %d instance(s) did not finalize within %gs",
+                self.spec.name,
+                len(late),
+                timeout_s,
             )
-        raise BatchFailed(message)
 
     def _check(self, payload: TensorPayload, result: Outputs | Failed) -> Any:
         if isinstance(result, Failed):
@@ -258,12 +391,38 @@ class InstanceThread:
                 continue
             try:
                 future.set_result(work())
-            except Exception as exc:
-                future.set_exception(exc)
             except BaseException as exc:
-                # SystemExit and the like from user code must not reach the runtime
-                # thread (where they would stop it): they fail this batch.
-                future.set_exception(ModelExecutionError(f"the model raised {type(exc).__name__}"))
+                future.set_exception(exc)
+
+
+def _execute(backend: Backend, payloads: list[TensorPayload]) -> list[Outputs | Failed]:
+    """``backend.execute`` (a worker process waited on without a limit: the batcher
+    kills it past the execution timeout). ``SystemExit`` and the like raised by user
+    code fail the batch; they never end the instance's thread."""
+    try:
+        if isinstance(backend, ProcessBackend):
+            return backend.execute(payloads, None)
+        return backend.execute(payloads)
+    except Exception:
+        raise
+    except BaseException as exc:
+        raise ModelExecutionError(f"the model raised {type(exc).__name__}") from None
+
+
+def _on_own_thread(fn: Callable[[], None]) -> Future[None]:
+    """Run ``fn`` on a daemon thread of its own; its future."""
+    future: Future[None] = Future()
+
+    def main() -> None:
+        try:
+            fn()
+        except BaseException as exc:
+            future.set_exception(exc)
+        else:
+            future.set_result(None)
+
+    threading.Thread(target=main, name="carpool-finalize", daemon=True).start()
+    return future
 
 
 def _batch_size(spec: ModelSpec, payload: TensorPayload) -> int | None:

@@ -65,9 +65,7 @@ class ServedUserModel:
             v.spec.version: ServedVersion(
                 v.spec,
                 v.model,
-                DynamicBatcher(
-                    v.spec.name, v.model, v.spec.batching, concurrency=v.model.instance_count
-                ),
+                DynamicBatcher(v.spec.name, v.model, v.spec.batching, instances=v.model),
             )
             for v in loaded
         }
@@ -148,8 +146,9 @@ class ServedUserModel:
         stream of responses."""
         if self.state is not ModelState.READY:
             raise ModelUnavailable(f"model '{self.name}' is unloading", retry_after_s=1.0)
-        if not served.model.ready:
-            raise ModelUnavailable(served.model.unready_reason, retry_after_s=1.0)
+        lost = served.model.lost_reason
+        if lost:
+            raise ModelUnavailable(lost, retry_after_s=1.0)
         future = served.batcher.submit(
             payload,
             checked.cost,

@@ -167,12 +167,15 @@ def test_outputs_selection_returns_only_those_asked(server: Server) -> None:
 
 
 def test_a_failing_request_fails_alone(server: Server) -> None:
-    # 13 raises in execute, -1 gets a TritonError response: only they fail.
+    # 13 raises in execute, -1 gets a TritonError response: only they fail, each with
+    # the model's own message (its exception's class and text, as Triton says it).
     results = together("faulty", server, [np.full((1, 1), v) for v in (1, 13, -1, 2)])
     assert results[0].as_numpy("total").tolist() == [[1.0]]
     assert results[3].as_numpy("total").tolist() == [[2.0]]
     assert isinstance(results[1], InferenceServerException)
     assert results[1].status() == "500"
+    assert "ValueError: 13 is unlucky" in results[1].message()
+    assert "Traceback" not in results[1].message()
     assert isinstance(results[2], InferenceServerException)
     assert "negative one" in results[2].message()
 
@@ -232,21 +235,74 @@ def test_a_model_calling_sys_exit_fails_only_that_request(server: Server) -> Non
     assert c.is_server_ready()
 
 
-def test_a_hung_model_fails_its_requests_and_goes_unready(server: Server) -> None:
+def test_a_hung_in_process_model_fails_its_batch_and_is_replaced(server: Server) -> None:
     c = client(server)
     assert infer_x(c, "hangs", np.ones((1, 1))).as_numpy("total").tolist() == [[1.0]]
     with pytest.raises(InferenceServerException) as caught:
-        infer_x(c, "hangs", np.full((1, 1), 77))
+        infer_x(c, "hangs", np.full((1, 1), 77))  # sleeps an hour on its thread
     assert caught.value.status() == "500"
-    assert "execution timeout" in caught.value.message()
-    assert not c.is_model_ready("hangs")
-    with server.client() as h:
-        body = {"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1]}]}
-        refused = h.post("/v2/models/hangs/infer", json=body)
-    assert refused.status_code == 503
-    assert "retry-after" in refused.headers
-    # Everything else still serves.
-    assert infer_x(c, "equal_shapes", np.ones((2, 7))).as_numpy("total").tolist() == [[7], [7]]
+    assert "execution timeout of 1s; its instance is being replaced" in caught.value.message()
+    # A new instance on a new thread serves (requests wait in the queue meanwhile).
+    assert infer_x(c, "hangs", np.full((1, 1), 2)).as_numpy("total").tolist() == [[2.0]]
+    assert c.is_model_ready("hangs")
+    _log_until(server, "model hangs: instance 0 replaced after it hung")
+
+
+def test_other_models_answer_while_one_hangs(server: Server) -> None:
+    """The runtime hands a batch to the model's instance and moves on: while one
+    model's batch hangs, every other model's requests are answered."""
+    c = client(server)
+    with ThreadPoolExecutor(1) as pool:
+        ran = _queued_count(c, "crashes")
+        hung = pool.submit(infer_x, client(server), "crashes", np.full((1, 1), 77))
+        while _queued_count(c, "crashes") == ran:  # until its batch went to the instance
+            assert not hung.done()
+        answered = []
+        for n in range(1, 6):
+            double = c.infer("slow_double", [_x2(n)]).as_numpy("y").tolist()
+            wanted = [triton.InferRequestedOutput("out_INT8")]
+            echo = c.infer("echo", [_small_int(n)], outputs=wanted).as_numpy("out_INT8").tolist()
+            answered.append(not hung.done())
+            assert double == [[2.0 * n, 2.0 * n]] and echo == [[n]]
+        assert all(answered), "another model waited for the hung one"
+        with pytest.raises(InferenceServerException) as caught:
+            hung.result(timeout=60)
+    assert "execution timeout of 5s; its worker process is being restarted" in (
+        caught.value.message()
+    )
+    assert infer_x(c, "crashes", np.full((1, 1), 3)).as_numpy("total").tolist() == [[3.0]]
+
+
+def _queued_count(c: triton.InferenceServerClient, model: str) -> int:
+    """Requests of ``model`` that have left its queue for an instance."""
+    stats = c.get_inference_statistics(model)["model_stats"][0]
+    return int(stats["inference_stats"]["queue"]["count"])
+
+
+def _x2(n: int) -> triton.InferInput:
+    tensor = triton.InferInput("x", [1, 2], "FP32")
+    tensor.set_data_from_numpy(np.full((1, 2), n, np.float32))
+    return tensor
+
+
+def _small_int(n: int) -> triton.InferInput:
+    tensor = triton.InferInput("in_INT8", [1, 1], "INT8")
+    tensor.set_data_from_numpy(np.full((1, 1), n, np.int8))
+    return tensor
+
+
+def test_a_model_in_its_default_process_survives_os_exit(server: Server) -> None:
+    """Repository Python models run in a worker process by default (Triton's stub):
+    os._exit fails the batch in flight; the worker is restarted; the server lives."""
+    c = client(server)
+    before = int(infer_x(c, "faulty", np.ones((1, 1))).as_numpy("pid")[0, 0])
+    with pytest.raises(InferenceServerException) as caught:
+        infer_x(c, "faulty", np.full((1, 1), 99))
+    assert caught.value.status() == "500" and "worker process died" in caught.value.message()
+    after = infer_x(c, "faulty", np.full((1, 1), 4))
+    assert after.as_numpy("total").tolist() == [[4.0]]
+    assert int(after.as_numpy("pid")[0, 0]) != before
+    assert c.is_server_live() and c.is_model_ready("faulty")
 
 
 def test_a_crashing_isolated_model_is_restarted(server: Server) -> None:
@@ -267,10 +323,11 @@ def test_a_hung_isolated_model_is_restarted_and_serves_again(server: Server) -> 
         infer_x(c, "crashes", np.full((1, 1), 77))  # sleeps an hour in the worker
     assert caught.value.status() == "500"
     assert "execution timeout" in caught.value.message()
-    assert c.is_model_ready("crashes")  # its worker is replaced: it stays ready
+    # Unready while its one worker restarts; a request meanwhile waits in the queue.
     after = infer_x(c, "crashes", np.full((1, 1), 2))
     assert after.as_numpy("total").tolist() == [[2.0]]
     assert int(after.as_numpy("pid")[0, 0]) != before
+    assert c.is_model_ready("crashes")
 
 
 def test_a_config_completed_by_the_model(server: Server) -> None:
@@ -301,9 +358,12 @@ def bls(server: Server, model: str = "bls_caller", **params: Any) -> httpx.Respo
         return h.post(f"/v2/models/{model}/infer", json=body)
 
 
+@pytest.mark.parametrize("model", ["bls_caller", "bls_isolated"])
 @pytest.mark.parametrize("sync", [True, False])
-def test_a_model_calls_another_through_bls(server: Server, sync: bool) -> None:
-    answer = bls(server, sync=sync)
+def test_a_model_calls_another_through_bls(server: Server, sync: bool, model: str) -> None:
+    """In the server's process or in a worker process (whose calls come back over
+    its pipe), exec and async_exec alike."""
+    answer = bls(server, model, sync=sync)
     assert answer.status_code == 200, answer.text
     assert answer.json()["outputs"][0]["data"] == [3.0, 5.0]  # slow_double's 2x, then + 1
 
@@ -314,7 +374,8 @@ def test_a_model_calls_another_through_bls(server: Server, sync: bool) -> None:
         ("bls_caller", "nope", 500, "no repository model 'nope'"),
         ("bls_caller", "bls_caller", 500, "cannot call itself"),
         ("bls_caller", "auto_completed", 400, "unexpected input 'x'"),
-        ("bls_isolated", "slow_double", 500, "failed on this input"),
+        ("bls_isolated", "nope", 500, "no repository model 'nope'"),
+        ("bls_isolated", "auto_completed", 400, "unexpected input 'x'"),
     ],
 )
 def test_a_bls_call_that_fails_fails_its_request(
@@ -323,8 +384,6 @@ def test_a_bls_call_that_fails_fails_its_request(
     answer = bls(server, model, target=target)
     assert answer.status_code == status, answer.text
     assert message in answer.json()["error"]
-    if model == "bls_isolated":  # exec raised in the worker process; its log says why
-        _log_until(server, "need a model running in the server's process")
 
 
 def _log_until(server: Server, text: str, timeout_s: float = 60) -> None:

@@ -206,13 +206,14 @@ BLS_CALLER_CODE = """
 
 
 # Two instances that each wait for the other inside execute: only instances running at
-# once can answer (the barrier is shared through a module both import).
+# once can answer (the barrier is shared through a module both import: in one process).
 PAIR_CONFIG = """
     backend: "python"
     max_batch_size: 4
     input [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]
     output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]
     instance_group [ { count: 2 kind: KIND_CPU } ]
+    parameters { key: "isolation" value: { string_value: "thread" } }
 """
 PAIR_CODE = """
     import pair_barrier
@@ -289,7 +290,8 @@ def build(root: Path) -> Path:
         batch_report_config(
             "hangs",
             False,
-            'parameters { key: "execution_timeout_s" value: { string_value: "1" } }',
+            'parameters { key: "isolation" value: { string_value: "thread" } }'
+            ' parameters { key: "execution_timeout_s" value: { string_value: "1" } }',
             batching="max_queue_delay_microseconds: 0",
         ),
         BATCH_REPORT,
@@ -315,7 +317,12 @@ def build(root: Path) -> Path:
     carpool_model(root, "echo", ECHO_TOML, ECHO_CODE)
     triton_model(root, "slow_double", SLOW_DOUBLE_CONFIG, SLOW_DOUBLE_CODE)
     triton_model(root, "auto_completed", 'backend: "python"', AUTO_COMPLETED_CODE)
-    triton_model(root, "bls_caller", SLOW_DOUBLE_CONFIG, BLS_CALLER_CODE)
+    triton_model(
+        root,
+        "bls_caller",
+        SLOW_DOUBLE_CONFIG + 'parameters { key: "isolation" value: { string_value: "thread" } }',
+        BLS_CALLER_CODE,
+    )
     triton_model(root, "pair", PAIR_CONFIG, PAIR_CODE)
     triton_model(root, "countdown", COUNTDOWN_CONFIG, COUNTDOWN_CODE)
     (root / "pair" / "1" / "pair_barrier.py").write_text(

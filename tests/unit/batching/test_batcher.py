@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -14,6 +15,7 @@ from carpool.batching import DynamicBatcher
 from carpool.clock import FakeClock
 from carpool.config import BatchingConfig, QueuePolicy
 from carpool.errors import (
+    BatchFailed,
     InvalidRequest,
     ModelExecutionError,
     ModelNotFound,
@@ -22,7 +24,7 @@ from carpool.errors import (
 )
 from carpool.runtime import IDLE, WorkState
 from carpool.stats import Outcome
-from tests.unit.batching.fakes import EchoModel
+from tests.unit.batching.fakes import EchoModel, ThreadPool
 
 
 class Harness:
@@ -195,7 +197,8 @@ def test_a_poisoned_request_fails_alone_and_its_neighbours_succeed() -> None:
     assert h.step()
     with pytest.raises(ModelExecutionError) as err:
         futures[5].result()
-    assert "Traceback" not in err.value.message and "poisoned" not in err.value.message
+    # The model's own error, as Triton reports it: its class and text, no stack trace.
+    assert err.value.message == "model 'echo' failed: ValueError: poisoned input [5]"
     assert {v: f.result() for v, f in futures.items() if v != 5} == {
         v: 2 * v for v in futures if v != 5
     }
@@ -241,7 +244,25 @@ def test_random_mix_of_arrivals_cancels_and_timeouts_loses_nothing() -> None:
     assert all(f.done() for f in h.futures)
 
 
-def test_a_concurrent_batcher_runs_up_to_that_many_batches_at_once() -> None:
+def stepper(batcher: DynamicBatcher, clock: FakeClock) -> Callable[[bool], WorkState]:
+    """Poll until the batcher has a batch ready (or, ``ready`` false, is idle), waiting
+    for its wake-ups in between."""
+    woken = threading.Event()
+    batcher.attach(woken.set)
+
+    def next_state(ready: bool) -> WorkState:
+        for _ in range(1000):
+            state = batcher.poll(clock.now())
+            if (state.ready_since is not None) if ready else state == IDLE:
+                return state
+            assert woken.wait(30)
+            woken.clear()
+        raise AssertionError("the batcher never got there")
+
+    return next_state
+
+
+def test_a_batcher_on_instances_runs_up_to_one_batch_each_at_once() -> None:
     gates = {v: threading.Event() for v in (1, 2, 3)}
     started: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
 
@@ -252,45 +273,36 @@ def test_a_concurrent_batcher_runs_up_to_that_many_batches_at_once() -> None:
             return super().forward(batch)
 
     clock = FakeClock()
+    model = Gated()
+    pool = ThreadPool(2, model.forward)
     batcher = DynamicBatcher(
-        "gated", Gated(), BatchingConfig(max_batch_size=1), clock=clock, concurrency=2
+        "gated", model, BatchingConfig(max_batch_size=1), clock=clock, instances=pool
     )
-    woken = threading.Event()
-    batcher.attach(woken.set)
-
-    def next_state(ready: bool) -> WorkState:
-        """Poll until the batcher has a batch ready (or, ``ready`` false, is idle)."""
-        for _ in range(1000):
-            state = batcher.poll(clock.now())
-            if (state.ready_since is not None) if ready else state == IDLE:
-                return state
-            assert woken.wait(30)
-            woken.clear()
-        raise AssertionError("the batcher never got there")
-
+    next_state = stepper(batcher, clock)
     futures = [batcher.submit(v, v) for v in (1, 2, 3)]
     for _ in range(2):
-        next_state(ready=True)
+        next_state(True)
         batcher.run_once(clock.now())
     assert sorted([started.get(timeout=30), started.get(timeout=30)]) == [[1], [2]]
-    held = batcher.poll(clock.now())  # both dispatch threads hold a batch: the third waits
+    held = batcher.poll(clock.now())  # both instances hold a batch: the third waits
     assert held.busy and held.ready_since is None and started.empty()
     gates[2].set()
     assert futures[1].result(timeout=30) == 4
-    next_state(ready=True)
+    next_state(True)
     batcher.run_once(clock.now())
     assert started.get(timeout=30) == [3]
     gates[3].set()
     gates[1].set()
     assert [f.result(timeout=30) for f in futures] == [2, 4, 6]
-    next_state(ready=False)  # idle only once no batch runs anywhere
+    next_state(False)  # idle only once no batch runs anywhere
+    assert pool.free == {0, 1}
     batcher.close("gone")
     with pytest.raises(ModelNotFound):
         batcher.submit(4, 4)
 
 
-def test_a_concurrent_batcher_is_busy_while_a_batch_runs_with_none_waiting() -> None:
-    gate, started, finished = threading.Event(), threading.Event(), threading.Event()
+def test_a_batcher_on_instances_is_busy_while_a_batch_runs_with_none_waiting() -> None:
+    gate, started = threading.Event(), threading.Event()
 
     class Gated(EchoModel):
         def forward(self, batch: list[int]) -> list[int]:
@@ -298,38 +310,87 @@ def test_a_concurrent_batcher_is_busy_while_a_batch_runs_with_none_waiting() -> 
             assert gate.wait(30)
             return super().forward(batch)
 
-    batcher = DynamicBatcher("gated", Gated(), BatchingConfig(), concurrency=2)
-    batcher.attach(finished.set)
+    model = Gated()
+    clock = FakeClock()
+    batcher = DynamicBatcher(
+        "gated", model, BatchingConfig(), clock=clock, instances=ThreadPool(2, model.forward)
+    )
+    next_state = stepper(batcher, clock)
     future = batcher.submit(1, 1)
     assert batcher.poll(0.0).ready_since is not None
     batcher.run_once(0.0)
     assert started.wait(30)
     running = batcher.poll(0.0)  # nothing queued, but not idle: a retiring runtime waits
     assert running.busy and running.ready_since is None
-    finished.clear()
     gate.set()
     assert future.result(timeout=30) == 2
-    assert finished.wait(30)
-    assert batcher.poll(0.0) == IDLE
+    next_state(False)
 
 
-def test_a_bug_in_a_concurrent_batch_fails_that_batch_only(
+def test_a_bug_in_a_batch_on_an_instance_fails_that_batch_only(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    batcher = DynamicBatcher("buggy", EchoModel(), BatchingConfig(), concurrency=2)
-    finished = threading.Event()
-    batcher.attach(finished.set)
+    model = EchoModel()
+    pool = ThreadPool(2, model.forward)
+    clock = FakeClock()
+    batcher = DynamicBatcher("buggy", model, BatchingConfig(), clock=clock, instances=pool)
+    next_state = stepper(batcher, clock)
 
-    def bug(batch: list[Any]) -> None:
+    def bug(batch: list[Any], forward: Any) -> None:
         raise AssertionError("a bug outside the model")
 
     monkeypatch.setattr(batcher, "_run_isolating", bug)
     future = batcher.submit(1, 1)
-    finished.clear()
     assert batcher.poll(0.0).ready_since is not None
     batcher.run_once(0.0)
-    with pytest.raises(ModelExecutionError):
+    with pytest.raises(ModelExecutionError, match="AssertionError: a bug outside the model"):
         future.result(timeout=30)
-    assert finished.wait(30)
-    assert batcher.poll(0.0) == IDLE  # its dispatch slot came back
+    next_state(False)
+    assert pool.free == {0, 1}  # its instance came back
     batcher.close("gone")
+
+
+def test_a_batch_past_the_timeout_fails_and_its_instance_is_abandoned_not_waited_on() -> None:
+    """The runtime thread never waits on an instance: a hung batch is failed when its
+    timeout passes, the next batch goes to another instance, and the hung one's late
+    answer changes nothing."""
+    hung, late = threading.Event(), threading.Event()
+
+    class Hangs(EchoModel):
+        def forward(self, batch: list[int]) -> list[int]:
+            if batch == [7]:
+                assert hung.wait(30)
+                late.set()
+            return super().forward(batch)
+
+    model = Hangs()
+    pool = ThreadPool(2, model.forward, timeout_s=5.0)
+    clock = FakeClock()
+    batcher = DynamicBatcher(
+        "hangs", model, BatchingConfig(max_batch_size=1), clock=clock, instances=pool
+    )
+    next_state = stepper(batcher, clock)
+    stuck = batcher.submit(7, 7)
+    next_state(True)
+    start = clock.now()
+    batcher.run_once(start)
+    waiting = batcher.poll(clock.now())
+    assert waiting.busy and waiting.wake_at == start + 5.0  # woken when the timeout passes
+    clock.advance(5.0)
+    assert batcher.poll(clock.now()) == IDLE
+    with pytest.raises(BatchFailed, match="execution timeout of 5s; instance 0 is being"):
+        stuck.result(timeout=0)
+    assert pool.abandoned == [0] and pool.free == {1}
+    fine = batcher.submit(2, 2)
+    next_state(True)
+    batcher.run_once(clock.now())
+    assert fine.result(timeout=30) == 4
+    next_state(False)
+    hung.set()
+    assert late.wait(30)
+    next_state(False)
+    with pytest.raises(BatchFailed):
+        stuck.result(timeout=0)  # the late answer did not replace the failure
+    assert pool.free == {1}  # the abandoned instance is the pool's to replace
+    snapshot = batcher.stats.snapshot()
+    assert snapshot.fail.count == 1 and snapshot.success.count == 1
