@@ -378,7 +378,7 @@ def serve(config: CarpoolConfig, functions: Sequence[FunctionModel] = ()) -> int
         sock = bind(config.server.host, config.server.port)
     except OSError as exc:
         log.error("cannot bind %s:%d: %s", config.server.host, config.server.port, exc)
-        bundle.runtime.stop()
+        bundle.close()
         return 1
     host, port = sock.getsockname()[:2]
     for served in bundle.models.all():
@@ -398,7 +398,7 @@ def serve(config: CarpoolConfig, functions: Sequence[FunctionModel] = ()) -> int
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
             runner.run(bundle.run(sock, ready_line))
     finally:
-        bundle.runtime.stop()
+        bundle.close()
     return bundle.exit_code
 
 

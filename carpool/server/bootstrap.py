@@ -89,6 +89,13 @@ class ServerBundle:
             control=self.control,
         )
 
+    def close(self) -> None:
+        """After serving: stop the runtime (failing whatever is left), then release
+        the repository models (``finalize``, ``teardown``) within the shutdown
+        timeout."""
+        self.runtime.stop()
+        self.control.finalize_all(self.config.server.shutdown_timeout_s)
+
     async def run(self, sock: socket.socket, ready_line: str) -> None:
         """Serve the app on ``sock`` until a signal's drain (or the runtime's death)
         ends it."""

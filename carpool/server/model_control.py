@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,20 @@ class ModelControl:
             spec, [FunctionBackend(function)], spec.execution_timeout_s or self.timeout_s
         )
         self._install(spec.name, [LoadedVersion(spec, model)])
+
+    def finalize_all(self, timeout_s: float) -> None:
+        """At shutdown, after the drain and with the runtime stopped: release every
+        repository model's instances (their ``finalize`` / ``teardown``) at once, each
+        model within ``timeout_s`` (a worker that overruns is killed, an in-process
+        finalize left on its daemon thread). Any thread; returns within about
+        ``timeout_s``."""
+        versions = [v for m in self._models.user_models.values() for v in m.versions.values()]
+        if not versions:
+            return
+        with ThreadPoolExecutor(len(versions), thread_name_prefix="carpool-finalize") as pool:
+            for version in versions:
+                pool.submit(version.model.finalize, timeout_s)
+        log.info("repository models finalized: %s", ", ".join(v.name for v in versions))
 
     # --- the repository API (event loop) ------------------------------------------
 

@@ -19,7 +19,13 @@ import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from tests.integration.conftest import Server, start_server, stop_server
-from tests.repository_models.builder import DATATYPES, EXAMPLES, add_broken, build
+from tests.repository_models.builder import (
+    DATATYPES,
+    EXAMPLES,
+    add_broken,
+    build,
+    build_finalizers,
+)
 
 
 @pytest.fixture(scope="module")
@@ -608,3 +614,22 @@ def test_poll_mode_follows_the_folder(tmp_path: Path) -> None:
         assert gone.value.status() == "404"
     finally:
         assert stop_server(s) == 0
+
+
+def test_shutdown_releases_every_model_after_the_drain(tmp_path: Path) -> None:
+    """SIGTERM: the requests drain, then each model's finalize / teardown runs (in its
+    worker process or its thread), and the server exits 0."""
+    repository = build_finalizers(tmp_path)
+    s = start_server("--model-repository", str(repository))
+    try:
+        x = np.ones((1, 2), np.float32)
+        for name in ("finalizer", "teardown"):
+            tensor = triton.InferInput("x", [1, 2], "FP32")
+            tensor.set_data_from_numpy(x)
+            assert client(s).infer(name, [tensor]).as_numpy("y").tolist() == x.tolist()
+        assert not (repository / "finalizer" / "finalized").exists()
+    finally:
+        code = stop_server(s)
+    assert code == 0
+    assert (repository / "finalizer" / "finalized").read_text() == "finalized"
+    assert (repository / "teardown" / "torn_down").read_text() == "torn down"

@@ -263,6 +263,53 @@ COUNTDOWN_CODE = """
 """
 
 
+# Leaves a mark in its model folder when released (finalize / teardown), so a test can
+# tell that shutdown released it.
+FINALIZER_CODE = """
+    from pathlib import Path
+
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            self.mark = Path(args["model_repository"]) / "finalized"
+
+        def execute(self, requests):
+            get = pb_utils.get_input_tensor_by_name
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("y", get(r, "x").as_numpy())])
+                    for r in requests]
+
+        def finalize(self):
+            self.mark.write_text("finalized")
+"""
+TEARDOWN_TOML = """
+    max_batch_size = 4
+    source = { kind = "python_class", target = "model:Marked" }
+    inputs = [ { name = "x", datatype = "FP32", dims = [2] } ]
+    outputs = [ { name = "y", datatype = "FP32", dims = [2] } ]
+"""
+TEARDOWN_CODE = """
+    from pathlib import Path
+
+
+    class Marked:
+        def predict(self, inputs):
+            return [{"y": i["x"]} for i in inputs]
+
+        def teardown(self):
+            (Path(__file__).parent / "torn_down").write_text("torn down")
+"""
+
+
+def build_finalizers(root: Path) -> Path:
+    """Two models that leave a mark when released: a Python-backend model in its
+    worker process and a carpool class in a thread."""
+    triton_model(root, "finalizer", SLOW_DOUBLE_CONFIG, FINALIZER_CODE)
+    carpool_model(root, "teardown", TEARDOWN_TOML + 'isolation = "thread"\n', TEARDOWN_CODE)
+    return root
+
+
 def build(root: Path) -> Path:
     """The repository every live test uses."""
     shutil.copytree(EXAMPLES, root, dirs_exist_ok=True, ignore=shutil.ignore_patterns("weights"))
