@@ -565,8 +565,9 @@ class RepositoryConfig:
         "Where user model instances run: process (a worker process each, as Triton's "
         "Python stub: a crash, os._exit or hang fails only the batch in flight and the "
         "worker is restarted) or thread (in the server's process: faster to call, but a "
-        "crash there ends the server). A model's own isolation wins; a decoupled model "
-        "runs in a thread.",
+        "crash there ends the server), for the user's own code (Python-backend models, "
+        "classes). A model's own isolation wins; library models (pipelines, "
+        "sentence-transformers) and decoupled models run in a thread unless they ask.",
         default="process",
     )
     disable_auto_complete_config: bool = _help(

@@ -24,6 +24,9 @@ from carpool.repository.user_model import UserBatchModel
 
 log = logging.getLogger(__name__)
 
+# The source kinds that run the user's own Python code.
+USER_CODE_KINDS = ("triton_python", "python_class")
+
 
 @dataclass(frozen=True)
 class LoadedVersion:
@@ -102,13 +105,17 @@ class ModelRepository:
         return lambda index: self._instance(spec, index)
 
     def isolation_of(self, spec: ModelSpec) -> str:
-        """Where ``spec``'s instances run: its own isolation, else the repository's
-        (``process`` by default), but a decoupled model runs in a thread unless it
-        asks for a process, which it cannot have (its responses are sent from its
-        own threads, after ``execute`` returns)."""
+        """Where ``spec``'s instances run: its own isolation, else, for the user's
+        own code (a Python-backend model, a class), the repository's (``process`` by
+        default). A library model (a pipeline, a sentence-transformers model: no line
+        of user code) runs in a thread of the server's process, sharing its torch, and
+        so does a decoupled model, which cannot have a process (its responses are sent
+        from its own threads, after ``execute`` returns)."""
         if spec.isolation:
             return spec.isolation
-        return "thread" if spec.decoupled else self.isolation
+        if spec.decoupled or spec.source.kind not in USER_CODE_KINDS:
+            return "thread"
+        return self.isolation
 
     def _instance(self, spec: ModelSpec, index: int) -> Backend:
         if self.isolation_of(spec) == "process":

@@ -13,12 +13,15 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.http as triton
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from openai import OpenAI
 from PIL import Image
 from sentence_transformers import CrossEncoder, SentenceTransformer
 from transformers import pipeline
 
 from tests.integration.conftest import Server, start_server, stop_server, wait_for
+from tests.integration.fuzzing import check, json_values, send
 from tests.repository_models.library import build_library_models, png
 
 QUERY = "what is the capital of France?"
@@ -210,3 +213,30 @@ def test_a_text_over_a_pipelines_limit_is_a_400_or_truncated_when_asked(server: 
     assert cut.status_code == 200
     vectors = json.loads(cut.json()["outputs"][0]["data"][0])
     assert len(vectors[0]) == 128  # one vector per kept token
+
+
+TASK_VALID: dict[str, dict[str, Any]] = {
+    "/v1/rerank": {"model": "reranker", "query": "q", "documents": ["a", "b"]},
+    "/v1/score": {"model": "reranker", "text_1": "a", "text_2": ["b", "c"]},
+    "/classify": {"model": "sentiment", "input": ["a", "b"]},
+    "/predict": {"model": "sentiment", "inputs": "a"},
+}
+
+
+@pytest.mark.parametrize("path", sorted(TASK_VALID))
+def test_any_field_of_a_task_request_gets_a_clear_answer(server: Server, path: str) -> None:
+    fields = sorted({*TASK_VALID[path], "unknown", "truncate", "priority", "timeout", "top_n"})
+    sent = {"count": 0}
+
+    @settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(field=st.sampled_from(fields), value=json_values)
+    def one(field: str, value: object) -> None:
+        with server.client() as c:
+            check(send(c, path, {**TASK_VALID[path], field: value}))
+        sent["count"] += 1
+
+    one()
+    assert sent["count"] >= 25
+    with server.client() as c:
+        again = c.post(path, json=TASK_VALID[path])
+    assert again.status_code == 200, again.text

@@ -16,9 +16,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 import tritonclient.http as triton
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tritonclient.utils import InferenceServerException
 
 from tests.integration.conftest import Server, start_server, stop_server
+from tests.integration.fuzzing import check, json_values, send
 from tests.repository_models.builder import (
     DATATYPES,
     EXAMPLES,
@@ -299,15 +302,23 @@ def _small_int(n: int) -> triton.InferInput:
 
 def test_a_model_in_its_default_process_survives_os_exit(server: Server) -> None:
     """Repository Python models run in a worker process by default (Triton's stub):
-    os._exit fails the batch in flight; the worker is restarted; the server lives."""
+    os._exit fails the batch in flight; the worker is restarted; the server lives.
+    (faulty's batches are of 4: it waits for four requests.)"""
     c = client(server)
-    before = int(infer_x(c, "faulty", np.ones((1, 1))).as_numpy("pid")[0, 0])
-    with pytest.raises(InferenceServerException) as caught:
-        infer_x(c, "faulty", np.full((1, 1), 99))
-    assert caught.value.status() == "500" and "worker process died" in caught.value.message()
-    after = infer_x(c, "faulty", np.full((1, 1), 4))
-    assert after.as_numpy("total").tolist() == [[4.0]]
-    assert int(after.as_numpy("pid")[0, 0]) != before
+    before = together("faulty", server, [np.full((1, 1), v) for v in (1, 2, 3, 4)])
+    pids = {int(r.as_numpy("pid")[0, 0]) for r in before}
+    crashed = together("faulty", server, [np.full((1, 1), v) for v in (99, 2, 3, 4)])
+    for failed in crashed:
+        assert isinstance(failed, InferenceServerException)
+        assert failed.status() == "500" and "worker process died" in failed.message()
+    after = together("faulty", server, [np.full((1, 1), v) for v in (5, 6, 10, 11)])
+    assert [r.as_numpy("total").tolist() for r in after] == [
+        [[5.0]],
+        [[6.0]],
+        [[10.0]],
+        [[11.0]],
+    ], [str(r) for r in after]
+    assert {int(r.as_numpy("pid")[0, 0]) for r in after}.isdisjoint(pids)
     assert c.is_server_live() and c.is_model_ready("faulty")
 
 
@@ -633,3 +644,48 @@ def test_shutdown_releases_every_model_after_the_drain(tmp_path: Path) -> None:
     assert code == 0
     assert (repository / "finalizer" / "finalized").read_text() == "finalized"
     assert (repository / "teardown" / "torn_down").read_text() == "torn down"
+
+
+REPOSITORY_VALID: dict[str, dict[str, Any]] = {
+    "/v2/models/slow_double/infer": {
+        "inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]
+    },
+    "/v2/models/auto_completed/infer": {
+        "inputs": [
+            {"name": "a", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]},
+            {"name": "b", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]},
+        ],
+        "outputs": [{"name": "sum"}],
+    },
+    "/v2/models/slow_double/generate": {"x": [1, 2]},
+    "/v2/repository/index": {"ready": True},
+    "/v2/repository/models/slow_double/load": {"parameters": {}},
+    "/v2/repository/models/slow_double/unload": {"parameters": {}},
+}
+
+
+@pytest.mark.parametrize("path", sorted(REPOSITORY_VALID))
+def test_any_field_of_a_repository_request_gets_a_clear_answer(server: Server, path: str) -> None:
+    """Any value in any field of the body, or of its first tensor: never a 500."""
+    body = REPOSITORY_VALID[path]
+    tensor = body.get("inputs", [{}])[0]
+    fields = sorted({*body, *(f"inputs.{k}" for k in tensor), "unknown", "inputs.parameters"})
+    sent = {"count": 0}
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(field=st.sampled_from(fields), value=json_values)
+    def one(field: str, value: object) -> None:
+        changed = json.loads(json.dumps(body))
+        if field.startswith("inputs.") and "inputs" in changed:
+            changed["inputs"][0][field.removeprefix("inputs.")] = value
+        else:
+            changed[field.removeprefix("inputs.")] = value
+        with httpx.Client(base_url=server.url, timeout=60) as h:
+            check(send(h, path, changed))
+        sent["count"] += 1
+
+    one()
+    assert sent["count"] >= 30
+    c = client(server)
+    assert c.infer("slow_double", [_x2(3)]).as_numpy("y").tolist() == [[6.0, 6.0]]
+    assert c.is_model_ready("slow_double")
