@@ -12,6 +12,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import logging
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -35,6 +36,7 @@ from carpool.repository.payload import TensorPayload
 from carpool.repository.spec import ModelSpec
 
 Outputs = dict[str, np.ndarray[Any, Any]]
+log = logging.getLogger(__name__)
 
 
 class Backend(Protocol):
@@ -168,6 +170,22 @@ class TritonPythonBackend:
 
     def _outputs_of(self, response: Any) -> Outputs | Failed:
         return _outputs_of(response, self.spec.name)
+
+    @property
+    def has_ready_hook(self) -> bool:
+        return callable(getattr(self.model, "is_ready", None))
+
+    def is_ready(self) -> bool:
+        """The model's own ``is_ready`` (Triton's readiness hook; ``async def`` run to
+        its end); anything but ``True`` is not ready, and so is a hook that raises."""
+        try:
+            answer = self.model.is_ready()
+            if inspect.iscoroutine(answer):
+                answer = asyncio.run(answer)
+        except Exception as exc:
+            log.warning("model %s: is_ready raised %s: %s", self.spec.name, type(exc).__name__, exc)
+            return False
+        return answer is True
 
     def finalize(self) -> None:
         finalize = getattr(self.model, "finalize", None)

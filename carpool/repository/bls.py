@@ -4,10 +4,10 @@ calls another served model with ``pb_utils.InferenceRequest(...).exec()``.
 The server hands each Triton backend a ``CallModel``; while the backend runs
 ``execute`` it is the current caller (a context variable, so ``async_exec`` on a
 helper thread sees it too). The call runs the target's model at once on one of the
-target's instance threads, outside its batcher: the device runtime is busy with the
-calling model's batch then, so the target's instances are idle. A call into the
-calling model itself is refused (its instance is the one waiting). A model isolated
-in a process has no caller: ``exec`` there says so.
+target's instances, outside its batcher, waiting at most the target's execution
+timeout. A call into the calling model itself is refused (its instance is the one
+waiting). In a model's worker process the ``CallModel`` sends the call back over the
+worker's pipe, and the server's side of the pipe makes it (``process``).
 """
 
 from __future__ import annotations

@@ -176,8 +176,7 @@ class InferenceRequest:
         current = bls.current()
         if current is None:
             raise TritonModelException(
-                "BLS calls (InferenceRequest.exec) need a model running in the server's "
-                "process (isolation 'thread'), called from its execute"
+                "BLS calls (InferenceRequest.exec) are made from a served model's execute"
             )
         caller, call = current
         version = str(self._model_version) if self._model_version > 0 else ""

@@ -35,8 +35,23 @@ log = logging.getLogger(__name__)
 START_TIMEOUT_S = 300.0
 
 
-def _worker_main(conn: Connection, spec: ModelSpec, instance: int, device: str) -> None:
-    """The worker process: load, say so, then run every batch it is sent."""
+def _answer_readiness(control: Connection, backend: Any) -> None:
+    """The worker's readiness thread: each check (a number) answered with the number
+    and the model's ``is_ready``, while the main thread may be running a batch."""
+    while True:
+        try:
+            number = control.recv()
+        except (EOFError, OSError):
+            return
+        control.send((number, backend.is_ready()))
+
+
+def _worker_main(
+    conn: Connection, control: Connection, spec: ModelSpec, instance: int, device: str
+) -> None:
+    """The worker process: load, say so, then run every batch it is sent (and answer
+    readiness checks on ``control``, from a thread of its own, if the model has the
+    hook)."""
     lock = threading.Lock()  # one exchange on the pipe at a time (BLS calls from threads)
 
     def call_over_pipe(
@@ -60,7 +75,10 @@ def _worker_main(conn: Connection, spec: ModelSpec, instance: int, device: str) 
     except Exception as exc:
         conn.send(("error", str(exc)))
         return
-    conn.send(("ready", None))
+    hook = bool(getattr(backend, "has_ready_hook", False))
+    if hook:
+        threading.Thread(target=_answer_readiness, args=(control, backend), daemon=True).start()
+    conn.send(("ready", hook))
     while True:
         try:
             message = conn.recv()
@@ -107,6 +125,10 @@ class ProcessBackend:
         self._ready = threading.Event()
         self._start_error = ""
         self.restarts = 0
+        self.has_ready_hook = False
+        self._control: Connection | None = None
+        self._checking = threading.Lock()  # one readiness check on the pipe at a time
+        self._check_number = 0
         self._start()
         self._ready.wait()
         if self._start_error:
@@ -139,14 +161,16 @@ class ProcessBackend:
         """Start a worker and wait for it to load (on the calling thread)."""
         self._ready.clear()
         parent, child = self._context.Pipe()
+        control, control_child = self._context.Pipe()
         process = self._context.Process(
             target=_worker_main,
-            args=(child, self.spec, self._instance, self._device),
+            args=(child, control_child, self.spec, self._instance, self._device),
             name=f"carpool-model-{self.spec.name}-{self._instance}",
             daemon=True,
         )
         process.start()
         child.close()
+        control_child.close()
         self._start_error = ""
         try:
             if not parent.poll(START_TIMEOUT_S):
@@ -158,7 +182,8 @@ class ProcessBackend:
             process.join(5)
             self._start_error = f"model '{self.spec.name}': {detail}"
         else:
-            self._process, self._conn = process, parent
+            self._process, self._conn, self._control = process, parent, control
+            self.has_ready_hook = bool(detail)
         self._ready.set()
         if self.on_ready is not None:
             self.on_ready()
@@ -229,6 +254,30 @@ class ProcessBackend:
         except Exception as exc:
             log.error("model %s: a BLS call failed", self.spec.name, exc_info=exc)
             return "error", ModelExecutionError(f"{type(exc).__name__}: {exc}")
+
+    def is_ready(self, timeout_s: float) -> bool:
+        """The model's ``is_ready`` answer from the worker within ``timeout_s`` (False
+        past it, or with no worker). Checks take turns; a late answer is skipped by the
+        next check (each carries a number)."""
+        if not self._checking.acquire(timeout=timeout_s):
+            return False
+        try:
+            control = self._control
+            if control is None or not self.healthy:
+                return False
+            self._check_number += 1
+            deadline = time.monotonic() + timeout_s
+            try:
+                control.send(self._check_number)
+                while control.poll(_left(deadline)):
+                    number, ready = control.recv()
+                    if number == self._check_number:
+                        return bool(ready)
+            except (EOFError, OSError):
+                return False
+            return False
+        finally:
+            self._checking.release()
 
     def _timed_out(self) -> ExecutionTimedOut:
         return ExecutionTimedOut(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import enum
+import functools
 import logging
 import queue
 import threading
@@ -45,6 +46,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Batch = tuple[list[TensorPayload], list[Outputs | Failed]]
 FINALIZE_TIMEOUT_S = 30.0
+READY_CHECK_TIMEOUT_S = 5.0  # Triton's bound on a model's is_ready
 
 
 class SlotState(enum.Enum):
@@ -145,6 +147,23 @@ class UserBatchModel:
         if not all(reasons):
             return ""
         return f"model '{self.spec.name}' has no instance left: {reasons[0]}"
+
+    def check_ready(self, timeout_s: float = READY_CHECK_TIMEOUT_S) -> bool:
+        """Readiness as ``/v2/models/NAME/ready`` reports it: some instance healthy,
+        and, where the model defines Triton's ``is_ready`` hook, every healthy
+        instance's hook answering ``True`` within ``timeout_s`` (asked at once, each
+        on a thread of its own; a worker process answers on a pipe of its own, while
+        it may be running a batch). Blocks up to ``timeout_s``: not on the event loop."""
+        with self._lock:
+            usable = [s.backend for s in self._slots if s.usable]
+        if not usable:
+            return False
+        hooked = [b for b in usable if getattr(b, "has_ready_hook", False)]
+        if not hooked:
+            return True
+        answers = [_answer(functools.partial(_ask_ready, b, timeout_s)) for b in hooked]
+        done, late = concurrent.futures.wait(answers, timeout_s)
+        return not late and all(f.exception() is None and f.result() for f in done)
 
     # --- InstancePool (runtime thread) ----------------------------------------------
 
@@ -409,19 +428,31 @@ def _execute(backend: Backend, payloads: list[TensorPayload]) -> list[Outputs | 
         raise ModelExecutionError(f"the model raised {type(exc).__name__}") from None
 
 
+def _ask_ready(backend: Any, timeout_s: float) -> bool:
+    """One instance's ``is_ready`` answer (a worker process's within ``timeout_s``)."""
+    if isinstance(backend, ProcessBackend):
+        return backend.is_ready(timeout_s)
+    return bool(backend.is_ready())
+
+
 def _on_own_thread(fn: Callable[[], None]) -> Future[None]:
     """Run ``fn`` on a daemon thread of its own; its future."""
-    future: Future[None] = Future()
+    return _answer(fn)
+
+
+def _answer(fn: Callable[[], T]) -> Future[T]:
+    """Run ``fn`` on a daemon thread of its own; the future of its value."""
+    future: Future[T] = Future()
 
     def main() -> None:
         try:
-            fn()
+            value = fn()
         except BaseException as exc:
             future.set_exception(exc)
         else:
-            future.set_result(None)
+            future.set_result(value)
 
-    threading.Thread(target=main, name="carpool-finalize", daemon=True).start()
+    threading.Thread(target=main, name="carpool-model-call", daemon=True).start()
     return future
 
 

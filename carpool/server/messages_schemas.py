@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr
 
-from carpool.server.schemas import INT64_MAX, INT64_MIN, Strict
+from carpool.server.schemas import INT64_MAX, INT64_MIN, MAX_STOP_STRINGS, StopString, Strict
 
 CacheControl = dict[str, Any] | None
 
@@ -118,7 +118,7 @@ class MessagesRequest(CountTokensRequest):
     """Anthropic's Messages request, plus carpool's ``priority`` and ``timeout``."""
 
     max_tokens: StrictInt = Field(ge=1)
-    stop_sequences: list[StrictStr] | None = Field(default=None, max_length=16)
+    stop_sequences: list[StopString] | None = Field(default=None, max_length=MAX_STOP_STRINGS)
     temperature: float | None = Field(default=None, ge=0, le=1)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: StrictInt | None = Field(default=None, ge=0)

@@ -106,7 +106,13 @@ class V2InferRequest(Strict):
     outputs: list[V2RequestedOutput] | None = None
 
 
-Stop = StrictStr | list[StrictStr] | None
+# Stop strings are checked against the text at every generated token, each against the
+# end of the text held back: the cost per token grows with their count and with the
+# square of their length, so both are capped (OpenAI takes 4; Anthropic's API, 16 here).
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+StopString = Annotated[StrictStr, Field(max_length=MAX_STOP_CHARS)]
+Stop = StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None
 
 
 class StreamOptions(Strict):

@@ -4,6 +4,7 @@ model's adapter; what differs between kinds lives here."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -36,7 +37,8 @@ class V2Model(Protocol):
 
     def config(self) -> dict[str, Any]: ...
 
-    def ready(self, version: str | None) -> bool: ...
+    async def ready(self, version: str | None) -> bool:
+        """Whether the model (version) takes requests; may ask the model itself."""
 
     def stats(self, version: str | None) -> list[dict[str, Any]]: ...
 
@@ -142,7 +144,7 @@ class EmbeddingV2:
             },
         }
 
-    def ready(self, version: str | None) -> bool:
+    async def ready(self, version: str | None) -> bool:
         self.version_of(version)
         return self._alive()
 
@@ -223,7 +225,7 @@ class GeneratorV2:
             "parameters": {"max_model_len": {"string_value": str(self.served.max_model_len)}},
         }
 
-    def ready(self, version: str | None) -> bool:
+    async def ready(self, version: str | None) -> bool:
         self.version_of(version)
         return self._alive()
 
@@ -282,8 +284,13 @@ class UserV2:
     def config(self) -> dict[str, Any]:
         return dict(self.served.latest.spec.model_config)
 
-    def ready(self, version: str | None) -> bool:
-        return self._alive() and self.served.ready and self.served.version(version).model.ready
+    async def ready(self, version: str | None) -> bool:
+        """Alive, not unloading, an instance healthy, and the model's own ``is_ready``
+        saying so where it has one (asked off the event loop, within 5 s)."""
+        served = self.served.version(version)
+        if not (self._alive() and self.served.ready):
+            return False
+        return await asyncio.to_thread(served.model.check_ready)
 
     def stats(self, version: str | None) -> list[dict[str, Any]]:
         chosen = [self.served.version(version)] if version else list(self.served.versions.values())

@@ -134,7 +134,7 @@ def router(models: ServedModels, is_ready: Callable[[], bool]) -> APIRouter:
     @api.get("/v2/models/{name}/ready")
     @api.get("/v2/models/{name}/versions/{version}/ready")
     async def model_ready(name: str, version: str | None = None) -> Response:
-        return Response(status_code=200 if model(name).ready(version) else 503)
+        return Response(status_code=200 if await model(name).ready(version) else 503)
 
     @api.get("/v2/models/{name}/stats")
     @api.get("/v2/models/{name}/versions/{version}/stats")

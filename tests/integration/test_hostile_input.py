@@ -100,7 +100,15 @@ def hostile_beside_neighbours(
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("seed", 2**64), ("seed", -(2**63) - 1), ("temperature", 1e309), ("priority", 2**70)],
+    [
+        ("seed", 2**64),
+        ("seed", -(2**63) - 1),
+        ("temperature", 1e309),
+        ("priority", 2**70),
+        # Checked at every token, each against the held text: capped in count and length.
+        ("stop", [f"stop{i}" for i in range(17)]),
+        ("stop", "a" * 257),
+    ],
 )
 def test_values_past_their_range_are_refused_and_neighbours_finish(
     server: Server, solo: str, field: str, value: object

@@ -347,6 +347,24 @@ def test_a_hung_isolated_model_is_restarted_and_serves_again(server: Server) -> 
     assert c.is_model_ready("crashes")
 
 
+@pytest.mark.parametrize("model", ["ready_hook", "ready_hook_async"])
+def test_a_models_own_is_ready_hook_decides_its_readiness(
+    server: Server, repository: Path, model: str
+) -> None:
+    """Triton's is_ready: asked on every readiness check, in the worker process (its
+    own pipe) or on a thread, plain or async."""
+    c = client(server)
+    assert c.is_model_ready(model)
+    flag = repository / model / "not_ready"
+    flag.write_text("")
+    try:
+        assert not c.is_model_ready(model)
+        assert c.is_server_ready()  # one model's readiness is its own
+    finally:
+        flag.unlink()
+    assert c.is_model_ready(model)
+
+
 def test_a_config_completed_by_the_model(server: Server) -> None:
     c = client(server)
     config = c.get_model_config("auto_completed")

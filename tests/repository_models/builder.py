@@ -302,6 +302,27 @@ TEARDOWN_CODE = """
 """
 
 
+# Triton's readiness hook: not ready while a file named "not_ready" is in its folder.
+READY_HOOK_CODE = """
+    from pathlib import Path
+
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            self.flag = Path(args["model_repository"]) / "not_ready"
+
+        {prefix}def is_ready(self):
+            return not self.flag.exists()
+
+        def execute(self, requests):
+            get = pb_utils.get_input_tensor_by_name
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("y", get(r, "x").as_numpy())])
+                    for r in requests]
+"""
+
+
 def build_finalizers(root: Path) -> Path:
     """Two models that leave a mark when released: a Python-backend model in its
     worker process and a carpool class in a thread."""
@@ -364,6 +385,13 @@ def build(root: Path) -> Path:
     carpool_model(root, "echo", ECHO_TOML, ECHO_CODE)
     triton_model(root, "slow_double", SLOW_DOUBLE_CONFIG, SLOW_DOUBLE_CODE)
     triton_model(root, "auto_completed", 'backend: "python"', AUTO_COMPLETED_CODE)
+    triton_model(root, "ready_hook", SLOW_DOUBLE_CONFIG, READY_HOOK_CODE.format(prefix=""))
+    triton_model(
+        root,
+        "ready_hook_async",
+        SLOW_DOUBLE_CONFIG + 'parameters { key: "isolation" value: { string_value: "thread" } }',
+        READY_HOOK_CODE.format(prefix="async "),
+    )
     triton_model(
         root,
         "bls_caller",
