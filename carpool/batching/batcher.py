@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from carpool.batching.instances import Forward, InstancePool
@@ -102,8 +102,7 @@ class _Flight:
 
     batch: list[BatchRequest]
     instance: int
-    started: float
-    deadline: float | None = field(default=None)
+    deadline: float | None  # past it the batch fails (None: no execution timeout)
 
 
 class DynamicBatcher:
@@ -350,7 +349,7 @@ class DynamicBatcher:
         if index is None:
             raise RuntimeError(f"model {self.name!r} has no free instance for a batch it formed")
         timeout = self.instances.timeout_s
-        flight = _Flight(batch, index, now, now + timeout if timeout > 0 else None)
+        flight = _Flight(batch, index, now + timeout if timeout > 0 else None)
         self._flights[index] = flight
         self.instances.run(index, lambda forward: self._run_on_instance(flight, forward))
 

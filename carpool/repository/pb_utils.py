@@ -112,10 +112,10 @@ class InferenceRequest:
     def __init__(
         self,
         inputs: list[Tensor] | None = None,
-        requested_output_names: list[str] | None = None,
+        requested_output_names: list[str | bytes] | None = None,
         request_id: str = "",
         parameters: Mapping[str, Any] | str | None = None,
-        model_name: str = "",
+        model_name: str | bytes = "",
         correlation_id: int | str = 0,
         flags: int = 0,
         model_version: int = -1,
@@ -125,11 +125,14 @@ class InferenceRequest:
         response_sender: InferenceResponseSender | None = None,
     ) -> None:
         self._inputs = list(inputs or [])
-        self._outputs = list(requested_output_names or [])
+        self._outputs = [
+            n.decode() if isinstance(n, bytes) else n for n in requested_output_names or []
+        ]
         self._id = request_id
         given = json.loads(parameters) if isinstance(parameters, str) else parameters
         self._parameters: dict[str, Any] = dict(given or {})
-        self._model_name = model_name
+        # A name read from a BYTES tensor arrives as bytes (Triton's bls example).
+        self._model_name = model_name.decode() if isinstance(model_name, bytes) else model_name
         self._model_version = model_version
         self._correlation_id = correlation_id
         self._flags = flags
@@ -259,6 +262,13 @@ class InferenceResponse:
 
     def error(self) -> TritonError | None:
         return self._error
+
+
+def using_decoupled_model_transaction_policy(model_config: Mapping[str, Any]) -> bool:
+    """Whether ``model_config`` (the parsed ``args["model_config"]``) makes the model
+    decoupled (``model_transaction_policy { decoupled: true }``)."""
+    policy = model_config.get("model_transaction_policy") or {}
+    return bool(policy.get("decoupled", False))
 
 
 def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:
