@@ -35,6 +35,7 @@ from carpool.runtime import DeviceRuntime
 from carpool.server import heap
 from carpool.server.served import Builtin, ServedGenerator, ServedModels
 from carpool.server.served_user import ModelState, ServedUserModel
+from carpool.server.v2_models import BUILTIN_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +48,6 @@ class IndexEntry:
     version: str
     state: str
     reason: str
-
-
-BUILTIN_VERSION = "1"
 
 
 class ModelControl:

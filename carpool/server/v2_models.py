@@ -23,7 +23,7 @@ from carpool.stats import BatcherStats, BatcherStatsData, Duration
 
 EMBEDDING_INPUT = "text"
 EMBEDDING_OUTPUT = "embedding"
-EMBEDDING_VERSION = "1"
+BUILTIN_VERSION = "1"  # a built-in model has this one version
 
 Output = tuple[str, np.ndarray[Any, Any]]
 
@@ -71,6 +71,13 @@ def request_param(params: dict[str, Any], key: str, kind: type, default: Any) ->
     return value
 
 
+def only_version(name: str, version: str | None) -> str:
+    """A built-in model's version: ``version`` must be empty or its one version."""
+    if version and version != BUILTIN_VERSION:
+        raise InvalidRequest(f"model '{name}' has only version {BUILTIN_VERSION}", param="version")
+    return BUILTIN_VERSION
+
+
 def priority_and_timeout(params: dict[str, Any]) -> tuple[int | None, float | None]:
     """Triton's request parameters: ``priority`` (0: the model's default level) and
     ``timeout`` in microseconds (0: the model's default)."""
@@ -93,17 +100,13 @@ class EmbeddingV2:
         self._alive = runtime_alive
 
     def version_of(self, version: str | None) -> str:
-        if version and version != EMBEDDING_VERSION:
-            raise InvalidRequest(
-                f"model '{self.name}' has only version {EMBEDDING_VERSION}", param="version"
-            )
-        return EMBEDDING_VERSION
+        return only_version(self.name, version)
 
     def metadata(self, version: str | None) -> dict[str, Any]:
         self.version_of(version)
         return {
             "name": self.name,
-            "versions": [EMBEDDING_VERSION],
+            "versions": [BUILTIN_VERSION],
             "platform": "pytorch",
             "inputs": [{"name": EMBEDDING_INPUT, "datatype": "BYTES", "shape": [-1]}],
             "outputs": [
@@ -179,9 +182,6 @@ class EmbeddingV2:
         return [(EMBEDDING_OUTPUT, array)]
 
 
-GENERATION_VERSION = "1"
-
-
 class GeneratorV2:
     """A built-in generation model, as Triton shows an LLM in its repository (the
     vLLM backend's tensors): metadata, config, readiness and statistics answer as for
@@ -193,17 +193,13 @@ class GeneratorV2:
         self._alive = runtime_alive
 
     def version_of(self, version: str | None) -> str:
-        if version and version != GENERATION_VERSION:
-            raise InvalidRequest(
-                f"model '{self.name}' has only version {GENERATION_VERSION}", param="version"
-            )
-        return GENERATION_VERSION
+        return only_version(self.name, version)
 
     def metadata(self, version: str | None) -> dict[str, Any]:
         self.version_of(version)
         return {
             "name": self.name,
-            "versions": [GENERATION_VERSION],
+            "versions": [BUILTIN_VERSION],
             "platform": "carpool_generation",
             "inputs": [
                 {"name": "text_input", "datatype": "BYTES", "shape": [1]},
