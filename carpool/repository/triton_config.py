@@ -79,7 +79,21 @@ def model_config_pb2() -> ModuleType:
 
 
 def is_triton_model(folder: Path) -> bool:
-    return (folder / CONFIG_FILE).is_file()
+    """A ``config.pbtxt``, or, without one, a Python-backend model whose config its
+    ``auto_complete_config`` gives (``has_model_file_only``)."""
+    return (folder / CONFIG_FILE).is_file() or has_model_file_only(folder)
+
+
+def has_model_file_only(folder: Path) -> bool:
+    """Triton's minimal model configuration: no config file at all (neither
+    ``config.pbtxt`` nor ``carpool.toml``), and a numbered version folder holding a
+    ``model.py``; the model is then a Python-backend model named by its folder."""
+    if (folder / CONFIG_FILE).exists() or (folder / "carpool.toml").exists():
+        return False
+    return any(
+        v.is_dir() and v.name.isdigit() and (v / DEFAULT_MODEL_FILE).is_file()
+        for v in folder.iterdir()
+    )
 
 
 def parse_config(text: str, where: str) -> Message:
@@ -133,7 +147,12 @@ def read_triton_model(folder: Path, device: str = "cpu", complete: bool = True) 
     ``complete``: let the newest version's ``auto_complete_config`` fill the config in."""
     where = str(folder / CONFIG_FILE)
     try:
-        text = (folder / CONFIG_FILE).read_text()
+        # Without a file, the config is the model's own auto_complete_config's.
+        text = (
+            'backend: "python"'
+            if has_model_file_only(folder)
+            else (folder / CONFIG_FILE).read_text()
+        )
     except (OSError, UnicodeDecodeError) as exc:
         raise RepositoryError(f"{where}: {exc}") from None
     config = to_dict(parse_config(text, where))

@@ -365,9 +365,11 @@ def test_a_models_own_is_ready_hook_decides_its_readiness(
     assert c.is_model_ready(model)
 
 
-def test_a_config_completed_by_the_model(server: Server) -> None:
+@pytest.mark.parametrize("model", ["auto_completed", "auto_completed_bare"])
+def test_a_config_completed_by_the_model(server: Server, model: str) -> None:
+    """From a config.pbtxt of only its backend, or from no config file at all."""
     c = client(server)
-    config = c.get_model_config("auto_completed")
+    config = c.get_model_config(model)
     assert config["max_batch_size"] == 4 and "dynamic_batching" in config
     assert [(t["name"], t["data_type"], t["dims"]) for t in config["input"]] == [
         ("a", "TYPE_FP32", [3]),
@@ -376,11 +378,11 @@ def test_a_config_completed_by_the_model(server: Server) -> None:
     a, b = triton.InferInput("a", [2, 3], "FP32"), triton.InferInput("b", [2, 3], "FP32")
     a.set_data_from_numpy(np.ones((2, 3), np.float32))
     b.set_data_from_numpy(np.full((2, 3), 2, np.float32))
-    assert c.infer("auto_completed", [a, b]).as_numpy("sum").tolist() == [[3.0] * 3] * 2
+    assert c.infer(model, [a, b]).as_numpy("sum").tolist() == [[3.0] * 3] * 2
     too_many = triton.InferInput("a", [5, 3], "FP32")
     too_many.set_data_from_numpy(np.ones((5, 3), np.float32))
     with pytest.raises(InferenceServerException) as refused:
-        c.infer("auto_completed", [too_many, b])
+        c.infer(model, [too_many, b])
     assert refused.value.status() == "400"
 
 

@@ -385,6 +385,8 @@ def build(root: Path) -> Path:
     carpool_model(root, "echo", ECHO_TOML, ECHO_CODE)
     triton_model(root, "slow_double", SLOW_DOUBLE_CONFIG, SLOW_DOUBLE_CODE)
     triton_model(root, "auto_completed", 'backend: "python"', AUTO_COMPLETED_CODE)
+    triton_model(root, "auto_completed_bare", "", AUTO_COMPLETED_CODE)
+    (root / "auto_completed_bare" / "config.pbtxt").unlink()  # Triton's minimal config
     triton_model(root, "ready_hook", SLOW_DOUBLE_CONFIG, READY_HOOK_CODE.format(prefix=""))
     triton_model(
         root,

@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 
 from carpool.repository.errors import RepositoryError
-from carpool.repository.triton_config import NO_TIMEOUT_S, UNLIMITED_QUEUE, read_triton_model
+from carpool.repository.triton_config import (
+    NO_TIMEOUT_S,
+    UNLIMITED_QUEUE,
+    is_triton_model,
+    read_triton_model,
+)
 
 BASE = """
     name: "m"
@@ -151,6 +156,33 @@ def test_auto_complete_fills_in_a_minimal_config(tmp_path: Path) -> None:
     assert spec.model_config["output"] == [{"name": "y", "data_type": "TYPE_FP32", "dims": [2]}]
     with pytest.raises(RepositoryError, match="at least one input"):
         read_triton_model(folder, complete=False)  # the file alone
+
+
+def test_a_folder_with_only_its_model_file_is_a_model_auto_complete_configures(
+    tmp_path: Path,
+) -> None:
+    """Triton's minimal model configuration (its auto_complete example): no
+    config.pbtxt at all, the model named by its folder."""
+    folder = with_hook(
+        tmp_path,
+        'backend: "python"',
+        """\
+        c.add_input({"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]})
+        c.add_output({"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]})
+        c.set_max_batch_size(4)
+        """,
+    )
+    (folder / "config.pbtxt").unlink()
+    assert is_triton_model(folder)
+    [spec] = read_triton_model(folder)
+    assert spec.name == folder.name and spec.max_batch_size == 4
+    assert [t.name for t in spec.inputs] == ["INPUT0"]
+    assert spec.model_config["backend"] == "python"
+    (folder / "carpool.toml").write_text("")  # carpool's own config: not Triton's then
+    assert not is_triton_model(folder)
+    empty = tmp_path / "no_model"
+    (empty / "1").mkdir(parents=True)
+    assert not is_triton_model(empty)  # a version folder without model.py is nothing
 
 
 @pytest.mark.parametrize(
