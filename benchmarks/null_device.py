@@ -1,0 +1,152 @@
+"""The engine's own time per step, with a null device (issue 48, a first cut).
+
+The real ``Engine`` (scheduler, block manager, output processing, the real SmolLM2
+tokenizer's incremental detokenizing, stop checks) drives a runner whose forward
+pass costs a fixed device time (``--device-ms``: a sleep, so the host does nothing
+meanwhile, as a synchronous step waits on a GPU) and samples plausible tokens (a
+cycle of common words, never end-of-text). Each workload runs to its end; printed:
+host time per decode step (step wall time less the device time) as a median, per
+sequence-step, split into schedule / run (the runner's host part) / postprocess,
+and the device-idle share a synchronous engine implies at that device time.
+
+Not yet here (issue 48): async scheduling's overlap, the engine process and its
+pipe, stream delivery over HTTP.
+
+    python -m benchmarks.null_device [--device-ms 0 2] [--workloads 64x128 256x128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from transformers import AutoTokenizer
+
+from carpool.config import EngineConfig, default_cache_dir
+from carpool.engine.engine import Engine
+from carpool.engine.outputs import SchedulerOutput
+from carpool.engine.runner import ModelSpec, Sampled, SamplingRow, StepResult
+from carpool.engine.sampling_params import SamplingParams
+from carpool.models.causal_lm import convert_gguf
+from carpool.models.registry import BUILTIN_MODELS
+
+WORDS = [" the", " a", " of", " and", " to", " in", " is", " that", " it", " was", ","]
+
+
+class NullRunner:
+    """A device that takes ``device_s`` a step and answers common words."""
+
+    def __init__(self, tokenizer: Any, device_s: float, num_blocks: int) -> None:
+        eos = tokenizer.eos_token_id
+        self.spec = ModelSpec("null", len(tokenizer), 8192, frozenset({eos}), tokenizer)
+        self.num_blocks = num_blocks
+        self.paths = ()
+        self.device_s = device_s
+        self.words = [tokenizer.convert_tokens_to_ids(tokenizer.tokenize(w))[0] for w in WORDS]
+        self.host_s = 0.0  # the runner's own time, device excluded
+        self.device_total_s = 0.0  # the time actually slept (a sleep overshoots)
+
+    def make_generator(self, seed: int) -> None:
+        return None
+
+    def execute(
+        self,
+        step: SchedulerOutput,
+        rows: Mapping[str, SamplingRow],
+        prompt_logprobs: Mapping[str, int] | None = None,
+    ) -> StepResult:
+        start = time.perf_counter()
+        result = StepResult()
+        for chunk in step.chunks:
+            if chunk.samples:
+                row = rows[chunk.seq.request_id]
+                token = self.words[len(row.output_ids) % len(self.words)]
+                result.sampled[chunk.seq.request_id] = Sampled(token, None)
+        slept = time.perf_counter()
+        self.host_s += slept - start
+        if self.device_s:
+            time.sleep(self.device_s)
+        self.device_total_s += time.perf_counter() - slept
+        return result
+
+
+def timed(record: list[float], fn: Callable[..., Any]) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            record.append(time.perf_counter() - start)
+
+    return wrapper
+
+
+def run(tokenizer: Any, sequences: int, tokens: int, device_ms: float) -> dict[str, float]:
+    runner = NullRunner(tokenizer, device_ms / 1000, num_blocks=sequences * 32)
+    config = EngineConfig(block_size=16, max_num_seqs=sequences, kv_cache_memory="1GiB")
+    engine = Engine(runner, config)
+    schedule: list[float] = []
+    post: list[float] = []
+    engine.scheduler.schedule = timed(schedule, engine.scheduler.schedule)  # type: ignore[method-assign]
+    engine._postprocess = timed(post, engine._postprocess)  # type: ignore[method-assign]
+    params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0.0)
+    prompt = tokenizer("The quick brown fox jumps over the lazy dog. " * 12)["input_ids"][:128]
+    for i in range(sequences):
+        engine.add_request(f"r{i}", [*prompt[:-1], prompt[-1] + i % 7], params)
+    steps: list[tuple[float, int]] = []
+    runs: list[float] = []
+    while engine.has_work:
+        before, slept = runner.host_s, runner.device_total_s
+        start = time.perf_counter()
+        engine.step()
+        wall = time.perf_counter() - start
+        steps.append((wall - (runner.device_total_s - slept), len(engine.scheduler.running)))
+        runs.append(runner.host_s - before)
+    # Decode steps with every sequence running (prefill steps and the tail left out).
+    full = [i for i, (_, running) in enumerate(steps) if running == sequences and i >= 1 and post]
+    device_s = device_ms / 1000
+    host = [steps[i][0] - device_s for i in full]
+    step_host = statistics.median(host)
+    return {
+        "steps": len(full),
+        "host_ms": step_host * 1000,
+        "per_seq_us": step_host / sequences * 1e6,
+        "schedule_ms": statistics.median(schedule[i] for i in full) * 1000,
+        "run_ms": statistics.median(runs[i] for i in full) * 1000,
+        "post_ms": statistics.median(post[i] for i in full) * 1000,
+        "idle": step_host / (step_host + device_s) if device_s else 1.0,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device-ms", type=float, nargs="+", default=[0.0, 2.0])
+    parser.add_argument("--workloads", nargs="+", default=["64x128", "256x128"])
+    args = parser.parse_args()
+    folder = convert_gguf(BUILTIN_MODELS["smollm2-135m-instruct"].locate(), default_cache_dir())
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+          f"python {sys.version.split()[0]}")  # fmt: skip
+    print(f"command: python -m benchmarks.null_device {' '.join(sys.argv[1:])}")
+    print("| sequences x tokens | device ms | decode steps | host ms/step (median) | "
+          "host us/sequence-step | schedule ms | run (host) ms | postprocess ms | "
+          "device idle |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for workload in args.workloads:
+        sequences, tokens = (int(x) for x in workload.split("x"))
+        for device_ms in args.device_ms:
+            r = run(tokenizer, sequences, tokens, device_ms)
+            idle = f"{r['idle']:.0%}" if device_ms else "-"
+            print(f"| {workload} | {device_ms:g} | {r['steps']:.0f} | {r['host_ms']:.2f} | "
+                  f"{r['per_seq_us']:.1f} | {r['schedule_ms']:.2f} | {r['run_ms']:.2f} | "
+                  f"{r['post_ms']:.2f} | {idle} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
