@@ -109,10 +109,9 @@ def run(tokenizer: Any, sequences: int, tokens: int, device_ms: float) -> dict[s
         steps.append((wall - (runner.device_total_s - slept), len(engine.scheduler.running)))
         runs.append(runner.host_s - before)
     # Decode steps with every sequence running (prefill steps and the tail left out).
-    full = [i for i, (_, running) in enumerate(steps) if running == sequences and i >= 1 and post]
+    full = [i for i, (_, running) in enumerate(steps) if running == sequences and i >= 1]
     device_s = device_ms / 1000
-    host = [steps[i][0] - device_s for i in full]
-    step_host = statistics.median(host)
+    step_host = statistics.median(steps[i][0] for i in full)
     return {
         "steps": len(full),
         "host_ms": step_host * 1000,
