@@ -23,7 +23,7 @@ import numpy as np
 from tritonclient.utils import np_to_triton_dtype, triton_to_np_dtype
 
 from carpool.errors import CarpoolError, InvalidRequest, ModelNotFound, Overloaded
-from carpool.repository import bls
+from carpool.repository import bls, user_metrics
 from carpool.repository.datatypes import with_bytes
 from carpool.repository.decoupled import ResponseStream
 from carpool.repository.spec import check_unique
@@ -356,6 +356,61 @@ class ModelConfig:
                     f"auto-complete gave {tensor[key]!r}"
                 )
             known[key] = tensor[key]
+
+
+class MetricFamily:
+    """Triton's custom metric family: a name, a description and a kind (``COUNTER``,
+    ``GAUGE`` or ``HISTOGRAM``), exported on ``/metrics`` with carpool's own. A name
+    used again with the same kind is the same family."""
+
+    COUNTER = user_metrics.COUNTER
+    GAUGE = user_metrics.GAUGE
+    HISTOGRAM = user_metrics.HISTOGRAM
+
+    def __init__(self, name: str, description: str, kind: str) -> None:
+        try:
+            self._family = user_metrics.REGISTRY.family(name, description, kind)
+        except user_metrics.MetricError as exc:
+            raise TritonModelException(str(exc)) from None
+
+    def Metric(
+        self, labels: dict[str, str] | None = None, buckets: list[float] | None = None
+    ) -> Metric:
+        """The family's series with these ``labels`` (a histogram's with its
+        ``buckets``)."""
+        try:
+            return Metric(self._family, self._family.series(labels, buckets))
+        except user_metrics.MetricError as exc:
+            raise TritonModelException(str(exc)) from None
+
+
+class Metric:
+    """One labelled series of a ``MetricFamily``."""
+
+    def __init__(self, family: user_metrics.Family, key: user_metrics.Labels) -> None:
+        self._family = family
+        self._key = key
+
+    def increment(self, value: float) -> None:
+        self._do(self._family.add, float(value))
+
+    def set(self, value: float) -> None:
+        self._do(self._family.set, float(value))
+
+    def observe(self, value: float) -> None:
+        self._do(self._family.observe, float(value))
+
+    def value(self) -> float:
+        try:
+            return self._family.read(self._key)
+        except user_metrics.MetricError as exc:
+            raise TritonModelException(str(exc)) from None
+
+    def _do(self, action: Callable[[user_metrics.Labels, float], None], value: float) -> None:
+        try:
+            action(self._key, value)
+        except user_metrics.MetricError as exc:
+            raise TritonModelException(str(exc)) from None
 
 
 class Logger:

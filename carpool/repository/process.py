@@ -25,33 +25,39 @@ from typing import Any
 
 from carpool.batching.request import Failed
 from carpool.errors import BatchFailed, CarpoolError, ModelExecutionError
+from carpool.repository import user_metrics
 from carpool.repository.backends import Outputs, create_backend
 from carpool.repository.bls import Arrays, CallModel
 from carpool.repository.errors import RepositoryError
 from carpool.repository.payload import TensorPayload
 from carpool.repository.spec import ModelSpec
+from carpool.repository.user_metrics import FamilySnapshot
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 300.0
 
 
-def _answer_readiness(control: Connection, backend: Any) -> None:
-    """The worker's readiness thread: each check (a number) answered with the number
-    and the model's ``is_ready``, while the main thread may be running a batch."""
+def _answer_control(control: Connection, backend: Any) -> None:
+    """The worker's control thread: each question (a number and what is asked) is
+    answered with the number and the answer, while the main thread may be running a
+    batch: ``ready`` (the model's ``is_ready``) or ``metrics`` (this process's custom
+    metrics)."""
     while True:
         try:
-            number = control.recv()
+            number, what = control.recv()
         except (EOFError, OSError):
             return
-        control.send((number, backend.is_ready()))
+        if what == "ready":
+            control.send((number, backend.is_ready()))
+        else:
+            control.send((number, user_metrics.REGISTRY.snapshot()))
 
 
 def _worker_main(
     conn: Connection, control: Connection, spec: ModelSpec, instance: int, device: str
 ) -> None:
     """The worker process: load, say so, then run every batch it is sent (and answer
-    readiness checks on ``control``, from a thread of its own, if the model has the
-    hook)."""
+    readiness and metrics questions on ``control``, from a thread of its own)."""
     lock = threading.Lock()  # one exchange on the pipe at a time (BLS calls from threads)
 
     def call_over_pipe(
@@ -76,8 +82,7 @@ def _worker_main(
         conn.send(("error", str(exc)))
         return
     hook = bool(getattr(backend, "has_ready_hook", False))
-    if hook:
-        threading.Thread(target=_answer_readiness, args=(control, backend), daemon=True).start()
+    threading.Thread(target=_answer_control, args=(control, backend), daemon=True).start()
     conn.send(("ready", hook))
     while True:
         try:
@@ -127,7 +132,7 @@ class ProcessBackend:
         self.restarts = 0
         self.has_ready_hook = False
         self._control: Connection | None = None
-        self._checking = threading.Lock()  # one readiness check on the pipe at a time
+        self._checking = threading.Lock()  # one question on the control pipe at a time
         self._check_number = 0
         self._start()
         self._ready.wait()
@@ -257,25 +262,35 @@ class ProcessBackend:
 
     def is_ready(self, timeout_s: float) -> bool:
         """The model's ``is_ready`` answer from the worker within ``timeout_s`` (False
-        past it, or with no worker). Checks take turns; a late answer is skipped by the
-        next check (each carries a number)."""
+        past it, or with no worker)."""
+        return bool(self._ask("ready", timeout_s, False))
+
+    def metrics(self, timeout_s: float) -> list[FamilySnapshot]:
+        """The worker's custom metrics (none past ``timeout_s``, or with no worker)."""
+        answer: list[FamilySnapshot] = self._ask("metrics", timeout_s, [])
+        return answer
+
+    def _ask(self, what: str, timeout_s: float, otherwise: Any) -> Any:
+        """The worker's answer to ``what`` on its control pipe within ``timeout_s``,
+        else ``otherwise``. Questions take turns; a late answer is skipped by the next
+        question (each carries a number)."""
         if not self._checking.acquire(timeout=timeout_s):
-            return False
+            return otherwise
         try:
             control = self._control
             if control is None or not self.healthy:
-                return False
+                return otherwise
             self._check_number += 1
             deadline = time.monotonic() + timeout_s
             try:
-                control.send(self._check_number)
+                control.send((self._check_number, what))
                 while control.poll(_left(deadline)):
-                    number, ready = control.recv()
+                    number, answer = control.recv()
                     if number == self._check_number:
-                        return bool(ready)
+                        return answer
             except (EOFError, OSError):
-                return False
-            return False
+                return otherwise
+            return otherwise
         finally:
             self._checking.release()
 

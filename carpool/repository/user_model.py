@@ -40,6 +40,7 @@ from carpool.repository.decoupled import ResponseStream
 from carpool.repository.payload import TensorPayload
 from carpool.repository.process import ExecutionTimedOut, ProcessBackend
 from carpool.repository.spec import ModelSpec
+from carpool.repository.user_metrics import FamilySnapshot
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +165,15 @@ class UserBatchModel:
         answers = [_answer(functools.partial(_ask_ready, b, timeout_s)) for b in hooked]
         done, late = concurrent.futures.wait(answers, timeout_s)
         return not late and all(f.exception() is None and f.result() for f in done)
+
+    def worker_metrics(self, timeout_s: float) -> list[list[FamilySnapshot]]:
+        """The custom metrics of each healthy worker process (in-process instances
+        record into this process's registry, read apart). Blocks up to ``timeout_s``."""
+        with self._lock:
+            workers = [
+                s.backend for s in self._slots if s.usable and isinstance(s.backend, ProcessBackend)
+            ]
+        return [w.metrics(timeout_s) for w in workers]
 
     # --- InstancePool (runtime thread) ----------------------------------------------
 

@@ -97,7 +97,10 @@ def create_app(
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        return Response(metrics.render(registry), media_type=metrics.CONTENT_TYPE)
+        custom = b""
+        if models.user_models:  # their workers are asked off the event loop
+            custom = await asyncio.to_thread(metrics.user_metrics_text, models)
+        return Response(metrics.render(registry) + custom, media_type=metrics.CONTENT_TYPE)
 
     return app
 

@@ -19,6 +19,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from carpool.repository import user_metrics
 from carpool.server.served import ServedModels
 from carpool.stats import Histogram, RuntimeStats
 
@@ -236,3 +237,17 @@ def make_registry(collectors: Iterable[Collector]) -> CollectorRegistry:
 
 def render(registry: CollectorRegistry) -> bytes:
     return generate_latest(registry)
+
+
+WORKER_METRICS_TIMEOUT_S = 1.0
+
+
+def user_metrics_text(models: ServedModels) -> bytes:
+    """The repository models' custom metrics (``pb_utils.MetricFamily``), in Triton's
+    exposition: this process's and each worker process's, merged. Blocks while the
+    workers answer (at most ``WORKER_METRICS_TIMEOUT_S`` each): not on the event loop."""
+    snapshots = [user_metrics.REGISTRY.snapshot()]
+    for served in models.user_models.values():
+        for version in served.versions.values():
+            snapshots += version.model.worker_metrics(WORKER_METRICS_TIMEOUT_S)
+    return user_metrics.exposition(user_metrics.merge(snapshots)).encode()

@@ -508,6 +508,27 @@ def test_statistics_and_metrics_list_repository_models(server: Server) -> None:
     assert server.metric("carpool_batches_total", model="equal_shapes") >= 2
 
 
+def test_custom_metrics_of_a_model_in_its_worker_are_on_metrics(server: Server) -> None:
+    """pb_utils.MetricFamily as Triton's custom_metrics example uses it, recorded in
+    the model's worker process, read at scrape time with carpool's own metrics."""
+    c = client(server)
+    assert c.infer("metered", [_x2(1)]).as_numpy("y").tolist() == [[1.0, 1.0]]
+    with httpx.Client(base_url=server.url, timeout=60) as h:
+        text = h.get("/metrics").text
+    for pattern in (
+        "# HELP requests_process_latency_ns Cumulative time spent processing requests",
+        "# TYPE requests_process_latency_ns counter",
+        'requests_process_latency_ns{model="metered",version="1"}',
+        'batch_rows_bucket{model="metered",le="+Inf"} 1',
+        "# TYPE carpool_requests_total counter",  # carpool's own beside them
+    ):
+        assert pattern in text, pattern
+    latency = next(
+        line for line in text.splitlines() if line.startswith("requests_process_latency_ns{")
+    )
+    assert float(latency.split()[-1]) > 0
+
+
 # --- explicit model control -----------------------------------------------------------
 
 

@@ -323,6 +323,37 @@ READY_HOOK_CODE = """
 """
 
 
+# Custom metrics as Triton's custom_metrics example records them (a counter with
+# labels), and a histogram.
+METRICS_CODE = """
+    import time
+
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            latency = pb_utils.MetricFamily(
+                name="requests_process_latency_ns",
+                description="Cumulative time spent processing requests",
+                kind=pb_utils.MetricFamily.COUNTER,
+            )
+            self.latency = latency.Metric(labels={"model": "metered", "version": "1"})
+            kind = pb_utils.MetricFamily.HISTOGRAM
+            rows = pb_utils.MetricFamily("batch_rows", "Rows per batch", kind)
+            self.rows = rows.Metric(labels={"model": "metered"}, buckets=[1, 2, 4, 8])
+
+        def execute(self, requests):
+            start = time.time_ns()
+            get = pb_utils.get_input_tensor_by_name
+            out = [pb_utils.InferenceResponse([pb_utils.Tensor("y", get(r, "x").as_numpy())])
+                   for r in requests]
+            self.rows.observe(len(requests))
+            self.latency.increment(time.time_ns() - start + 1)
+            return out
+"""
+
+
 def build_finalizers(root: Path) -> Path:
     """Two models that leave a mark when released: a Python-backend model in its
     worker process and a carpool class in a thread."""
@@ -385,6 +416,7 @@ def build(root: Path) -> Path:
     carpool_model(root, "echo", ECHO_TOML, ECHO_CODE)
     triton_model(root, "slow_double", SLOW_DOUBLE_CONFIG, SLOW_DOUBLE_CODE)
     triton_model(root, "auto_completed", 'backend: "python"', AUTO_COMPLETED_CODE)
+    triton_model(root, "metered", SLOW_DOUBLE_CONFIG, METRICS_CODE)
     triton_model(root, "auto_completed_bare", "", AUTO_COMPLETED_CODE)
     (root / "auto_completed_bare" / "config.pbtxt").unlink()  # Triton's minimal config
     triton_model(root, "ready_hook", SLOW_DOUBLE_CONFIG, READY_HOOK_CODE.format(prefix=""))
