@@ -31,7 +31,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import Q4_K, dequantize
 
-from carpool.models.packed_linear import BlockType, KScales, PackedWeight
+from carpool.models.packed_linear import BlockType, KScales, PackedWeight, q5_blocks
 
 T = GGMLQuantizationType
 ONE = np.frombuffer(np.float16(1.0).tobytes(), dtype=np.uint8)  # float16 1.0's two bytes
@@ -111,30 +111,6 @@ def _q8_16(quants: np.ndarray, n: int, scales: np.ndarray, mins: np.ndarray | No
         _int8(quants, n),
         torch.from_numpy(np.ascontiguousarray(scales, dtype=np.float32)),
         None if mins is None else torch.from_numpy(np.ascontiguousarray(mins, dtype=np.float32)),
-    )
-
-
-def q5_blocks(
-    kind: BlockType,
-    quants: np.ndarray,
-    n: int,
-    scales: np.ndarray,
-    mins: np.ndarray | None,
-    k_scales: KScales | None = None,
-) -> PackedWeight:
-    """``quants`` [n, k] (0-31 as float) into Q5_1 or Q5_0 blocks: weights j and j +
-    16's low nibbles in byte j, then the 32 fifth bits as a little-endian word."""
-    q = quants.astype(np.uint8).reshape(n, -1, 32)
-    nibbles = (q[..., :16] & 15) | ((q[..., 16:] & 15) << 4)
-    fifth = ((q >> 4) & 1).astype(np.uint32) << np.arange(32, dtype=np.uint32)
-    word = np.bitwise_or.reduce(fifth, axis=-1).astype("<u4")
-    bits = word[..., None].view(np.uint8).reshape(n, -1, 4)
-    return PackedWeight(
-        kind,
-        torch.from_numpy(np.ascontiguousarray(np.concatenate([nibbles, bits], axis=-1))),
-        torch.from_numpy(np.ascontiguousarray(scales, dtype=np.float32)),
-        None if mins is None else torch.from_numpy(np.ascontiguousarray(mins, dtype=np.float32)),
-        k_scales,
     )
 
 

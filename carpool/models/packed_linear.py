@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open
@@ -311,8 +312,6 @@ class Interleaved:
             scales = by_feature(self.scales)
             mins = by_feature(self.extra) if with_mins and self.extra is not None else None
         if self.kind in FIVE_BITS:
-            from carpool.models.gguf_blocks import q5_blocks  # it imports this module
-
             nibbles, lane = quants[..., :16], quants[..., 16:].to(torch.int64)
             # byte b's bit j is weight 4j + b's fifth bit
             fifth = ((lane[..., None, :] >> torch.arange(8)[:, None]) & 1).reshape(n, groups, 32)
@@ -701,3 +700,27 @@ def _on_meta(weight: torch.Tensor) -> bool:
     loaded): initializing it there would only import torch's compiler (~1 s and
     ~120 MiB: meta tensors' random fills run through its reference ops)."""
     return weight.device.type == "meta"
+
+
+def q5_blocks(
+    kind: BlockType,
+    quants: np.ndarray,
+    n: int,
+    scales: np.ndarray,
+    mins: np.ndarray | None,
+    k_scales: KScales | None = None,
+) -> PackedWeight:
+    """``quants`` [n, k] (0-31 as float) into Q5_1 or Q5_0 blocks: weights j and j +
+    16's low nibbles in byte j, then the 32 fifth bits as a little-endian word."""
+    q = quants.astype(np.uint8).reshape(n, -1, 32)
+    nibbles = (q[..., :16] & 15) | ((q[..., 16:] & 15) << 4)
+    fifth = ((q >> 4) & 1).astype(np.uint32) << np.arange(32, dtype=np.uint32)
+    word = np.bitwise_or.reduce(fifth, axis=-1).astype("<u4")
+    bits = word[..., None].view(np.uint8).reshape(n, -1, 4)
+    return PackedWeight(
+        kind,
+        torch.from_numpy(np.ascontiguousarray(np.concatenate([nibbles, bits], axis=-1))),
+        torch.from_numpy(np.ascontiguousarray(scales, dtype=np.float32)),
+        None if mins is None else torch.from_numpy(np.ascontiguousarray(mins, dtype=np.float32)),
+        k_scales,
+    )
