@@ -228,7 +228,7 @@ def test_any_field_of_a_task_request_gets_a_clear_answer(server: Server, path: s
     fields = sorted({*TASK_VALID[path], "unknown", "truncate", "priority", "timeout", "top_n"})
     sent = {"count": 0}
 
-    @settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
     @given(field=st.sampled_from(fields), value=json_values)
     def one(field: str, value: object) -> None:
         with server.client() as c:
@@ -236,7 +236,7 @@ def test_any_field_of_a_task_request_gets_a_clear_answer(server: Server, path: s
         sent["count"] += 1
 
     one()
-    assert sent["count"] >= 25
+    assert sent["count"] >= 15
     with server.client() as c:
         again = c.post(path, json=TASK_VALID[path])
     assert again.status_code == 200, again.text
