@@ -48,7 +48,8 @@ def _answer_control(control: Connection, backend: Any) -> None:
         except (EOFError, OSError):
             return
         if what == "ready":
-            control.send((number, backend.is_ready()))
+            is_ready = getattr(backend, "is_ready", None)
+            control.send((number, bool(is_ready()) if callable(is_ready) else True))
         else:
             control.send((number, user_metrics.REGISTRY.snapshot()))
 
@@ -220,7 +221,7 @@ class ProcessBackend:
         self, payloads: list[TensorPayload], deadline: float | None
     ) -> list[Outputs | Failed]:
         with self._lock:
-            conn = self._conn
+            conn, process = self._conn, self._process
         if conn is None:
             raise BatchFailed(
                 f"model '{self.spec.name}' has no worker process: {self._start_error}"
@@ -230,15 +231,15 @@ class ProcessBackend:
             while True:
                 if deadline is not None and not conn.poll(_left(deadline)):
                     self._kill()
-                    self._restart_in_background()
+                    self._restart_in_background(conn)
                     raise self._timed_out()
                 status, result = conn.recv()
                 if status != "call":
                     break
                 conn.send(self._serve_call(result))
         except (EOFError, OSError, BrokenPipeError):
-            code = self._process.exitcode if self._process is not None else None
-            self._restart_in_background()
+            code = process.exitcode if process is not None else None
+            self._restart_in_background(conn)
             raise BatchFailed(
                 f"model '{self.spec.name}': its worker process died (exit code {code}); "
                 "it is being restarted"
@@ -306,9 +307,11 @@ class ProcessBackend:
         if process is not None and process.is_alive():
             process.kill()
 
-    def _restart_in_background(self) -> None:
+    def _restart_in_background(self, dead: Connection | None = None) -> None:
+        """Start a new worker unless a restart is under way, or (``dead``: the pipe
+        of the worker seen to die) that worker has already been replaced."""
         with self._lock:
-            if not self._ready.is_set():
+            if not self._ready.is_set() or (dead is not None and dead is not self._conn):
                 return
             self._ready.clear()
             old, self._process, self._conn = self._process, None, None

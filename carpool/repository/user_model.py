@@ -132,7 +132,7 @@ class UserBatchModel:
         with self._lock:
             if any(s.usable for s in self._slots):
                 return ""
-            lost = self.lost_reason_locked()
+            lost = self._lost_reason_locked()
         why = f": {lost}" if lost else "; one is being restarted"
         return f"model '{self.spec.name}' is unready: no instance of it is healthy{why}"
 
@@ -141,9 +141,9 @@ class UserBatchModel:
         """Why no instance of the model will come back ("": one is or will be): its
         requests are refused until it is loaded again."""
         with self._lock:
-            return self.lost_reason_locked()
+            return self._lost_reason_locked()
 
-    def lost_reason_locked(self) -> str:
+    def _lost_reason_locked(self) -> str:
         reasons = [s.lost for s in self._slots]
         if not all(reasons):
             return ""
