@@ -221,7 +221,12 @@ class PipelineBackend:
         if self.max_tokens is None or self.truncate or payload.parameters.get("truncate"):
             return None
         rows, _ = _rows([payload], "text")
-        lengths = [len(ids) for ids in self.pipe.tokenizer(_texts(rows, "text"))["input_ids"]]
+        texts = _texts(rows, "text")
+        # A character makes at most 4 tokens (a byte-level one, 4 UTF-8 bytes), plus a
+        # few special tokens: short texts need no tokenizing here.
+        if all(4 * len(t) + 8 <= self.max_tokens for t in texts):
+            return None
+        lengths = [len(ids) for ids in self.pipe.tokenizer(texts)["input_ids"]]
         longest = max(lengths, default=0)
         if longest <= self.max_tokens:
             return None
