@@ -336,7 +336,7 @@ class UserBatchModel:
         for slot in slots:
             slot.thread.stop()
             if isinstance(slot.backend, ProcessBackend) or slot.state is not SlotState.REPLACING:
-                running.append(_on_own_thread(slot.backend.finalize))
+                running.append(_answer(slot.backend.finalize))
         done, late = concurrent.futures.wait(running, timeout_s)
         for future in done:
             if future.exception() is not None:
@@ -443,11 +443,6 @@ def _ask_ready(backend: Any, timeout_s: float) -> bool:
     if isinstance(backend, ProcessBackend):
         return backend.is_ready(timeout_s)
     return bool(backend.is_ready())
-
-
-def _on_own_thread(fn: Callable[[], None]) -> Future[None]:
-    """Run ``fn`` on a daemon thread of its own; its future."""
-    return _answer(fn)
 
 
 def _answer(fn: Callable[[], T]) -> Future[T]:

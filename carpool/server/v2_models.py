@@ -88,19 +88,30 @@ def priority_and_timeout(params: dict[str, Any]) -> tuple[int | None, float | No
     return priority or None, (timeout_us / 1e6 if timeout_us else None)
 
 
-class EmbeddingV2:
+class _BuiltinV2:
+    """What the built-in models share: one version, ready while the runtime lives."""
+
+    def __init__(self, name: str, runtime_alive: Callable[[], bool]) -> None:
+        self.name = name
+        self._alive = runtime_alive
+
+    def version_of(self, version: str | None) -> str:
+        return only_version(self.name, version)
+
+    async def ready(self, version: str | None) -> bool:
+        self.version_of(version)
+        return self._alive()
+
+
+class EmbeddingV2(_BuiltinV2):
     """The built-in embedder: one BYTES input of texts, one FP32 output."""
 
     def __init__(
         self, served: ServedEmbedding, models: ServedModels, runtime_alive: Callable[[], bool]
     ) -> None:
+        super().__init__(served.name, runtime_alive)
         self.served = served
-        self.name = served.name
         self._models = models
-        self._alive = runtime_alive
-
-    def version_of(self, version: str | None) -> str:
-        return only_version(self.name, version)
 
     def metadata(self, version: str | None) -> dict[str, Any]:
         self.version_of(version)
@@ -147,10 +158,6 @@ class EmbeddingV2:
             },
         }
 
-    async def ready(self, version: str | None) -> bool:
-        self.version_of(version)
-        return self._alive()
-
     def stats(self, version: str | None) -> list[dict[str, Any]]:
         return [model_stats(self.name, self.version_of(version), self.served.batcher.stats)]
 
@@ -182,18 +189,14 @@ class EmbeddingV2:
         return [(EMBEDDING_OUTPUT, array)]
 
 
-class GeneratorV2:
+class GeneratorV2(_BuiltinV2):
     """A built-in generation model, as Triton shows an LLM in its repository (the
     vLLM backend's tensors): metadata, config, readiness and statistics answer as for
     any model; inference is text generation, at the OpenAI routes, not tensors."""
 
     def __init__(self, served: ServedGenerator, runtime_alive: Callable[[], bool]) -> None:
+        super().__init__(served.name, runtime_alive)
         self.served = served
-        self.name = served.name
-        self._alive = runtime_alive
-
-    def version_of(self, version: str | None) -> str:
-        return only_version(self.name, version)
 
     def metadata(self, version: str | None) -> dict[str, Any]:
         self.version_of(version)
@@ -220,10 +223,6 @@ class GeneratorV2:
             "output": [_config_tensor(t) for t in meta["outputs"]],
             "parameters": {"max_model_len": {"string_value": str(self.served.max_model_len)}},
         }
-
-    async def ready(self, version: str | None) -> bool:
-        self.version_of(version)
-        return self._alive()
 
     def stats(self, version: str | None) -> list[dict[str, Any]]:
         data = self.served.engine.worker.stats.snapshot()
