@@ -37,6 +37,11 @@ class EmbeddingModel:
         self.normalize = any(m.get("type", "").endswith("Normalize") for m in modules)
         self.max_length = int(st_config.get("max_seq_length", config.max_position_embeddings))  # type: ignore[call-overload]
         self.dimensions = config.hidden_size
+        # sentence-transformers' named prompts (e.g. "query": "query: "), for TEI's prompt_name.
+        prompts = read_json(folder / "config_sentence_transformers.json").get("prompts")
+        self.prompts: dict[str, str] = (
+            {str(k): str(v) for k, v in prompts.items()} if isinstance(prompts, dict) else {}
+        )
         self.vocab_size = config.vocab_size
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self.tokenizer.no_truncation()

@@ -21,6 +21,8 @@ from carpool.server import (
     repository_routes,
     responses_routes,
     task_routes,
+    tei_routes,
+    tgi_routes,
     v2_routes,
 )
 from carpool.server.awaiting import ClientDisconnected
@@ -74,6 +76,8 @@ def create_app(
     app.include_router(v2_routes.router(models, is_ready))
     app.include_router(generate_routes.router(models))
     app.include_router(task_routes.router(models))
+    app.include_router(tgi_routes.router(models))
+    app.include_router(tei_routes.router(models))
     if control is not None:
         app.include_router(repository_routes.router(control))
     dashboard.install(app, models, runtime_stats)

@@ -1,9 +1,12 @@
 """Every error a client sees, mapped to HTTP in one place, in its protocol's shape.
 
 /v2 (Open Inference Protocol): ``{"error": "<message>"}``.
-/v1/messages (Anthropic): ``{"type": "error", "error": {"type", "message"}}``, 400 for
-every malformed request, as Anthropic answers.
+/v1/messages (Anthropic): ``{"type": "error", "error": {"type", "message"}}``.
+TGI's and TEI's routes: ``{"error": "<message>", "error_type": "<kind>"}``, a bad
+request 422 and a model's failure 424, as their routers answer.
 Everything else (OpenAI): ``{"error": {"message", "type", "param", "code"}}``.
+A malformed request is a 400 (OpenAI's, vLLM's and Anthropic's answer) that names
+the field, never pydantic's 422.
 A client never sees a stack trace; an unexpected exception is logged with its
 trace and answered 500 with a short message.
 """
@@ -33,6 +36,7 @@ from carpool.errors import (
     RuntimeDead,
     Unauthorized,
 )
+from carpool.server.tgi_shaping import error_body as tgi_error
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +61,12 @@ def status_of(exc: CarpoolError) -> tuple[int, str]:
     return 500, "server_error"
 
 
-V2, ANTHROPIC, OPENAI = "v2", "anthropic", "openai"
+V2, ANTHROPIC, OPENAI, TGI = "v2", "anthropic", "openai", "tgi"
+
+# TGI's routes, and TEI's that no other protocol shares.
+_TGI_PATHS = frozenset(
+    {"/", "/generate", "/generate_stream", "/info", "/embed", "/embed_all", "/decode"}
+)
 
 # Anthropic's error types, by status.
 _ANTHROPIC_TYPES = {
@@ -77,7 +86,15 @@ def protocol_of(path: str) -> str:
         return V2
     if path.startswith("/v1/messages"):
         return ANTHROPIC
+    if path in _TGI_PATHS:
+        return TGI
     return OPENAI
+
+
+def tgi_status(status: int) -> int:
+    """TGI's and TEI's status for carpool's: a bad request is their 422 (input
+    validation), a model's failure their 424 (generation or backend error)."""
+    return {400: 422, 500: 424}.get(status, status)
 
 
 def anthropic_error(status: int, kind: str, message: str, param: str | None) -> dict[str, str]:
@@ -102,6 +119,8 @@ def error_response(
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
     """The error response for ``request``'s protocol."""
+    if protocol_of(request.url.path) == TGI:
+        status = tgi_status(status)
     body = error_body(status, message, kind=kind, param=param, path=request.url.path)
     return JSONResponse(body, status_code=status, headers=headers)
 
@@ -121,6 +140,8 @@ def error_body(
         return {"error": message}
     if protocol == ANTHROPIC:
         return {"type": "error", "error": anthropic_error(status, kind, message, param)}
+    if protocol == TGI:
+        return dict(tgi_error(status, message))
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
@@ -195,9 +216,7 @@ def install(app: FastAPI) -> None:
                 f"(got {request.headers.get('content-type') or 'no Content-Type'})",
             )
         message, field = _describe_validation(exc)
-        anthropic = protocol_of(request.url.path) == ANTHROPIC
-        status = 400 if field is None or anthropic else 422
-        return error_response(request, status, message, param=field)
+        return error_response(request, 400, message, param=field)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

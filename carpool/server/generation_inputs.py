@@ -121,12 +121,15 @@ def offered_tools(served: ServedGenerator, body: ChatCompletionRequest) -> Offer
     tools, required = chosen_tools(specs, plain, named)
     if not tools:
         return None
-    if body.response_format is not None or body.structured_outputs is not None:
+    text = body.response_format is None or body.response_format.type == "text"
+    if not text or body.structured_outputs is not None:
         raise InvalidRequest(
             "response_format and structured_outputs cannot be combined with tools",
             param="response_format",
         )
-    return OfferedTools(tools, required, body.parallel_tool_calls, tool_form(served))
+    # A named choice is one call of that function (OpenAI's meaning), parallel or not.
+    parallel = body.parallel_tool_calls and named is None
+    return OfferedTools(tools, required, parallel, tool_form(served))
 
 
 def chat_prompt(
@@ -139,9 +142,27 @@ def chat_prompt(
     """The conversation rendered with the model's own chat template, as token ids
     (``body``: the request whose ``truncate_prompt_tokens`` applies; ``offered``:
     tools described in the system message). Runs on the pre-processing pool."""
-    extra = body.chat_template_kwargs if isinstance(body, ChatCompletionRequest) else None
+    extra = template_switches(served, body) if isinstance(body, ChatCompletionRequest) else None
     text = render_chat(served, messages, add_generation_prompt, offered, extra)
     return encode_prompts(served, [text], body, add_special_tokens=False)[0]
+
+
+def template_switches(served: ServedGenerator, body: ChatCompletionRequest) -> dict[str, Any]:
+    """The chat template's variables for ``body``: OpenAI's ``reasoning_effort`` and
+    ``verbosity`` as the template's own switches where it has one (a template that
+    reads ``reasoning_effort`` gets it; one with Qwen3's ``enable_thinking`` thinks
+    unless the effort is ``none``), then the request's ``chat_template_kwargs``,
+    which win."""
+    template = getattr(served.tokenizer, "chat_template", None) or ""
+    switches: dict[str, Any] = {}
+    effort = body.reasoning_effort
+    if effort is not None and "reasoning_effort" in template:
+        switches["reasoning_effort"] = effort
+    elif effort is not None and "enable_thinking" in template:
+        switches["enable_thinking"] = effort != "none"
+    if body.verbosity is not None and "verbosity" in template:
+        switches["verbosity"] = body.verbosity
+    return {**switches, **(body.chat_template_kwargs or {})}
 
 
 def render_chat(
@@ -217,6 +238,9 @@ def _plain(i: int, m: ChatMessage, hermes: bool) -> dict[str, Any]:
             texts.append(part["text"])
         content = "".join(texts)
     message: dict[str, Any] = {"role": m.role, "content": content or ""}
+    thinking = m.reasoning_content if m.reasoning_content is not None else m.reasoning
+    if thinking is not None:
+        message["reasoning_content"] = thinking
     if m.tool_calls:
         calls = [c.model_dump() for c in m.tool_calls]
         where = f"messages[{i}].tool_calls"

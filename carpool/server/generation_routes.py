@@ -140,6 +140,7 @@ class _Call:
             echo=echo,
             tool_form=tool_form,
             reasoning=reasoning,
+            echoed={"service_tier": body.service_tier} if body.service_tier else None,
         )
 
     async def respond(

@@ -20,7 +20,7 @@ from carpool.server.reply_reader import (
     TextDelta,
 )
 from carpool.server.sse import sse_event
-from carpool.server.tools import GENERIC, read_reply
+from carpool.server.tools import GENERIC
 
 _FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
 
@@ -30,7 +30,10 @@ class Shaper:
     ``decode``: token ids to text; ``tool_form``: tools were offered, and replies
     in that form (``carpool.server.tools``) are read back; ``reasoning``: a
     ``--reasoning-parser`` that splits a chat reply's thinking into
-    ``reasoning_content``)."""
+    ``reasoning_content``; ``echoed``: request fields the response repeats, such as
+    ``service_tier``). Chat messages and deltas always carry ``reasoning_content``
+    and ``reasoning`` (vLLM's older and newer names), null when there is none: vLLM's
+    clients read them unconditionally."""
 
     def __init__(
         self,
@@ -44,6 +47,7 @@ class Shaper:
         echo: bool = False,
         tool_form: str | None = None,
         reasoning: str | None = None,
+        echoed: dict[str, Any] | None = None,
     ) -> None:
         self.id = call_id
         self.created = created
@@ -54,6 +58,7 @@ class Shaper:
         self.echo = echo
         self.tool_form = tool_form
         self.reasoning = reasoning
+        self.echoed = echoed or {}
         self.object = "chat.completion" if chat else "text_completion"
         self._sent: dict[int, int] = {}  # characters of text streamed per choice
         self._readers: dict[int, ReplyReader] = {}  # with tools: each choice's reply
@@ -70,7 +75,7 @@ class Shaper:
                     choices.append(
                         {
                             "index": index,
-                            "message": {"role": "assistant", **message},
+                            "message": with_reasoning({"role": "assistant", **message}),
                             "logprobs": self._chat_logprobs(out.logprobs, out.token_ids),
                             "finish_reason": reason,
                         }
@@ -97,6 +102,7 @@ class Shaper:
             "model": self.model,
             "choices": choices,
             "usage": usage(finals),
+            **self.echoed,
         }
 
     def delta(
@@ -184,10 +190,22 @@ class Shaper:
             return {**message, "reasoning_content": splitter.reasoning or None}, reason
         if self.tool_form is None:
             return {"content": out.text}, reason
-        reply = read_reply(out.text, self.tool_form)
-        if reply.tool_calls is not None:
-            return {"content": None, "tool_calls": reply.tool_calls}, "tool_calls"
-        return {"content": reply.content}, reason
+        reader = ReplyReader(self.tool_form)
+        events = reader.feed(out.text) + reader.finish()
+        text = "".join(e.text for e in events if isinstance(e, TextDelta))
+        calls = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+            for call in reader.complete_calls()
+        ]
+        if not calls:
+            return {"content": text}, reason
+        return {"content": text or None, "tool_calls": calls}, (
+            reason if reason == "length" else "tool_calls"
+        )
 
     def _echo(self, request: RequestOutput) -> tuple[str, dict[str, Any] | None]:
         """The prompt's text, and its tokens' logprobs when they were asked for."""
@@ -211,6 +229,7 @@ class Shaper:
             "model": self.model,
             "choices": choices,
             "usage": usage,
+            **self.echoed,
         }
 
     def _token(self, token_id: int) -> str:
@@ -294,7 +313,16 @@ def chat_tool_delta(events: list[ReplyEvent]) -> dict[str, Any]:
 
 
 def choice_delta(index: int, delta: dict[str, Any]) -> dict[str, Any]:
-    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+    return {"index": index, "delta": with_reasoning(delta), "logprobs": None, "finish_reason": None}
+
+
+def with_reasoning(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` (or a delta) with ``reasoning_content`` and ``reasoning`` set, both
+    the thinking it carries or null."""
+    thinking = message.get("reasoning_content")
+    message["reasoning_content"] = thinking
+    message["reasoning"] = thinking
+    return message
 
 
 def usage(finals: list[RequestOutput]) -> dict[str, int]:

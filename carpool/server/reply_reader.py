@@ -143,17 +143,22 @@ class ReplyReader:
         return self._hermes(text, final=False)
 
     def finish(self) -> list[ReplyEvent]:
-        """The events still held back once the reply is complete. A generic reply
-        that holds neither calls nor an answer (cut by ``max_tokens``) is content as
-        it is, as ``tools.read_reply`` reads it."""
+        """The events still held back once the reply is complete. The wrapper's own
+        JSON is never content: a reply cut (by ``max_tokens``) before its answer or
+        a call's name began says nothing more."""
         if self.form == HERMES:
             return self._hermes("", final=True)
-        events = self._progress()
-        part = self._parts[0][0]
-        if not self.calls and (-1, "response") not in part.spans and part.text:
-            self.content = part.text
-            events.append(TextDelta(part.text))
-        return events
+        return self._progress()
+
+    def complete_calls(self) -> list[ReadCall]:
+        """The calls whose arguments were read whole (a reply cut inside a call
+        leaves that call out)."""
+        complete = []
+        for index, call in enumerate(self.calls):
+            part, first = self._parts[call.source]
+            if part.whole((index - first, "arguments")) is not None:
+                complete.append(call)
+        return complete
 
     # -- hermes ------------------------------------------------------------------------
 

@@ -105,6 +105,8 @@ def chat_request(body: ResponsesRequest, history: list[dict[str, Any]]) -> ChatC
             "response_format": response_format(body),
             "stream": body.stream,
             "user": body.user,
+            "reasoning_effort": None if body.reasoning is None else body.reasoning.effort,
+            "verbosity": None if body.text is None else body.text.verbosity,
             "priority": body.priority,
             "timeout": body.timeout,
         },

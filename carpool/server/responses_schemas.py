@@ -1,22 +1,27 @@
 """OpenAI's Responses request (``POST /v1/responses``), validated at the edge.
 
-Strict as ``schemas``: unknown fields are refused by name. Fields that change nothing
-here are accepted and said so (``reasoning``, ``truncation``, ``include``,
-``service_tier``, ``prompt_cache_key``, ``safety_identifier``); content other than
-text is refused by the adapter, naming the part.
+As ``schemas``: every field of the openai SDK's ``responses.create`` typed, fields no
+API defines ignored (logged), the parts strict. ``reasoning.effort`` and
+``text.verbosity`` reach the chat template's switches; ``conversation`` and ``prompt``
+(objects kept at OpenAI) and ``background`` are refused by name; the rest are
+accepted and change nothing. Content other than text is refused by the adapter,
+naming the part.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, StrictBool, StrictInt, StrictStr, Tag
+from pydantic import Discriminator, Field, StrictBool, StrictInt, StrictStr, Tag, field_validator
 
 from carpool.server.schemas import (
     INT64_MAX,
     INT64_MIN,
     FunctionDefinition,
     JsonObjectFormat,
+    Metadata,
+    OpenAIBody,
+    ReasoningEffort,
     Strict,
     TextFormat,
 )
@@ -112,7 +117,15 @@ class TextConfig(Strict):
     verbosity: Literal["low", "medium", "high"] | None = None
 
 
-class ResponsesRequest(Strict):
+class Reasoning(Strict):
+    """The ``reasoning`` configuration: its effort reaches the template's switch."""
+
+    effort: ReasoningEffort | None = None
+    summary: StrictStr | None = None
+    generate_summary: StrictStr | None = None
+
+
+class ResponsesRequest(OpenAIBody):
     """OpenAI's Responses request, plus carpool's ``priority`` and ``timeout``."""
 
     model: StrictStr
@@ -128,20 +141,48 @@ class ResponsesRequest(Strict):
     stream: StrictBool = False
     store: StrictBool = True
     previous_response_id: StrictStr | None = None
-    # OpenAI's limits: 16 pairs, keys of at most 64 characters, values of at most 512.
-    metadata: (
-        dict[
-            Annotated[StrictStr, Field(max_length=64)], Annotated[StrictStr, Field(max_length=512)]
-        ]
-        | None
-    ) = Field(default=None, max_length=16)
+    metadata: Metadata | None = None
     user: StrictStr | None = None
-    reasoning: dict[str, Any] | None = None
+    reasoning: Reasoning | None = None
     truncation: Literal["disabled", "auto"] | None = None
     include: list[StrictStr] | None = None
     service_tier: StrictStr | None = None
     prompt_cache_key: StrictStr | None = None
+    prompt_cache_retention: StrictStr | None = None
+    prompt_cache_options: dict[str, Any] | None = None
     safety_identifier: StrictStr | None = None
-    background: Literal[False] | None = None
+    background: StrictBool | None = None
+    background_options: dict[str, Any] | None = None
+    max_tool_calls: StrictInt | None = Field(default=None, ge=1)
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
+    stream_options: dict[str, Any] | None = None
+    context_management: list[dict[str, Any]] | None = None
+    moderation: dict[str, Any] | None = None
+    image: dict[str, Any] | None = None
+    access_programs: dict[str, Any] | None = None
+    conversation: StrictStr | dict[str, Any] | None = None
+    prompt: dict[str, Any] | None = None
+
+    @field_validator("background")
+    @classmethod
+    def _foreground(cls, value: bool | None) -> bool | None:
+        if value:
+            raise ValueError("background responses are not available; send it in the foreground")
+        return value
+
+    @field_validator("conversation")
+    @classmethod
+    def _no_conversation(cls, value: object) -> object:
+        if value is not None:
+            raise ValueError("conversations are not kept here; continue with previous_response_id")
+        return value
+
+    @field_validator("prompt")
+    @classmethod
+    def _no_stored_prompt(cls, value: object) -> object:
+        if value is not None:
+            raise ValueError("stored prompts are not available; send instructions and input")
+        return value
+
     priority: StrictInt = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
     timeout: float | None = Field(default=None, gt=0)

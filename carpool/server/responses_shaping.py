@@ -67,7 +67,11 @@ class ResponseShaper:
             "output": self.output,
             "parallel_tool_calls": body.parallel_tool_calls,
             "previous_response_id": body.previous_response_id,
-            "reasoning": {"effort": None, "summary": None},
+            "reasoning": {
+                "effort": None if body.reasoning is None else body.reasoning.effort,
+                "summary": None,
+            },
+            "service_tier": body.service_tier or "default",
             "store": body.store,
             "temperature": 1.0 if body.temperature is None else body.temperature,
             "text": {"format": text_format},

@@ -1,13 +1,16 @@
 """Request bodies, validated at the edge with pydantic.
 
-Strict throughout: no unknown fields, no coercion (``"stream": "yes"`` is not a
-boolean), no NaN or Infinity. A string that is not valid Unicode is refused before
-validation (``unicode_check``).
+No coercion (``"stream": "yes"`` is not a boolean), no NaN or Infinity, and every
+field of OpenAI's request types typed and ranged. A top-level OpenAI body ignores
+fields no API defines, with a logged warning (vLLM's behaviour: a client's extension
+must not fail its request); the parts inside it refuse unknown fields. A string that
+is not valid Unicode is refused before validation (``unicode_check``).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import logging
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -18,7 +21,11 @@ from pydantic import (
     StrictInt,
     StrictStr,
     Tag,
+    field_validator,
+    model_validator,
 )
+
+log = logging.getLogger(__name__)
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -27,6 +34,45 @@ class Strict(BaseModel):
     """A request body's part: unknown fields refused, no NaN or Infinity."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+# Field names already warned about: a client that sends an extension sends it with
+# every request, and one line per request would drown the log.
+_WARNED: set[str] = set()
+_MAX_WARNED = 256
+
+
+def note_ignored(kind: str, names: list[str]) -> None:
+    """Log the fields of a ``kind`` body that no API defines (a warning the first
+    time a name is seen, debug after)."""
+    new = [n for n in names if n not in _WARNED]
+    if new and len(_WARNED) < _MAX_WARNED:
+        _WARNED.update(new)
+        log.warning("%s: ignored fields that no API defines: %s", kind, ", ".join(new[:20]))
+    else:
+        log.debug("%s: ignored fields: %s", kind, ", ".join(names[:20]))
+
+
+class OpenAIBody(BaseModel):
+    """A top-level OpenAI request body: fields no API defines are ignored (logged)."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _note_ignored(self) -> Self:
+        if self.model_extra:
+            note_ignored(type(self).__name__, sorted(self.model_extra))
+        return self
+
+
+# OpenAI's metadata: at most 16 pairs, keys of at most 64 characters, values of 512.
+Metadata = Annotated[
+    dict[Annotated[StrictStr, Field(max_length=64)], Annotated[StrictStr, Field(max_length=512)]],
+    Field(max_length=16),
+]
+# The reasoning efforts OpenAI's API takes (reasoning models' template switches).
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+Verbosity = Literal["low", "medium", "high"]
 
 
 # Ranges are checked where the vocabulary is known: a per-element bound here doubled
@@ -57,7 +103,7 @@ Prompt = Annotated[
 ]
 
 
-class EmbeddingRequest(Strict):
+class EmbeddingRequest(OpenAIBody):
     """OpenAI's embeddings request, plus carpool's ``priority``, ``timeout`` and
     TEI's ``truncate``."""
 
@@ -161,7 +207,7 @@ class StructuredOutputs(Strict):
 LogitBias = dict[StrictStr, Annotated[float, Field(ge=-100, le=100)]]
 
 
-class SamplingFields(Strict):
+class SamplingFields(OpenAIBody):
     """The sampling fields shared by chat and completions: OpenAI's, vLLM's extras,
     and carpool's ``priority`` and ``timeout``."""
 
@@ -201,6 +247,7 @@ class SamplingFields(Strict):
         default=None, description="Token id (as a string) to a bias in [-100, 100]."
     )
     store: StrictBool | None = Field(default=None, description="Accepted; nothing is stored.")
+    service_tier: StrictStr | None = Field(default=None, description="Echoed in the response.")
 
 
 class CalledFunction(Strict):
@@ -215,12 +262,22 @@ class ToolCall(Strict):
 
 
 class ChatMessage(Strict):
+    """A message of the conversation. An assistant's earlier thinking
+    (``reasoning_content``, or vLLM's newer ``reasoning``) reaches the chat template
+    as ``reasoning_content``; ``audio`` and ``function_call`` are accepted and
+    unused."""
+
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: StrictStr | list[dict[str, Any]] | None = None
     name: StrictStr | None = None
     tool_call_id: StrictStr | None = None
     tool_calls: list[ToolCall] | None = None
     refusal: StrictStr | None = None
+    reasoning_content: StrictStr | None = None
+    reasoning: StrictStr | None = None
+    audio: dict[str, Any] | None = None
+    function_call: dict[str, Any] | None = None
+    annotations: list[dict[str, Any]] | None = None
 
 
 class FunctionDefinition(Strict):
@@ -248,7 +305,11 @@ ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
 class ChatCompletionRequest(SamplingFields):
-    """OpenAI's chat completion request."""
+    """OpenAI's chat completion request: every field of the openai SDK's
+    ``chat.completions.create`` (``reasoning_effort`` and ``verbosity`` reach the
+    chat template's own switches; ``functions``/``function_call`` are read as the
+    tools they were replaced by; the rest are accepted and change nothing), plus
+    vLLM's extensions."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = None
@@ -262,10 +323,49 @@ class ChatCompletionRequest(SamplingFields):
         default=None,
         description="Extra variables for the chat template (vLLM's), e.g. Qwen3's enable_thinking.",
     )
+    reasoning_effort: ReasoningEffort | None = None
+    verbosity: Verbosity | None = None
+    metadata: Metadata | None = None
+    modalities: list[Literal["text", "audio"]] | None = None
+    audio: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+    moderation: dict[str, Any] | None = None
+    prompt_cache_key: StrictStr | None = None
+    prompt_cache_retention: StrictStr | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    safety_identifier: StrictStr | None = None
+    functions: list[FunctionDefinition] | None = Field(default=None, max_length=128)
+    function_call: Literal["none", "auto"] | FunctionName | None = None
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_only(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and "audio" in value:
+            raise ValueError("carpool generates text only: audio output is not available")
+        return value
+
+    @model_validator(mode="after")
+    def _functions_as_tools(self) -> Self:
+        """The deprecated ``functions`` and ``function_call`` as ``tools`` and
+        ``tool_choice`` (the reply's calls come back as ``tool_calls``)."""
+        if self.functions is None and self.function_call is None:
+            return self
+        if self.tools is not None or self.tool_choice is not None:
+            raise ValueError("give tools and tool_choice, or functions and function_call, not both")
+        if self.functions:
+            self.tools = [Tool(type="function", function=f) for f in self.functions]
+        call = self.function_call
+        if isinstance(call, FunctionName):
+            self.tool_choice = NamedToolChoice(type="function", function=call)
+        elif call is not None and self.tools:
+            self.tool_choice = call
+        return self
 
 
 class CompletionRequest(SamplingFields):
-    """OpenAI's (legacy) completion request."""
+    """OpenAI's (legacy) completion request: every field of the openai SDK's
+    ``completions.create`` (``best_of`` 1 only; ``suffix`` refused)."""
 
     prompt: Prompt
     logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
@@ -333,10 +433,19 @@ class ClassifyRequest(Strict):
     timeout: float | None = Field(default=None, gt=0)
 
 
+class PredictParameters(Strict):
+    """huggingface_hub's ``text_classification`` parameters."""
+
+    function_to_apply: Literal["softmax", "sigmoid", "none"] | None = None
+    top_k: StrictInt | None = Field(default=None, ge=1)
+
+
 class PredictRequest(Strict):
-    """TEI's predict request (``model`` is carpool's: which classifier, when several)."""
+    """TEI's predict request (``model`` is carpool's: which classifier, when several;
+    ``parameters`` huggingface_hub's)."""
 
     inputs: TextOrTexts
     model: StrictStr | None = None
+    parameters: PredictParameters | None = None
     raw_scores: StrictBool = False
     truncate: StrictBool = False

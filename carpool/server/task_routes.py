@@ -11,10 +11,11 @@ most ``max_batch_size`` rows), and shapes the response with ``task_shaping``.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 from fastapi import APIRouter, Request
+from pydantic import Discriminator, Tag
 
 from carpool.errors import InvalidRequest
 from carpool.repository.payload import TensorPayload
@@ -30,6 +31,8 @@ from carpool.server.task_shaping import (
     score_body,
     score_pairs,
 )
+from carpool.server.tei_schemas import TeiRerankRequest
+from carpool.server.tei_shaping import rerank_body as tei_rerank_body
 from carpool.server.unicode_check import UnicodeCheckedRoute
 
 # What each task needs of a model: its source kind (and pipeline task).
@@ -43,7 +46,7 @@ TASKS = {
 def model_for(models: ServedModels, name: str, task: str) -> ServedUserModel:
     """The repository model ``name`` if it does ``task``; else ``InvalidRequest``."""
     served = models.user(name)
-    if not _does(served, task):
+    if not does(served, task):
         raise InvalidRequest(f"model '{name}' does not do {task}", param="model")
     return served
 
@@ -89,7 +92,9 @@ def router(models: ServedModels) -> APIRouter:
 
     @api.post("/rerank")
     @api.post("/v1/rerank")
-    async def rerank(body: RerankRequest, request: Request) -> dict[str, Any]:
+    async def rerank(body: AnyRerank, request: Request) -> Any:
+        if isinstance(body, TeiRerankRequest):
+            return await _tei_rerank(models, body, request)
         served = model_for(models, body.model, "rerank")
         documents = _texts(body.documents)
         out = await run_rows(
@@ -131,39 +136,77 @@ def router(models: ServedModels) -> APIRouter:
 
     @api.post("/predict")
     async def predict(body: PredictRequest, request: Request) -> list[Any]:
-        if body.raw_scores:
+        asked = body.parameters
+        if body.raw_scores or (asked is not None and asked.function_to_apply == "none"):
             raise InvalidRequest(
                 "raw_scores is not supported: carpool returns probabilities", param="raw_scores"
             )
-        served = _the_classifier(models, body.model)
+        served = _the_one(models, body.model, "classify")
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
         out = await run_rows(served, {"text": texts}, request=request, truncate=body.truncate)
-        return predict_body(_labels(out), out["scores"].tolist(), isinstance(body.inputs, str))
+        answer = predict_body(_labels(out), out["scores"].tolist(), isinstance(body.inputs, str))
+        top_k = None if asked is None else asked.top_k
+        if top_k is None:
+            return answer
+        return answer[:top_k] if isinstance(body.inputs, str) else [a[:top_k] for a in answer]
 
     return api
+
+
+def _rerank_kind(value: Any) -> str:
+    """TEI's body names its documents ``texts``; Cohere's, Jina's and vLLM's
+    ``documents``."""
+    return "tei" if isinstance(value, dict) and "texts" in value else "cohere"
+
+
+AnyRerank = Annotated[
+    Annotated[RerankRequest, Tag("cohere")] | Annotated[TeiRerankRequest, Tag("tei")],
+    Discriminator(_rerank_kind),
+]
+
+
+async def _tei_rerank(
+    models: ServedModels, body: TeiRerankRequest, request: Request
+) -> list[dict[str, Any]]:
+    """TEI's rerank: every text's score against the query, best first."""
+    if body.raw_scores:
+        raise InvalidRequest(
+            "raw_scores is not supported: carpool returns the model's activated scores",
+            param="raw_scores",
+        )
+    served = _the_one(models, body.model, "rerank")
+    out = await run_rows(
+        served,
+        {"query": [body.query] * len(body.texts), "document": body.texts},
+        request=request,
+        truncate=bool(body.truncate),
+    )
+    return tei_rerank_body(body.texts, out["score"].reshape(-1).tolist(), body.return_text)
 
 
 def _labels(out: dict[str, np.ndarray[Any, Any]]) -> list[str]:
     return [label.decode() for label in out["labels"][0]]
 
 
-def _the_classifier(models: ServedModels, name: str | None) -> ServedUserModel:
+def _the_one(models: ServedModels, name: str | None, task: str) -> ServedUserModel:
+    """The repository model ``name`` if it does ``task``, or the server's only one that
+    does; else 400 naming them."""
     if name is not None:
-        return model_for(models, name, "classify")
-    classifiers = [n for n in models.user_models if _does(models.user_models[n], "classify")]
-    if len(classifiers) != 1:
+        return model_for(models, name, task)
+    found = [n for n in models.user_models if does(models.user_models[n], task)]
+    if len(found) != 1:
         raise InvalidRequest(
-            "name the classifier with 'model'"
+            f"name the model that does {task} with 'model'"
             + (
-                f": this server has {', '.join(sorted(classifiers))}"
-                if classifiers
+                f": this server has {', '.join(sorted(found))}"
+                if found
                 else ": this server serves none"
             ),
             param="model",
         )
-    return models.user(classifiers[0])
+    return models.user(found[0])
 
 
-def _does(served: ServedUserModel, task: str) -> bool:
+def does(served: ServedUserModel, task: str) -> bool:
     source = served.latest.spec.source
     return (source.kind, source.options.get("task", "")) in TASKS[task]

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,61 +169,9 @@ def calls_as_content(tool_calls: list[dict[str, Any]], param: str) -> str:
     return json.dumps({"tool_calls": calls}, ensure_ascii=False)
 
 
-@dataclass(frozen=True)
-class Reply:
-    """A generated reply read back: the answer's text, or the calls."""
-
-    content: str | None
-    tool_calls: list[dict[str, Any]] | None
-
-
 def hermes_history(tool_calls: list[dict[str, Any]], param: str) -> list[dict[str, Any]]:
     """An assistant turn's OpenAI ``tool_calls`` as chat templates take them
     (arguments as objects). Raises InvalidRequest naming ``param`` when a call's
     arguments are not a JSON object."""
     calls = json.loads(calls_as_content(tool_calls, param))["tool_calls"]
     return [{"type": "function", "function": c} for c in calls]
-
-
-def read_hermes(text: str) -> Reply:
-    """The ``<tool_call>`` blocks in ``text`` as OpenAI's tool calls (the text around
-    them as content); text without a readable block is content as it is."""
-    calls = []
-    for block in _BLOCK.findall(text):
-        try:
-            data = json.loads(block)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(data, dict) and isinstance(data.get("name"), str):
-            calls.append({"name": data["name"], "arguments": data.get("arguments", {})})
-    if not calls:
-        return Reply(text, None)
-    rest = _BLOCK.sub("", text).strip()
-    return Reply(rest or None, [_openai_call(c) for c in calls])
-
-
-def _openai_call(call: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "id": f"call_{uuid.uuid4().hex[:24]}",
-        "type": "function",
-        "function": {
-            "name": call["name"],
-            "arguments": json.dumps(call["arguments"], ensure_ascii=False),
-        },
-    }
-
-
-def read_reply(text: str, form: str = GENERIC) -> Reply:
-    """The reply in ``text`` (in ``form``); text that is not a whole reply (cut by
-    ``max_tokens``) is returned as content, as it is."""
-    if form == HERMES:
-        return read_hermes(text)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        return Reply(text, None)
-    if isinstance(data, dict) and isinstance(data.get("tool_calls"), list):
-        return Reply(None, [_openai_call(call) for call in data["tool_calls"]])
-    if isinstance(data, dict) and isinstance(data.get("response"), str):
-        return Reply(data["response"], None)
-    return Reply(text, None)

@@ -42,6 +42,6 @@ def test_the_application_serves_through_ray_serves_proxy(url: str) -> None:
         assert reply.status_code == 200
         assert [len(d["embedding"]) for d in reply.json()["data"]] == [384, 384]
         bad = c.post("/v1/embeddings", json={"model": MODEL, "input": 3})
-        assert bad.status_code == 422 and bad.json()["error"]["param"] == "input"
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "input"
         assert 'replica="' in c.get("/metrics").text
         assert c.get("/v1/models").json()["data"][0]["id"] == MODEL

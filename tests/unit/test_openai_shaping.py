@@ -45,7 +45,12 @@ def test_a_chat_response_has_the_message_the_reason_and_the_usage() -> None:
     body = shaper().full([finished("hello", FinishReason.LENGTH)])
     assert body["object"] == "chat.completion" and body["id"] == "x-1" and body["model"] == "m"
     (choice,) = body["choices"]
-    assert choice["message"] == {"role": "assistant", "content": "hello"}
+    assert choice["message"] == {
+        "role": "assistant",
+        "content": "hello",
+        "reasoning_content": None,
+        "reasoning": None,
+    }
     assert choice["finish_reason"] == "length" and choice["logprobs"] is None
     assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7}
 
@@ -58,9 +63,19 @@ def test_with_tools_a_reply_becomes_tool_calls_whole_and_streamed() -> None:
     (choice,) = tools.full([finished(reply)])["choices"]
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
     (call,) = choice["message"]["tool_calls"]
-    assert call["function"] == {"name": "f", "arguments": '{"a": "b"}'}
+    assert call["function"] == {"name": "f", "arguments": '{"a":"b"}'}  # as the model wrote it
     answer = tools.full([finished(json.dumps({"response": "hi there"}))])["choices"][0]
     assert answer["message"]["content"] == "hi there" and answer["finish_reason"] == "stop"
+
+
+def test_a_reply_cut_inside_a_call_keeps_the_whole_calls_and_never_the_wrapper() -> None:
+    two = '{"tool_calls":[{"name":"f","arguments":{"a":"x"}},{"name":"f","arguments":{"a":'
+    tools = shaper(tool_form="generic")
+    (choice,) = tools.full([finished(two, FinishReason.LENGTH)])["choices"]
+    assert choice["finish_reason"] == "length" and choice["message"]["content"] is None
+    assert [c["function"]["arguments"] for c in choice["message"]["tool_calls"]] == ['{"a":"x"}']
+    (early,) = tools.full([finished('{"tool_calls":[{"na', FinishReason.LENGTH)])["choices"]
+    assert early["message"]["content"] == "" and "tool_calls" not in early["message"]
 
 
 def test_a_streamed_tool_call_sends_its_name_then_its_arguments_in_pieces() -> None:

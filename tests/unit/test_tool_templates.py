@@ -18,7 +18,7 @@ from carpool.models.causal_lm import load_causal_lm
 from carpool.server.generation_inputs import OfferedTools, render_chat
 from carpool.server.reply_reader import ArgumentsDelta, CallStarted, ReplyReader, TextDelta
 from carpool.server.schemas import ChatMessage
-from carpool.server.tools import HERMES, ToolSpec, read_reply, template_format, tool_grammar
+from carpool.server.tools import HERMES, ToolSpec, template_format, tool_grammar
 from carpool.workers.factory import engine_for
 from tests import tiny_models
 
@@ -120,9 +120,8 @@ def test_a_required_call_comes_back_in_the_template_syntax_and_validates(
     assert final is not None
     text = final.outputs[0].text
     assert text.startswith("<tool_call>\n") and text.endswith("\n</tool_call>")
-    reply = read_reply(text, HERMES)
-    assert reply.tool_calls is not None and len(reply.tool_calls) == 1
-    arguments = json.loads(reply.tool_calls[0]["function"]["arguments"])
+    assert len(reader.complete_calls()) == 1
+    arguments = json.loads(reader.complete_calls()[0].arguments)
     assert arguments["colour"] in ("red", "green") and 1 <= arguments["count"] <= 9
     # Streamed: the call's name first, then its arguments in pieces that join to them.
     assert isinstance(events[0], CallStarted) and events[0].name == "pick"

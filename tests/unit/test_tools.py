@@ -16,7 +16,6 @@ from carpool.server.tools import (
     ToolSpec,
     calls_as_content,
     chosen_tools,
-    read_reply,
     tool_grammar,
     tools_prompt,
     with_tools_prompt,
@@ -88,18 +87,6 @@ def test_the_prompt_offers_the_tools_in_the_system_message() -> None:
     assert with_tools_prompt(messages, "P") == [{"role": "system", "content": "P"}, *messages]
     system = [{"role": "system", "content": "Be brief."}, *messages]
     assert with_tools_prompt(system, "P")[0]["content"] == "Be brief.\n\nP"
-
-
-def test_a_reply_is_read_into_openai_tool_calls() -> None:
-    reply = read_reply(CALL_TWICE)
-    assert reply.content is None and reply.tool_calls is not None
-    first, second = reply.tool_calls
-    assert first["type"] == "function" and first["id"].startswith("call_")
-    assert first["id"] != second["id"]
-    assert first["function"] == {"name": "add", "arguments": '{"a": 1, "b": 2}'}
-    assert read_reply(ANSWER) == type(reply)("hello", None)
-    cut = '{"tool_calls":[{"name":"ad'
-    assert read_reply(cut).content == cut
 
 
 def test_history_calls_are_written_back_in_the_wrapper() -> None:

@@ -79,6 +79,7 @@ def test_chat_messages_carry_reasoning_content_whole_and_streamed() -> None:
         "role": "assistant",
         "content": "because",
         "reasoning_content": "why",
+        "reasoning": "why",
     }
     streaming, done = shaper("qwen3"), set[int]()
     deltas: list[dict[str, Any]] = []
@@ -88,10 +89,11 @@ def test_chat_messages_carry_reasoning_content_whole_and_streamed() -> None:
         chunk = streaming.delta(0, RequestOutput("r", [1], [out]), out, done)
         if chunk is not None:
             deltas.append(chunk["delta"])
-    assert "".join(d.get("reasoning_content", "") for d in deltas) == "why"
+    assert "".join(d["reasoning_content"] or "" for d in deltas) == "why"
+    assert all(d["reasoning"] == d["reasoning_content"] for d in deltas)  # vLLM's newer name
     assert "".join(d.get("content", "") for d in deltas) == "because"
     first_content = next(i for i, d in enumerate(deltas) if "content" in d)
-    assert all("reasoning_content" not in d for d in deltas[first_content:])
+    assert all(d["reasoning_content"] is None for d in deltas[first_content:])
 
 
 TEMPLATE = (

@@ -52,6 +52,13 @@ def joined_arguments(events: list[Any]) -> dict[int, str]:
     return joined
 
 
+def wrapped(form: str, calls: list[tuple[str, dict[str, Any]]]) -> str:
+    """``calls`` as a reply in ``form`` writes them."""
+    if form == "generic":
+        return json.dumps({"tool_calls": [{"name": n, "arguments": a} for n, a in calls]})
+    return "".join(f"{OPEN}\n{json.dumps({'name': n, 'arguments': a})}\n{CLOSE}" for n, a in calls)
+
+
 def check_calls(events: list[Any], expected: list[tuple[str, dict[str, Any]]]) -> None:
     started = [e for e in events if isinstance(e, CallStarted)]
     assert [(e.index, e.name) for e in started] == [(i, n) for i, (n, _) in enumerate(expected)]
@@ -112,10 +119,24 @@ def test_hermes_arguments_before_the_name_wait_for_it() -> None:
     assert json.loads(joined_arguments(events)[0]) == {"x": [1, 2]}
 
 
-def test_a_generic_reply_cut_short_is_content_as_it_is() -> None:
+def test_a_generic_reply_cut_short_never_shows_its_wrapper() -> None:
     cut = '{"tool_ca'
     reader, events = read("generic", [cut])
-    assert events == [TextDelta(cut)] and reader.calls == []
+    assert events == [] and reader.calls == [] and reader.content == ""
+
+
+@given(calls=calls, at=st.floats(0, 1))
+def test_a_reply_cut_inside_a_call_keeps_only_the_calls_read_whole(
+    calls: list[tuple[str, dict[str, Any]]], at: float
+) -> None:
+    for form in ("generic", "hermes"):
+        whole = wrapped(form, calls)
+        cut = whole[: int(len(whole) * at)]
+        reader, _ = read(form, [cut])
+        complete = [(c.name, json.loads(c.arguments)) for c in reader.complete_calls()]
+        assert complete == calls[: len(complete)]
+        whole_reader, _ = read(form, [whole])
+        assert len(whole_reader.complete_calls()) == len(calls)
 
 
 def test_a_broken_hermes_block_starts_no_call_and_the_next_one_reads() -> None:

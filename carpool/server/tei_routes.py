@@ -1,0 +1,106 @@
+"""Text Embeddings Inference's API over carpool's embedders: ``POST /embed``
+(``huggingface_hub``'s ``feature_extraction`` pointed at it) and ``POST /similarity``
+(its ``sentence_similarity``); TEI's ``/rerank`` body and ``/predict`` are served by
+``task_routes``, TEI's ``/info`` by ``tgi_routes`` where no model generates. Errors in
+TEI's shape (``errors``).
+
+An adapter over the embeddings path: the built-in embedders' tokenizer and batcher,
+or a repository sentence-transformers model's rows, as ``/v1/embeddings`` runs them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import orjson
+from fastapi import APIRouter, Request, Response
+
+from carpool.errors import InvalidRequest
+from carpool.server.openai_routes import tokenize_inputs
+from carpool.server.served import ServedEmbedding, ServedModels
+from carpool.server.served_user import ServedUserModel
+from carpool.server.task_routes import does, model_for, run_rows
+from carpool.server.tei_schemas import EmbedRequest, SimilarityRequest
+from carpool.server.tei_shaping import cut_to, info_body, normalized, similarities
+from carpool.server.unicode_check import UnicodeCheckedRoute
+
+Embedder = ServedEmbedding | ServedUserModel
+
+
+def router(models: ServedModels) -> APIRouter:
+    api = APIRouter(route_class=UnicodeCheckedRoute)
+
+    @api.post("/embed")
+    async def embed(body: EmbedRequest, request: Request) -> Response:
+        served = the_embedder(models, body.model)
+        texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+        if body.truncation_direction.lower() == "left":
+            raise InvalidRequest(
+                "truncation_direction Left is not supported; inputs are cut on the right",
+                param="truncation_direction",
+            )
+        texts = _prompted(served, texts, body.prompt_name)
+        vectors = await embed_texts(models, served, texts, bool(body.truncate), request)
+        vectors = cut_to(normalized(vectors) if body.normalize else vectors, body.dimensions)
+        return Response(
+            orjson.dumps(vectors.astype(np.float32), option=orjson.OPT_SERIALIZE_NUMPY),
+            media_type="application/json",
+        )
+
+    @api.post("/similarity")
+    async def similarity(body: SimilarityRequest, request: Request) -> list[float]:
+        served = the_embedder(models, body.model)
+        texts = [body.inputs.source_sentence, *body.inputs.sentences]
+        return similarities(await embed_texts(models, served, texts, False, request))
+
+    return api
+
+
+def the_embedder(models: ServedModels, name: str | None) -> Embedder:
+    """The embedder ``name`` (built-in or a repository sentence-transformers model), or
+    the server's only one; else 400 naming them."""
+    if name is not None:
+        return model_for(models, name, "embed") if models.is_user(name) else models.get(name)
+    found: list[Embedder] = [*models]
+    found += [m for m in models.user_models.values() if does(m, "embed")]
+    if len(found) != 1:
+        names = ", ".join(sorted(m.name for m in found))
+        raise InvalidRequest(
+            "name the embedding model with 'model'"
+            + (f": this server has {names}" if names else ": this server serves none"),
+            param="model",
+        )
+    return found[0]
+
+
+def embedder_info(served: Embedder) -> dict[str, Any]:
+    """TEI's ``/info`` for an embedder."""
+    if isinstance(served, ServedEmbedding):
+        return info_body(served.name, {"embedding": {"pooling": "mean"}}, served.model.max_length)
+    return info_body(served.name, {"embedding": {"pooling": "mean"}}, 0)
+
+
+async def embed_texts(
+    models: ServedModels, served: Embedder, texts: list[str], truncate: bool, request: Request
+) -> np.ndarray[Any, Any]:
+    """One vector per text, as the model's own pipeline gives it."""
+    if isinstance(served, ServedEmbedding):
+        ids = await tokenize_inputs(served, texts, truncate, models.preprocess)
+        return np.stack(await served.embed(ids, request=request))
+    out = await run_rows(served, {"text": texts}, request=request, truncate=truncate)
+    return np.asarray(out["embedding"], np.float32)
+
+
+def _prompted(served: Embedder, texts: list[str], prompt_name: str | None) -> list[str]:
+    """``texts`` after the model's named prompt (sentence-transformers' ``prompts``)."""
+    if prompt_name is None:
+        return texts
+    prompts = served.model.prompts if isinstance(served, ServedEmbedding) else {}
+    if prompt_name not in prompts:
+        known = ", ".join(sorted(prompts)) or "none"
+        raise InvalidRequest(
+            f"model {served.name!r} has no prompt {prompt_name!r} (its prompts: {known})",
+            param="prompt_name",
+        )
+    return [prompts[prompt_name] + t for t in texts]
