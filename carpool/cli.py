@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from carpool import vllm_flags
 from carpool.config import (
     BatchingConfig,
     CarpoolConfig,
@@ -111,6 +112,15 @@ def build_config(args: argparse.Namespace, allow_empty: bool = False) -> Carpool
         if "." in key and value is not None:
             section, name = key.split(".", 1)
             given[section][name] = value
+    try:
+        vllm = vllm_flags.translate(args)
+    except vllm_flags.FlagError as exc:
+        raise ConfigError(str(exc)) from None
+    if vllm.model is not None:
+        given["server"]["models"] = [vllm.model, *given["server"].get("models", ())]
+    given["engine"].update(vllm.engine)
+    for note in vllm.notes:
+        print(f"carpool: {note}", file=sys.stderr)
     batching = dict(given["batching"])
     if given["queue_policy"]:
         batching["queue_policy"] = given["queue_policy"]
@@ -147,6 +157,7 @@ def parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve models over HTTP")
     for section, cls in _SECTIONS:
         _add_flags(serve, section, cls)
+    vllm_flags.add_flags(serve)
     serve.add_argument(
         "--model-config",
         default=None,

@@ -434,8 +434,9 @@ class ServerConfig:
         default=30.0,
     )
     served_model_name: tuple[str, ...] = _help(
-        "Names to serve the --model entries under, in their order (vLLM's "
-        "--served-model-name); a model past the list keeps its own name.",
+        "Names to serve the --model entries under, in their order; a model past the "
+        "list keeps its own name. With one model, as vLLM's --served-model-name: it "
+        "is served under the first name and answers to the others too.",
         default=(),
     )
     tokenizer: str = _help(
@@ -448,6 +449,12 @@ class ServerConfig:
         "(Jinja); empty: the tokenizer's own.",
         default="",
     )
+    generation_config: str = _help(
+        "Sampling defaults for fields a request leaves unset (vLLM's "
+        "--generation-config): auto, the model's generation_config.json; vllm, none "
+        "(the API's own defaults); or a folder holding a generation_config.json.",
+        default="auto",
+    )
     reasoning_parser: str = _help(
         "Split a chat reply's <think>...</think> into message.reasoning_content "
         "(streamed as its own deltas): qwen3 or deepseek_r1 (vLLM's names); empty: off. "
@@ -458,7 +465,7 @@ class ServerConfig:
     def __post_init__(self) -> None:
         _require(self.shutdown_timeout_s >= 0, "shutdown_timeout_s must be >= 0")
         _require(
-            len(self.served_model_name) <= len(self.models),
+            len(self.models) == 1 or len(self.served_model_name) <= len(self.models),
             f"served_model_name gives {len(self.served_model_name)} names for "
             f"{len(self.models)} models",
         )

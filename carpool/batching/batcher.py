@@ -96,6 +96,10 @@ class _Admission:
             return sum(self._counts.values())
 
 
+# A request's answer, computed but not yet given: (request, result, error, when).
+_Settlement = tuple[BatchRequest, Any, Exception | None, float]
+
+
 @dataclass(eq=False)
 class _Flight:
     """A batch handed to an instance (runtime thread's record of it)."""
@@ -339,7 +343,9 @@ class DynamicBatcher:
             self._hand_over(live, now)
             return
         self._running = live
-        self._run_isolating(live, self.model.forward)
+        settlements: list[_Settlement] = []
+        self._run_isolating(live, self.model.forward, settlements)
+        self._apply(settlements)
         self._running = []
 
     def _hand_over(self, batch: list[BatchRequest], now: float) -> None:
@@ -354,18 +360,22 @@ class DynamicBatcher:
         self.instances.run(index, lambda forward: self._run_on_instance(flight, forward))
 
     def _run_on_instance(self, flight: _Flight, forward: Forward) -> None:
-        """An instance thread's part: run the batch, then tell the runtime thread. A
-        bug escaping the isolation fails what of the batch is left (the runtime
-        thread's ``recover`` cannot see it here)."""
+        """An instance thread's part: run the batch, tell the runtime thread the
+        instance is free, then answer. In that order: a client that sends its next
+        request on an answer finds the instance landed, not busy (a request with a
+        short timeout timed out in that moment). A bug escaping the isolation fails
+        what of the batch is left (the runtime thread's ``recover`` cannot see it)."""
+        settlements: list[_Settlement] = []
         try:
-            self._run_isolating(flight.batch, forward)
+            self._run_isolating(flight.batch, forward, settlements)
         except Exception as exc:
             log.error("running a batch of %s failed", self.name, exc_info=exc)
-            for request in flight.batch:
-                _settle(request.future, error=ModelExecutionError(_describe(self.name, exc)))
+            error = ModelExecutionError(_describe(self.name, exc))
+            settlements += [(r, None, error, self._clock.now()) for r in flight.batch]
         finally:
             self._landed.put(flight)
             self._notify()
+            self._apply(settlements)
 
     def recover(self, error: Exception) -> None:
         """A bug escaped ``poll`` or ``run_once``: end the batch that was running and
@@ -420,33 +430,40 @@ class DynamicBatcher:
         self.stats.set_pending(self._admission.total())
         return bool(expired)
 
-    def _run_isolating(self, batch: list[BatchRequest], forward: Forward) -> None:
-        """Run ``batch``; on a model error re-run it in halves until the failing
-        requests are isolated, so only they get the error. A ``BatchFailed`` (the model
-        hung or its process died) fails the whole batch: re-running could not isolate
-        anything."""
+    def _run_isolating(
+        self, batch: list[BatchRequest], forward: Forward, out: list[_Settlement]
+    ) -> None:
+        """Run ``batch`` and add each request's answer to ``out``; on a model error
+        re-run it in halves until the failing requests are isolated, so only they get
+        the error. A ``BatchFailed`` (the model hung or its process died) fails the
+        whole batch: re-running could not isolate anything."""
         try:
             outputs = self._execute(batch, forward)
         except BatchFailed as exc:
-            for request in batch:
-                self._fail(request, exc)
+            out += [(r, None, exc, self._clock.now()) for r in batch]
             return
         except Exception as exc:
             if len(batch) == 1:
-                self._fail(batch[0], exc)
+                out.append((batch[0], None, exc, self._clock.now()))
                 return
             log.warning("batch of %d failed on %s; splitting to isolate", len(batch), self.name)
             half = len(batch) // 2
-            self._run_isolating(batch[:half], forward)
-            self._run_isolating(batch[half:], forward)
+            self._run_isolating(batch[:half], forward, out)
+            self._run_isolating(batch[half:], forward, out)
             return
         end = self._clock.now()
         for request, output in zip(batch, outputs, strict=True):
-            if isinstance(output, Failed):
-                self._fail(request, output.error)
-                continue
-            if _settle(request.future, result=output):
-                self.stats.record_outcome(Outcome.SUCCESS, end - request.arrival)
+            error = output.error if isinstance(output, Failed) else None
+            out.append((request, None if error else output, error, end))
+
+    def _apply(self, settlements: list[_Settlement]) -> None:
+        """Answer each request (once: a request already failed, say by its batch's
+        timeout, keeps that answer and is not counted again)."""
+        for request, result, error, at in settlements:
+            if error is not None:
+                self._fail(request, error, at)
+            elif _settle(request.future, result=result):
+                self.stats.record_outcome(Outcome.SUCCESS, at - request.arrival)
 
     def _execute(self, batch: list[BatchRequest], forward: Forward) -> list[Any]:
         t0 = self._clock.now()
@@ -463,14 +480,15 @@ class DynamicBatcher:
         )
         return results
 
-    def _fail(self, request: BatchRequest, exc: Exception) -> None:
+    def _fail(self, request: BatchRequest, exc: Exception, at: float | None = None) -> None:
         if isinstance(exc, CarpoolError):
             error: CarpoolError = exc
         else:
             log.error("model %s failed on request %d", self.name, request.id, exc_info=exc)
             error = ModelExecutionError(_describe(self.name, exc))
         if _settle(request.future, error=error):
-            self.stats.record_outcome(Outcome.ERROR, self._clock.now() - request.arrival)
+            end = self._clock.now() if at is None else at
+            self.stats.record_outcome(Outcome.ERROR, end - request.arrival)
 
 
 MESSAGE_CHARS = 2000

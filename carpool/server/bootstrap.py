@@ -23,6 +23,7 @@ from carpool.engine.engine_process import EngineClient
 from carpool.faults import FaultPlan, FaultyBatchModel, FaultyCausalLM
 from carpool.models import registry
 from carpool.models.causal_lm import LoadedLM, ModelFacts, customize_tokenizer
+from carpool.models.generation_defaults import read_generation_defaults
 from carpool.models.openmp import release_thread_team
 from carpool.models.registry import LoadOptions, Task
 from carpool.repository.function_model import FunctionModel
@@ -125,7 +126,8 @@ def build_server(config: CarpoolConfig, functions: Sequence[FunctionModel] = ())
     built = [load() for load in loaders.values()]
     served = [m for m in built if isinstance(m, ServedEmbedding)]
     generators = [m for m in built if isinstance(m, ServedGenerator)]
-    bundle = ServerBundle(config, ServedModels(served, generators), loaders)
+    models = ServedModels(served, generators, aliases=model_aliases(config.server))
+    bundle = ServerBundle(config, models, loaders)
     bundles.append(bundle)
     bundle.control.load_at_start(bundle.control.initial_models(config.repository))
     for function in functions:
@@ -142,10 +144,20 @@ def build_server(config: CarpoolConfig, functions: Sequence[FunctionModel] = ())
     return bundle
 
 
+def model_aliases(server: ServerConfig) -> dict[str, str]:
+    """vLLM's ``--served-model-name a b`` for one model: it is served as ``a`` and
+    answers to ``b`` too (alias -> name)."""
+    names = server.served_model_name
+    if len(server.models) != 1 or len(names) < 2:
+        return {}
+    return {alias: names[0] for alias in names[1:]}
+
+
 def served_sources(server: ServerConfig) -> list[registry.ModelSource]:
-    """Each ``--model``'s files, under its ``--served-model-name`` where one is given."""
+    """Each ``--model``'s files, under its ``--served-model-name`` where one is given
+    (one model's further names are aliases: ``model_aliases``)."""
     sources = [registry.resolve(spec) for spec in server.models]
-    names = list(server.served_model_name)
+    names = list(server.served_model_name)[: len(sources)]
     renamed = [
         dataclasses.replace(s, name=names[i]) if i < len(names) else s
         for i, s in enumerate(sources)
@@ -251,4 +263,21 @@ def _served_generator(
         AsyncEngine(worker, max_waiting=config.engine.max_waiting_requests),
         default_timeout_s=config.engine.request_timeout_s,
         reasoning_parser=config.server.reasoning_parser or None,
+        generation_defaults=sampling_defaults(lm, config.server.generation_config),
     )
+
+
+def sampling_defaults(lm: LoadedLM | ModelFacts, generation_config: str) -> dict[str, Any]:
+    """The sampling defaults ``--generation-config`` chooses: the model's own (auto),
+    none (vllm), or a folder's ``generation_config.json``."""
+    if generation_config == "auto":
+        return dict(lm.generation_defaults)
+    if generation_config == "vllm":
+        return {}
+    folder = Path(generation_config)
+    if not (folder / "generation_config.json").is_file():
+        raise ConfigError(
+            f"--generation-config {generation_config!r}: no generation_config.json there "
+            "(give auto, vllm or such a folder)"
+        )
+    return read_generation_defaults(folder)

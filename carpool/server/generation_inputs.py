@@ -401,7 +401,7 @@ def sampling_params(
     prompt_logprobs: int | None = None,
     grammar: Grammar | None = None,
 ) -> SamplingParams:
-    model = served.lm.generation_defaults  # the model's own, for fields left unset
+    model = served.generation_defaults  # for fields left unset (--generation-config)
 
     def given(value: Any, field: str, default: Any) -> Any:
         return model.get(field, default) if value is None else value

@@ -26,18 +26,16 @@ def router(models: ServedModels) -> APIRouter:
 
     @api.get("/v1/models")
     async def list_models() -> dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [
-                {"id": m.name, "object": "model", "created": m.created, "owned_by": "carpool"}
-                for m in models.all()
-            ],
-        }
+        """Every served model, and each alias of one under its own id (as vLLM lists
+        every --served-model-name)."""
+        cards = [_card(m.name, m.created) for m in models.all()]
+        created = {m.name: m.created for m in models.all()}
+        cards += [_card(a, created[n]) for a, n in models.aliases.items() if n in created]
+        return {"object": "list", "data": cards}
 
     @api.get("/v1/models/{model_id:path}")
     async def retrieve_model(model_id: str) -> dict[str, Any]:
-        m = models.any(model_id)
-        return {"id": m.name, "object": "model", "created": m.created, "owned_by": "carpool"}
+        return _card(model_id, models.any(model_id).created)
 
     @api.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
@@ -59,6 +57,10 @@ def router(models: ServedModels) -> APIRouter:
         return embeddings_response(served.name, vectors, body.encoding_format, usage)
 
     return api
+
+
+def _card(name: str, created: int) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": created, "owned_by": "carpool"}
 
 
 def embeddings_response(

@@ -248,6 +248,34 @@ class SamplingFields(OpenAIBody):
     )
     store: StrictBool | None = Field(default=None, description="Accepted; nothing is stored.")
     service_tier: StrictStr | None = Field(default=None, description="Echoed in the response.")
+    # vLLM's older spelling of structured_outputs, still in its users' clients.
+    guided_json: dict[str, Any] | StrictStr | None = None
+    guided_regex: StrictStr | None = None
+    guided_choice: list[StrictStr] | None = Field(default=None, min_length=1)
+    guided_grammar: StrictStr | None = None
+    guided_decoding_backend: StrictStr | None = None
+    guided_whitespace_pattern: StrictStr | None = None
+
+    @model_validator(mode="after")
+    def _guided_as_structured_outputs(self) -> Self:
+        """vLLM's ``guided_json``/``guided_regex``/``guided_choice``/``guided_grammar``
+        as the one ``structured_outputs`` they name (the backend is carpool's)."""
+        guided = {
+            "json": self.guided_json,
+            "regex": self.guided_regex,
+            "choice": self.guided_choice,
+            "grammar": self.guided_grammar,
+        }
+        given = {k: v for k, v in guided.items() if v is not None}
+        if not given:
+            return self
+        if self.structured_outputs is not None or len(given) > 1:
+            raise ValueError(
+                "give one of guided_json, guided_regex, guided_choice and guided_grammar, "
+                "and not with structured_outputs"
+            )
+        self.structured_outputs = StructuredOutputs.model_validate(given)
+        return self
 
 
 class CalledFunction(Strict):

@@ -67,6 +67,8 @@ class ServedGenerator:
     default_timeout_s: float
     created: int = field(default_factory=lambda: int(time.time()))
     reasoning_parser: str | None = None  # splits chat replies' thinking (``reasoning``)
+    # Sampling defaults for fields a request leaves unset (``--generation-config``).
+    generation_defaults: dict[str, Any] = field(default_factory=dict)
 
     @property
     def tokenizer(self) -> Any:
@@ -118,8 +120,12 @@ class ServedModels:
     is gone. Iterating yields the embedding models; ``all`` yields every model."""
 
     def __init__(
-        self, models: list[ServedEmbedding], generators: list[ServedGenerator] | None = None
+        self,
+        models: list[ServedEmbedding],
+        generators: list[ServedGenerator] | None = None,
+        aliases: dict[str, str] | None = None,
     ) -> None:
+        self.aliases = dict(aliases or {})  # another name -> the served name it means
         self._models = {m.name: m for m in models}
         self._generators = {g.name: g for g in generators or []}
         self._user: dict[str, ServedUserModel] = {}
@@ -154,6 +160,7 @@ class ServedModels:
 
     def builtin(self, name: str) -> Builtin | None:
         """The built-in (``--model``) model ``name`` if it is served, closing or not."""
+        name = self.aliases.get(name, name)
         return self._models.get(name) or self._generators.get(name)
 
     def add_builtin(self, model: Builtin) -> None:
@@ -182,12 +189,14 @@ class ServedModels:
 
     def user(self, name: str) -> ServedUserModel:
         """The repository model ``name``."""
+        name = self.aliases.get(name, name)
         model = self._user.get(name)
         if model is None:
             raise self._unknown(name)
         return model
 
     def is_user(self, name: str) -> bool:
+        name = self.aliases.get(name, name)
         return name in self._user
 
     @property
@@ -204,6 +213,7 @@ class ServedModels:
 
     def any(self, name: str) -> ServedEmbedding | ServedGenerator | ServedUserModel:
         """The model ``name``, of either kind."""
+        name = self.aliases.get(name, name)
         self._refuse_closing(name)
         model = self._models.get(name) or self._generators.get(name) or self._user.get(name)
         if model is None:
@@ -212,6 +222,7 @@ class ServedModels:
 
     def get(self, name: str) -> ServedEmbedding:
         """The embedding model ``name``."""
+        name = self.aliases.get(name, name)
         self._refuse_closing(name)
         model = self._models.get(name)
         if model is not None:
@@ -233,6 +244,7 @@ class ServedModels:
 
     def generator(self, name: str) -> ServedGenerator:
         """The generation model ``name``."""
+        name = self.aliases.get(name, name)
         self._refuse_closing(name)
         model = self._generators.get(name)
         if model is not None:

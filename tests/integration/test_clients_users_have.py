@@ -297,6 +297,20 @@ def test_an_assistant_message_may_carry_its_reasoning_back(client: openai.OpenAI
     assert reply.choices[0].finish_reason == "length"
 
 
+def test_vllms_guided_fields_constrain_the_reply(client: openai.OpenAI) -> None:
+    chat = client.chat.completions.create(
+        model=CHAT,
+        messages=[{"role": "user", "content": "Is the sky blue?"}],
+        max_tokens=5,
+        extra_body={"guided_choice": ["yes", "no"]},
+    )
+    assert chat.choices[0].message.content in ("yes", "no")
+    digits = client.completions.create(
+        model=CHAT, prompt="A number:", max_tokens=8, extra_body={"guided_regex": "[0-9]{3}"}
+    )
+    assert len(digits.choices[0].text) == 3 and digits.choices[0].text.isdigit()
+
+
 RESPONSES_CHOICES: dict[str, Any] = {
     "model": CHAT,
     "input": "Hi",
@@ -365,3 +379,26 @@ def test_a_wrong_value_is_a_400_naming_the_field(server: Server, field: str, val
     body = {"model": CHAT, "messages": [{"role": "user", "content": "Hi"}], field: value}
     answer = httpx.post(f"{server.url}/v1/chat/completions", json=body)
     assert answer.status_code == 400 and answer.json()["error"]["param"] == field
+
+
+# --- vLLM's command line ------------------------------------------------------------
+
+
+def test_a_vllm_command_line_serves_one_model_under_each_of_its_names() -> None:
+    vllm_line = [CHAT, "--served-model-name", "a", "b", "--enable-auto-tool-choice"]
+    vllm_line += ["--tool-call-parser", "hermes", "--max-model-len", "1024", "--dtype", "float"]
+    vllm_line += ["--tensor-parallel-size", "1", "--trust-remote-code"]
+    s = start_server(*vllm_line, "--kv-cache-memory", "256MiB")
+    try:
+        with openai.OpenAI(base_url=f"{s.url}/v1", api_key="-", max_retries=0) as c:
+            assert {m.id for m in c.models.list()} == {"a", "b"}
+            for name in ("a", "b"):
+                reply = c.chat.completions.create(
+                    model=name, messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+                )
+                assert reply.model == "a" and reply.choices[0].finish_reason == "length"
+            with pytest.raises(openai.NotFoundError):
+                c.models.retrieve(CHAT)
+    finally:
+        assert stop_server(s) == 0
+    assert any("runs no code" in line for line in s.log)

@@ -225,8 +225,8 @@ TASK_VALID: dict[str, dict[str, Any]] = {
 
 @pytest.mark.parametrize("path", sorted(TASK_VALID))
 def test_any_field_of_a_task_request_gets_a_clear_answer(server: Server, path: str) -> None:
-    # Not "timeout": a request may expire in the moment between its model's last answer
-    # and the runtime seeing that instance free again (issue 47's note), a 504.
+    # Not "timeout": a tiny one rightly expires in the queue (504, which check() counts
+    # as the server's failure).
     fields = sorted({*TASK_VALID[path], "unknown", "truncate", "priority", "top_n"})
     sent = {"count": 0}
 

@@ -336,7 +336,7 @@ def test_a_bug_in_a_batch_on_an_instance_fails_that_batch_only(
     batcher = DynamicBatcher("buggy", model, BatchingConfig(), clock=clock, instances=pool)
     next_state = stepper(batcher, clock)
 
-    def bug(batch: list[Any], forward: Any) -> None:
+    def bug(batch: list[Any], forward: Any, out: list[Any]) -> None:
         raise AssertionError("a bug outside the model")
 
     monkeypatch.setattr(batcher, "_run_isolating", bug)
@@ -394,3 +394,20 @@ def test_a_batch_past_the_timeout_fails_and_its_instance_is_abandoned_not_waited
     assert pool.free == {1}  # the abandoned instance is the pool's to replace
     snapshot = batcher.stats.snapshot()
     assert snapshot.fail.count == 1 and snapshot.success.count == 1
+
+
+def test_an_instance_is_landed_before_its_answer_is_given() -> None:
+    """A client that sends its next request on an answer must find the instance
+    free: the answer is given only after the instance is handed back."""
+    model = EchoModel()
+    pool = ThreadPool(1, model.forward)
+    batcher = DynamicBatcher("m", model, BatchingConfig(), clock=FakeClock(), instances=pool)
+    landed_when_answered: list[int] = []
+    first = batcher.submit(1, 1)
+    first.add_done_callback(lambda _: landed_when_answered.append(batcher._landed.qsize()))
+    assert batcher.poll(0.0).ready_since is not None
+    batcher.run_once(0.0)
+    first.result(timeout=30)
+    assert landed_when_answered == [1]
+    batcher.submit(2, 1)
+    assert batcher.poll(0.0).ready_since is not None  # its one instance is free again
