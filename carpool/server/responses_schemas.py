@@ -24,6 +24,7 @@ from carpool.server.schemas import (
     ReasoningEffort,
     Strict,
     TextFormat,
+    function_tools_only,
 )
 
 
@@ -162,6 +163,8 @@ class ResponsesRequest(OpenAIBody):
     access_programs: dict[str, Any] | None = None
     conversation: StrictStr | dict[str, Any] | None = None
     prompt: dict[str, Any] | None = None
+
+    _tool_types = field_validator("tools", mode="before")(function_tools_only)
 
     @field_validator("background")
     @classmethod

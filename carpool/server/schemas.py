@@ -332,6 +332,23 @@ class NamedToolChoice(Strict):
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
+def function_tools_only(tools: Any) -> Any:
+    """Refuse, by type, tools carpool cannot run (``mcp``, ``web_search_preview``,
+    ``code_interpreter``, ...): it runs function tools only."""
+    if isinstance(tools, list):
+        kinds = sorted(
+            {t["type"] for t in tools if isinstance(t, dict) and t.get("type") != "function"}
+            - {None},
+            key=str,
+        )
+        if kinds and all(isinstance(k, str) for k in kinds):
+            raise ValueError(
+                f"tools of type {', '.join(kinds)} cannot run here; carpool runs function "
+                "tools only"
+            )
+    return tools
+
+
 class ChatCompletionRequest(SamplingFields):
     """OpenAI's chat completion request: every field of the openai SDK's
     ``chat.completions.create`` (``reasoning_effort`` and ``verbosity`` reach the
@@ -365,6 +382,8 @@ class ChatCompletionRequest(SamplingFields):
     safety_identifier: StrictStr | None = None
     functions: list[FunctionDefinition] | None = Field(default=None, max_length=128)
     function_call: Literal["none", "auto"] | FunctionName | None = None
+
+    _tool_types = field_validator("tools", mode="before")(function_tools_only)
 
     @field_validator("modalities")
     @classmethod

@@ -503,7 +503,7 @@ def test_a_reasoning_parser_splits_replies_in_every_api(
         messages=asked, max_tokens=40, response_format={"type": "json_object"}, **greedy
     )
     assert isinstance(json.loads(shaped.choices[0].message.content or ""), dict)
-    assert "reasoning_content" not in (shaped.choices[0].message.model_extra or {})
+    assert shaped.choices[0].message.model_extra == {"reasoning_content": None, "reasoning": None}
 
 
 # -- chat completions' streamed tool calls -----------------------------------------------

@@ -357,6 +357,14 @@ def test_responses_refuses_what_openai_keeps_by_name(
     assert answer.status_code == 400 and answer.json()["error"]["param"] == field
 
 
+@pytest.mark.parametrize("kind", ["mcp", "web_search_preview", "code_interpreter"])
+def test_a_tool_carpool_cannot_run_is_refused_by_its_type(server: Server, kind: str) -> None:
+    body = {"model": CHAT, "input": "Hi", "tools": [{"type": kind, "server_label": "x"}]}
+    answer = httpx.post(f"{server.url}/v1/responses", json=body)
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "tools"
+    assert kind in answer.json()["error"]["message"]
+
+
 def test_a_field_no_api_defines_is_ignored_and_logged(server: Server) -> None:
     body = {"model": CHAT, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
     answer = httpx.post(f"{server.url}/v1/chat/completions", json={**body, "x_vendor_hint": 1})
