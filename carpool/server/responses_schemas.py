@@ -3,16 +3,26 @@
 As ``schemas``: every field of the openai SDK's ``responses.create`` typed, fields no
 API defines ignored (logged), the parts strict. ``reasoning.effort`` and
 ``text.verbosity`` reach the chat template's switches; ``conversation`` and ``prompt``
-(objects kept at OpenAI) and ``background`` are refused by name; the rest are
+(objects kept at OpenAI) are refused by name; ``background`` runs it as a task
+(``GET`` reads it, ``/cancel`` ends it); the rest are
 accepted and change nothing. Content other than text is refused by the adapter,
 naming the part.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import Discriminator, Field, StrictBool, StrictInt, StrictStr, Tag, field_validator
+from pydantic import (
+    Discriminator,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 from carpool.server.schemas import (
     INT64_MAX,
@@ -166,12 +176,11 @@ class ResponsesRequest(OpenAIBody):
 
     _tool_types = field_validator("tools", mode="before")(function_tools_only)
 
-    @field_validator("background")
-    @classmethod
-    def _foreground(cls, value: bool | None) -> bool | None:
-        if value:
-            raise ValueError("background responses are not available; send it in the foreground")
-        return value
+    @model_validator(mode="after")
+    def _background_is_stored(self) -> Self:
+        if self.background and (self.stream or not self.store):
+            raise ValueError("a background response is stored and not streamed here")
+        return self
 
     @field_validator("conversation")
     @classmethod

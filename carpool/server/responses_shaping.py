@@ -72,6 +72,7 @@ class ResponseShaper:
                 "summary": None,
             },
             "service_tier": body.service_tier or "default",
+            "background": bool(body.background),
             "store": body.store,
             "temperature": 1.0 if body.temperature is None else body.temperature,
             "text": {"format": text_format},

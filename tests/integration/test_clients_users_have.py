@@ -346,7 +346,7 @@ def test_responses_accepts_every_parameter_of_the_sdk(client: openai.OpenAI) -> 
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("conversation", "conv_1"), ("prompt", {"id": "pmpt_1"}), ("background", True)],
+    [("conversation", "conv_1"), ("prompt", {"id": "pmpt_1"})],
 )
 def test_responses_refuses_what_openai_keeps_by_name(
     server: Server, field: str, value: Any
@@ -355,6 +355,23 @@ def test_responses_refuses_what_openai_keeps_by_name(
         f"{server.url}/v1/responses", json={"model": CHAT, "input": "Hi", field: value}
     )
     assert answer.status_code == 400 and answer.json()["error"]["param"] == field
+
+
+def test_a_background_response_is_read_while_it_runs_and_cancelled(
+    client: openai.OpenAI,
+) -> None:
+    done = client.responses.create(model=CHAT, input="Hi", max_output_tokens=3, background=True)
+    assert done.background is True and done.status in ("in_progress", "incomplete")
+    wait_for(lambda: client.responses.retrieve(done.id).status == "incomplete")
+    assert client.responses.retrieve(done.id).output_text
+    long = client.responses.create(
+        model=CHAT, input="Tell a long story.", max_output_tokens=900, background=True
+    )
+    cancelled = client.responses.cancel(long.id)
+    assert cancelled.status == "cancelled" and client.responses.retrieve(long.id).status == (
+        "cancelled"
+    )
+    assert client.responses.cancel(done.id).status == "incomplete"  # ended: as it ended
 
 
 @pytest.mark.parametrize("kind", ["mcp", "web_search_preview", "code_interpreter"])
