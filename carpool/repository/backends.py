@@ -32,6 +32,7 @@ from carpool.repository.library_models import (
     PipelineBackend,
     SentenceTransformerBackend,
 )
+from carpool.repository.litapi import LitApiRunner
 from carpool.repository.payload import TensorPayload
 from carpool.repository.spec import ModelSpec
 
@@ -264,8 +265,31 @@ class PythonClassBackend:
             teardown()
 
 
+class LitApiBackend:
+    """LitServe's ``LitAPI`` contract (``carpool.repository.litapi``): a class named
+    ``module:Class`` in ``carpool.toml``, JSON in and out."""
+
+    def __init__(self, spec: ModelSpec, instance: int, device: str) -> None:
+        module_name, _, class_name = spec.source.target.partition(":")
+        try:
+            module = _import_module(Path(spec.source.path), module_name, spec.name)
+            api = getattr(module, class_name)(**dict(spec.source.options))
+            self.runner = LitApiRunner(api, spec, device)
+        except (Exception, SystemExit) as exc:
+            raise RepositoryError(
+                f"model '{spec.name}': loading {spec.source.target} failed: {describe(exc)}"
+            ) from exc
+
+    def execute(self, payloads: list[TensorPayload]) -> list[Outputs | Failed]:
+        return self.runner.execute(payloads)
+
+    def finalize(self) -> None:
+        self.runner.finalize()
+
+
 BACKENDS: dict[str, Callable[[ModelSpec, int, str], Backend]] = {
     "python_class": PythonClassBackend,
+    "litapi": LitApiBackend,
     "pipeline": PipelineBackend,
     "cross_encoder": CrossEncoderBackend,
     "sentence_transformer": SentenceTransformerBackend,

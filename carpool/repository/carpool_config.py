@@ -24,11 +24,12 @@ from carpool.config import BatchingConfig, ConfigError, from_dict
 from carpool.repository.datatypes import DATATYPES
 from carpool.repository.errors import RepositoryError
 from carpool.repository.library_models import PIPELINE_TASKS, signature
+from carpool.repository.litapi import TENSORS as LITAPI_TENSORS
 from carpool.repository.spec import ISOLATIONS, ModelSpec, Source, TensorSpec, triton_view
 
 CONFIG_FILE = "carpool.toml"
-SOURCE_KINDS = ("python_class", "pipeline", "cross_encoder", "sentence_transformer")
-LIBRARY_KINDS = SOURCE_KINDS[1:]
+SOURCE_KINDS = ("python_class", "litapi", "pipeline", "cross_encoder", "sentence_transformer")
+LIBRARY_KINDS = SOURCE_KINDS[2:]
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,14 @@ class ModelFile:
     execution_timeout_s: float = 0.0
     isolation: str = ""
     batching: Mapping[str, Any] = field(default_factory=dict)
+    # LitServe's name: seconds a batch may wait to fill (batching.max_queue_delay_ms).
+    batch_timeout: float | None = None
+
+
+def _litserve_delay(batch_timeout: float | None) -> dict[str, float]:
+    if batch_timeout is None:
+        return {}
+    return {"max_queue_delay_ms": batch_timeout * 1000}
 
 
 def is_carpool_model(folder: Path) -> bool:
@@ -91,6 +100,7 @@ def read_carpool_model(folder: Path) -> list[ModelSpec]:
             BatchingConfig,
             {
                 "max_batch_tokens": 1 << 62,
+                **_litserve_delay(entry.batch_timeout),
                 **entry.batching,
                 "max_batch_size": max(1, entry.max_batch_size),
             },
@@ -111,10 +121,13 @@ def read_carpool_model(folder: Path) -> list[ModelSpec]:
         return [_library_model(folder, entry, batching, where)]
     if ":" not in entry.source.target:
         raise RepositoryError(f"{where}: source.target must be 'module:Class'")
-    if not entry.inputs or not entry.outputs:
+    if entry.source.kind == "litapi":
+        inputs, outputs = LITAPI_TENSORS  # JSON text in and out
+    elif not entry.inputs or not entry.outputs:
         raise RepositoryError(f"{where}: a model needs at least one input and one output")
-    inputs = tuple(_tensor(t, where) for t in entry.inputs)
-    outputs = tuple(_tensor(t, where) for t in entry.outputs)
+    else:
+        inputs = tuple(_tensor(t, where) for t in entry.inputs)
+        outputs = tuple(_tensor(t, where) for t in entry.outputs)
     return [
         ModelSpec(
             name=folder.name,

@@ -25,7 +25,7 @@ from carpool.repository.user_model import UserBatchModel
 log = logging.getLogger(__name__)
 
 # The source kinds that run the user's own Python code.
-USER_CODE_KINDS = ("triton_python", "python_class")
+USER_CODE_KINDS = ("triton_python", "python_class", "litapi")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """Task endpoints users already call, over repository models that do the task:
 ``/rerank`` and ``/v1/rerank`` (Cohere / Jina / vLLM), ``/v1/score`` and ``/score``
-(vLLM), ``/classify`` (vLLM), TEI's ``/predict``, and ``/v1/embeddings`` for a
-sentence-transformers embedder (``openai_routes`` hands it here).
+(vLLM), ``/classify`` (vLLM), ``/predict`` (a LitAPI model's, LitServe's route, where
+the server serves one; else TEI's), ``/v1/models/NAME/predict`` (a LitAPI model by
+name), and ``/v1/embeddings`` for a sentence-transformers embedder (``openai_routes``
+hands it here).
 
 Each is a thin adapter: it turns the body into rows of the model's tensors, runs
 them through the model's batcher like any /v2 request (split into requests of at
@@ -11,13 +13,16 @@ most ``max_batch_size`` rows), and shapes the response with ``task_shaping``.
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Annotated, Any
 
 import numpy as np
-from fastapi import APIRouter, Request
-from pydantic import Discriminator, Tag
+from fastapi import APIRouter, Request, Response
+from fastapi.exceptions import RequestValidationError
+from pydantic import Discriminator, Tag, ValidationError
 
 from carpool.errors import InvalidRequest
+from carpool.repository.litapi import request_payload, response_body
 from carpool.repository.payload import TensorPayload
 from carpool.repository.spec import check_inputs
 from carpool.server.awaiting import gather_or_cancel
@@ -134,8 +139,29 @@ def router(models: ServedModels) -> APIRouter:
         )
         return classify_body(served.name, _labels(out), out["scores"].tolist())
 
-    @api.post("/predict")
-    async def predict(body: PredictRequest, request: Request) -> list[Any]:
+    @api.post("/predict", response_model=None)
+    async def predict(request: Request) -> Any:
+        """A LitAPI model's predict where the server serves one (LitServe's route);
+        else TEI's predict on a classifier."""
+        raw = await request.body()
+        lit = [m for m in models.user_models.values() if m.latest.spec.source.kind == "litapi"]
+        if lit:
+            return await _lit_predict(the_lit_api(lit), raw, request)
+        try:
+            body = PredictRequest.model_validate_json(raw)
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors(include_url=False)) from None
+        return await _tei_predict(body, request)
+
+    @api.post("/v1/models/{name}/predict", response_model=None)
+    async def predict_named(name: str, request: Request) -> Response:
+        """A LitAPI model's predict, by name."""
+        served = models.user(name)
+        if served.latest.spec.source.kind != "litapi":
+            raise InvalidRequest(f"model '{name}' is not a LitAPI model", param="model")
+        return await _lit_predict(served, await request.body(), request)
+
+    async def _tei_predict(body: PredictRequest, request: Request) -> list[Any]:
         asked = body.parameters
         if body.raw_scores or (asked is not None and asked.function_to_apply == "none"):
             raise InvalidRequest(
@@ -151,6 +177,32 @@ def router(models: ServedModels) -> APIRouter:
         return answer[:top_k] if isinstance(body.inputs, str) else [a[:top_k] for a in answer]
 
     return api
+
+
+def the_lit_api(lit: list[ServedUserModel]) -> ServedUserModel:
+    """The server's one LitAPI model (``/predict`` is LitServe's single route)."""
+    if len(lit) != 1:
+        names = ", ".join(sorted(m.name for m in lit))
+        raise InvalidRequest(
+            f"this server has several LitAPI models ({names}); call /v1/models/NAME/predict",
+            param="model",
+        )
+    return lit[0]
+
+
+async def _lit_predict(served: ServedUserModel, raw: bytes, request: Request) -> Response:
+    """Run a JSON request through a LitAPI model; its answer's JSON."""
+    try:
+        json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidRequest("the request body must be JSON") from None
+    version = served.latest
+    checked = check_inputs(version.spec, request_payload(raw))
+    payload = TensorPayload(checked.arrays)
+    out = await served.infer(
+        version, checked, payload, priority=None, timeout_s=None, request=request
+    )
+    return Response(response_body(out), media_type="application/json")
 
 
 def _rerank_kind(value: Any) -> str:

@@ -6,6 +6,7 @@ generated from the SDK's own type hints, so a parameter the SDK adds is sent too
 from __future__ import annotations
 
 import collections.abc
+import concurrent.futures
 import inspect
 import json
 import types
@@ -427,3 +428,62 @@ def test_a_vllm_command_line_serves_one_model_under_each_of_its_names() -> None:
     finally:
         assert stop_server(s) == 0
     assert any("runs no code" in line for line in s.log)
+
+
+# --- LitServe's LitAPI ---------------------------------------------------------------
+
+LIT_API = '''
+class Scaler:
+    """LitServe's contract, written as a LitServe user writes it."""
+
+    def setup(self, device):
+        self.factor = 3.0
+        self.batches = []
+
+    def decode_request(self, request):
+        return float(request["x"])
+
+    def batch(self, inputs):
+        self.batches.append(len(inputs))
+        return list(inputs)
+
+    def predict(self, xs):
+        if any(x < 0 for x in xs):
+            raise ValueError("negative input")
+        return [x * self.factor for x in xs]
+
+    def unbatch(self, output):
+        return list(output)
+
+    def encode_response(self, output):
+        return {"y": output, "largest_batch": max(self.batches)}
+'''
+
+
+def test_a_litapi_class_is_served_at_predict_and_batched(tmp_path: Any) -> None:
+    folder = tmp_path / "scaler"
+    folder.mkdir()
+    (folder / "model.py").write_text(LIT_API)
+    (folder / "carpool.toml").write_text(
+        "max_batch_size = 8\nbatch_timeout = 0.05\n"
+        'source = { kind = "litapi", target = "model:Scaler" }\n'
+    )
+    s = start_server("--model-repository", str(tmp_path))
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert c.post("/predict", json={"x": 2}).json()["y"] == 6.0
+            assert c.post("/v1/models/scaler/predict", json={"x": 1}).json()["y"] == 3.0
+            bad = c.post("/predict", json={"x": -1})
+            assert bad.status_code == 500 and "ValueError: negative input" in bad.text
+            assert c.post("/predict", content=b"{not json").status_code == 400
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            answers = list(
+                pool.map(
+                    lambda x: httpx.post(f"{s.url}/predict", json={"x": x}, timeout=60).json(),
+                    range(16),
+                )
+            )
+        assert [a["y"] for a in answers] == [3.0 * x for x in range(16)]
+        assert max(a["largest_batch"] for a in answers) > 1  # requests shared a predict
+    finally:
+        assert stop_server(s) == 0
