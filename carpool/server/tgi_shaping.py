@@ -158,7 +158,13 @@ class StreamShaper:
 
 
 # TGI's error types by status (its router's; overload is carpool's 503).
-_ERROR_TYPES = {401: "authentication", 404: "not_found", 413: "validation", 503: "overloaded"}
+_ERROR_TYPES = {
+    401: "authentication",
+    404: "not_found",
+    413: "validation",
+    424: "generation",
+    503: "overloaded",
+}
 
 
 def error_body(status: int, message: str) -> dict[str, str]:
