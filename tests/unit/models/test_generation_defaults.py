@@ -9,7 +9,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
+from carpool.config import ConfigError
 from carpool.models.generation_defaults import read_generation_defaults
+from carpool.server.bootstrap import sampling_defaults
 from carpool.server.generation_inputs import sampling_params
 from carpool.server.schemas import ChatCompletionRequest
 
@@ -41,7 +45,7 @@ def test_the_file_gives_the_sampling_fields(tmp_path: Path) -> None:
 
 
 def served(defaults: dict[str, Any]) -> Any:
-    return SimpleNamespace(lm=SimpleNamespace(generation_defaults=defaults), max_model_len=1000)
+    return SimpleNamespace(generation_defaults=defaults, max_model_len=1000)
 
 
 def chat(**fields: Any) -> ChatCompletionRequest:
@@ -65,3 +69,13 @@ def test_unset_fields_take_the_models_defaults_and_set_ones_win() -> None:
     assert sampling_params(model, chat(), 980, None, None).max_tokens == 20
     plain = sampling_params(served({}), chat(), 10, None, None)
     assert (plain.temperature, plain.top_k, plain.top_p, plain.max_tokens) == (1.0, 0, 1.0, 990)
+
+
+def test_the_generation_config_flag_picks_whose_defaults_apply(tmp_path: Path) -> None:
+    lm: Any = SimpleNamespace(generation_defaults={"top_k": 20})
+    assert sampling_defaults(lm, "auto") == {"top_k": 20}
+    assert sampling_defaults(lm, "vllm") == {}
+    (tmp_path / "generation_config.json").write_text(json.dumps({"top_p": 0.5}))
+    assert sampling_defaults(lm, str(tmp_path)) == {"top_p": 0.5}
+    with pytest.raises(ConfigError, match=r"no generation_config\.json"):
+        sampling_defaults(lm, str(tmp_path / "elsewhere"))

@@ -22,8 +22,12 @@ def test_models_are_served_under_the_names_given_in_order() -> None:
         models=("smollm2-135m-instruct", "all-minilm-l6-v2"), served_model_name=("chat",)
     )
     assert [s.name for s in served_sources(server)] == ["chat", "all-minilm-l6-v2"]
-    with pytest.raises(ConfigError):
-        ServerConfig(models=("smollm2-135m-instruct",), served_model_name=("a", "b"))
+    with pytest.raises(ConfigError):  # two models, three names
+        ServerConfig(
+            models=("smollm2-135m-instruct", "all-minilm-l6-v2"), served_model_name=("a", "b", "c")
+        )
+    one = ServerConfig(models=("smollm2-135m-instruct",), served_model_name=("a", "b"))
+    assert [s.name for s in served_sources(one)] == ["a"]  # "b" is an alias (vLLM's meaning)
     with pytest.raises(ConfigError):
         served_sources(
             ServerConfig(

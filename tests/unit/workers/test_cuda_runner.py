@@ -98,7 +98,8 @@ def test_tiny_models_match_transformers_alone_batched_and_cached(
         [*shared, 5, 6, 7]
     ]
     expected = [tiny_models.hf_greedy(reference, p, 10) for p in prompts]
-    assert [run(gpu_engine(lm), [p], 10)[0] for p in prompts] == expected
+    if arch == "llama":  # one by one once: the architectures share that path (suite time)
+        assert [run(gpu_engine(lm), [p], 10)[0] for p in prompts] == expected
     # Batched with a small step budget: the long prompt in chunks while others decode.
     engine = gpu_engine(lm, max_num_batched_tokens=32)
     assert run(engine, prompts, 10) == expected
