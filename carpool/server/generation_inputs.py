@@ -348,7 +348,8 @@ def requested_grammar(body: SamplingFields) -> tuple[Grammar, str] | None:
         if so.regex is not None:
             return Grammar("regex", so.regex), "structured_outputs"
         if so.choice is not None:
-            return Grammar("choice", json.dumps(so.choice)), "structured_outputs"
+            distinct = list(dict.fromkeys(so.choice))  # a repeated choice adds nothing
+            return Grammar("choice", json.dumps(distinct)), "structured_outputs"
         return Grammar("lark", str(so.grammar)), "structured_outputs"
     rf = body.response_format
     if rf is None or rf.type == "text":

@@ -194,13 +194,17 @@ ResponseFormat = Annotated[
 ]
 
 
+MAX_CHOICES = 1024
+
+
 class StructuredOutputs(Strict):
     """vLLM's ``structured_outputs``: exactly one of a JSON schema, a regex, a list of
     choices, or a Lark grammar."""
 
     json_: dict[str, Any] | StrictStr | None = Field(default=None, alias="json")
     regex: StrictStr | None = None
-    choice: list[StrictStr] | None = Field(default=None, min_length=1)
+    # More alternatives than this overflowed the grammar engine's limits (a 500).
+    choice: list[StrictStr] | None = Field(default=None, min_length=1, max_length=MAX_CHOICES)
     grammar: StrictStr | None = None
 
 
@@ -251,7 +255,9 @@ class SamplingFields(OpenAIBody):
     # vLLM's older spelling of structured_outputs, still in its users' clients.
     guided_json: dict[str, Any] | StrictStr | None = None
     guided_regex: StrictStr | None = None
-    guided_choice: list[StrictStr] | None = Field(default=None, min_length=1)
+    guided_choice: list[StrictStr] | None = Field(
+        default=None, min_length=1, max_length=MAX_CHOICES
+    )
     guided_grammar: StrictStr | None = None
     guided_decoding_backend: StrictStr | None = None
     guided_whitespace_pattern: StrictStr | None = None
@@ -337,11 +343,14 @@ def function_tools_only(tools: Any) -> Any:
     ``code_interpreter``, ...): it runs function tools only."""
     if isinstance(tools, list):
         kinds = sorted(
-            {t["type"] for t in tools if isinstance(t, dict) and t.get("type") != "function"}
-            - {None},
-            key=str,
+            {
+                kind
+                for t in tools
+                if isinstance(t, dict) and isinstance(kind := t.get("type"), str)
+                if kind != "function"
+            }
         )
-        if kinds and all(isinstance(k, str) for k in kinds):
+        if kinds:
             raise ValueError(
                 f"tools of type {', '.join(kinds)} cannot run here; carpool runs function "
                 "tools only"

@@ -222,7 +222,12 @@ WEATHER_TOOL = {
     "function": {
         "name": "get_weather",
         "description": "The weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 20}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
     },
 }
 
@@ -269,7 +274,7 @@ def test_chat_reads_functions_as_tools(client: openai.OpenAI) -> None:
         messages=[{"role": "user", "content": "Weather in Paris?"}],
         functions=[WEATHER_TOOL["function"]],
         function_call={"name": "get_weather"},
-        max_tokens=40,
+        max_tokens=120,
     )
     call = reply.choices[0].message.tool_calls[0]
     assert call.function.name == "get_weather" and isinstance(
@@ -310,6 +315,15 @@ def test_vllms_guided_fields_constrain_the_reply(client: openai.OpenAI) -> None:
         model=CHAT, prompt="A number:", max_tokens=8, extra_body={"guided_regex": "[0-9]{3}"}
     )
     assert len(digits.choices[0].text) == 3 and digits.choices[0].text.isdigit()
+    # Repeated choices are one (a fuzzed list of 2,000 once overflowed the grammar).
+    same = client.completions.create(
+        model=CHAT, prompt="Say", max_tokens=2, extra_body={"guided_choice": ["ok"] * 1024}
+    )
+    assert same.choices[0].text == "ok"
+    with pytest.raises(openai.BadRequestError, match="guided_choice"):
+        client.completions.create(
+            model=CHAT, prompt="Say", max_tokens=2, extra_body={"guided_choice": ["ok"] * 1025}
+        )
 
 
 RESPONSES_CHOICES: dict[str, Any] = {
