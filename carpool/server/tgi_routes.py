@@ -11,7 +11,6 @@ constrained and started exactly as ``/v1/completions`` does; only the shaping
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -179,10 +178,10 @@ async def _events(stream: GenerationStream, shaper: StreamShaper) -> AsyncIterat
     try:
         async for out in stream:
             for event in shaper.events(out):
-                yield {"data": json.dumps(event)}
+                yield {"data": orjson.dumps(event).decode()}
     except CarpoolError as exc:
         status, _ = status_of(exc)
-        yield {"data": json.dumps(error_body(status, exc.message))}
+        yield {"data": orjson.dumps(error_body(status, exc.message)).decode()}
     finally:
         stream.close()
 

@@ -47,6 +47,8 @@ def token_texts(facts: TokenFacts, token_ids: Sequence[int], text: str) -> list[
     """Each token's text, such that together they are ``text`` (what a step added, after
     incremental decoding and stop strings): each token decoded alone where those
     pieces join to it, else the whole text on the last token."""
+    if len(token_ids) == 1:  # a step's one token: its text is what the step added
+        return [text]
     pieces = [facts.decode([t]) for t in token_ids]
     if "".join(pieces) == text or not pieces:
         return pieces
