@@ -65,7 +65,7 @@ class LitApiRunner:
         for payload in payloads:
             try:
                 request = json.loads(payload.inputs[REQUEST].reshape(-1)[0])
-            except (ValueError, UnicodeDecodeError):
+            except (ValueError, UnicodeDecodeError, RecursionError):
                 answers.append(Failed(InvalidRequest("the request body is not JSON")))
                 continue
             decoded.append(self.api.decode_request(request))

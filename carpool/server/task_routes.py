@@ -194,7 +194,7 @@ async def _lit_predict(served: ServedUserModel, raw: bytes, request: Request) ->
     """Run a JSON request through a LitAPI model; its answer's JSON."""
     try:
         json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise InvalidRequest("the request body must be JSON") from None
     version = served.latest
     checked = check_inputs(version.spec, request_payload(raw))
