@@ -1,5 +1,6 @@
-"""OpenAI's Responses API: ``POST /v1/responses`` (streamed or whole), and the stored
-responses' ``GET`` and ``DELETE /v1/responses/{id}``.
+"""OpenAI's Responses API: ``POST /v1/responses`` (streamed, whole, or in the
+background), the stored responses' ``GET`` and ``DELETE /v1/responses/{id}``, and
+``POST /v1/responses/{id}/cancel`` for a background one still running.
 
 An adapter over the chat path: the request becomes a chat request
 (``responses_adapter``), goes through ``prepare_chat`` to the engine, and its reply's
