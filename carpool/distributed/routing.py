@@ -132,7 +132,9 @@ _PROMPTED_PATHS = ("/v1/chat/completions", "/v1/completions")
 def routing_text(path: str, body: bytes, limit: int = CHUNK_CHARS * MAX_CHUNKS) -> str:
     """The start of the prompt a /v1 generation request carries (its messages' text in
     order, or its prompt string), at most ``limit`` characters; empty for any other
-    request or any body that is not what it should be (the replica validates it)."""
+    request or any body that is not what it should be (the replica validates it).
+    OpenAI's ``prompt_cache_key``, where given, is the first chunk: requests that share
+    it share a replica (the client's own hint of a shared prefix)."""
     if path not in _PROMPTED_PATHS:
         return ""
     try:
@@ -142,7 +144,10 @@ def routing_text(path: str, body: bytes, limit: int = CHUNK_CHARS * MAX_CHUNKS) 
     if not isinstance(data, dict):
         return ""
     parts: list[str] = []
-    size = 0
+    key = data.get("prompt_cache_key")
+    if isinstance(key, str) and key:
+        parts.append(key[: CHUNK_CHARS - 1].ljust(CHUNK_CHARS, "\0"))  # one whole chunk
+    size = sum(len(p) for p in parts)
     for text in _texts(data.get("messages"), data.get("prompt")):
         parts.append(text)
         size += len(text)

@@ -85,6 +85,21 @@ def test_routing_text_reads_the_prompt_of_generation_requests_only() -> None:
     assert len(routing_text("/v1/completions", long, limit=256)) == 256
 
 
+def test_a_prompt_cache_key_is_the_first_chunk_so_sharing_it_shares_a_replica() -> None:
+    keyed = [
+        routing_text("/v1/chat/completions", json.dumps(body).encode())
+        for body in (
+            {"prompt_cache_key": "user-7", "messages": [{"role": "user", "content": "hi"}]},
+            {"prompt_cache_key": "user-7", "messages": [{"role": "user", "content": "bye"}]},
+            {"prompt_cache_key": "user-8", "messages": [{"role": "user", "content": "hi"}]},
+        )
+    ]
+    chains = [prefix_chain(text) for text in keyed]
+    assert all(len(chain) == 1 for chain in chains)  # the key alone makes a whole chunk
+    assert chains[0] == chains[1] != chains[2]
+    assert keyed[0].endswith("hi") and keyed[0].startswith("user-7")
+
+
 def test_power_of_two_picks_two_distinct_replicas_at_random() -> None:
     rng = random.Random(7)
     picks = [power_of_two(["a", "b", "c"], rng) for _ in range(60)]
