@@ -1,8 +1,8 @@
 """Text Embeddings Inference's API over carpool's embedders: ``POST /embed``
-(``huggingface_hub``'s ``feature_extraction`` pointed at it) and ``POST /similarity``
-(its ``sentence_similarity``); TEI's ``/rerank`` body and ``/predict`` are served by
-``task_routes``, TEI's ``/info`` by ``tgi_routes`` where no model generates. Errors in
-TEI's shape (``errors``).
+(``huggingface_hub``'s ``feature_extraction`` pointed at it), ``POST /similarity``
+(its ``sentence_similarity``) and ``POST /decode``; TEI's ``/rerank`` body and
+``/predict`` are served by ``task_routes``, TEI's ``/info`` by ``tgi_routes`` where no
+model generates. Errors in TEI's shape (``errors``).
 
 An adapter over the embeddings path: the built-in embedders' tokenizer and batcher,
 or a repository sentence-transformers model's rows, as ``/v1/embeddings`` runs them.
@@ -21,7 +21,7 @@ from carpool.server.openai_routes import tokenize_inputs
 from carpool.server.served import ServedEmbedding, ServedModels
 from carpool.server.served_user import ServedUserModel
 from carpool.server.task_routes import does, model_for, run_rows
-from carpool.server.tei_schemas import EmbedRequest, SimilarityRequest
+from carpool.server.tei_schemas import DecodeRequest, EmbedRequest, SimilarityRequest
 from carpool.server.tei_shaping import cut_to, info_body, normalized, similarities
 from carpool.server.unicode_check import UnicodeCheckedRoute
 
@@ -53,6 +53,34 @@ def router(models: ServedModels) -> APIRouter:
         served = the_embedder(models, body.model)
         texts = [body.inputs.source_sentence, *body.inputs.sentences]
         return similarities(await embed_texts(models, served, texts, False, request))
+
+    @api.post("/decode")
+    async def decode(body: DecodeRequest) -> list[str]:
+        """Token ids back to text with the embedder's tokenizer, one text per sequence."""
+        served = the_embedder(models, body.model)
+        if not isinstance(served, ServedEmbedding):
+            raise InvalidRequest(
+                f"model {served.name!r} tokenizes inside its library; it cannot decode ids",
+                param="model",
+            )
+        ids = body.ids
+        batch: list[list[int]] = (
+            [row for row in ids if isinstance(row, list)]
+            if ids and isinstance(ids[0], list)
+            else [[i for i in ids if isinstance(i, int)]]
+        )
+        vocabulary = served.model.vocab_size
+        for row in batch:
+            bad = [i for i in row if not 0 <= i < vocabulary]  # checked before the C side
+            if bad:
+                raise InvalidRequest(
+                    f"token id {bad[0]} is outside the vocabulary (0..{vocabulary - 1})",
+                    param="ids",
+                )
+        decoded: list[str] = served.model.tokenizer.decode_batch(
+            batch, skip_special_tokens=body.skip_special_tokens
+        )
+        return decoded
 
     return api
 

@@ -1,7 +1,7 @@
-"""Text Embeddings Inference's request bodies (``/embed``, ``/similarity``, TEI's
-``/rerank``), validated at the edge as TEI's router reads them: fields it does not
-define are ignored, the ones it defines typed. ``model`` is carpool's: which model,
-when the server has several that do the task.
+"""Text Embeddings Inference's request bodies (``/embed``, ``/similarity``,
+``/decode``, TEI's ``/rerank``), validated at the edge as TEI's router reads them:
+fields it does not define are ignored, the ones it defines typed. ``model`` is
+carpool's: which model, when the server has several that do the task.
 """
 
 from __future__ import annotations
@@ -53,4 +53,18 @@ class TeiRerankRequest(_Lenient):
     return_text: StrictBool = False
     truncate: StrictBool | None = None
     truncation_direction: Direction = "Right"
+    model: StrictStr | None = None
+
+
+Ids = list[StrictInt]
+
+
+class DecodeRequest(_Lenient):
+    """TEI's decode request: token ids (one sequence or several) back to text."""
+
+    ids: (
+        Annotated[Ids, Field(max_length=65536)]
+        | Annotated[list[Ids], Field(min_length=1, max_length=MAX_TASK_ITEMS)]
+    )
+    skip_special_tokens: StrictBool = True
     model: StrictStr | None = None

@@ -172,6 +172,19 @@ def test_tei_sentence_similarity_ranks_the_close_sentence_first(server: Server) 
     assert 0 < far < near <= 1.0
 
 
+def test_tei_decode_gives_the_text_back(server: Server) -> None:
+    # all-MiniLM's vocabulary: [CLS] hello world [SEP]
+    ids = [101, 7592, 2088, 102]
+    one = httpx.post(f"{server.url}/decode", json={"ids": ids})
+    assert one.status_code == 200 and one.json() == ["hello world"]
+    both = httpx.post(
+        f"{server.url}/decode", json={"ids": [ids, ids[1:2]], "skip_special_tokens": False}
+    )
+    assert both.json() == ["[CLS] hello world [SEP]", "hello"]
+    outside = httpx.post(f"{server.url}/decode", json={"ids": [10**9]})
+    assert outside.status_code == 422 and "vocabulary" in outside.json()["error"]
+
+
 def test_tei_errors_are_its_shape_and_name_the_field(server: Server) -> None:
     bad = httpx.post(f"{server.url}/embed", json={"inputs": "x", "prompt_name": "query"})
     assert bad.status_code == 422 and bad.json()["error_type"] == "validation"
