@@ -20,6 +20,7 @@ from pydantic import (
     StrictInt,
     StrictStr,
     Tag,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -136,6 +137,13 @@ class Reasoning(Strict):
     generate_summary: StrictStr | None = None
 
 
+# Objects OpenAI keeps and a request names; what to send here instead.
+_KEPT_AT_OPENAI = {
+    "conversation": "conversations are not kept here; continue with previous_response_id",
+    "prompt": "stored prompts are not available; send instructions and input",
+}
+
+
 class ResponsesRequest(OpenAIBody):
     """OpenAI's Responses request, plus carpool's ``priority`` and ``timeout``."""
 
@@ -173,6 +181,8 @@ class ResponsesRequest(OpenAIBody):
     access_programs: dict[str, Any] | None = None
     conversation: StrictStr | dict[str, Any] | None = None
     prompt: dict[str, Any] | None = None
+    priority: StrictInt = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
+    timeout: float | None = Field(default=None, gt=0)
 
     _tool_types = field_validator("tools", mode="before")(function_tools_only)
 
@@ -182,19 +192,9 @@ class ResponsesRequest(OpenAIBody):
             raise ValueError("a background response is stored and not streamed here")
         return self
 
-    @field_validator("conversation")
+    @field_validator("conversation", "prompt")
     @classmethod
-    def _no_conversation(cls, value: object) -> object:
+    def _not_kept_here(cls, value: object, info: ValidationInfo) -> object:
         if value is not None:
-            raise ValueError("conversations are not kept here; continue with previous_response_id")
+            raise ValueError(_KEPT_AT_OPENAI[str(info.field_name)])
         return value
-
-    @field_validator("prompt")
-    @classmethod
-    def _no_stored_prompt(cls, value: object) -> object:
-        if value is not None:
-            raise ValueError("stored prompts are not available; send instructions and input")
-        return value
-
-    priority: StrictInt = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
-    timeout: float | None = Field(default=None, gt=0)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 from starlette.requests import Request
@@ -111,6 +111,27 @@ class Batched(Protocol):
 
 
 Builtin = ServedEmbedding | ServedGenerator
+
+
+class Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+M = TypeVar("M", bound=Named)
+
+
+def the_only(found: Sequence[M], task: str) -> M:
+    """The one model in ``found`` (the server's models that do ``task``), for a request
+    that names none; else a 400 that names them."""
+    if len(found) != 1:
+        names = ", ".join(sorted(m.name for m in found))
+        raise InvalidRequest(
+            f"name the model that does {task} with 'model': "
+            + (f"this server has {names}" if names else "this server serves none"),
+            param="model",
+        )
+    return found[0]
 
 
 class ServedModels:

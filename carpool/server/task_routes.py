@@ -27,7 +27,7 @@ from carpool.repository.payload import TensorPayload
 from carpool.repository.spec import check_inputs
 from carpool.server.awaiting import gather_or_cancel
 from carpool.server.schemas import ClassifyRequest, PredictRequest, RerankRequest, ScoreRequest
-from carpool.server.served import ServedModels
+from carpool.server.served import ServedModels, the_only
 from carpool.server.served_user import ServedUserModel
 from carpool.server.task_shaping import (
     classify_body,
@@ -245,18 +245,7 @@ def _the_one(models: ServedModels, name: str | None, task: str) -> ServedUserMod
     does; else 400 naming them."""
     if name is not None:
         return model_for(models, name, task)
-    found = [n for n in models.user_models if does(models.user_models[n], task)]
-    if len(found) != 1:
-        raise InvalidRequest(
-            f"name the model that does {task} with 'model'"
-            + (
-                f": this server has {', '.join(sorted(found))}"
-                if found
-                else ": this server serves none"
-            ),
-            param="model",
-        )
-    return models.user(found[0])
+    return the_only([m for m in models.user_models.values() if does(m, task)], task)
 
 
 def does(served: ServedUserModel, task: str) -> bool:

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request, Response
 
 from carpool.errors import InvalidRequest
 from carpool.server.openai_routes import tokenize_inputs
-from carpool.server.served import ServedEmbedding, ServedModels
+from carpool.server.served import ServedEmbedding, ServedModels, the_only
 from carpool.server.served_user import ServedUserModel
 from carpool.server.task_routes import does, model_for, run_rows
 from carpool.server.tei_schemas import DecodeRequest, EmbedRequest, SimilarityRequest
@@ -92,21 +92,14 @@ def the_embedder(models: ServedModels, name: str | None) -> Embedder:
         return model_for(models, name, "embed") if models.is_user(name) else models.get(name)
     found: list[Embedder] = [*models]
     found += [m for m in models.user_models.values() if does(m, "embed")]
-    if len(found) != 1:
-        names = ", ".join(sorted(m.name for m in found))
-        raise InvalidRequest(
-            "name the embedding model with 'model'"
-            + (f": this server has {names}" if names else ": this server serves none"),
-            param="model",
-        )
-    return found[0]
+    return the_only(found, "embeddings")
 
 
 def embedder_info(served: Embedder) -> dict[str, Any]:
     """TEI's ``/info`` for an embedder."""
-    if isinstance(served, ServedEmbedding):
-        return info_body(served.name, {"embedding": {"pooling": "mean"}}, served.model.max_length)
-    return info_body(served.name, {"embedding": {"pooling": "mean"}}, 0)
+    # A repository embedder tokenizes inside its library: carpool knows no maximum.
+    max_length = served.model.max_length if isinstance(served, ServedEmbedding) else 0
+    return info_body(served.name, {"embedding": {"pooling": "mean"}}, max_length)
 
 
 async def embed_texts(

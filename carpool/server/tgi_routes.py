@@ -23,7 +23,7 @@ from carpool.errors import CarpoolError, InvalidRequest
 from carpool.server.errors import status_of
 from carpool.server.generation_inputs import compile_grammar, sampling_params, tokenize_prompts
 from carpool.server.schemas import CompletionRequest, StructuredOutputs
-from carpool.server.served import ServedGenerator, ServedModels, unless_disconnected
+from carpool.server.served import ServedGenerator, ServedModels, the_only, unless_disconnected
 from carpool.server.sse import EventStream
 from carpool.server.tei_routes import embedder_info, the_embedder
 from carpool.server.tgi_schemas import TgiGrammar, TgiParameters, TgiRequest
@@ -71,15 +71,7 @@ def the_generator(models: ServedModels, name: str | None) -> ServedGenerator:
     """The generation model ``name``, or the server's only one; else 400 naming them."""
     if name is not None:
         return models.generator(name)
-    generators = models.generators
-    if len(generators) != 1:
-        names = ", ".join(sorted(g.name for g in generators))
-        raise InvalidRequest(
-            "name the model with 'model'"
-            + (f": this server generates with {names}" if names else ": it serves none"),
-            param="model",
-        )
-    return generators[0]
+    return the_only(models.generators, "text generation")
 
 
 def info_body(served: ServedGenerator) -> dict[str, Any]:
