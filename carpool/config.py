@@ -412,6 +412,12 @@ class ServerConfig:
 
     host: str = _help("Address to bind.", default="127.0.0.1")
     port: int = _help("Port to bind; 0 picks a free one.", default=8000)
+    grpc_port: int = _help(
+        "Port of the KServe v2 gRPC service (Triton's GRPCInferenceService, as "
+        "tritonclient.grpc speaks it), on --host; 0: no gRPC service; -1: a free port "
+        "(the ready line says which). Not served with --replicas.",
+        default=8001,
+    )
     models: tuple[str, ...] = _help(
         "Models to serve: built-in names (see `carpool models`), local folders or files.",
         default=("smollm2-135m-instruct", "all-minilm-l6-v2"),
@@ -479,6 +485,7 @@ class ServerConfig:
             f"reasoning_parser must be qwen3 or deepseek_r1, got {self.reasoning_parser!r}",
         )
         _require(0 <= self.port <= 65535, "port must be between 0 and 65535")
+        _require(-1 <= self.grpc_port <= 65535, "grpc_port must be between -1 and 65535")
         _require(
             self.log_level in ("debug", "info", "warning", "error"),
             f"log_level must be debug, info, warning or error, got {self.log_level!r}",

@@ -23,9 +23,10 @@ def needs_key(path: str) -> bool:
     return path not in OPEN_PATHS and not path.startswith(OPEN_PREFIXES)
 
 
-class APIKeyAuth:
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app = app
+class ApiKey:
+    """The server's API key, compared in the same time however much of a key matches."""
+
+    def __init__(self, api_key: str) -> None:
         # Compare digests: equal length whatever the client sends, so neither length
         # nor matching prefix shows in the timing.
         self._digest = hashlib.sha256(api_key.encode()).digest()
@@ -33,12 +34,22 @@ class APIKeyAuth:
     def _matches(self, token: bytes) -> bool:
         return hmac.compare_digest(hashlib.sha256(token.strip()).digest(), self._digest)
 
+    def accepts(self, authorization: bytes, x_api_key: bytes) -> bool:
+        """Whether ``Authorization: Bearer <key>`` or (Anthropic's) ``x-api-key: <key>``
+        carries the key."""
+        scheme, _, token = authorization.partition(b" ")
+        bearer = self._matches(token) and scheme.lower() == b"bearer"
+        return bearer | self._matches(x_api_key)
+
+
+class APIKeyAuth:
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.key = ApiKey(api_key)
+
     def _authorized(self, scope: Scope) -> bool:
         headers = dict(scope.get("headers") or [])
-        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
-        bearer = self._matches(token) and scheme.lower() == b"bearer"
-        # Anthropic's clients send the key as x-api-key.
-        return bearer | self._matches(headers.get(b"x-api-key", b""))
+        return self.key.accepts(headers.get(b"authorization", b""), headers.get(b"x-api-key", b""))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not needs_key(scope["path"]) or self._authorized(scope):

@@ -29,7 +29,7 @@ from carpool.models.registry import LoadOptions, Task
 from carpool.repository.function_model import FunctionModel
 from carpool.repository.repository import ModelRepository
 from carpool.runtime import DeviceRuntime
-from carpool.server import heap
+from carpool.server import heap, v2_grpc
 from carpool.server.app import create_app
 from carpool.server.drain import DrainingServer
 from carpool.server.model_control import ModelControl
@@ -79,11 +79,14 @@ class ServerBundle:
         if self._server is not None:
             self._server.stop()
 
+    def _is_ready(self) -> bool:
+        return self.runtime.alive and self.exit_code == 0
+
     def create_app(self) -> FastAPI:
         """The HTTP app over this bundle's models and runtime."""
         return create_app(
             self.models,
-            is_ready=lambda: self.runtime.alive and self.exit_code == 0,
+            is_ready=self._is_ready,
             max_body_bytes=self.config.server.max_body_bytes,
             api_key=self.config.server.api_key,
             runtime_stats=self.runtime.stats,
@@ -98,15 +101,37 @@ class ServerBundle:
         self.control.finalize_all(self.config.server.shutdown_timeout_s)
 
     async def run(self, sock: socket.socket, ready_line: str) -> None:
-        """Serve the app on ``sock`` until a signal's drain (or the runtime's death)
-        ends it."""
+        """Serve the app on ``sock`` (and the gRPC service on its port) until a
+        signal's drain (or the runtime's death) ends it. A gRPC port that cannot be
+        bound is a failed start (exit code 1), as an HTTP one is."""
         # sse-starlette cuts every open stream on SIGTERM by default; we drain them.
         AppStatus.disable_automatic_graceful_drain()
         server = self.config.server
+        grpc_server = None
+        if server.grpc_port:
+            try:
+                grpc_server, port = await v2_grpc.start(
+                    v2_grpc.InferenceService(
+                        self.models, self._is_ready, self.control, server.api_key
+                    ),
+                    server.host,
+                    server.grpc_port,
+                    server.max_body_bytes,
+                )
+            except OSError as exc:
+                log.error("cannot bind gRPC %s:%d: %s", server.host, server.grpc_port, exc)
+                self.exit_code = 1
+                return
+            ready_line += f"; gRPC on {server.host}:{port}"
         self._server = DrainingServer(
             self.create_app(), log_level=server.log_level, timeout_s=server.shutdown_timeout_s
         )
-        await self._server.serve(sock, ready_line)
+        try:
+            await self._server.serve(sock, ready_line)
+        finally:
+            if grpc_server is not None:
+                # Calls in flight finish (up to the shutdown timeout); new ones are refused.
+                await grpc_server.stop(server.shutdown_timeout_s)
 
 
 def build_server(config: CarpoolConfig, functions: Sequence[FunctionModel] = ()) -> ServerBundle:

@@ -5,6 +5,7 @@
 TGI's and TEI's routes: ``{"error": "<message>", "error_type": "<kind>"}``, a bad
 request 422 and a model's failure 424, as their routers answer.
 Everything else (OpenAI): ``{"error": {"message", "type", "param", "code"}}``.
+The KServe v2 gRPC service: a gRPC status code (``grpc_code_of``) and the message.
 A malformed request is a 400 (OpenAI's, vLLM's and Anthropic's answer) that names
 the field, never pydantic's 422.
 A client never sees a stack trace; an unexpected exception is logged with its
@@ -51,6 +52,28 @@ _STATUS: list[tuple[type[CarpoolError], int, str]] = [
     (RuntimeDead, 503, "service_unavailable"),
     (ReplicaFailed, 502, "server_error"),
 ]
+
+
+# gRPC status codes (``grpc.StatusCode`` names) as Triton's gRPC frontend maps its
+# errors: a full queue and a request that timed out waiting are UNAVAILABLE there too.
+_GRPC_CODES: list[tuple[type[CarpoolError], str]] = [
+    (InvalidRequest, "INVALID_ARGUMENT"),
+    (Unauthorized, "UNAUTHENTICATED"),
+    (ModelNotFound, "NOT_FOUND"),
+    (Overloaded, "UNAVAILABLE"),
+    (QueueTimeout, "UNAVAILABLE"),
+    (RuntimeDead, "UNAVAILABLE"),
+    (ReplicaFailed, "UNAVAILABLE"),
+    (ModelExecutionError, "INTERNAL"),
+]
+
+
+def grpc_code_of(exc: CarpoolError) -> str:
+    """The gRPC status code's name for ``exc``."""
+    for cls, code in _GRPC_CODES:
+        if isinstance(exc, cls):
+            return code
+    return "INTERNAL"
 
 
 def status_of(exc: CarpoolError) -> tuple[int, str]:

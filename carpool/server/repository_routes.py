@@ -35,7 +35,7 @@ def router(control: ModelControl) -> APIRouter:
 
     @api.post("/v2/repository/models/{name}/load")
     async def load(name: str, request: Request) -> Response:
-        _refuse_overrides(await _body(request))
+        refuse_overrides(await _body(request))
         await control.load(name)
         return Response(status_code=200)
 
@@ -61,7 +61,7 @@ async def _body(request: Request) -> dict[str, Any]:
     return data
 
 
-def _refuse_overrides(body: dict[str, Any]) -> None:
+def refuse_overrides(body: dict[str, Any]) -> None:
     """A load may not carry a config or files of its own: carpool loads what the
     repository holds."""
     params = body.get("parameters") or {}

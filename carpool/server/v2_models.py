@@ -5,7 +5,8 @@ model's adapter; what differs between kinds lives here."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -13,13 +14,14 @@ from starlette.requests import Request
 
 from carpool.errors import InvalidRequest
 from carpool.repository.payload import TensorPayload
-from carpool.repository.spec import TensorSpec, check_inputs, check_unique
+from carpool.repository.spec import CheckedRequest, TensorSpec, check_inputs, check_unique
 from carpool.server.openai_routes import check_input_count, tokenize_texts
 from carpool.server.schemas import V2InferRequest
 from carpool.server.served import ServedEmbedding, ServedGenerator, ServedModels
-from carpool.server.served_user import ServedUserModel
+from carpool.server.served_user import ServedUserModel, ServedVersion
 from carpool.server.v2_tensors import decode_bytes_tensor, decode_tensor
 from carpool.stats import BatcherStats, BatcherStatsData, Duration
+from carpool.version import __version__
 
 EMBEDDING_INPUT = "text"
 EMBEDDING_OUTPUT = "embedding"
@@ -44,10 +46,23 @@ class V2Model(Protocol):
 
     def version_of(self, version: str | None) -> str: ...
 
+    @property
+    def decoupled(self) -> bool:
+        """Whether the model answers a request with any number of responses."""
+
     async def infer(
-        self, body: V2InferRequest, blobs: dict[str, bytes], request: Request, version: str | None
+        self,
+        body: V2InferRequest,
+        blobs: dict[str, bytes],
+        request: Request | None,
+        version: str | None,
     ) -> list[Output]:
         """The outputs the request asked for (all, when it named none), in order."""
+
+    def responses(
+        self, body: V2InferRequest, blobs: dict[str, bytes], version: str | None
+    ) -> AsyncIterator[list[Output]]:
+        """Each response's outputs, in order: one, but for a decoupled model."""
 
 
 def adapter(models: ServedModels, name: str, runtime_alive: Callable[[], bool]) -> V2Model:
@@ -59,6 +74,27 @@ def adapter(models: ServedModels, name: str, runtime_alive: Callable[[], bool]) 
         models.any(name)  # a generator being unloaded is a 503, as for every route
         return GeneratorV2(builtin, runtime_alive)
     return EmbeddingV2(models.get(name), models, runtime_alive)
+
+
+def server_metadata() -> dict[str, Any]:
+    """The server's metadata: its name, version and protocol extensions."""
+    return {
+        "name": "carpool",
+        "version": __version__,
+        "extensions": [
+            "binary_tensor_data",
+            "statistics",
+            "model_configuration",
+            "model_repository",
+        ],
+    }
+
+
+def all_stats(models: ServedModels, runtime_alive: Callable[[], bool]) -> list[dict[str, Any]]:
+    """Every served model version's statistics (a model being unloaded left out)."""
+    names = [m.name for m in models if not models.is_closing(m.name)]
+    names += sorted(models.user_models)
+    return [s for name in names for s in adapter(models, name, runtime_alive).stats(None)]
 
 
 def request_param(params: dict[str, Any], key: str, kind: type, default: Any) -> Any:
@@ -95,12 +131,28 @@ class _BuiltinV2:
         self.name = name
         self._alive = runtime_alive
 
+    decoupled = False
+
     def version_of(self, version: str | None) -> str:
         return only_version(self.name, version)
 
     async def ready(self, version: str | None) -> bool:
         self.version_of(version)
         return self._alive()
+
+    async def infer(
+        self,
+        body: V2InferRequest,
+        blobs: dict[str, bytes],
+        request: Request | None,
+        version: str | None,
+    ) -> list[Output]:
+        raise NotImplementedError
+
+    async def responses(
+        self, body: V2InferRequest, blobs: dict[str, bytes], version: str | None
+    ) -> AsyncIterator[list[Output]]:
+        yield await self.infer(body, blobs, None, version)
 
 
 class EmbeddingV2(_BuiltinV2):
@@ -162,7 +214,11 @@ class EmbeddingV2(_BuiltinV2):
         return [model_stats(self.name, self.version_of(version), self.served.batcher.stats)]
 
     async def infer(
-        self, body: V2InferRequest, blobs: dict[str, bytes], request: Request, version: str | None
+        self,
+        body: V2InferRequest,
+        blobs: dict[str, bytes],
+        request: Request | None,
+        version: str | None,
     ) -> list[Output]:
         self.version_of(version)
         params = body.parameters or {}
@@ -237,7 +293,11 @@ class GeneratorV2(_BuiltinV2):
         return [stats]
 
     async def infer(
-        self, body: V2InferRequest, blobs: dict[str, bytes], request: Request, version: str | None
+        self,
+        body: V2InferRequest,
+        blobs: dict[str, bytes],
+        request: Request | None,
+        version: str | None,
     ) -> list[Output]:
         raise InvalidRequest(
             f"model '{self.name}' generates text; call it at /v1/chat/completions or "
@@ -291,9 +351,39 @@ class UserV2:
         chosen = [self.served.version(version)] if version else list(self.served.versions.values())
         return [model_stats(self.name, str(v.spec.version), v.batcher.stats) for v in chosen]
 
+    @property
+    def decoupled(self) -> bool:
+        return self.served.latest.spec.decoupled
+
     async def infer(
-        self, body: V2InferRequest, blobs: dict[str, bytes], request: Request, version: str | None
+        self,
+        body: V2InferRequest,
+        blobs: dict[str, bytes],
+        request: Request | None,
+        version: str | None,
     ) -> list[Output]:
+        served, checked, payload, priority, timeout_s = self._prepare(body, blobs, version)
+        outputs = await self.served.infer(
+            served, checked, payload, priority=priority, timeout_s=timeout_s, request=request
+        )
+        return _ordered(outputs, payload.outputs or [t.name for t in served.spec.outputs])
+
+    async def responses(
+        self, body: V2InferRequest, blobs: dict[str, bytes], version: str | None
+    ) -> AsyncIterator[list[Output]]:
+        served, checked, payload, priority, timeout_s = self._prepare(body, blobs, version)
+        order = payload.outputs or [t.name for t in served.spec.outputs]
+        answers = self.served.responses(
+            served, checked, payload, priority=priority, timeout_s=timeout_s, request=None
+        )
+        async with contextlib.aclosing(answers):
+            async for outputs in answers:
+                yield _ordered(outputs, order)
+
+    def _prepare(
+        self, body: V2InferRequest, blobs: dict[str, bytes], version: str | None
+    ) -> tuple[ServedVersion, CheckedRequest, TensorPayload, int | None, float | None]:
+        """The request checked against the version's config, as the batcher takes it."""
         served = self.served.version(version)
         spec = served.spec
         check_unique([t.name for t in body.inputs])
@@ -308,11 +398,12 @@ class UserV2:
             request_id=body.id or "",
             parameters={k: v for k, v in params.items() if isinstance(v, str | int | float | bool)},
         )
-        outputs = await self.served.infer(
-            served, checked, payload, priority=priority, timeout_s=timeout_s, request=request
-        )
-        order = wanted or [t.name for t in spec.outputs]
-        return [(name, outputs[name]) for name in order]
+        return served, checked, payload, priority, timeout_s
+
+
+def _ordered(outputs: dict[str, np.ndarray[Any, Any]], order: Sequence[str]) -> list[Output]:
+    """The outputs in ``order`` (a decoupled model's response may hold some only)."""
+    return [(name, outputs[name]) for name in order if name in outputs]
 
 
 def _tensor_metadata(tensor: TensorSpec, batch: list[int]) -> dict[str, Any]:

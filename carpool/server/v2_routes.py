@@ -18,9 +18,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from carpool.server import errors
 from carpool.server.served import ServedModels
-from carpool.server.v2_models import V2Model, adapter, binary_outputs
+from carpool.server.v2_models import V2Model, adapter, all_stats, binary_outputs, server_metadata
 from carpool.server.v2_tensors import HEADER_LENGTH, encode_outputs, parse_request
-from carpool.version import __version__
 
 INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
 
@@ -93,17 +92,8 @@ def router(models: ServedModels, is_ready: Callable[[], bool]) -> APIRouter:
         return adapter(models, name, is_ready)
 
     @api.get("/v2")
-    async def server_metadata() -> dict[str, Any]:
-        return {
-            "name": "carpool",
-            "version": __version__,
-            "extensions": [
-                "binary_tensor_data",
-                "statistics",
-                "model_configuration",
-                "model_repository",
-            ],
-        }
+    async def metadata() -> dict[str, Any]:
+        return server_metadata()
 
     @api.get("/v2/health/live")
     async def live() -> Response:
@@ -114,10 +104,8 @@ def router(models: ServedModels, is_ready: Callable[[], bool]) -> APIRouter:
         return Response(status_code=200 if is_ready() else 503)
 
     @api.get("/v2/models/stats")
-    async def all_stats() -> dict[str, Any]:
-        names = [m.name for m in models if not models.is_closing(m.name)]
-        names += sorted(models.user_models)
-        return {"model_stats": [s for name in names for s in model(name).stats(None)]}
+    async def every_stats() -> dict[str, Any]:
+        return {"model_stats": all_stats(models, is_ready)}
 
     @api.get("/v2/models/{name}")
     @api.get("/v2/models/{name}/versions/{version}")

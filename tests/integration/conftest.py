@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from carpool.testing import spawn
 
 READY = re.compile(r"carpool ready on (http://127\.0\.0\.1:\d+)")
+GRPC = re.compile(r"gRPC on (127\.0\.0\.1:\d+)")
 MODEL = "all-minilm-l6-v2"
 CHAT = "smollm2-135m-instruct"
 
@@ -28,6 +30,12 @@ class Server:
     url: str
     process: subprocess.Popen[str]
     log: list[str]
+
+    @property
+    def grpc_url(self) -> str:
+        """The gRPC service's host:port (a server started with ``--grpc-port -1``)."""
+        found = next(m for line in self.log if (m := GRPC.search(line)))
+        return found.group(1)
 
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=30.0)
@@ -79,9 +87,11 @@ def greedy_body(prompt: str | list[int], max_tokens: int = 8, **extra: Any) -> d
 
 
 def start_server(*args: str, timeout_s: float = 120.0) -> Server:
-    """Start ``carpool serve`` on an ephemeral port and wait for its ready line."""
+    """Start ``carpool serve`` on an ephemeral port and wait for its ready line. No
+    gRPC service unless ``args`` ask for one (``--grpc-port -1``: a free port)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "carpool.cli", "serve", "--port", "0", *args]
+    command = [sys.executable, "-m", "carpool.cli", "serve", "--port", "0", "--grpc-port", "0"]
+    command += args
     process, match, log = spawn(command, READY, timeout_s, env)
     return Server(match.group(1), process, log)
 
@@ -100,5 +110,22 @@ def stop_server(server: Server) -> int:
 def server() -> Iterator[Server]:
     """A server of the embedding model, otherwise with the default configuration."""
     s = start_server("--model", MODEL)
+    yield s
+    assert stop_server(s) == 0
+
+
+@pytest.fixture(scope="session")
+def repository_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The test model repository (``tests/repository_models``)."""
+    from tests.repository_models.builder import build
+
+    return build(tmp_path_factory.mktemp("repository"))
+
+
+@pytest.fixture(scope="session")
+def repository_server(repository_root: Path) -> Iterator[Server]:
+    """The test model repository served over HTTP and gRPC (one server for every
+    module that reads it)."""
+    s = start_server("--model-repository", str(repository_root), "--grpc-port", "-1")
     yield s
     assert stop_server(s) == 0

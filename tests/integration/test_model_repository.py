@@ -26,21 +26,18 @@ from tests.repository_models.builder import (
     DATATYPES,
     EXAMPLES,
     add_broken,
-    build,
     build_finalizers,
 )
 
 
 @pytest.fixture(scope="module")
-def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build(tmp_path_factory.mktemp("repository"))
+def repository(repository_root: Path) -> Path:
+    return repository_root
 
 
 @pytest.fixture(scope="module")
-def server(repository: Path) -> Iterator[Server]:
-    s = start_server("--model-repository", str(repository))
-    yield s
-    assert stop_server(s) == 0
+def server(repository_server: Server) -> Server:
+    return repository_server
 
 
 def client(server: Server, concurrency: int = 1) -> triton.InferenceServerClient:

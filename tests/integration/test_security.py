@@ -11,7 +11,10 @@ from typing import Any
 
 import anthropic
 import httpx
+import numpy as np
 import pytest
+import tritonclient.grpc as tgrpc
+from tritonclient.utils import InferenceServerException
 
 from carpool.server import auth
 from tests.integration.conftest import Server, start_server, stop_server
@@ -23,7 +26,10 @@ MARKER = "zanzibar-quokka-7781"
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    s = start_server("--api-key", KEY, "--max-body-bytes", "65536", "--kv-cache-memory", "64MiB")
+    s = start_server(
+        "--api-key", KEY, "--max-body-bytes", "65536", "--kv-cache-memory", "64MiB",
+        "--grpc-port", "-1",
+    )  # fmt: skip
     yield s
     assert stop_server(s) == 0
 
@@ -86,6 +92,35 @@ def test_the_anthropic_sdk_sends_its_key_as_x_api_key(server: Server) -> None:
         "type": "error",
         "error": {"type": "authentication_error", "message": caught.value.body["error"]["message"]},  # type: ignore[index]
     }
+
+
+def test_grpc_takes_the_key_as_metadata_and_limits_message_size(server: Server) -> None:
+    """Over gRPC as over HTTP: health and server metadata open, every model call
+    UNAUTHENTICATED without the key, a message over the body limit refused."""
+    c = tgrpc.InferenceServerClient(server.grpc_url)
+    assert c.is_server_live() and c.get_server_metadata().name == "carpool"
+    texts = np.array([b"hello", b"world"], dtype=np.object_)
+    tensor = tgrpc.InferInput("text", [2], "BYTES")
+    tensor.set_data_from_numpy(texts)
+    calls = [
+        lambda headers: c.infer("all-minilm-l6-v2", [tensor], headers=headers),
+        lambda headers: c.get_model_metadata("all-minilm-l6-v2", headers=headers),
+        lambda headers: c.get_model_repository_index(headers=headers),
+    ]
+    for headers in ({}, {"authorization": "Bearer nope"}, {"authorization": KEY}):
+        for call in calls:
+            with pytest.raises(InferenceServerException) as caught:
+                call(headers)
+            assert caught.value.status() == "StatusCode.UNAUTHENTICATED"
+    key = {"authorization": f"Bearer {KEY}"}
+    vectors = c.infer("all-minilm-l6-v2", [tensor], headers=key).as_numpy("embedding")
+    assert vectors.shape == (2, 384)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-4)
+    big = tgrpc.InferInput("text", [1], "BYTES")
+    big.set_data_from_numpy(np.array([b"x" * 70_000], dtype=np.object_))
+    with pytest.raises(InferenceServerException) as caught:
+        c.infer("all-minilm-l6-v2", [big], headers=key)
+    assert caught.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
 
 
 def test_the_key_check_compares_fixed_length_digests_in_constant_time(

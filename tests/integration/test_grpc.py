@@ -1,0 +1,182 @@
+"""The KServe v2 gRPC service with Triton's own clients, ``tritonclient.grpc`` and
+``tritonclient.grpc.aio``, unchanged: health, metadata, config, inference of every
+datatype, a decoupled model's stream, statistics, the repository extension and
+errors as Triton's gRPC status codes (issue 50)."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as tgrpc
+import tritonclient.grpc.aio as tgrpc_aio
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from tests.integration.conftest import Server
+from tests.integration.test_model_repository import _sample
+from tests.repository_models.builder import DATATYPES
+
+
+@pytest.fixture(scope="module")
+def server(repository_server: Server) -> Server:
+    return repository_server
+
+
+def client(server: Server) -> tgrpc.InferenceServerClient:
+    return tgrpc.InferenceServerClient(server.grpc_url)
+
+
+def _input(name: str, array: np.ndarray[Any, Any], datatype: str) -> tgrpc.InferInput:
+    tensor = tgrpc.InferInput(name, list(array.shape), datatype)
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def test_health_metadata_config_and_inference(server: Server) -> None:
+    c = client(server)
+    assert c.is_server_live() and c.is_server_ready()
+    assert c.get_server_metadata(as_json=True)["name"] == "carpool"
+    assert c.is_model_ready("python_batched_service")
+    metadata = c.get_model_metadata("python_batched_service", as_json=True)
+    assert metadata["inputs"] == [
+        {"name": "input_field", "datatype": "FP32", "shape": ["-1", "-1"]}
+    ]
+    config = c.get_model_config("python_batched_service", as_json=True)["config"]
+    assert config["max_batch_size"] == 16
+    assert config["dynamic_batching"]["max_queue_delay_microseconds"] == "500000"
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    result = c.infer("python_batched_service", [_input("input_field", x, "FP32")], request_id="r1")
+    np.testing.assert_array_equal(result.as_numpy("output_field"), x * 2)
+    assert result.get_response().id == "r1"
+
+
+def test_every_datatype_round_trips(server: Server) -> None:
+    c = client(server)
+    for datatype in DATATYPES:
+        array = _sample(datatype)
+        wanted = tgrpc.InferRequestedOutput(f"out_{datatype}")
+        result = c.infer("echo", [_input(f"in_{datatype}", array, datatype)], outputs=[wanted])
+        back = result.as_numpy(f"out_{datatype}")
+        assert back.dtype == array.dtype and back.shape == array.shape, datatype
+        assert back.tolist() == array.tolist(), datatype
+        assert [o.name for o in result.get_response().outputs] == [f"out_{datatype}"]
+
+
+def test_typed_tensor_contents_are_read_as_raw_ones_are(server: Server) -> None:
+    """Clients other than tritonclient send ``contents`` instead of raw bytes."""
+    request = service_pb2.ModelInferRequest(model_name="echo")
+    ints = request.inputs.add(name="in_INT16", datatype="INT16", shape=[1, 3])
+    ints.contents.int_contents.extend([-5, 0, 7])
+    texts = request.inputs.add(name="in_BYTES", datatype="BYTES", shape=[1, 2])
+    texts.contents.bytes_contents.extend([b"a", b"bc"])
+    request.outputs.add(name="out_INT16")
+    request.outputs.add(name="out_BYTES")
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        response = stub.ModelInfer(request)
+        result = tgrpc.InferResult(response)
+        assert result.as_numpy("out_INT16").tolist() == [[-5, 0, 7]]
+        assert result.as_numpy("out_BYTES").tolist() == [[b"a", b"bc"]]
+        ints.contents.int_contents.append(40000)  # out of INT16's range, and one too many
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelInfer(request)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "in_INT16" in caught.value.details()
+
+
+@pytest.mark.parametrize(
+    ("model", "tensor", "status", "text"),
+    [
+        ("nope", ("x", "FP32"), "StatusCode.NOT_FOUND", "nope"),
+        ("slow_double", ("x", "INT8"), "StatusCode.INVALID_ARGUMENT", "'x'"),
+        ("slow_double", ("z", "FP32"), "StatusCode.INVALID_ARGUMENT", "'z'"),
+        ("hangs", ("x", "FP32"), "StatusCode.INTERNAL", "ValueError: 13 is unlucky"),
+    ],
+)
+def test_errors_carry_tritons_status_codes(
+    server: Server, model: str, tensor: tuple[str, str], status: str, text: str
+) -> None:
+    name, datatype = tensor
+    x = np.full((1, 2), 13, dtype=tgrpc.triton_to_np_dtype(datatype))
+    with pytest.raises(InferenceServerException) as caught:
+        client(server).infer(model, [_input(name, x, datatype)])
+    assert caught.value.status() == status
+    assert text in caught.value.message()
+
+
+def test_a_decoupled_models_responses_stream(server: Server) -> None:
+    c = client(server)
+    got: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    c.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        for n, rid in ((3, "three"), (-1, "minus")):
+            c.async_stream_infer(
+                "countdown",
+                [_input("n", np.array([n], np.int32), "INT32")],
+                request_id=rid,
+                enable_empty_final_response=True,
+            )
+        x = np.ones((1, 2), np.float32)
+        c.async_stream_infer("slow_double", [_input("x", x, "FP32")], request_id="double")
+        answers: dict[str, list[Any]] = {}
+        errors = []
+        while len(errors) < 1 or sum(map(len, answers.values())) < 6:
+            result, error = got.get(timeout=60)
+            if error is not None:
+                errors.append(error.message())
+                continue
+            response = result.get_response()
+            answers.setdefault(response.id, []).append(result)
+    finally:
+        c.stop_stream()
+    counts = [r.as_numpy("count") for r in answers["three"]]
+    assert [int(a[0]) for a in counts if a is not None] == [3, 2, 1]
+    finals = [
+        r.get_response().parameters["triton_final_response"].bool_param for r in answers["three"]
+    ]
+    assert finals == [False, False, False, True]  # the empty final response comes last
+    assert [int(r.as_numpy("count")[0]) for r in answers["minus"]] == [1]
+    assert errors == ["below zero"]
+    np.testing.assert_array_equal(answers["double"][0].as_numpy("y"), x * 2)
+
+
+def test_the_asyncio_client_infers_and_streams(server: Server) -> None:
+    async def run() -> tuple[Any, list[int]]:
+        async with tgrpc_aio.InferenceServerClient(server.grpc_url) as c:
+            x = np.ones((1, 2), np.float32)
+            one = await c.infer("slow_double", [_input("x", x, "FP32")])
+
+            async def requests() -> Any:
+                yield {
+                    "model_name": "countdown",
+                    "inputs": [_input("n", np.array([2], np.int32), "INT32")],
+                }
+
+            counts = []
+            async for result, error in c.stream_infer(requests()):
+                assert error is None
+                counts.append(int(result.as_numpy("count")[0]))
+            return one.as_numpy("y"), counts
+
+    y, counts = asyncio.run(run())
+    assert y.tolist() == [[2.0, 2.0]] and counts == [2, 1]
+
+
+def test_statistics_and_repository_index(server: Server) -> None:
+    c = client(server)
+    c.infer("slow_double", [_input("x", np.ones((1, 2), np.float32), "FP32")])
+    stats = c.get_inference_statistics("slow_double", as_json=True)["model_stats"]
+    assert stats[0]["name"] == "slow_double" and int(stats[0]["inference_count"]) >= 1
+    every = c.get_inference_statistics(as_json=True)["model_stats"]
+    assert {"slow_double", "echo", "countdown"} <= {s["name"] for s in every}
+    index = {m["name"]: m for m in c.get_model_repository_index(as_json=True)["models"]}
+    assert index["slow_double"]["state"] == "READY"
+    with pytest.raises(InferenceServerException) as caught:
+        c.unload_model("slow_double")  # model control mode none, as Triton's default
+    assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert c.is_model_ready("slow_double")
