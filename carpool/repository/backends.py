@@ -35,6 +35,7 @@ from carpool.repository.library_models import (
 from carpool.repository.litapi import LitApiRunner
 from carpool.repository.payload import TensorPayload
 from carpool.repository.spec import ModelSpec
+from carpool.repository.tensor_backends import OnnxBackend, TorchScriptBackend
 
 Outputs = dict[str, np.ndarray[Any, Any]]
 log = logging.getLogger(__name__)
@@ -287,7 +288,16 @@ class LitApiBackend:
         self.runner.finalize()
 
 
+def _onnx(spec: ModelSpec, instance: int, device: str) -> Backend:
+    """onnxruntime with as many intra-op threads as torch has: carpool's core budget."""
+    import torch
+
+    return OnnxBackend(spec, instance, device, threads=torch.get_num_threads())
+
+
 BACKENDS: dict[str, Callable[[ModelSpec, int, str], Backend]] = {
+    "onnxruntime": _onnx,
+    "torchscript": TorchScriptBackend,
     "python_class": PythonClassBackend,
     "litapi": LitApiBackend,
     "pipeline": PipelineBackend,

@@ -23,9 +23,18 @@ from carpool.repository.auto_complete import auto_complete
 from carpool.repository.datatypes import from_config_name
 from carpool.repository.errors import RepositoryError
 from carpool.repository.spec import ISOLATIONS, ModelSpec, Source, TensorSpec
+from carpool.repository.tensor_backends import complete_onnx_config
 
 CONFIG_FILE = "config.pbtxt"
 DEFAULT_MODEL_FILE = "model.py"
+# The Triton backends carpool runs: backend name -> (source kind, default model file,
+# Triton's platform name or ""); and the platform names that stand for a backend.
+TRITON_BACKENDS = {
+    "python": ("triton_python", "model.py", ""),
+    "onnxruntime": ("onnxruntime", "model.onnx", "onnxruntime_onnx"),
+    "pytorch": ("torchscript", "model.pt", "pytorch_libtorch"),
+}
+PLATFORMS = {"onnxruntime_onnx": "onnxruntime", "pytorch_libtorch": "pytorch"}
 # Triton's 0 means "no limit" for a queue's size and a request's timeout.
 UNLIMITED_QUEUE = 1 << 30
 NO_TIMEOUT_S = 1e9
@@ -79,21 +88,23 @@ def model_config_pb2() -> ModuleType:
 
 
 def is_triton_model(folder: Path) -> bool:
-    """A ``config.pbtxt``, or, without one, a Python-backend model whose config its
-    ``auto_complete_config`` gives (``has_model_file_only``)."""
-    return (folder / CONFIG_FILE).is_file() or has_model_file_only(folder)
+    """A ``config.pbtxt``, or, without one, a model whose config auto-complete gives
+    (``minimal_backend``)."""
+    return (folder / CONFIG_FILE).is_file() or minimal_backend(folder) is not None
 
 
-def has_model_file_only(folder: Path) -> bool:
+def minimal_backend(folder: Path) -> str | None:
     """Triton's minimal model configuration: no config file at all (neither
-    ``config.pbtxt`` nor ``carpool.toml``), and a numbered version folder holding a
-    ``model.py``; the model is then a Python-backend model named by its folder."""
+    ``config.pbtxt`` nor ``carpool.toml``) and a numbered version folder holding a
+    ``model.py`` (a Python-backend model whose ``auto_complete_config`` configures it)
+    or a ``model.onnx`` (configured from its graph); that backend's name, else None."""
     if (folder / CONFIG_FILE).exists() or (folder / "carpool.toml").exists():
-        return False
-    return any(
-        v.is_dir() and v.name.isdigit() and (v / DEFAULT_MODEL_FILE).is_file()
-        for v in folder.iterdir()
-    )
+        return None
+    versions = [v for v in folder.iterdir() if v.is_dir() and v.name.isdigit()]
+    for backend in ("python", "onnxruntime"):
+        if any((v / TRITON_BACKENDS[backend][1]).is_file() for v in versions):
+            return backend
+    return None
 
 
 def parse_config(text: str, where: str) -> Message:
@@ -146,32 +157,36 @@ def read_triton_model(folder: Path, device: str = "cpu", complete: bool = True) 
     """Every version of the Triton model in ``folder`` that its version policy serves;
     ``complete``: let the newest version's ``auto_complete_config`` fill the config in."""
     where = str(folder / CONFIG_FILE)
+    minimal = minimal_backend(folder)
     try:
-        # Without a file, the config is the model's own auto_complete_config's.
-        text = (
-            'backend: "python"'
-            if has_model_file_only(folder)
-            else (folder / CONFIG_FILE).read_text()
-        )
+        # Without a file, the config is what auto-complete gives.
+        text = f'backend: "{minimal}"' if minimal else (folder / CONFIG_FILE).read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise RepositoryError(f"{where}: {exc}") from None
     config = to_dict(parse_config(text, where))
     name = config.setdefault("name", folder.name)
     if name != folder.name:
         raise RepositoryError(f"{where}: name '{name}' differs from its folder '{folder.name}'")
-    backend = config.get("backend") or config.get("platform", "")
-    if backend != "python":
+    backend = config.get("backend") or PLATFORMS.get(config.get("platform", ""), "")
+    if backend not in TRITON_BACKENDS:
+        given = config.get("backend") or config.get("platform", "")
         raise RepositoryError(
-            f"{where}: backend '{backend}' is not supported; carpool runs Triton's "
-            "'python' backend (and its own carpool.toml models)"
+            f"{where}: backend '{given}' is not supported; carpool runs Triton's "
+            f"{', '.join(TRITON_BACKENDS)} backends (platforms "
+            f"{', '.join(PLATFORMS)}) and its own carpool.toml models"
         )
-    filename = config.get("default_model_filename") or DEFAULT_MODEL_FILE
+    kind, default_file, platform = TRITON_BACKENDS[backend]
+    filename = config.get("default_model_filename") or default_file
     versions = _versions(folder, config, filename, where)
-    if complete:
-        completed = auto_complete(config, folder / str(versions[-1]) / filename, where)
-        config = _reparsed(completed, where)
+    model_file = folder / str(versions[-1]) / filename
+    if complete and backend == "python":
+        config = _reparsed(auto_complete(config, model_file, where), where)
+    elif complete and backend == "onnxruntime":
+        config = _reparsed(complete_onnx_config(config, model_file, where), where)
     _refuse_unsupported(config, where)
-    config["backend"] = "python"
+    config["backend"] = backend
+    if platform:
+        config["platform"] = platform
     max_batch_size = int(config.get("max_batch_size", 0))
     if max_batch_size < 0:
         raise RepositoryError(f"{where}: max_batch_size must be >= 0")
@@ -206,7 +221,7 @@ def read_triton_model(folder: Path, device: str = "cpu", complete: bool = True) 
                 outputs=outputs,
                 batching=batching,
                 dynamic_batching="dynamic_batching" in config,
-                source=Source("triton_python", str(folder / str(version) / filename)),
+                source=Source(kind, str(folder / str(version) / filename)),
                 instance_count=count,
                 execution_timeout_s=timeout,
                 isolation=isolation,

@@ -328,10 +328,11 @@ class UserV2:
     def metadata(self, version: str | None) -> dict[str, Any]:
         spec = self.served.version(version).spec
         batch = [-1] if spec.max_batch_size > 0 else []
+        config = spec.model_config
         return {
             "name": self.name,
             "versions": [str(v) for v in sorted(self.served.versions)],
-            "platform": spec.model_config.get("backend", "python"),
+            "platform": config.get("platform") or config.get("backend", "python"),
             "inputs": [_tensor_metadata(t, batch) for t in spec.inputs],
             "outputs": [_tensor_metadata(t, batch) for t in spec.outputs],
         }

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
@@ -14,12 +15,14 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tgrpc
 import tritonclient.grpc.aio as tgrpc_aio
+import tritonclient.http as thttp
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.integration.conftest import Server
 from tests.integration.test_model_repository import _sample
 from tests.repository_models.builder import DATATYPES
+from tests.repository_models.tensor_models import MLP_SIZES, mlp_numpy, mlp_weights
 
 
 @pytest.fixture(scope="module")
@@ -180,3 +183,56 @@ def test_statistics_and_repository_index(server: Server) -> None:
         c.unload_model("slow_double")  # model control mode none, as Triton's default
     assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert c.is_model_ready("slow_double")
+
+
+@pytest.mark.parametrize(
+    ("model", "inputs", "expected"),
+    [
+        (
+            "onnx_mlp",
+            lambda i: {"x": np.full((1, MLP_SIZES[0]), i, np.float32)},
+            lambda a: {"y": mlp_numpy(a["x"], mlp_weights(MLP_SIZES))},
+        ),
+        (
+            "scale_sum",
+            lambda i: {
+                "INPUT__0": np.full((1, 3), i, np.float32),
+                "INPUT__1": np.ones((1, 3), np.float32),
+            },
+            lambda a: {
+                "OUTPUT__0": a["INPUT__0"] * 2,
+                "OUTPUT__1": (a["INPUT__0"] + 1).sum(1, keepdims=True),
+            },
+        ),
+    ],
+)
+def test_onnx_and_torchscript_models_batch_requests_of_both_protocols(
+    server: Server, model: str, inputs: Any, expected: Any
+) -> None:
+    """Four requests, two over HTTP and two over gRPC, run as one batch of four (the
+    model's preferred size) and each gets its own rows back."""
+
+    def over_grpc(arrays: dict[str, Any]) -> Any:
+        return client(server).infer(model, [_input(n, a, "FP32") for n, a in arrays.items()])
+
+    def over_http(arrays: dict[str, Any]) -> Any:
+        c = thttp.InferenceServerClient(server.url.removeprefix("http://"))
+        tensors = []
+        for name, array in arrays.items():
+            tensor = thttp.InferInput(name, list(array.shape), "FP32")
+            tensor.set_data_from_numpy(array)
+            tensors.append(tensor)
+        return c.infer(model, tensors)
+
+    requests = [inputs(i) for i in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda i: (over_grpc, over_http)[i % 2](requests[i]), range(4)))
+    for arrays, result in zip(requests, results, strict=True):
+        for name, want in expected(arrays).items():
+            np.testing.assert_allclose(result.as_numpy(name), want, rtol=1e-5, atol=1e-6)
+    stats = client(server).get_inference_statistics(model, as_json=True)["model_stats"][0]
+    assert [(b["batch_size"], b["compute_infer"]["count"]) for b in stats["batch_stats"]] == [
+        ("4", "1")
+    ]
+    platform = client(server).get_model_metadata(model).platform
+    assert platform == {"onnx_mlp": "onnxruntime_onnx", "scale_sum": "pytorch_libtorch"}[model]

@@ -7,6 +7,8 @@ import shutil
 import textwrap
 from pathlib import Path
 
+from tests.repository_models.tensor_models import add_tensor_models
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "model_repository"
 DATATYPES = (
     "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
@@ -443,6 +445,7 @@ def build(root: Path) -> Path:
         SLOW_DOUBLE_CONFIG + 'parameters { key: "isolation" value: { string_value: "process" } }',
         BLS_CALLER_CODE,
     )
+    add_tensor_models(root)
     return root
 
 

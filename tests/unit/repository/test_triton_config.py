@@ -91,7 +91,7 @@ def test_unsupported_fields_are_named(tmp_path: Path, extra: str, named: str) ->
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        (BASE.replace('backend: "python"', 'backend: "onnxruntime"'), "onnxruntime"),
+        (BASE.replace('backend: "python"', 'backend: "tensorrt"'), "backend 'tensorrt'"),
         (BASE.replace('name: "m"', 'name: "other"'), "differs from its folder"),
         (BASE + "dynamic_batching { preferred_batch_size: [ 32 ] }", "preferred batch size"),
         (BASE.replace("TYPE_FP32", "TYPE_COMPLEX"), "TYPE_COMPLEX"),
