@@ -273,10 +273,14 @@ def list_repository(root: Path) -> int:
         spec = specs[-1]
         versions = ",".join(str(s.version) for s in specs)
         b = spec.batching
+        running = (
+            "steps " + " -> ".join("+".join(s.model for s in stage) for stage in spec.ensemble)
+            if spec.ensemble
+            else f"queue delay {b.max_queue_delay_ms:g} ms  instances {spec.instance_count}"
+        )
         print(
             f"{name:24} {spec.source.kind:20} versions {versions}  max_batch_size "
-            f"{spec.max_batch_size}  queue delay {b.max_queue_delay_ms:g} ms  instances "
-            f"{spec.instance_count}"
+            f"{spec.max_batch_size}  {running}"
         )
         for kind, tensors in (("in ", spec.inputs), ("out", spec.outputs)):
             for t in tensors:

@@ -17,6 +17,7 @@ import numpy as np
 from carpool.config import BatchingConfig
 from carpool.errors import InvalidRequest
 from carpool.repository.datatypes import config_name, numpy_dtype
+from carpool.repository.ensemble import EnsembleStep
 
 # Where a model instance runs: in the server's process, or a worker process of its own.
 ISOLATIONS = ("", "thread", "process")
@@ -65,7 +66,8 @@ class ModelSpec:
     ``args["model_config"]`` and ``GET .../config``). ``isolation``: ``thread`` (in the
     server's process) or ``process`` (a worker process per instance); empty: the
     server's default. ``decoupled``: the model answers each request through its
-    response sender, with any number of responses (``decoupled``).
+    response sender, with any number of responses (``decoupled``). ``ensemble``: an
+    ensemble's steps in stages (``repository.ensemble``); it has no code of its own.
     """
 
     name: str
@@ -81,6 +83,7 @@ class ModelSpec:
     isolation: str = ""
     model_config: Mapping[str, Any] = field(default_factory=dict)
     decoupled: bool = False
+    ensemble: tuple[tuple[EnsembleStep, ...], ...] = ()
 
     @property
     def ragged(self) -> bool:

@@ -21,6 +21,7 @@ from google.protobuf.message import Message
 from carpool.config import BatchingConfig, ConfigError, QueuePolicy
 from carpool.repository.auto_complete import auto_complete
 from carpool.repository.datatypes import from_config_name
+from carpool.repository.ensemble import read_steps
 from carpool.repository.errors import RepositoryError
 from carpool.repository.spec import ISOLATIONS, ModelSpec, Source, TensorSpec
 from carpool.repository.tensor_backends import complete_onnx_config
@@ -35,6 +36,11 @@ TRITON_BACKENDS = {
     "pytorch": ("torchscript", "model.pt", "pytorch_libtorch"),
 }
 PLATFORMS = {"onnxruntime_onnx": "onnxruntime", "pytorch_libtorch": "pytorch"}
+ENSEMBLE = "ensemble"
+_ENSEMBLE_FIELDS = {
+    "name", "platform", "max_batch_size", "input", "output", "ensemble_scheduling",
+    "version_policy", "parameters",
+}  # fmt: skip
 # Triton's 0 means "no limit" for a queue's size and a request's timeout.
 UNLIMITED_QUEUE = 1 << 30
 NO_TIMEOUT_S = 1e9
@@ -167,6 +173,8 @@ def read_triton_model(folder: Path, device: str = "cpu", complete: bool = True) 
     name = config.setdefault("name", folder.name)
     if name != folder.name:
         raise RepositoryError(f"{where}: name '{name}' differs from its folder '{folder.name}'")
+    if config.get("platform") == ENSEMBLE:
+        return [_read_ensemble(folder, config, where)]
     backend = config.get("backend") or PLATFORMS.get(config.get("platform", ""), "")
     if backend not in TRITON_BACKENDS:
         given = config.get("backend") or config.get("platform", "")
@@ -230,6 +238,39 @@ def read_triton_model(folder: Path, device: str = "cpu", complete: bool = True) 
             )
         )
     return specs
+
+
+def _read_ensemble(folder: Path, config: dict[str, Any], where: str) -> ModelSpec:
+    """An ensemble: its own inputs and outputs, and the steps that connect them. It
+    has one version (its numbered folder's, else 1) and no instances of its own."""
+    for key in config:
+        if key not in _ENSEMBLE_FIELDS:
+            raise RepositoryError(
+                f"{where}: field '{key}' is not supported on an ensemble (supported: "
+                f"{', '.join(sorted(_ENSEMBLE_FIELDS))})"
+            )
+    max_batch_size = int(config.get("max_batch_size", 0))
+    if max_batch_size < 0:
+        raise RepositoryError(f"{where}: max_batch_size must be >= 0")
+    config["max_batch_size"] = max_batch_size
+    inputs = tuple(_tensor(t, where, "input") for t in config.get("input", []))
+    outputs = tuple(_tensor(t, where, "output") for t in config.get("output", []))
+    if not inputs or not outputs:
+        raise RepositoryError(f"{where}: a model needs at least one input and one output")
+    stages = read_steps(config, [t.name for t in inputs], [t.name for t in outputs], where)
+    numbered = [int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit()]
+    return ModelSpec(
+        name=config["name"],
+        version=max(numbered, default=1),
+        max_batch_size=max_batch_size,
+        inputs=inputs,
+        outputs=outputs,
+        batching=BatchingConfig(max_batch_size=max(1, max_batch_size)),
+        source=Source(ENSEMBLE, str(folder)),
+        dynamic_batching=False,
+        model_config=config,
+        ensemble=stages,
+    )
 
 
 def _reparsed(config: dict[str, Any], where: str) -> dict[str, Any]:

@@ -29,15 +29,19 @@ from carpool.repository.errors import RepositoryError
 from carpool.repository.function_model import FunctionBackend, FunctionModel
 from carpool.repository.payload import TensorPayload
 from carpool.repository.repository import LoadedVersion, ModelRepository
-from carpool.repository.spec import check_inputs
+from carpool.repository.spec import ModelSpec, check_inputs
 from carpool.repository.user_model import UserBatchModel
 from carpool.runtime import DeviceRuntime
 from carpool.server import heap
 from carpool.server.served import Builtin, ServedGenerator, ServedModels
+from carpool.server.served_ensemble import ServedEnsemble
 from carpool.server.served_user import ModelState, ServedUserModel
 from carpool.server.v2_models import BUILTIN_VERSION
 
 log = logging.getLogger(__name__)
+
+# What loading a repository model gives: its versions, or an ensemble's spec.
+Loaded = list[LoadedVersion] | ModelSpec
 
 
 @dataclass(frozen=True)
@@ -129,11 +133,15 @@ class ModelControl:
         """Every model in the repository and every built-in one (loaded or not), and
         every one served, with its state."""
         names = set(self.repository.names()) if self.repository else set()
-        names |= set(self._models.user_models) | set(self._builtins)
+        names |= set(self._models.user_models) | set(self._models.ensembles) | set(self._builtins)
         entries = []
         for name in sorted(names):
             served = self._models.user_models.get(name)
-            if name in self._builtins and self._models.builtin(name) is not None:
+            ensemble = self._models.ensemble(name)
+            if ensemble is not None:
+                own = str(ensemble.spec.version)
+                entries.append(IndexEntry(name, own, ensemble.state.value, ""))
+            elif name in self._builtins and self._models.builtin(name) is not None:
                 closing = self._models.is_closing(name)
                 now = ModelState.UNLOADING if closing else ModelState.READY
                 entries.append(IndexEntry(name, BUILTIN_VERSION, now.value, ""))
@@ -163,7 +171,7 @@ class ModelControl:
         async with self._lock(name):
             if name in self._builtins and self._models.builtin(name) is not None:
                 await self._unload_builtin(name)
-            elif self._models.is_user(name):
+            elif self._models.is_user(name) or self._models.ensemble(name) is not None:
                 await self._unload(name)
                 heap.settle()
             else:
@@ -191,9 +199,9 @@ class ModelControl:
                         await self._load(name)
                     except InvalidRequest as exc:
                         log.error("poll: %s", exc.message)
-        for name in sorted(set(self._models.user_models) - present):
+        for name in sorted({*self._models.user_models, *self._models.ensembles} - present):
             async with self._lock(name):
-                if self._models.is_user(name):
+                if self._models.is_user(name) or self._models.ensemble(name) is not None:
                     await self._unload(name)
                     heap.settle()
 
@@ -248,10 +256,13 @@ class ModelControl:
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
 
-    def _read_and_load(self, name: str) -> list[LoadedVersion]:
+    def _read_and_load(self, name: str) -> Loaded:
+        """``name``'s versions loaded, or an ensemble's spec (it loads nothing: its
+        steps find their models when a request runs)."""
         assert self.repository is not None
         stamp = _stamp(self.repository.root / name)
-        loaded = self.repository.load(name)
+        specs = self.repository.read(name)
+        loaded: Loaded = specs[0] if specs[0].ensemble else self.repository.load(name)
         self._stamps[name] = stamp
         return loaded
 
@@ -261,7 +272,7 @@ class ModelControl:
             raise InvalidRequest(f"failed to load '{name}': no such model in the repository")
         try:
             loaded = await asyncio.to_thread(self._read_and_load, name)
-            if self._models.is_user(name):
+            if self._models.is_user(name) or self._models.ensemble(name) is not None:
                 await self._unload(name)
             self._install(name, loaded)
         except RepositoryError as exc:
@@ -271,13 +282,18 @@ class ModelControl:
         finally:
             # The new versions frozen; a replaced version's and a failed load's garbage freed.
             heap.settle()
-        log.info(
-            "model %s loaded (versions %s)", name, ", ".join(str(v.spec.version) for v in loaded)
-        )
+        log.info("model %s loaded", name)
 
-    def _install(self, name: str, loaded: list[LoadedVersion]) -> None:
+    def _install(self, name: str, loaded: Loaded) -> None:
         """Serve ``loaded``; ``RepositoryError`` (its instances finalised) if its name
         is a built-in model's."""
+        if isinstance(loaded, ModelSpec):
+            try:
+                self._models.add_ensemble(ServedEnsemble(loaded, self._models))
+            except InvalidRequest as exc:
+                raise RepositoryError(exc.message) from None
+            self._failures.pop(name, None)
+            return
         served = ServedUserModel.from_loaded(loaded)
         try:
             self._models.add_user(served)
@@ -291,7 +307,15 @@ class ModelControl:
 
     async def _unload(self, name: str) -> None:
         """Drain and unload ``name``; its memory is freed by the caller's
-        ``heap.settle`` (a reload settles once, after the new versions are in)."""
+        ``heap.settle`` (a reload settles once, after the new versions are in). An
+        ensemble is refused from now on (the requests in its steps finish there)."""
+        ensemble = self._models.ensemble(name)
+        if ensemble is not None:
+            ensemble.state = ModelState.UNLOADING
+            self._models.remove_ensemble(name)
+            self._stamps.pop(name, None)
+            log.info("model %s unloaded", name)
+            return
         served = self._models.user(name)
         served.state = ModelState.UNLOADING
         await served.drained()

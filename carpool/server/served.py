@@ -20,6 +20,7 @@ from carpool.models.embedding import EmbeddingModel
 from carpool.paths import PathTaken
 from carpool.server.awaiting import gather_or_cancel, unless_disconnected
 from carpool.server.preprocess import Preprocessor
+from carpool.server.served_ensemble import ServedEnsemble
 from carpool.server.served_user import ServedUserModel
 
 
@@ -150,14 +151,20 @@ class ServedModels:
         self._models = {m.name: m for m in models}
         self._generators = {g.name: g for g in generators or []}
         self._user: dict[str, ServedUserModel] = {}
+        self._ensembles: dict[str, ServedEnsemble] = {}
         self._closing: set[str] = set()
         self.preprocess = Preprocessor()
 
     def __iter__(self) -> Iterator[ServedEmbedding]:
         return iter(self._models.values())
 
-    def all(self) -> list[ServedEmbedding | ServedGenerator | ServedUserModel]:
-        return [*self._generators.values(), *self._models.values(), *self._user.values()]
+    def all(self) -> list[ServedEmbedding | ServedGenerator | ServedUserModel | ServedEnsemble]:
+        return [
+            *self._generators.values(),
+            *self._models.values(),
+            *self._user.values(),
+            *self._ensembles.values(),
+        ]
 
     def batched(self) -> list[Batched]:
         """Every dynamic-batched model: embedders and each repository model's newest
@@ -178,6 +185,24 @@ class ServedModels:
 
     def remove_user(self, name: str) -> None:
         self._user.pop(name, None)
+
+    @property
+    def ensembles(self) -> dict[str, ServedEnsemble]:
+        """The repository's ensembles served now, by name."""
+        return dict(self._ensembles)
+
+    def add_ensemble(self, model: ServedEnsemble) -> None:
+        if self.builtin(model.name) is not None:
+            raise InvalidRequest(
+                f"model '{model.name}' is already served as a built-in model", param="model"
+            )
+        self._ensembles[model.name] = model
+
+    def remove_ensemble(self, name: str) -> None:
+        self._ensembles.pop(name, None)
+
+    def ensemble(self, name: str) -> ServedEnsemble | None:
+        return self._ensembles.get(self.aliases.get(name, name))
 
     def builtin(self, name: str) -> Builtin | None:
         """The built-in (``--model``) model ``name`` if it is served, closing or not."""
@@ -232,11 +257,18 @@ class ServedModels:
         if name in self._closing:
             raise ModelUnavailable(f"model '{name}' is unloading", retry_after_s=1.0)
 
-    def any(self, name: str) -> ServedEmbedding | ServedGenerator | ServedUserModel:
-        """The model ``name``, of either kind."""
+    def any(
+        self, name: str
+    ) -> ServedEmbedding | ServedGenerator | ServedUserModel | ServedEnsemble:
+        """The model ``name``, of any kind."""
         name = self.aliases.get(name, name)
         self._refuse_closing(name)
-        model = self._models.get(name) or self._generators.get(name) or self._user.get(name)
+        model = (
+            self._models.get(name)
+            or self._generators.get(name)
+            or self._user.get(name)
+            or self._ensembles.get(name)
+        )
         if model is None:
             raise self._unknown(name)
         return model

@@ -12,12 +12,19 @@ from typing import Any, Protocol
 import numpy as np
 from starlette.requests import Request
 
-from carpool.errors import InvalidRequest
+from carpool.errors import InvalidRequest, ModelNotFound
 from carpool.repository.payload import TensorPayload
-from carpool.repository.spec import CheckedRequest, TensorSpec, check_inputs, check_unique
+from carpool.repository.spec import (
+    CheckedRequest,
+    ModelSpec,
+    TensorSpec,
+    check_inputs,
+    check_unique,
+)
 from carpool.server.openai_routes import check_input_count, tokenize_texts
 from carpool.server.schemas import V2InferRequest
 from carpool.server.served import ServedEmbedding, ServedGenerator, ServedModels
+from carpool.server.served_ensemble import ServedEnsemble
 from carpool.server.served_user import ServedUserModel, ServedVersion
 from carpool.server.v2_tensors import decode_bytes_tensor, decode_tensor
 from carpool.stats import BatcherStats, BatcherStatsData, Duration
@@ -69,6 +76,9 @@ def adapter(models: ServedModels, name: str, runtime_alive: Callable[[], bool]) 
     """The /v2 view of the model ``name``."""
     if models.is_user(name):
         return UserV2(models.user(name), runtime_alive)
+    ensemble = models.ensemble(name)
+    if ensemble is not None:
+        return EnsembleV2(ensemble, runtime_alive)
     builtin = models.builtin(name)
     if isinstance(builtin, ServedGenerator):
         models.any(name)  # a generator being unloaded is a 503, as for every route
@@ -93,7 +103,7 @@ def server_metadata() -> dict[str, Any]:
 def all_stats(models: ServedModels, runtime_alive: Callable[[], bool]) -> list[dict[str, Any]]:
     """Every served model version's statistics (a model being unloaded left out)."""
     names = [m.name for m in models if not models.is_closing(m.name)]
-    names += sorted(models.user_models)
+    names += sorted(models.user_models) + sorted(models.ensembles)
     return [s for name in names for s in adapter(models, name, runtime_alive).stats(None)]
 
 
@@ -386,20 +396,87 @@ class UserV2:
     ) -> tuple[ServedVersion, CheckedRequest, TensorPayload, int | None, float | None]:
         """The request checked against the version's config, as the batcher takes it."""
         served = self.served.version(version)
-        spec = served.spec
-        check_unique([t.name for t in body.inputs])
-        arrays = {t.name: decode_tensor(t, blobs.get(t.name)) for t in body.inputs}
-        checked = check_inputs(spec, arrays)
-        wanted = _check_outputs(body, {t.name for t in spec.outputs})
-        params = body.parameters or {}
-        priority, timeout_s = priority_and_timeout(params)
-        payload = TensorPayload(
-            checked.arrays,
-            tuple(wanted),
-            request_id=body.id or "",
-            parameters={k: v for k, v in params.items() if isinstance(v, str | int | float | bool)},
+        return served, *tensor_request(served.spec, body, blobs)
+
+
+def tensor_request(
+    spec: ModelSpec, body: V2InferRequest, blobs: dict[str, bytes]
+) -> tuple[CheckedRequest, TensorPayload, int | None, float | None]:
+    """A /v2 request's tensors checked against ``spec``, its payload, priority and
+    timeout; ``InvalidRequest`` naming what is wrong."""
+    check_unique([t.name for t in body.inputs])
+    arrays = {t.name: decode_tensor(t, blobs.get(t.name)) for t in body.inputs}
+    checked = check_inputs(spec, arrays)
+    wanted = _check_outputs(body, {t.name for t in spec.outputs})
+    params = body.parameters or {}
+    priority, timeout_s = priority_and_timeout(params)
+    payload = TensorPayload(
+        checked.arrays,
+        tuple(wanted),
+        request_id=body.id or "",
+        parameters={k: v for k, v in params.items() if isinstance(v, str | int | float | bool)},
+    )
+    return checked, payload, priority, timeout_s
+
+
+class EnsembleV2:
+    """A repository ensemble: the tensors its config declares, answered by its steps."""
+
+    decoupled = False
+
+    def __init__(self, served: ServedEnsemble, runtime_alive: Callable[[], bool]) -> None:
+        self.served = served
+        self.name = served.name
+        self._alive = runtime_alive
+
+    def version_of(self, version: str | None) -> str:
+        own = str(self.served.spec.version)
+        if version and version != own:
+            raise ModelNotFound(
+                f"model '{self.name}' has no version {version!r}; served: {own}", param="version"
+            )
+        return own
+
+    def metadata(self, version: str | None) -> dict[str, Any]:
+        spec = self.served.spec
+        batch = [-1] if spec.max_batch_size > 0 else []
+        return {
+            "name": self.name,
+            "versions": [self.version_of(version)],
+            "platform": "ensemble",
+            "inputs": [_tensor_metadata(t, batch) for t in spec.inputs],
+            "outputs": [_tensor_metadata(t, batch) for t in spec.outputs],
+        }
+
+    def config(self) -> dict[str, Any]:
+        return dict(self.served.spec.model_config)
+
+    async def ready(self, version: str | None) -> bool:
+        self.version_of(version)
+        return self._alive() and self.served.ready
+
+    def stats(self, version: str | None) -> list[dict[str, Any]]:
+        return [model_stats(self.name, self.version_of(version), self.served.stats)]
+
+    async def infer(
+        self,
+        body: V2InferRequest,
+        blobs: dict[str, bytes],
+        request: Request | None,
+        version: str | None,
+    ) -> list[Output]:
+        self.version_of(version)
+        spec = self.served.spec
+        checked, payload, priority, timeout_s = tensor_request(spec, body, blobs)
+        outputs = await self.served.infer(
+            checked, payload, priority=priority, timeout_s=timeout_s, request=request
         )
-        return served, checked, payload, priority, timeout_s
+        return _ordered(outputs, payload.outputs or [t.name for t in spec.outputs])
+
+    async def responses(
+        self, body: V2InferRequest, blobs: dict[str, bytes], version: str | None
+    ) -> AsyncIterator[list[Output]]:
+        yield await self.infer(body, blobs, None, version)
 
 
 def _ordered(outputs: dict[str, np.ndarray[Any, Any]], order: Sequence[str]) -> list[Output]:

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import queue
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
+import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as tgrpc
@@ -38,6 +40,14 @@ def _input(name: str, array: np.ndarray[Any, Any], datatype: str) -> tgrpc.Infer
     tensor = tgrpc.InferInput(name, list(array.shape), datatype)
     tensor.set_data_from_numpy(array)
     return tensor
+
+
+def batches_of(server: Server, model: str) -> Counter[int]:
+    """How many batches of each size ``model`` has run."""
+    stats = client(server).get_inference_statistics(model, as_json=True)["model_stats"][0]
+    return Counter(
+        {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats["batch_stats"]}
+    )
 
 
 def test_health_metadata_config_and_inference(server: Server) -> None:
@@ -236,3 +246,41 @@ def test_onnx_and_torchscript_models_batch_requests_of_both_protocols(
     ]
     platform = client(server).get_model_metadata(model).platform
     assert platform == {"onnx_mlp": "onnxruntime_onnx", "scale_sum": "pytorch_libtorch"}[model]
+
+
+def test_an_ensemble_runs_its_steps_each_batched_by_its_own_model(server: Server) -> None:
+    """Four requests to a Python-then-TorchScript ensemble: the TorchScript step runs
+    them as one batch (its preferred size, four); each gets its own answer."""
+    before = batches_of(server, "scale_sum")
+    vs = [np.array([[i, 1.0, 2.0]], np.float32) for i in range(4)]
+
+    def one(v: np.ndarray[Any, Any]) -> Any:
+        return client(server).infer("echo_then_scale", [_input("v", v, "FP32")])
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(one, vs))
+    for v, result in zip(vs, results, strict=True):
+        np.testing.assert_array_equal(result.as_numpy("doubled"), v * 2)
+        np.testing.assert_array_equal(result.as_numpy("total"), (v * 2).sum(1, keepdims=True))
+    assert batches_of(server, "scale_sum") - before == Counter({4: 1})
+    assert batches_of(server, "echo_then_scale")  # the ensemble's own statistics
+    c = client(server)
+    assert c.get_model_metadata("echo_then_scale").platform == "ensemble"
+    assert c.is_model_ready("echo_then_scale")
+    index = {m.name: m.state for m in c.get_model_repository_index().models}
+    assert index["echo_then_scale"] == "READY"
+
+
+def test_a_failing_step_fails_the_request_with_its_message(server: Server) -> None:
+    c = client(server)
+    ok = c.infer("failing_step", [_input("v", np.array([[1.0, 2.0]], np.float32), "FP32")])
+    assert ok.as_numpy("sum").tolist() == [[3.0]]
+    with pytest.raises(InferenceServerException) as caught:
+        c.infer("failing_step", [_input("v", np.array([[13.0]], np.float32), "FP32")])
+    assert caught.value.status() == "StatusCode.INTERNAL"
+    assert "ensemble 'failing_step' step 'hangs'" in caught.value.message()
+    assert "ValueError: 13 is unlucky" in caught.value.message()
+    with httpx.Client(base_url=server.url, timeout=60) as h:
+        body = {"inputs": [{"name": "v", "shape": [1, 1], "datatype": "FP32", "data": [13]}]}
+        over_http = h.post("/v2/models/failing_step/infer", json=body)
+    assert over_http.status_code == 500 and "13 is unlucky" in over_http.json()["error"]

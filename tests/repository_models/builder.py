@@ -446,7 +446,49 @@ def build(root: Path) -> Path:
         BLS_CALLER_CODE,
     )
     add_tensor_models(root)
+    add_ensembles(root)
     return root
+
+
+# A Python model, then a TorchScript one: echo passes v on as "echoed"; scale_sum gives
+# echoed * 2 and the row sums of echoed + v.
+ECHO_THEN_SCALE = """
+    platform: "ensemble"
+    max_batch_size: 4
+    input [ { name: "v" data_type: TYPE_FP32 dims: [ 3 ] } ]
+    output [
+      { name: "doubled" data_type: TYPE_FP32 dims: [ 3 ] },
+      { name: "total" data_type: TYPE_FP32 dims: [ 1 ] }
+    ]
+    ensemble_scheduling { step [
+      { model_name: "echo" model_version: -1
+        input_map { key: "in_FP32" value: "v" }
+        output_map { key: "out_FP32" value: "echoed" } },
+      { model_name: "scale_sum" model_version: -1
+        input_map { key: "INPUT__0" value: "echoed" }
+        input_map { key: "INPUT__1" value: "v" }
+        output_map { key: "OUTPUT__0" value: "doubled" }
+        output_map { key: "OUTPUT__1" value: "total" } }
+    ] }
+"""
+# One step, whose model fails on 13.
+FAILING_STEP = """
+    platform: "ensemble"
+    max_batch_size: 8
+    input [ { name: "v" data_type: TYPE_FP32 dims: [ -1 ] } ]
+    output [ { name: "sum" data_type: TYPE_FP32 dims: [ 1 ] } ]
+    ensemble_scheduling { step [
+      { model_name: "hangs" model_version: 1
+        input_map { key: "x" value: "v" }
+        output_map { key: "total" value: "sum" } }
+    ] }
+"""
+
+
+def add_ensembles(root: Path) -> None:
+    for name, config in (("echo_then_scale", ECHO_THEN_SCALE), ("failing_step", FAILING_STEP)):
+        (root / name / "1").mkdir(parents=True)  # Triton's ensembles have an empty version
+        (root / name / "config.pbtxt").write_text(textwrap.dedent(config))
 
 
 def add_broken(root: Path) -> None:

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from carpool.cli import main
+from tests.repository_models.builder import add_ensembles
+from tests.repository_models.tensor_models import add_tensor_models
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "model_repository"
 
@@ -28,3 +30,16 @@ def test_names_a_model_that_cannot_load(tmp_path: Path, capsys: pytest.CaptureFi
     (tmp_path / "bad" / "config.pbtxt").write_text('backend: "python"\nsequence_batching { }\n')
     assert main(["models", "--repository", str(tmp_path)]) == 1
     assert "UNUSABLE" in capsys.readouterr().out
+
+
+def test_lists_onnx_torchscript_and_ensemble_models(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    add_tensor_models(tmp_path)
+    add_ensembles(tmp_path)
+    assert main(["models", "--repository", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "onnx_mlp                 onnxruntime" in out
+    assert "in  x: FP32 [4]" in out  # read from the graph
+    assert "scale_sum                torchscript" in out
+    assert "echo_then_scale          ensemble" in out and "steps echo -> scale_sum" in out
