@@ -20,11 +20,14 @@ from google.protobuf.message import Message
 
 from carpool.config import BatchingConfig, ConfigError, QueuePolicy
 from carpool.repository.auto_complete import auto_complete
-from carpool.repository.datatypes import from_config_name
+from carpool.repository.datatypes import config_name, from_config_name
 from carpool.repository.ensemble import read_steps
 from carpool.repository.errors import RepositoryError
 from carpool.repository.spec import ISOLATIONS, ModelSpec, Source, TensorSpec
 from carpool.repository.tensor_backends import complete_onnx_config
+from carpool.repository.vllm_model import INPUTS as VLLM_INPUTS
+from carpool.repository.vllm_model import MODEL_JSON
+from carpool.repository.vllm_model import OUTPUTS as VLLM_OUTPUTS
 
 CONFIG_FILE = "config.pbtxt"
 DEFAULT_MODEL_FILE = "model.py"
@@ -34,6 +37,7 @@ TRITON_BACKENDS = {
     "python": ("triton_python", "model.py", ""),
     "onnxruntime": ("onnxruntime", "model.onnx", "onnxruntime_onnx"),
     "pytorch": ("torchscript", "model.pt", "pytorch_libtorch"),
+    "vllm": ("vllm", MODEL_JSON, ""),
 }
 PLATFORMS = {"onnxruntime_onnx": "onnxruntime", "pytorch_libtorch": "pytorch"}
 ENSEMBLE = "ensemble"
@@ -191,6 +195,8 @@ def read_triton_model(folder: Path, device: str = "cpu", complete: bool = True) 
         config = _reparsed(auto_complete(config, model_file, where), where)
     elif complete and backend == "onnxruntime":
         config = _reparsed(complete_onnx_config(config, model_file, where), where)
+    if backend == "vllm":
+        config = _llm_config(config)
     _refuse_unsupported(config, where)
     config["backend"] = backend
     if platform:
@@ -238,6 +244,30 @@ def read_triton_model(folder: Path, device: str = "cpu", complete: bool = True) 
             )
         )
     return specs
+
+
+def _llm_config(config: dict[str, Any]) -> dict[str, Any]:
+    """What Triton's vLLM backend completes an LLM's config with: its tensors (beside
+    those declared), decoupled, and no batching of Triton's own (the engine batches)."""
+    completed = dict(config)
+    for key, tensors in (("input", VLLM_INPUTS), ("output", VLLM_OUTPUTS)):
+        declared = {t["name"] for t in config.get(key, [])}
+        completed[key] = [
+            *config.get(key, []),
+            *(_config_entry(t) for t in tensors if t.name not in declared),
+        ]
+    completed["max_batch_size"] = 0
+    completed["model_transaction_policy"] = {"decoupled": True}
+    return completed
+
+
+def _config_entry(tensor: TensorSpec) -> dict[str, Any]:
+    entry = {
+        "name": tensor.name,
+        "data_type": config_name(tensor.datatype),
+        "dims": list(tensor.dims),
+    }
+    return {**entry, "optional": True} if tensor.optional else entry
 
 
 def _read_ensemble(folder: Path, config: dict[str, Any], where: str) -> ModelSpec:

@@ -20,14 +20,17 @@ from carpool.engine.async_engine import AsyncEngine, EngineWorker, GenerationWor
 from carpool.engine.block_manager import HybridBlockManager
 from carpool.engine.engine import Engine
 from carpool.engine.engine_process import EngineClient
+from carpool.errors import CarpoolError
 from carpool.faults import FaultPlan, FaultyBatchModel, FaultyCausalLM
 from carpool.models import registry
 from carpool.models.causal_lm import LoadedLM, ModelFacts, customize_tokenizer
 from carpool.models.generation_defaults import read_generation_defaults
 from carpool.models.openmp import release_thread_team
 from carpool.models.registry import LoadOptions, Task
+from carpool.repository.errors import RepositoryError
 from carpool.repository.function_model import FunctionModel
 from carpool.repository.repository import ModelRepository
+from carpool.repository.vllm_model import VllmModel
 from carpool.runtime import DeviceRuntime
 from carpool.server import heap, v2_grpc
 from carpool.server.app import create_app
@@ -66,7 +69,12 @@ class ServerBundle:
             else None
         )
         self.control = ModelControl(
-            repository, repo, self.models, self.runtime, builtins=self.loaders
+            repository,
+            repo,
+            self.models,
+            self.runtime,
+            builtins=self.loaders,
+            llm_loader=functools.partial(_repository_llm, self.config, self.on_runtime_death),
         )
 
     def on_runtime_death(self, exc: BaseException) -> None:
@@ -217,6 +225,29 @@ def _loader(
         return ServedEmbedding(source.name, model, batcher)
 
     return load
+
+
+def _repository_llm(
+    config: CarpoolConfig,
+    on_engine_death: Callable[[BaseException], None],
+    name: str,
+    vllm: VllmModel,
+) -> Callable[[], Builtin]:
+    """Loads an LLM folder of the repository (Triton's vLLM backend layout) as a
+    generation model named ``name``: its ``model.json``'s model, with its engine
+    arguments over the server's engine config."""
+    try:
+        source = dataclasses.replace(registry.resolve(vllm.model), name=name)
+        engine = dataclasses.replace(config.engine, **vllm.engine)
+    except (CarpoolError, ConfigError, ValueError, OSError) as exc:
+        raise RepositoryError(f"model '{name}': {exc}") from None
+    if source.task is not Task.GENERATE:
+        raise RepositoryError(f"model '{name}': {vllm.model} is not a text generation model")
+    if vllm.ignored:
+        log.info(
+            "model %s: engine arguments without effect here: %s", name, ", ".join(vllm.ignored)
+        )
+    return _loader(source, dataclasses.replace(config, engine=engine), on_engine_death)
 
 
 def _set_torch_threads(config: CarpoolConfig) -> None:

@@ -31,6 +31,7 @@ from carpool.repository.payload import TensorPayload
 from carpool.repository.repository import LoadedVersion, ModelRepository
 from carpool.repository.spec import ModelSpec, check_inputs
 from carpool.repository.user_model import UserBatchModel
+from carpool.repository.vllm_model import VllmModel, read_model_json
 from carpool.runtime import DeviceRuntime
 from carpool.server import heap
 from carpool.server.served import Builtin, ServedGenerator, ServedModels
@@ -40,8 +41,21 @@ from carpool.server.v2_models import BUILTIN_VERSION
 
 log = logging.getLogger(__name__)
 
-# What loading a repository model gives: its versions, or an ensemble's spec.
-Loaded = list[LoadedVersion] | ModelSpec
+# Loads an LLM folder's model (name, its model.json) afresh on each call.
+LlmLoader = Callable[[str, VllmModel], Callable[[], Builtin]]
+
+
+@dataclass(frozen=True)
+class LoadedLlm:
+    """An LLM folder (Triton's vLLM backend layout) loaded as a generation model, and
+    how to load it again."""
+
+    served: Builtin
+    load: Callable[[], Builtin]
+
+
+# What loading a repository model gives: its versions, an ensemble's spec, or an LLM.
+Loaded = list[LoadedVersion] | ModelSpec | LoadedLlm
 
 
 @dataclass(frozen=True)
@@ -65,6 +79,7 @@ class ModelControl:
         models: ServedModels,
         runtime: DeviceRuntime,
         builtins: dict[str, Callable[[], Builtin]] | None = None,
+        llm_loader: LlmLoader | None = None,
     ) -> None:
         self.repository = repository
         self.mode = config.model_control_mode
@@ -73,6 +88,7 @@ class ModelControl:
         self._models = models
         self._runtime = runtime
         self._builtins = dict(builtins or {})
+        self._llm_loader = llm_loader
         self._failures: dict[str, str] = {}
         self._stamps: dict[str, float] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -262,9 +278,26 @@ class ModelControl:
         assert self.repository is not None
         stamp = _stamp(self.repository.root / name)
         specs = self.repository.read(name)
-        loaded: Loaded = specs[0] if specs[0].ensemble else self.repository.load(name)
+        loaded: Loaded
+        if specs[0].ensemble:
+            loaded = specs[0]
+        elif specs[0].source.kind == "vllm":
+            loaded = self._load_llm(name, Path(specs[-1].source.path))
+        else:
+            loaded = self.repository.load(name)
         self._stamps[name] = stamp
         return loaded
+
+    def _load_llm(self, name: str, model_json: Path) -> LoadedLlm:
+        if self._llm_loader is None:
+            raise RepositoryError(f"model '{name}': this server cannot load generation models")
+        load = self._llm_loader(name, read_model_json(model_json))
+        try:
+            return LoadedLlm(load(), load)
+        except RepositoryError:
+            raise
+        except Exception as exc:  # a model that cannot load leaves the rest serving
+            raise RepositoryError(f"model '{name}': {type(exc).__name__}: {exc}") from exc
 
     async def _load(self, name: str) -> None:
         assert self.repository is not None
@@ -272,7 +305,9 @@ class ModelControl:
             raise InvalidRequest(f"failed to load '{name}': no such model in the repository")
         try:
             loaded = await asyncio.to_thread(self._read_and_load, name)
-            if self._models.is_user(name) or self._models.ensemble(name) is not None:
+            if self._models.builtin(name) is not None:
+                await self._unload_builtin(name)
+            elif self._models.is_user(name) or self._models.ensemble(name) is not None:
                 await self._unload(name)
             self._install(name, loaded)
         except RepositoryError as exc:
@@ -287,6 +322,16 @@ class ModelControl:
     def _install(self, name: str, loaded: Loaded) -> None:
         """Serve ``loaded``; ``RepositoryError`` (its instances finalised) if its name
         is a built-in model's."""
+        if isinstance(loaded, LoadedLlm):
+            try:
+                self._models.add_builtin(loaded.served)
+            except InvalidRequest as exc:
+                _worker(loaded.served).close(exc.message)
+                raise RepositoryError(exc.message) from None
+            self._builtins[name] = loaded.load
+            self._runtime.add(_worker(loaded.served))
+            self._failures.pop(name, None)
+            return
         if isinstance(loaded, ModelSpec):
             try:
                 self._models.add_ensemble(ServedEnsemble(loaded, self._models))

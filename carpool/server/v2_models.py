@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 from starlette.requests import Request
 
 from carpool.errors import InvalidRequest, ModelNotFound
+from carpool.repository.datatypes import config_name
 from carpool.repository.payload import TensorPayload
 from carpool.repository.spec import (
     CheckedRequest,
@@ -21,6 +22,7 @@ from carpool.repository.spec import (
     check_inputs,
     check_unique,
 )
+from carpool.server import llm_tensors
 from carpool.server.openai_routes import check_input_count, tokenize_texts
 from carpool.server.schemas import V2InferRequest
 from carpool.server.served import ServedEmbedding, ServedGenerator, ServedModels
@@ -82,7 +84,7 @@ def adapter(models: ServedModels, name: str, runtime_alive: Callable[[], bool]) 
     builtin = models.builtin(name)
     if isinstance(builtin, ServedGenerator):
         models.any(name)  # a generator being unloaded is a 503, as for every route
-        return GeneratorV2(builtin, runtime_alive)
+        return GeneratorV2(builtin, models, runtime_alive)
     return EmbeddingV2(models.get(name), models, runtime_alive)
 
 
@@ -256,37 +258,38 @@ class EmbeddingV2(_BuiltinV2):
 
 
 class GeneratorV2(_BuiltinV2):
-    """A built-in generation model, as Triton shows an LLM in its repository (the
-    vLLM backend's tensors): metadata, config, readiness and statistics answer as for
-    any model; inference is text generation, at the OpenAI routes, not tensors."""
+    """A generation model as Triton's vLLM backend shows an LLM (``llm_tensors``):
+    ``text_input`` and sampling parameters in, ``text_output`` out; one response, or
+    with ``stream`` one per step (decoupled, as the vLLM backend is)."""
 
-    def __init__(self, served: ServedGenerator, runtime_alive: Callable[[], bool]) -> None:
+    decoupled = True
+
+    def __init__(
+        self, served: ServedGenerator, models: ServedModels, runtime_alive: Callable[[], bool]
+    ) -> None:
         super().__init__(served.name, runtime_alive)
         self.served = served
+        self.models = models
+        self.spec = llm_tensors.llm_spec(served.name)
 
     def metadata(self, version: str | None) -> dict[str, Any]:
         self.version_of(version)
         return {
             "name": self.name,
             "versions": [BUILTIN_VERSION],
-            "platform": "carpool_generation",
-            "inputs": [
-                {"name": "text_input", "datatype": "BYTES", "shape": [1]},
-                {"name": "stream", "datatype": "BOOL", "shape": [1]},
-                {"name": "sampling_parameters", "datatype": "BYTES", "shape": [1]},
-            ],
-            "outputs": [{"name": "text_output", "datatype": "BYTES", "shape": [-1]}],
+            "platform": "vllm",
+            "inputs": [_tensor_metadata(t, []) for t in self.spec.inputs],
+            "outputs": [_tensor_metadata(t, []) for t in self.spec.outputs],
         }
 
     def config(self) -> dict[str, Any]:
-        meta = self.metadata(None)
         return {
             "name": self.name,
-            "backend": "carpool_generation",
+            "backend": "vllm",
             "max_batch_size": 0,
             "model_transaction_policy": {"decoupled": True},
-            "input": [_config_tensor(t) for t in meta["inputs"]],
-            "output": [_config_tensor(t) for t in meta["outputs"]],
+            "input": [_config_tensor(t) for t in self.spec.inputs],
+            "output": [_config_tensor(t) for t in self.spec.outputs],
             "parameters": {"max_model_len": {"string_value": str(self.served.max_model_len)}},
         }
 
@@ -309,18 +312,40 @@ class GeneratorV2(_BuiltinV2):
         request: Request | None,
         version: str | None,
     ) -> list[Output]:
-        raise InvalidRequest(
-            f"model '{self.name}' generates text; call it at /v1/chat/completions or "
-            "/v1/completions",
-            param="model",
-        )
+        """The one response (a streaming request's steps must be read as a stream)."""
+        answers = [r async for r in self.responses(body, blobs, version)]
+        if len(answers) != 1:
+            raise InvalidRequest(
+                f"model '{self.name}' sent {len(answers)} responses to this request; read "
+                "them from a stream (gRPC ModelStreamInfer, or generate_stream)",
+                param="stream",
+            )
+        return answers[0]
+
+    async def responses(
+        self, body: V2InferRequest, blobs: dict[str, bytes], version: str | None
+    ) -> AsyncIterator[list[Output]]:
+        self.version_of(version)
+        check_unique([t.name for t in body.inputs])
+        arrays = {t.name: decode_tensor(t, blobs.get(t.name)) for t in body.inputs}
+        wanted = _check_outputs(body, {t.name for t in self.spec.outputs})
+        async for outputs in self.generate(arrays, body.parameters or {}):
+            yield _ordered(outputs, wanted or [t.name for t in self.spec.outputs])
+
+    def generate(
+        self, arrays: dict[str, np.ndarray[Any, Any]], params: dict[str, Any]
+    ) -> AsyncGenerator[dict[str, np.ndarray[Any, Any]], None]:
+        """Each response's outputs for a request's tensors and parameters."""
+        asked = llm_tensors.read_request(self.spec, arrays, params)
+        return llm_tensors.responses(self.served, self.models, asked)
 
 
-def _config_tensor(tensor: dict[str, Any]) -> dict[str, Any]:
+def _config_tensor(tensor: TensorSpec) -> dict[str, Any]:
     return {
-        "name": tensor["name"],
-        "data_type": "TYPE_STRING" if tensor["datatype"] == "BYTES" else "TYPE_BOOL",
-        "dims": tensor["shape"],
+        "name": tensor.name,
+        "data_type": config_name(tensor.datatype),
+        "dims": list(tensor.dims),
+        **({"optional": True} if tensor.optional else {}),
     }
 
 

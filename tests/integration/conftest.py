@@ -126,6 +126,9 @@ def repository_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def repository_server(repository_root: Path) -> Iterator[Server]:
     """The test model repository served over HTTP and gRPC (one server for every
     module that reads it)."""
-    s = start_server("--model-repository", str(repository_root), "--grpc-port", "-1")
+    s = start_server(
+        "--model-repository", str(repository_root), "--grpc-port", "-1",
+        "--kv-cache-memory", "64MiB",
+    )  # fmt: skip
     yield s
     assert stop_server(s) == 0

@@ -6,6 +6,7 @@ errors as Triton's gRPC status codes (issue 50)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import queue
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -284,3 +285,82 @@ def test_a_failing_step_fails_the_request_with_its_message(server: Server) -> No
         body = {"inputs": [{"name": "v", "shape": [1, 1], "datatype": "FP32", "data": [13]}]}
         over_http = h.post("/v2/models/failing_step/infer", json=body)
     assert over_http.status_code == 500 and "13 is unlucky" in over_http.json()["error"]
+
+
+def _llm_request(prompt: str, request_id: str, stream: bool, sampling: dict[str, str]) -> Any:
+    """A request as Triton's vLLM sample client builds it: the prompt, the stream flag
+    and the sampling parameters as a JSON tensor (numbers as text) and as parameters."""
+    text = tgrpc_aio.InferInput("text_input", [1], "BYTES")
+    text.set_data_from_numpy(np.array([prompt.encode()], dtype=np.object_))
+    flag = tgrpc_aio.InferInput("stream", [1], "BOOL")
+    flag.set_data_from_numpy(np.array([stream]))
+    params = tgrpc_aio.InferInput("sampling_parameters", [1], "BYTES")
+    params.set_data_from_numpy(np.array([json.dumps(sampling).encode()], dtype=np.object_))
+    return {
+        "model_name": "llm",
+        "inputs": [text, flag, params],
+        "outputs": [tgrpc_aio.InferRequestedOutput("text_output")],
+        "request_id": request_id,
+        "parameters": sampling,
+    }
+
+
+def test_an_llm_folder_streams_over_grpc_as_tritons_vllm_client_reads_it(server: Server) -> None:
+    """A vLLM-backend folder (config.pbtxt + 1/model.json) served by carpool's engine:
+    the sample client's stream gives each step's text, which joins to what
+    /v1/completions answers the same model."""
+    prompts = {"0": "The sky is", "1": "Hello, my name is"}
+    sampling = {"temperature": "0", "max_tokens": "6", "ignore_eos": "true"}
+
+    async def run() -> dict[str, list[str]]:
+        async with tgrpc_aio.InferenceServerClient(server.grpc_url) as c:
+
+            async def requests() -> Any:
+                for rid, prompt in prompts.items():
+                    yield _llm_request(prompt, rid, True, sampling)
+
+            pieces: dict[str, list[str]] = {}
+            async for result, error in c.stream_infer(inputs_iterator=requests()):
+                assert error is None, error
+                text = result.as_numpy("text_output")[0].decode()
+                pieces.setdefault(result.get_response().id, []).append(text)
+            return pieces
+
+    pieces = asyncio.run(run())
+    with httpx.Client(base_url=server.url, timeout=60) as h:
+        for rid, prompt in prompts.items():
+            body = {"model": "llm", "prompt": prompt, "max_tokens": 6, "temperature": 0,
+                    "ignore_eos": True}  # fmt: skip
+            completion = h.post("/v1/completions", json=body).json()["choices"][0]["text"]
+            assert len(pieces[rid]) == 6 and "".join(pieces[rid]) == completion
+    index = {m.name: m.state for m in client(server).get_model_repository_index().models}
+    assert index["llm"] == "READY"
+    assert client(server).get_model_config("llm").config.model_transaction_policy.decoupled
+
+
+def test_an_llm_answers_the_generate_extension(server: Server) -> None:
+    """Triton's documented curl calls: the whole text after the prompt by default,
+    without it when asked, and the extra outputs asked for."""
+    params = {"stream": False, "temperature": 0, "max_tokens": 4, "ignore_eos": True}
+    with httpx.Client(base_url=server.url, timeout=60) as h:
+        whole = h.post(
+            "/v2/models/llm/generate", json={"text_input": "One, two,", "parameters": params}
+        )
+        bare = h.post(
+            "/v2/models/llm/generate",
+            json={
+                "text_input": "One, two,",
+                "exclude_input_in_output": True,
+                "return_finish_reason": True,
+                "return_num_output_tokens": True,
+                "parameters": params,
+            },
+        )
+        wrong = h.post(
+            "/v2/models/llm/generate",
+            json={"text_input": "x", "parameters": {"temperature": "hot"}},
+        )
+    assert whole.status_code == 200 and bare.status_code == 200, (whole.text, bare.text)
+    assert whole.json()["text_output"] == "One, two," + bare.json()["text_output"]
+    assert bare.json()["finish_reason"] == "length" and bare.json()["num_output_tokens"] == 4
+    assert wrong.status_code == 400 and "temperature" in wrong.json()["error"]

@@ -285,7 +285,7 @@ def test_a_multi_megabyte_prompt_is_refused_without_tokenizing_it_all(
     still_serving(server, solo)
 
 
-def test_the_generation_model_answers_tritons_model_routes(server: Server) -> None:
+def test_the_generation_model_answers_tritons_model_routes(server: Server, solo: str) -> None:
     """tritonclient's model calls work for the LLM as the repository index lists it."""
     client = triton.InferenceServerClient(server.url.removeprefix("http://"))
     index = {m["name"]: m["state"] for m in client.get_model_repository_index()}
@@ -302,10 +302,18 @@ def test_the_generation_model_answers_tritons_model_routes(server: Server) -> No
     with pytest.raises(InferenceServerException) as wrong:
         client.get_model_metadata(CHAT, model_version="2")
     assert "version" in wrong.value.message()
+    # Its tensors are Triton's vLLM backend's: the prompt, then its completion.
+    one = {"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["The sky is"]}
+    params = {"max_tokens": 8, "temperature": 0, "ignore_eos": True}
     with server.client() as c:
-        one = {"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["hi"]}
-        tensors = c.post("/v2/models/" + CHAT + "/infer", json={"inputs": [one]})
-    assert tensors.status_code == 400 and "/v1/chat/completions" in tensors.text
+        tensors = c.post(f"/v2/models/{CHAT}/infer", json={"inputs": [one], "parameters": params})
+        streamed = c.post(
+            f"/v2/models/{CHAT}/infer",
+            json={"inputs": [one, {**one, "name": "stream", "datatype": "BOOL", "data": [True]}]},
+        )
+    assert tensors.status_code == 200, tensors.text
+    assert tensors.json()["outputs"][0]["data"] == ["The sky is" + solo]
+    assert streamed.status_code == 400 and "stream" in streamed.json()["error"]
 
 
 def test_the_openai_contract(server: Server) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import runpy
 import shutil
 import textwrap
@@ -447,6 +448,7 @@ def build(root: Path) -> Path:
     )
     add_tensor_models(root)
     add_ensembles(root)
+    add_llm(root)
     return root
 
 
@@ -489,6 +491,23 @@ def add_ensembles(root: Path) -> None:
     for name, config in (("echo_then_scale", ECHO_THEN_SCALE), ("failing_step", FAILING_STEP)):
         (root / name / "1").mkdir(parents=True)  # Triton's ensembles have an empty version
         (root / name / "config.pbtxt").write_text(textwrap.dedent(config))
+
+
+def add_llm(root: Path) -> None:
+    """An LLM folder as Triton's vLLM backend lays it out (the model: the built-in chat
+    model), with engine arguments carpool takes and ones it accepts without effect."""
+    (root / "llm" / "1").mkdir(parents=True)
+    (root / "llm" / "config.pbtxt").write_text(
+        'backend: "vllm"\ninstance_group [ { count: 1 kind: KIND_MODEL } ]\n'
+    )
+    engine_args = {
+        "model": "smollm2-135m-instruct",
+        "max_model_len": 512,
+        "disable_log_requests": True,
+        "enforce_eager": True,
+        "gpu_memory_utilization": 0.5,
+    }
+    (root / "llm" / "1" / "model.json").write_text(json.dumps(engine_args))
 
 
 def add_broken(root: Path) -> None:
