@@ -389,10 +389,12 @@ def serve(config: CarpoolConfig, functions: Sequence[FunctionModel] = ()) -> int
         return 1
     from carpool.server.listen import bind
 
+    metrics_port = config.server.metrics_port
     try:
         sock = bind(config.server.host, config.server.port)
+        metrics_sock = bind(config.server.host, max(metrics_port, 0)) if metrics_port else None
     except OSError as exc:
-        log.error("cannot bind %s:%d: %s", config.server.host, config.server.port, exc)
+        log.error("cannot bind %s: %s", config.server.host, exc)
         bundle.close()
         return 1
     host, port = sock.getsockname()[:2]
@@ -411,7 +413,7 @@ def serve(config: CarpoolConfig, functions: Sequence[FunctionModel] = ()) -> int
         signal.signal(signum, lambda *_: None)
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            runner.run(bundle.run(sock, ready_line))
+            runner.run(bundle.run(sock, ready_line, metrics_sock))
     finally:
         bundle.close()
     return bundle.exit_code

@@ -418,6 +418,11 @@ class ServerConfig:
         "(the ready line says which). Not served with --replicas.",
         default=8001,
     )
+    metrics_port: int = _help(
+        "Also serve GET /metrics (only) on this port, as Triton's metrics port (8002 "
+        "there); 0: /metrics on --port only; -1: a free port (the ready line says which).",
+        default=0,
+    )
     models: tuple[str, ...] = _help(
         "Models to serve: built-in names (see `carpool models`), local folders or files.",
         default=("smollm2-135m-instruct", "all-minilm-l6-v2"),
@@ -486,6 +491,7 @@ class ServerConfig:
         )
         _require(0 <= self.port <= 65535, "port must be between 0 and 65535")
         _require(-1 <= self.grpc_port <= 65535, "grpc_port must be between -1 and 65535")
+        _require(-1 <= self.metrics_port <= 65535, "metrics_port must be between -1 and 65535")
         _require(
             self.log_level in ("debug", "info", "warning", "error"),
             f"log_level must be debug, info, warning or error, got {self.log_level!r}",

@@ -52,4 +52,4 @@ async def serve_front(
     process does (``DrainingServer``)."""
     server = config.server
     front = DrainingServer(app, log_level=server.log_level, timeout_s=server.shutdown_timeout_s)
-    await front.serve(sock, ready_line)
+    await front.serve([sock], ready_line)

@@ -6,7 +6,9 @@ The server hands each Triton backend a ``CallModel``; while the backend runs
 helper thread sees it too). The call runs the target's model at once on one of the
 target's instances, outside its batcher, waiting at most the target's execution
 timeout. A call into the calling model itself is refused (its instance is the one
-waiting). In a model's worker process the ``CallModel`` sends the call back over the
+waiting). ``exec(decoupled=True)`` calls a decoupled model and returns its responses
+once the last has come (Triton hands them over as they come: the same responses, the
+first later). In a model's worker process the ``CallModel`` sends the call back over the
 worker's pipe, and the server's side of the pipe makes it (``process``).
 """
 
@@ -21,9 +23,12 @@ import numpy as np
 
 Arrays = dict[str, np.ndarray[Any, Any]]
 
-# (calling model, target model, target version or "", inputs, outputs asked, parameters)
-# -> the outputs; raises the call's ``CarpoolError``.
-CallModel = Callable[[str, str, str, Arrays, tuple[str, ...], Mapping[str, Any]], Arrays]
+# (calling model, target model, target version or "", inputs, outputs asked, parameters,
+# decoupled) -> each response's outputs (one, unless ``decoupled``: a decoupled
+# target's, all of them, once its final flag came); raises the call's ``CarpoolError``.
+CallModel = Callable[
+    [str, str, str, Arrays, tuple[str, ...], Mapping[str, Any], bool], list[Arrays]
+]
 
 _current: contextvars.ContextVar[tuple[str, CallModel] | None] = contextvars.ContextVar(
     "carpool_bls_caller", default=None

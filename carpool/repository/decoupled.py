@@ -63,6 +63,34 @@ class ResponseStream:
         if wake is not None:
             wake()
 
+    # --- a BLS caller (its instance thread) ---------------------------------------
+
+    def collect(self, gap_s: float | None) -> list[Outputs]:
+        """Every response's checked outputs until the final flag, waiting on the
+        calling thread; raises as ``responses`` does."""
+        arrived = threading.Event()
+        with self._lock:
+            self._wake = arrived.set
+        collected: list[Outputs] = []
+        try:
+            while True:
+                with self._lock:
+                    item = self._items.popleft() if self._items else None
+                if item is None:
+                    if not arrived.wait(gap_s):
+                        raise ModelExecutionError(f"the model sent no response for {gap_s:g}s")
+                    arrived.clear()
+                    continue
+                if isinstance(item, _End):
+                    return collected
+                checked = item if isinstance(item, Failed) else self.check(item)
+                if isinstance(checked, Failed):
+                    raise checked.error
+                collected.append(checked)
+        finally:
+            with self._lock:
+                self._wake = None
+
     # --- the consumer (the event loop) ---------------------------------------------
 
     async def responses(self, gap_s: float | None) -> AsyncGenerator[Outputs, None]:

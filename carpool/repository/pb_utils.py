@@ -6,8 +6,8 @@ the file is served unchanged. Tensors live on the host as numpy arrays (DLPack
 round-trips through torch where a model asks for it). ``ModelConfig`` is what
 ``auto_complete_config`` gets; ``InferenceRequest.exec`` / ``async_exec`` call
 another served model (BLS, see ``bls``); a decoupled model's requests carry an
-``InferenceResponseSender`` (``decoupled``). Decoupled BLS calls are not provided: a
-model that makes one fails at that call with a ``TritonModelException`` saying so.
+``InferenceResponseSender`` (``decoupled``); ``exec(decoupled=True)`` calls one and
+iterates its responses.
 """
 
 from __future__ import annotations
@@ -171,11 +171,11 @@ class InferenceRequest:
             )
         return self._sender
 
-    def exec(self, decoupled: bool = False) -> InferenceResponse:
+    def exec(self, decoupled: bool = False) -> Any:
         """Run this request on model ``model_name`` (BLS) and return its response; a
-        failure is the response's ``error``, as in Triton."""
-        if decoupled:
-            raise TritonModelException("decoupled BLS calls are not supported by carpool")
+        failure is the response's ``error``, as in Triton. With ``decoupled``: an
+        iterator over the (decoupled) model's responses, the last one empty (the final
+        flag's), as Triton's."""
         current = bls.current()
         if current is None:
             raise TritonModelException(
@@ -185,19 +185,25 @@ class InferenceRequest:
         version = str(self._model_version) if self._model_version > 0 else ""
         try:
             check_unique([t.name() for t in self._inputs])
-            outputs = call(
+            answers = call(
                 caller,
                 self._model_name,
                 version,
                 {t.name(): t.as_numpy() for t in self._inputs},
                 tuple(self._outputs),
                 self._parameters,
+                decoupled,
             )
         except Exception as exc:
-            return InferenceResponse(error=_error_of(exc))
-        return InferenceResponse([Tensor(name, array) for name, array in outputs.items()])
+            failed = InferenceResponse(error=_error_of(exc))
+            return iter([failed, InferenceResponse()]) if decoupled else failed
+        responses = [
+            InferenceResponse([Tensor(name, array) for name, array in outputs.items()])
+            for outputs in answers
+        ]
+        return iter([*responses, InferenceResponse()]) if decoupled else responses[0]
 
-    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
+    async def async_exec(self, decoupled: bool = False) -> Any:
         """``exec`` for an ``async def execute``: awaited, it runs on a helper thread."""
         return await asyncio.to_thread(self.exec, decoupled)
 

@@ -68,13 +68,15 @@ def _worker_main(
         inputs: Arrays,
         outputs: tuple[str, ...],
         parameters: Mapping[str, Any],
-    ) -> Arrays:
+        decoupled: bool,
+    ) -> list[Arrays]:
         with lock:
-            conn.send(("call", (caller, name, version, inputs, outputs, dict(parameters))))
+            call = (caller, name, version, inputs, outputs, dict(parameters), decoupled)
+            conn.send(("call", call))
             status, detail = conn.recv()
         if status == "error":
             raise detail
-        answer: Arrays = detail
+        answer: list[Arrays] = detail
         return answer
 
     try:

@@ -35,11 +35,11 @@ from carpool.batching.instances import Forward
 from carpool.batching.request import Failed
 from carpool.errors import BatchFailed, CarpoolError, ModelExecutionError, ModelUnavailable
 from carpool.repository.backends import Backend, Outputs
-from carpool.repository.datatypes import datatype_of, with_bytes
+from carpool.repository.datatypes import datatype_of, numpy_dtype, with_bytes
 from carpool.repository.decoupled import ResponseStream
 from carpool.repository.payload import TensorPayload
 from carpool.repository.process import ExecutionTimedOut, ProcessBackend
-from carpool.repository.spec import ModelSpec
+from carpool.repository.spec import ModelSpec, TensorSpec
 from carpool.repository.user_metrics import FamilySnapshot
 
 log = logging.getLogger(__name__)
@@ -304,9 +304,10 @@ class UserBatchModel:
 
     # --- BLS (another model's instance thread) -------------------------------------
 
-    def call(self, payload: TensorPayload) -> dict[str, np.ndarray[Any, Any]]:
+    def call(self, payload: TensorPayload) -> list[dict[str, np.ndarray[Any, Any]]]:
         """Run one checked request now, outside the batcher: a BLS call from another
-        model's ``execute``, on that model's instance thread. Its outputs, checked as a
+        model's ``execute``, on that model's instance thread. Its responses' outputs
+        (a decoupled model's, all of them once it sent its final flag), checked as a
         batch's are; raises its ``CarpoolError``."""
         try:
             _, results = self.forward([payload])
@@ -317,11 +318,13 @@ class UserBatchModel:
             raise ModelExecutionError(
                 f"model '{self.spec.name}' failed: {type(exc).__name__}: {exc}"
             ) from None
-        checked = self._check(payload, results[0])
+        checked = self._checked(payload, results[0])
+        if isinstance(checked, ResponseStream):
+            return checked.collect(self.timeout_s or None)
         if isinstance(checked, Failed):
             raise checked.error
         outputs: dict[str, np.ndarray[Any, Any]] = checked
-        return outputs
+        return [outputs]
 
     # --- control ------------------------------------------------------------------
 
@@ -356,11 +359,12 @@ class UserBatchModel:
         size = _batch_size(self.spec, payload)
         checked: dict[str, np.ndarray[Any, Any]] = {}
         for name in wanted:
-            error = self._output_error(name, result.get(name), size)
+            value = _as_declared(result.get(name), self.spec.output(name))
+            error = self._output_error(name, value, size)
             if error:
                 log.error("%s", error)
                 return Failed(ModelExecutionError(error))
-            checked[name] = with_bytes(result[name])
+            checked[name] = with_bytes(value)
         return checked
 
     def _output_error(self, name: str, value: Any, size: int | None) -> str:
@@ -393,6 +397,24 @@ class UserBatchModel:
                 f"where its config declares {list(spec.dims)}"
             )
         return ""
+
+
+def _as_declared(value: Any, spec: TensorSpec | None) -> Any:
+    """An output in its declared datatype where only the width differs and nothing is
+    lost: integers that fit (Triton's examples add an int64 to an INT32 output, and
+    Triton passes it on), or floats of another width. Anything else is left for the
+    check to refuse."""
+    if spec is None or not isinstance(value, np.ndarray) or datatype_of(value) == spec.datatype:
+        return value
+    declared = numpy_dtype(spec.datatype)
+    kind, want = value.dtype.kind, declared.kind
+    if kind in "iu" and want in "iu":
+        info = np.iinfo(declared)
+        if value.size == 0 or (info.min <= value.min() and value.max() <= info.max):
+            return value.astype(declared)
+    if kind == "f" and want == "f":
+        return value.astype(declared)
+    return value
 
 
 class InstanceThread:

@@ -32,7 +32,7 @@ from carpool.repository.function_model import FunctionModel
 from carpool.repository.repository import ModelRepository
 from carpool.repository.vllm_model import VllmModel
 from carpool.runtime import DeviceRuntime
-from carpool.server import heap, v2_grpc
+from carpool.server import heap, metrics, v2_grpc
 from carpool.server.app import create_app
 from carpool.server.drain import DrainingServer
 from carpool.server.model_control import ModelControl
@@ -108,10 +108,13 @@ class ServerBundle:
         self.runtime.stop()
         self.control.finalize_all(self.config.server.shutdown_timeout_s)
 
-    async def run(self, sock: socket.socket, ready_line: str) -> None:
-        """Serve the app on ``sock`` (and the gRPC service on its port) until a
-        signal's drain (or the runtime's death) ends it. A gRPC port that cannot be
-        bound is a failed start (exit code 1), as an HTTP one is."""
+    async def run(
+        self, sock: socket.socket, ready_line: str, metrics_sock: socket.socket | None = None
+    ) -> None:
+        """Serve the app on ``sock`` (``GET /metrics`` alone on ``metrics_sock``, and
+        the gRPC service on its port) until a signal's drain (or the runtime's death)
+        ends it. A gRPC port that cannot be bound is a failed start (exit code 1), as
+        an HTTP one is."""
         # sse-starlette cuts every open stream on SIGTERM by default; we drain them.
         AppStatus.disable_automatic_graceful_drain()
         server = self.config.server
@@ -131,11 +134,18 @@ class ServerBundle:
                 self.exit_code = 1
                 return
             ready_line += f"; gRPC on {server.host}:{port}"
+        app: Any = self.create_app()
+        socks = [sock]
+        if metrics_sock is not None:
+            metrics_port = metrics_sock.getsockname()[1]
+            app = metrics.MetricsPortOnly(app, metrics_port)
+            socks.append(metrics_sock)
+            ready_line += f"; metrics on http://{server.host}:{metrics_port}/metrics"
         self._server = DrainingServer(
-            self.create_app(), log_level=server.log_level, timeout_s=server.shutdown_timeout_s
+            app, log_level=server.log_level, timeout_s=server.shutdown_timeout_s
         )
         try:
-            await self._server.serve(sock, ready_line)
+            await self._server.serve(socks, ready_line)
         finally:
             if grpc_server is not None:
                 # Calls in flight finish (up to the shutdown timeout); new ones are refused.

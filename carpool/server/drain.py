@@ -79,9 +79,10 @@ class DrainingServer:
         )
         self._finishing: asyncio.Future[None] | None = None
 
-    async def serve(self, sock: socket.socket, ready_line: str) -> None:
-        """Serve until stopped; ``ready_line`` is logged once the server listens."""
-        serving = asyncio.create_task(self.server.serve(sockets=[sock]))
+    async def serve(self, socks: list[socket.socket], ready_line: str) -> None:
+        """Serve on ``socks`` until stopped; ``ready_line`` is logged once the server
+        listens."""
+        serving = asyncio.create_task(self.server.serve(sockets=socks))
         while not self.server.started and not serving.done():
             await asyncio.sleep(0.01)
         if self.server.started:

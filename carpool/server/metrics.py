@@ -18,6 +18,8 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+from starlette.responses import PlainTextResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from carpool.repository import user_metrics
 from carpool.server.served import ServedModels
@@ -251,3 +253,21 @@ def user_metrics_text(models: ServedModels) -> bytes:
         for version in served.versions.values():
             snapshots += version.model.worker_metrics(WORKER_METRICS_TIMEOUT_S)
     return user_metrics.exposition(user_metrics.merge(snapshots)).encode()
+
+
+class MetricsPortOnly:
+    """ASGI middleware: on the metrics port (``port``), ``GET /metrics`` only; any
+    other path there is a 404. The same app serves the main port whole."""
+
+    def __init__(self, app: ASGIApp, port: int) -> None:
+        self.app = app
+        self.port = port
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        server = scope.get("server") or ("", None)
+        if scope["type"] == "http" and server[1] == self.port and scope["path"] != "/metrics":
+            await PlainTextResponse("only /metrics is served on this port", 404)(
+                scope, receive, send
+            )
+            return
+        await self.app(scope, receive, send)

@@ -231,7 +231,8 @@ class ModelControl:
         inputs: Arrays,
         outputs: tuple[str, ...],
         parameters: Mapping[str, Any],
-    ) -> Arrays:
+        decoupled: bool = False,
+    ) -> list[Arrays]:
         """Serve one BLS call of ``caller`` to repository model ``name`` (``bls``);
         raises the call's ``CarpoolError``. Reads the served models from an instance
         thread: a model loaded or unloaded meanwhile is found or not, whole."""
@@ -243,9 +244,9 @@ class ModelControl:
         if served.state is not ModelState.READY:
             raise ModelUnavailable(f"model '{name}' is unloading")
         target = served.version(version)
-        if target.spec.decoupled:
+        if target.spec.decoupled and not decoupled:
             raise ModelExecutionError(
-                f"BLS: model '{name}' is decoupled; carpool's BLS calls take one response"
+                f"BLS: model '{name}' is decoupled; call it with exec(decoupled=True)"
             )
         checked = check_inputs(target.spec, inputs)
         known = {t.name for t in target.spec.outputs}

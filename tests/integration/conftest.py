@@ -21,6 +21,7 @@ from carpool.testing import spawn
 
 READY = re.compile(r"carpool ready on (http://127\.0\.0\.1:\d+)")
 GRPC = re.compile(r"gRPC on (127\.0\.0\.1:\d+)")
+METRICS = re.compile(r"metrics on (http://127\.0\.0\.1:\d+)/metrics")
 MODEL = "all-minilm-l6-v2"
 CHAT = "smollm2-135m-instruct"
 
@@ -35,6 +36,12 @@ class Server:
     def grpc_url(self) -> str:
         """The gRPC service's host:port (a server started with ``--grpc-port -1``)."""
         found = next(m for line in self.log if (m := GRPC.search(line)))
+        return found.group(1)
+
+    @property
+    def metrics_url(self) -> str:
+        """The metrics port's base URL (a server started with ``--metrics-port -1``)."""
+        found = next(m for line in self.log if (m := METRICS.search(line)))
         return found.group(1)
 
     def client(self) -> httpx.Client:
@@ -128,7 +135,7 @@ def repository_server(repository_root: Path) -> Iterator[Server]:
     module that reads it)."""
     s = start_server(
         "--model-repository", str(repository_root), "--grpc-port", "-1",
-        "--kv-cache-memory", "64MiB",
+        "--metrics-port", "-1", "--kv-cache-memory", "64MiB",
     )  # fmt: skip
     yield s
     assert stop_server(s) == 0

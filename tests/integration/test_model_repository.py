@@ -402,6 +402,21 @@ def test_a_model_calls_another_through_bls(server: Server, sync: bool, model: st
     assert answer.json()["outputs"][0]["data"] == [3.0, 5.0]  # slow_double's 2x, then + 1
 
 
+@pytest.mark.parametrize("model", ["bls_caller", "bls_isolated"])
+@pytest.mark.parametrize("sync", [True, False])
+def test_a_model_reads_a_decoupled_models_responses_through_bls(
+    server: Server, sync: bool, model: str
+) -> None:
+    """exec(decoupled=True): every response of countdown, then the empty final one."""
+    answer = bls(server, model, sync=sync, countdown=3)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["outputs"][0]["data"] == [6.0, 6.0]  # 3 + 2 + 1
+    failing = bls(server, model, sync=sync, countdown=-2)
+    assert failing.status_code == 500 and "below zero" in failing.json()["error"]
+    plain = bls(server, model, sync=sync, countdown=1, decoupled=False)
+    assert plain.status_code == 500 and "exec(decoupled=True)" in plain.json()["error"]
+
+
 @pytest.mark.parametrize(
     ("model", "target", "status", "message"),
     [
@@ -512,6 +527,11 @@ def test_custom_metrics_of_a_model_in_its_worker_are_on_metrics(server: Server) 
     assert c.infer("metered", [_x2(1)]).as_numpy("y").tolist() == [[1.0, 1.0]]
     with httpx.Client(base_url=server.url, timeout=60) as h:
         text = h.get("/metrics").text
+    # Also on the metrics port (Triton's 8002, where its custom_metrics client reads),
+    # which serves nothing else.
+    with httpx.Client(base_url=server.metrics_url, timeout=60) as h:
+        assert 'requests_process_latency_ns{model="metered"' in h.get("/metrics").text
+        assert h.get("/v2/models/metered").status_code == 404
     for pattern in (
         "# HELP requests_process_latency_ns Cumulative time spent processing requests",
         "# TYPE requests_process_latency_ns counter",

@@ -185,6 +185,7 @@ AUTO_COMPLETED_CODE = """
 BLS_CALLER_CODE = """
     import json
 
+    import numpy as np
     import triton_python_backend_utils as pb_utils
 
 
@@ -195,6 +196,8 @@ BLS_CALLER_CODE = """
         async def one(self, request):
             params = json.loads(request.parameters())
             x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            if "countdown" in params:
+                return await self.count(x, params)
             call = pb_utils.InferenceRequest(
                 model_name=params.get("target", "slow_double"),
                 requested_output_names=["y"],
@@ -205,6 +208,26 @@ BLS_CALLER_CODE = """
                 return pb_utils.InferenceResponse(error=answer.error())
             y = pb_utils.get_output_tensor_by_name(answer, "y").as_numpy()
             return pb_utils.InferenceResponse([pb_utils.Tensor("y", y + 1)])
+
+        async def count(self, x, params):
+            # A decoupled model's responses, as Triton's bls_decoupled example reads them.
+            call = pb_utils.InferenceRequest(
+                model_name="countdown",
+                requested_output_names=["count"],
+                inputs=[pb_utils.Tensor("n", np.array([params["countdown"]], np.int32))],
+            )
+            decoupled = params.get("decoupled", True)
+            if params.get("sync"):
+                answers = call.exec(decoupled=decoupled)
+            else:
+                answers = await call.async_exec(decoupled=decoupled)
+            total = 0
+            for answer in answers if decoupled else [answers]:
+                if answer.has_error():
+                    return pb_utils.InferenceResponse(error=answer.error())
+                if answer.output_tensors():
+                    total += int(pb_utils.get_output_tensor_by_name(answer, "count").as_numpy()[0])
+            return pb_utils.InferenceResponse([pb_utils.Tensor("y", x * 0 + total)])
 """
 
 
