@@ -92,8 +92,9 @@ def single(http_url: str, grpc_url: str, protocol: str, count: int) -> float:
 
 async def many(
     http_url: str, grpc_url: str, protocol: str, concurrency: int, seconds: float, rows: int
-) -> float:
-    """Rows/s with ``concurrency`` requests of ``rows`` rows in flight for ``seconds``."""
+) -> tuple[float, float]:
+    """Rows/s with ``concurrency`` requests of ``rows`` rows in flight for ``seconds``,
+    and the cores this (client) process used meanwhile."""
     x = np.random.default_rng(2).standard_normal((rows, IN)).astype(np.float32)
     module: Any = thttp_aio if protocol == "http" else tgrpc_aio
     client = module.InferenceServerClient(http_url if protocol == "http" else grpc_url)
