@@ -252,13 +252,24 @@ def _error_of(exc: Exception) -> TritonError:
 
 
 class InferenceResponse:
-    """A model's answer to one request: output tensors, or an error."""
+    """A model's answer to one request: output tensors, or an error. ``parameters``
+    (a dict, or its JSON text) are kept and read back with ``parameters()``; they are
+    not sent to the client."""
 
     def __init__(
-        self, output_tensors: list[Tensor] | None = None, error: TritonError | None = None
+        self,
+        output_tensors: list[Tensor] | None = None,
+        error: TritonError | None = None,
+        parameters: Mapping[str, Any] | str | None = None,
     ) -> None:
         self._outputs = list(output_tensors or [])
         self._error = error
+        given = json.loads(parameters) if isinstance(parameters, str) else parameters
+        self._parameters = dict(given or {})
+
+    def parameters(self) -> str:
+        """The response's parameters as JSON text (Triton's form)."""
+        return json.dumps(self._parameters)
 
     def output_tensors(self) -> list[Tensor]:
         return list(self._outputs)

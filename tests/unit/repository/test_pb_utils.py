@@ -28,3 +28,12 @@ def test_the_decoupled_policy_is_read_from_the_model_config() -> None:
     assert not pb_utils.using_decoupled_model_transaction_policy(
         {"model_transaction_policy": {"decoupled": False}}
     )
+
+
+def test_a_response_keeps_its_parameters_as_triton_gives_them_back() -> None:
+    out = pb_utils.Tensor("OUT", np.ones(1, np.float32))
+    given = pb_utils.InferenceResponse([out], parameters={"key": "value", "n": 2})
+    assert json.loads(given.parameters()) == {"key": "value", "n": 2}
+    as_text = pb_utils.InferenceResponse([out], parameters='{"a": true}')
+    assert json.loads(as_text.parameters()) == {"a": True}
+    assert pb_utils.InferenceResponse([out]).parameters() == "{}"
