@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import logging
@@ -141,15 +142,32 @@ class ServerBundle:
             app = metrics.MetricsPortOnly(app, metrics_port)
             socks.append(metrics_sock)
             ready_line += f"; metrics on http://{server.host}:{metrics_port}/metrics"
+        stopping: list[asyncio.Future[None]] = []
+
+        def stop_grpc() -> None:
+            if grpc_server is not None and not stopping:
+                stopping.append(asyncio.ensure_future(_stop_grpc(grpc_server, server)))
+
         self._server = DrainingServer(
-            app, log_level=server.log_level, timeout_s=server.shutdown_timeout_s
+            app,
+            log_level=server.log_level,
+            timeout_s=server.shutdown_timeout_s,
+            on_drain=stop_grpc,
         )
         try:
             await self._server.serve(socks, ready_line)
         finally:
-            if grpc_server is not None:
-                # Calls in flight finish (up to the shutdown timeout); new ones are refused.
-                await grpc_server.stop(server.shutdown_timeout_s)
+            stop_grpc()
+            await asyncio.gather(*stopping)
+
+
+async def _stop_grpc(grpc_server: Any, server: ServerConfig) -> None:
+    """From the drain on, new gRPC calls are refused (UNAVAILABLE) and the calls in
+    flight finish, within the shutdown timeout, as HTTP's do."""
+    stopped = asyncio.ensure_future(grpc_server.stop(server.shutdown_timeout_s))
+    await asyncio.sleep(0)  # its first step stops the server taking calls
+    log.info("gRPC: no new calls taken; the calls in flight finish")
+    await stopped
 
 
 def build_server(config: CarpoolConfig, functions: Sequence[FunctionModel] = ()) -> ServerBundle:

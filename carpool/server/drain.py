@@ -10,6 +10,7 @@ import asyncio
 import logging
 import signal
 import socket
+from collections.abc import Callable
 
 import uvicorn
 from starlette.responses import JSONResponse
@@ -66,8 +67,16 @@ class DrainingServer:
     drain: the socket stays open (new requests get 503), the requests in flight finish
     (up to ``timeout_s``), then the server stops; a second signal stops it at once."""
 
-    def __init__(self, app: ASGIApp, *, log_level: str, timeout_s: float) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        log_level: str,
+        timeout_s: float,
+        on_drain: Callable[[], object] | None = None,
+    ) -> None:
         self.drain = Drain(app)
+        self.on_drain = on_drain  # told when the drain begins (the gRPC server's stop)
         self.timeout_s = timeout_s
         self.server = uvicorn.Server(
             uvicorn.Config(
@@ -108,6 +117,8 @@ class DrainingServer:
             self.server.should_exit = self.server.force_exit = True
             return
         self.drain.draining = True
+        if self.on_drain is not None:
+            self.on_drain()
         log.info(
             "%s: draining %d requests in flight (up to %.0fs)",
             reason,

@@ -4,7 +4,9 @@ carpool.toml classes, through tritonclient and httpx (issue 26)."""
 from __future__ import annotations
 
 import json
+import queue
 import shutil
+import signal
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -15,12 +17,13 @@ import httpx
 import ml_dtypes
 import numpy as np
 import pytest
+import tritonclient.grpc as tgrpc
 import tritonclient.http as triton
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tritonclient.utils import InferenceServerException
 
-from tests.integration.conftest import Server, start_server, stop_server
+from tests.integration.conftest import Server, start_server, stop_server, wait_for
 from tests.integration.fuzzing import check, json_values, send
 from tests.repository_models.builder import (
     DATATYPES,
@@ -686,19 +689,36 @@ def test_poll_mode_follows_the_folder(tmp_path: Path) -> None:
 
 
 def test_shutdown_releases_every_model_after_the_drain(tmp_path: Path) -> None:
-    """SIGTERM: the requests drain, then each model's finalize / teardown runs (in its
-    worker process or its thread), and the server exits 0."""
+    """SIGTERM: the requests drain (gRPC's too), then each model's finalize / teardown
+    runs (in its worker process or its thread), and the server exits 0."""
     repository = build_finalizers(tmp_path)
-    s = start_server("--model-repository", str(repository))
+    s = start_server("--model-repository", str(repository), "--grpc-port", "-1")
+    x = np.ones((1, 2), np.float32)
     try:
-        x = np.ones((1, 2), np.float32)
         for name in ("finalizer", "teardown"):
             tensor = triton.InferInput("x", [1, 2], "FP32")
             tensor.set_data_from_numpy(x)
             assert client(s).infer(name, [tensor]).as_numpy("y").tolist() == x.tolist()
         assert not (repository / "finalizer" / "finalized").exists()
+        # A gRPC call in flight when the drain begins is answered; one after is refused.
+        grpc_client = tgrpc.InferenceServerClient(s.grpc_url)
+        gate = tgrpc.InferInput("x", [1, 2], "FP32")
+        gate.set_data_from_numpy(x)
+        answered: queue.Queue[Any] = queue.Queue()
+        grpc_client.async_infer(
+            "gate", [gate], callback=lambda result, error: answered.put((result, error))
+        )
+        wait_for(lambda: (repository / "gate" / "started").exists())
+        s.process.send_signal(signal.SIGTERM)
+        wait_for(lambda: any("gRPC: no new calls taken" in line for line in s.log))
+        with pytest.raises(InferenceServerException) as refused:
+            grpc_client.infer("gate", [gate])
+        (repository / "gate" / "release").write_text("go")
+        result, error = answered.get(timeout=60)
+        assert error is None and result.as_numpy("y").tolist() == x.tolist()
     finally:
         code = stop_server(s)
+    assert refused.value.status() == "StatusCode.UNAVAILABLE"
     assert code == 0
     assert (repository / "finalizer" / "finalized").read_text() == "finalized"
     assert (repository / "teardown" / "torn_down").read_text() == "torn down"

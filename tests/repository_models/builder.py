@@ -309,6 +309,28 @@ FINALIZER_CODE = """
         def finalize(self):
             self.mark.write_text("finalized")
 """
+# Answers once a "release" file appears in its model folder, after leaving a "started"
+# one there: a test holds a request in flight for as long as it needs.
+GATE_CODE = """
+    import time
+    from pathlib import Path
+
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            self.folder = Path(args["model_repository"])
+
+        def execute(self, requests):
+            (self.folder / "started").write_text("started")
+            deadline = time.monotonic() + 60
+            while not (self.folder / "release").exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            get = pb_utils.get_input_tensor_by_name
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("y", get(r, "x").as_numpy())])
+                    for r in requests]
+"""
 TEARDOWN_TOML = """
     max_batch_size = 4
     source = { kind = "python_class", target = "model:Marked" }
@@ -382,9 +404,11 @@ METRICS_CODE = """
 
 def build_finalizers(root: Path) -> Path:
     """Two models that leave a mark when released: a Python-backend model in its
-    worker process and a carpool class in a thread."""
+    worker process and a carpool class in a thread; and ``gate``, which answers when
+    the test lets it."""
     triton_model(root, "finalizer", SLOW_DOUBLE_CONFIG, FINALIZER_CODE)
     carpool_model(root, "teardown", TEARDOWN_TOML + 'isolation = "thread"\n', TEARDOWN_CODE)
+    triton_model(root, "gate", SLOW_DOUBLE_CONFIG, GATE_CODE)
     return root
 
 
