@@ -54,7 +54,7 @@ def tensor_types(gguf: Path) -> str:
 MEMORY_PROBE = """
 import sys
 from pathlib import Path
-import torch, transformers, carpool.server.app
+import torch, transformers, carpool.server.http.app
 from carpool.models.causal_lm import load_causal_lm
 def status(key):
     return int(Path("/proc/self/status").read_text().split(key + ":")[1].split()[0]) / 1024

@@ -387,7 +387,7 @@ def serve(config: CarpoolConfig, functions: Sequence[FunctionModel] = ()) -> int
     except Exception as exc:
         log.error("cannot start: %s", exc)
         return 1
-    from carpool.server.listen import bind
+    from carpool.server.http.listen import bind
 
     metrics_port = config.server.metrics_port
     try:

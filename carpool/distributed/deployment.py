@@ -29,8 +29,8 @@ from carpool.distributed.forward import (
 from carpool.distributed.ingress import Ingress
 from carpool.distributed.replica_book import deployment_key
 from carpool.distributed.router import PrefixAffinityRouter
-from carpool.server import errors
-from carpool.server.guards import guard
+from carpool.server.http import errors
+from carpool.server.http.guards import guard
 
 REPLICA_DEPLOYMENT = "CarpoolReplica"
 ROUTER = f"{PrefixAffinityRouter.__module__}.{PrefixAffinityRouter.__qualname__}"

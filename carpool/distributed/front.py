@@ -13,9 +13,9 @@ from fastapi import FastAPI, Request, Response
 
 from carpool.config import CarpoolConfig
 from carpool.distributed.ingress import Ingress
-from carpool.server import errors
-from carpool.server.drain import DrainingServer
-from carpool.server.guards import guard
+from carpool.server.http import errors
+from carpool.server.http.drain import DrainingServer
+from carpool.server.http.guards import guard
 from carpool.version import __version__
 
 METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]

@@ -32,7 +32,7 @@ from carpool.distributed.metrics_merge import merge_metrics
 from carpool.distributed.replica_book import known_replicas
 from carpool.distributed.routing import routing_text
 from carpool.errors import CarpoolError, Overloaded, ReplicaFailed
-from carpool.server import errors
+from carpool.server.http import errors
 
 log = logging.getLogger("carpool")
 
@@ -73,7 +73,7 @@ class Ingress:
 
     async def forward(self, request: Request) -> Response:
         """``request`` answered by one replica. Draining is the caller's: ``carpool
-        serve --replicas`` wraps its front in ``carpool.server.drain.Drain``, and a
+        serve --replicas`` wraps its front in ``carpool.server.http.drain.Drain``, and a
         Serve application's ingress deployment has Ray Serve's graceful shutdown."""
         return await self._forward(request)
 

@@ -35,7 +35,7 @@ def serve_replicas(config: CarpoolConfig) -> int:
     from carpool.distributed.front import front_app, serve_front
     from carpool.distributed.ingress import Ingress
     from carpool.distributed.replica_book import deployment_key
-    from carpool.server.listen import bind
+    from carpool.server.http.listen import bind
 
     try:  # before Ray starts: a port in use fails at once
         sock = bind(config.server.host, config.server.port)

@@ -33,11 +33,13 @@ from carpool.repository.function_model import FunctionModel
 from carpool.repository.repository import ModelRepository
 from carpool.repository.vllm_model import VllmModel
 from carpool.runtime import DeviceRuntime
-from carpool.server import heap, metrics, v2_grpc
-from carpool.server.app import create_app
-from carpool.server.drain import DrainingServer
-from carpool.server.model_control import ModelControl
-from carpool.server.served import Builtin, ServedEmbedding, ServedGenerator, ServedModels
+from carpool.server.http.app import create_app
+from carpool.server.http.drain import DrainingServer
+from carpool.server.kserve import v2_grpc
+from carpool.server.observability import metrics
+from carpool.server.registry import heap
+from carpool.server.registry.model_control import ModelControl
+from carpool.server.registry.served import Builtin, ServedEmbedding, ServedGenerator, ServedModels
 from carpool.workers.factory import engine_for
 
 log = logging.getLogger("carpool")

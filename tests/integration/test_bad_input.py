@@ -16,9 +16,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 from schemathesis.checks import not_a_server_error
 
-from carpool.server.messages_schemas import CountTokensRequest, MessagesRequest
-from carpool.server.responses_schemas import ResponsesRequest
-from carpool.server.schemas import (
+from carpool.server.anthropic.messages_schemas import CountTokensRequest, MessagesRequest
+from carpool.server.generation.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -26,6 +25,7 @@ from carpool.server.schemas import (
     TokenizeRequest,
     V2InferRequest,
 )
+from carpool.server.responses.responses_schemas import ResponsesRequest
 from tests.integration.conftest import Server, start_server, stop_server
 from tests.integration.fuzzing import OUTCOMES, check, json_values, send
 

@@ -16,7 +16,7 @@ import pytest
 import tritonclient.grpc as tgrpc
 from tritonclient.utils import InferenceServerException
 
-from carpool.server import auth
+from carpool.server.http import auth
 from tests.integration.conftest import Server, start_server, stop_server
 
 CHAT = "smollm2-135m-instruct"

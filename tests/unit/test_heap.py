@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from carpool.server import heap
+from carpool.server.registry import heap
 
 
 class _Node:

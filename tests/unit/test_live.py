@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from carpool.server.live import KEEP_S, LiveStats, Reading, Sample, quantile, view
+from carpool.server.observability.live import KEEP_S, LiveStats, Reading, Sample, quantile, view
 from carpool.stats import (
     BatcherStatsData,
     EngineStatsData,

@@ -9,7 +9,7 @@ import json
 from carpool.engine.request_output import CompletionOutput, RequestOutput
 from carpool.engine.runner import TokenLogprobs
 from carpool.engine.sequence import FinishReason
-from carpool.server.openai_shaping import Shaper, usage
+from carpool.server.openai.openai_shaping import Shaper, usage
 
 LETTERS = 'abcdefghijklmnopqrstuvwxyz {}":,_[]'
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from carpool.server.preprocess import (
+from carpool.server.registry.preprocess import (
     MARGIN,
     TooManyTokens,
     encode_within,

@@ -15,10 +15,15 @@ from transformers import AutoTokenizer
 from carpool.config import EngineConfig
 from carpool.engine.sampling_params import SamplingParams
 from carpool.models.causal_lm import load_causal_lm
-from carpool.server.generation_inputs import OfferedTools, render_chat
-from carpool.server.reply_reader import ArgumentsDelta, CallStarted, ReplyReader, TextDelta
-from carpool.server.schemas import ChatMessage
-from carpool.server.tools import HERMES, ToolSpec, template_format, tool_grammar
+from carpool.server.generation.generation_inputs import OfferedTools, render_chat
+from carpool.server.generation.reply_reader import (
+    ArgumentsDelta,
+    CallStarted,
+    ReplyReader,
+    TextDelta,
+)
+from carpool.server.generation.schemas import ChatMessage
+from carpool.server.generation.tools import HERMES, ToolSpec, template_format, tool_grammar
 from carpool.workers.factory import engine_for
 from tests import tiny_models
 

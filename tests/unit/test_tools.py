@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 
 from carpool.engine.structured import Grammars
 from carpool.errors import InvalidRequest
-from carpool.server.tools import (
+from carpool.server.generation.tools import (
     ToolSpec,
     calls_as_content,
     chosen_tools,

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from carpool.errors import InvalidRequest
-from carpool.server.unicode_check import (
+from carpool.server.http.unicode_check import (
     invalid_unicode_at,
     may_hold_surrogates,
     refuse_invalid_unicode,

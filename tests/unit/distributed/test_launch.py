@@ -68,7 +68,8 @@ def test_one_process_imports_nothing_of_ray() -> None:
     probe = (
         "import sys\n"
         "from carpool import cli\n"
-        "from carpool.server import app, bootstrap\n"
+        "from carpool.server import bootstrap\n"
+        "from carpool.server.http import app\n"
         "cli.build_config(cli.parser().parse_args(['serve']))\n"
         "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))\n"
     )

@@ -14,8 +14,8 @@ import pytest
 from carpool.config import ConfigError
 from carpool.models.generation_defaults import read_generation_defaults
 from carpool.server.bootstrap import sampling_defaults
-from carpool.server.generation_inputs import sampling_params
-from carpool.server.schemas import ChatCompletionRequest
+from carpool.server.generation.generation_inputs import sampling_params
+from carpool.server.generation.schemas import ChatCompletionRequest
 
 QWEN3 = {  # Qwen3-0.6B's generation_config.json
     "bos_token_id": 151643,

@@ -19,8 +19,8 @@ from carpool.config import BatchingConfig, RepositoryConfig
 from carpool.errors import ModelNotFound, ModelUnavailable
 from carpool.repository.repository import ModelRepository
 from carpool.runtime import DeviceRuntime
-from carpool.server.model_control import ModelControl
-from carpool.server.served import ServedEmbedding, ServedModels
+from carpool.server.registry.model_control import ModelControl
+from carpool.server.registry.served import ServedEmbedding, ServedModels
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "model_repository"
 

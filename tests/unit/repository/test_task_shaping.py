@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from carpool.server.task_shaping import (
+from carpool.server.tasks.task_shaping import (
     classify_body,
     predict_body,
     rerank_body,

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from carpool.errors import InvalidRequest
-from carpool.server.schemas import V2Tensor
-from carpool.server.v2_tensors import decode_tensor, output_entry, pack_bytes
+from carpool.server.generation.schemas import V2Tensor
+from carpool.server.kserve.v2_tensors import decode_tensor, output_entry, pack_bytes
 
 
 def tensor(datatype: str, shape: list[int], data: list | None = None, **params: int) -> V2Tensor:

@@ -9,12 +9,13 @@ from typing import Any
 import pytest
 
 from carpool.errors import InvalidRequest, ModelNotFound, RequestTooLarge
-from carpool.server import messages_adapter, responses_adapter
-from carpool.server.chat_adapter import protocol_names
-from carpool.server.errors import error_body
-from carpool.server.messages_schemas import CountTokensRequest, MessagesRequest
-from carpool.server.response_store import ResponseNotFound, ResponseStore, StoredResponse
-from carpool.server.responses_schemas import ResponsesRequest
+from carpool.server.anthropic import messages_adapter
+from carpool.server.anthropic.messages_schemas import CountTokensRequest, MessagesRequest
+from carpool.server.generation.chat_adapter import protocol_names
+from carpool.server.http.errors import error_body
+from carpool.server.responses import responses_adapter
+from carpool.server.responses.response_store import ResponseNotFound, ResponseStore, StoredResponse
+from carpool.server.responses.responses_schemas import ResponsesRequest
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}}
 

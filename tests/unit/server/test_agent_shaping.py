@@ -10,11 +10,11 @@ from typing import Any
 from carpool.engine.request_output import CompletionOutput, RequestOutput
 from carpool.engine.sequence import FinishReason
 from carpool.errors import Overloaded
-from carpool.server.messages_shaping import MessageShaper
-from carpool.server.reply_reader import ArgumentsDelta, CallStarted, TextDelta
-from carpool.server.reply_stream import Finished, ReasoningDelta, StreamEvent
-from carpool.server.responses_schemas import ResponsesRequest
-from carpool.server.responses_shaping import ResponseShaper
+from carpool.server.anthropic.messages_shaping import MessageShaper
+from carpool.server.generation.reply_reader import ArgumentsDelta, CallStarted, TextDelta
+from carpool.server.generation.reply_stream import Finished, ReasoningDelta, StreamEvent
+from carpool.server.responses.responses_schemas import ResponsesRequest
+from carpool.server.responses.responses_shaping import ResponseShaper
 
 
 def finished(

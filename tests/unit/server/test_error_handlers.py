@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from starlette.requests import Request
 
 from carpool.errors import InvalidRequest, ModelNotFound
-from carpool.server import errors
+from carpool.server.http import errors
 
 
 def answer(exc: Exception) -> tuple[int, dict[str, object]]:

@@ -11,7 +11,7 @@ import pytest
 from carpool.config import BatchingConfig
 from carpool.errors import InvalidRequest
 from carpool.repository.spec import ModelSpec, Source, TensorSpec
-from carpool.server.generate_shaping import generate_body, generate_inputs
+from carpool.server.kserve.generate_shaping import generate_body, generate_inputs
 
 
 def spec(max_batch_size: int = 4) -> ModelSpec:

@@ -13,7 +13,7 @@ import pytest
 from carpool.errors import InvalidRequest
 from carpool.repository.errors import RepositoryError
 from carpool.repository.vllm_model import read_model_json
-from carpool.server.llm_tensors import as_completion, llm_spec, read_request
+from carpool.server.kserve.llm_tensors import as_completion, llm_spec, read_request
 
 SPEC = llm_spec("llm")
 

@@ -16,10 +16,10 @@ from transformers import AutoTokenizer
 from carpool.engine.request_output import CompletionOutput, RequestOutput
 from carpool.engine.sequence import FinishReason
 from carpool.errors import InvalidRequest
-from carpool.server.generation_inputs import render_chat
-from carpool.server.openai_shaping import Shaper
-from carpool.server.reasoning import ReasoningSplitter
-from carpool.server.schemas import ChatMessage
+from carpool.server.generation.generation_inputs import render_chat
+from carpool.server.generation.reasoning import ReasoningSplitter
+from carpool.server.generation.schemas import ChatMessage
+from carpool.server.openai.openai_shaping import Shaper
 
 CASES = [
     # (parser, reply, reasoning, content)

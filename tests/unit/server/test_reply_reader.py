@@ -12,9 +12,14 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from carpool.server.json_scanner import JsonScanner, Path
-from carpool.server.reply_reader import ArgumentsDelta, CallStarted, ReplyReader, TextDelta
-from carpool.server.tools import CLOSE, OPEN
+from carpool.server.generation.reply_reader import (
+    ArgumentsDelta,
+    CallStarted,
+    ReplyReader,
+    TextDelta,
+)
+from carpool.server.generation.tools import CLOSE, OPEN
+from carpool.server.http.json_scanner import JsonScanner, Path
 
 json_leaf = st.none() | st.booleans() | st.integers() | st.text(max_size=8)
 json_value = st.recursive(

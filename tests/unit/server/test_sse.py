@@ -11,7 +11,7 @@ import pytest
 from sse_starlette.sse import SendTimeoutError
 from starlette.types import Message
 
-from carpool.server.sse import DONE, EventStream, sse_event
+from carpool.server.http.sse import DONE, EventStream, sse_event
 
 
 def test_an_event_is_one_data_line_of_compact_json() -> None:

@@ -8,8 +8,8 @@ import numpy as np
 from carpool.engine.request_output import CompletionOutput, RequestOutput
 from carpool.engine.runner import TokenLogprobs
 from carpool.engine.sequence import FinishReason
-from carpool.server.tei_shaping import cut_to, normalized, rerank_body, similarities
-from carpool.server.tgi_shaping import (
+from carpool.server.tei.tei_shaping import cut_to, normalized, rerank_body, similarities
+from carpool.server.tgi.tgi_shaping import (
     StreamShaper,
     TokenFacts,
     error_body,

@@ -7,8 +7,8 @@ import pytest
 from tritonclient.grpc import InferResult, service_pb2
 
 from carpool.errors import InvalidRequest
-from carpool.server.v2_grpc_messages import infer_request, infer_response, parameters
-from carpool.server.v2_tensors import decode_tensor
+from carpool.server.kserve.v2_grpc_messages import infer_request, infer_response, parameters
+from carpool.server.kserve.v2_tensors import decode_tensor
 
 
 def test_raw_contents_become_the_binary_extensions_blobs() -> None:

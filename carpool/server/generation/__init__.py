@@ -1,0 +1,2 @@
+"""What every text-generation protocol shares: request schemas, prompts and sampling,
+tool calls and reasoning read from replies."""

@@ -1,0 +1,1 @@
+"""HTTP plumbing: the app, its guards (body limit, API key), error bodies, drain."""

@@ -1,0 +1,1 @@
+"""Prometheus metrics, the live view and the dashboard."""

@@ -1,0 +1,1 @@
+"""OpenAI's chat, completions and embeddings routes, and vLLM's extras."""

@@ -1,0 +1,1 @@
+"""The served models of every kind, and model control (loading, unloading)."""

@@ -1,0 +1,1 @@
+"""OpenAI's Responses API, an adapter over the chat path."""

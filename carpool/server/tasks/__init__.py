@@ -1,0 +1,1 @@
+"""Task routes (rerank, score, classify, predict) on models that do the task."""

@@ -1,0 +1,1 @@
+"""Text Embeddings Inference's API, over the embedding and task paths."""

@@ -1,0 +1,1 @@
+"""Text Generation Inference's API, an adapter over the completions path."""
