@@ -400,10 +400,9 @@ class UserBatchModel:
 
 
 def _as_declared(value: Any, spec: TensorSpec | None) -> Any:
-    """An output in its declared datatype where only the width differs and nothing is
-    lost: integers that fit (Triton's examples add an int64 to an INT32 output, and
-    Triton passes it on), or floats of another width. Anything else is left for the
-    check to refuse."""
+    """An integer output in its declared integer datatype when every value fits
+    (Triton's examples add an int64 to an INT32 output, and Triton passes it on).
+    Anything else, floats of another width included, is left for the check to refuse."""
     if spec is None or not isinstance(value, np.ndarray) or datatype_of(value) == spec.datatype:
         return value
     declared = numpy_dtype(spec.datatype)
@@ -412,8 +411,6 @@ def _as_declared(value: Any, spec: TensorSpec | None) -> Any:
         info = np.iinfo(declared)
         if value.size == 0 or (info.min <= value.min() and value.max() <= info.max):
             return value.astype(declared)
-    if kind == "f" and want == "f":
-        return value.astype(declared)
     return value
 
 
