@@ -21,7 +21,7 @@ ASSETS = "/dashboard/assets"
 
 
 def static_dir() -> Path:
-    return Path(str(files("carpool.server") / "static"))
+    return Path(str(files("carpool.server.observability") / "static"))
 
 
 def reading(models: ServedModels) -> Reading:
