@@ -201,14 +201,7 @@ def read_triton_model(folder: Path, device: str = "cpu", complete: bool = True) 
     config["backend"] = backend
     if platform:
         config["platform"] = platform
-    max_batch_size = int(config.get("max_batch_size", 0))
-    if max_batch_size < 0:
-        raise RepositoryError(f"{where}: max_batch_size must be >= 0")
-    config["max_batch_size"] = max_batch_size
-    inputs = tuple(_tensor(t, where, "input") for t in config.get("input", []))
-    outputs = tuple(_tensor(t, where, "output") for t in config.get("output", []))
-    if not inputs or not outputs:
-        raise RepositoryError(f"{where}: a model needs at least one input and one output")
+    max_batch_size, inputs, outputs = _tensors(config, where)
     count = _instances(config, where, device)
     batching = _batching(config, max_batch_size, where)
     parameters = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
@@ -270,6 +263,21 @@ def _config_entry(tensor: TensorSpec) -> dict[str, Any]:
     return {**entry, "optional": True} if tensor.optional else entry
 
 
+def _tensors(
+    config: dict[str, Any], where: str
+) -> tuple[int, tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    """The config's ``max_batch_size`` (written back as an int), inputs and outputs."""
+    max_batch_size = int(config.get("max_batch_size", 0))
+    if max_batch_size < 0:
+        raise RepositoryError(f"{where}: max_batch_size must be >= 0")
+    config["max_batch_size"] = max_batch_size
+    inputs = tuple(_tensor(t, where, "input") for t in config.get("input", []))
+    outputs = tuple(_tensor(t, where, "output") for t in config.get("output", []))
+    if not inputs or not outputs:
+        raise RepositoryError(f"{where}: a model needs at least one input and one output")
+    return max_batch_size, inputs, outputs
+
+
 def _read_ensemble(folder: Path, config: dict[str, Any], where: str) -> ModelSpec:
     """An ensemble: its own inputs and outputs, and the steps that connect them. It
     has one version (its numbered folder's, else 1) and no instances of its own."""
@@ -279,14 +287,7 @@ def _read_ensemble(folder: Path, config: dict[str, Any], where: str) -> ModelSpe
                 f"{where}: field '{key}' is not supported on an ensemble (supported: "
                 f"{', '.join(sorted(_ENSEMBLE_FIELDS))})"
             )
-    max_batch_size = int(config.get("max_batch_size", 0))
-    if max_batch_size < 0:
-        raise RepositoryError(f"{where}: max_batch_size must be >= 0")
-    config["max_batch_size"] = max_batch_size
-    inputs = tuple(_tensor(t, where, "input") for t in config.get("input", []))
-    outputs = tuple(_tensor(t, where, "output") for t in config.get("output", []))
-    if not inputs or not outputs:
-        raise RepositoryError(f"{where}: a model needs at least one input and one output")
+    max_batch_size, inputs, outputs = _tensors(config, where)
     stages = read_steps(config, [t.name for t in inputs], [t.name for t in outputs], where)
     numbered = [int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit()]
     return ModelSpec(

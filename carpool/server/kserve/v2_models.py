@@ -274,13 +274,7 @@ class GeneratorV2(_BuiltinV2):
 
     def metadata(self, version: str | None) -> dict[str, Any]:
         self.version_of(version)
-        return {
-            "name": self.name,
-            "versions": [BUILTIN_VERSION],
-            "platform": "vllm",
-            "inputs": [_tensor_metadata(t, []) for t in self.spec.inputs],
-            "outputs": [_tensor_metadata(t, []) for t in self.spec.outputs],
-        }
+        return spec_metadata(self.spec, [BUILTIN_VERSION], "vllm")
 
     def config(self) -> dict[str, Any]:
         return {
@@ -362,15 +356,11 @@ class UserV2:
 
     def metadata(self, version: str | None) -> dict[str, Any]:
         spec = self.served.version(version).spec
-        batch = [-1] if spec.max_batch_size > 0 else []
         config = spec.model_config
-        return {
-            "name": self.name,
-            "versions": [str(v) for v in sorted(self.served.versions)],
-            "platform": config.get("platform") or config.get("backend", "python"),
-            "inputs": [_tensor_metadata(t, batch) for t in spec.inputs],
-            "outputs": [_tensor_metadata(t, batch) for t in spec.outputs],
-        }
+        versions = [str(v) for v in sorted(self.served.versions)]
+        return spec_metadata(
+            spec, versions, config.get("platform") or config.get("backend", "python")
+        )
 
     def config(self) -> dict[str, Any]:
         return dict(self.served.latest.spec.model_config)
@@ -463,15 +453,7 @@ class EnsembleV2:
         return own
 
     def metadata(self, version: str | None) -> dict[str, Any]:
-        spec = self.served.spec
-        batch = [-1] if spec.max_batch_size > 0 else []
-        return {
-            "name": self.name,
-            "versions": [self.version_of(version)],
-            "platform": "ensemble",
-            "inputs": [_tensor_metadata(t, batch) for t in spec.inputs],
-            "outputs": [_tensor_metadata(t, batch) for t in spec.outputs],
-        }
+        return spec_metadata(self.served.spec, [self.version_of(version)], "ensemble")
 
     def config(self) -> dict[str, Any]:
         return dict(self.served.spec.model_config)
@@ -507,6 +489,19 @@ class EnsembleV2:
 def _ordered(outputs: dict[str, np.ndarray[Any, Any]], order: Sequence[str]) -> list[Output]:
     """The outputs in ``order`` (a decoupled model's response may hold some only)."""
     return [(name, outputs[name]) for name in order if name in outputs]
+
+
+def spec_metadata(spec: ModelSpec, versions: list[str], platform: str) -> dict[str, Any]:
+    """A model's metadata from its spec: its tensors, a batch dimension first where
+    it batches."""
+    batch = [-1] if spec.max_batch_size > 0 else []
+    return {
+        "name": spec.name,
+        "versions": versions,
+        "platform": platform,
+        "inputs": [_tensor_metadata(t, batch) for t in spec.inputs],
+        "outputs": [_tensor_metadata(t, batch) for t in spec.outputs],
+    }
 
 
 def _tensor_metadata(tensor: TensorSpec, batch: list[int]) -> dict[str, Any]:
