@@ -94,6 +94,17 @@ class ModelSpec:
         return next((t for t in self.outputs if t.name == name), None)
 
 
+def config_tensor(tensor: TensorSpec) -> dict[str, Any]:
+    """One tensor as Triton's config JSON writes it (``input`` / ``output`` entries)."""
+    return {
+        "name": tensor.name,
+        "data_type": config_name(tensor.datatype),
+        "dims": list(tensor.dims),
+        **({"allow_ragged_batch": True} if tensor.allow_ragged_batch else {}),
+        **({"optional": True} if tensor.optional else {}),
+    }
+
+
 def triton_view(
     name: str,
     backend: str,
@@ -106,24 +117,12 @@ def triton_view(
     """A model not read from a config.pbtxt, in Triton's config JSON shape (what
     ``GET /v2/models/NAME/config`` answers and a Python-backend model would read)."""
 
-    def tensors(items: tuple[TensorSpec, ...]) -> list[dict[str, Any]]:
-        return [
-            {
-                "name": t.name,
-                "data_type": config_name(t.datatype),
-                "dims": list(t.dims),
-                **({"allow_ragged_batch": True} if t.allow_ragged_batch else {}),
-                **({"optional": True} if t.optional else {}),
-            }
-            for t in items
-        ]
-
     return {
         "name": name,
         "backend": backend,
         "max_batch_size": max_batch_size,
-        "input": tensors(inputs),
-        "output": tensors(outputs),
+        "input": [config_tensor(t) for t in inputs],
+        "output": [config_tensor(t) for t in outputs],
         "instance_group": [{"name": name, "kind": "KIND_CPU", "count": instance_count}],
         "dynamic_batching": {
             "preferred_batch_size": list(batching.preferred_batch_sizes),

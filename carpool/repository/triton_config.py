@@ -20,10 +20,10 @@ from google.protobuf.message import Message
 
 from carpool.config import BatchingConfig, ConfigError, QueuePolicy
 from carpool.repository.auto_complete import auto_complete
-from carpool.repository.datatypes import config_name, from_config_name
+from carpool.repository.datatypes import from_config_name
 from carpool.repository.ensemble import read_steps
 from carpool.repository.errors import RepositoryError
-from carpool.repository.spec import ISOLATIONS, ModelSpec, Source, TensorSpec
+from carpool.repository.spec import ISOLATIONS, ModelSpec, Source, TensorSpec, config_tensor
 from carpool.repository.tensor_backends import complete_onnx_config
 from carpool.repository.vllm_model import INPUTS as VLLM_INPUTS
 from carpool.repository.vllm_model import MODEL_JSON
@@ -247,20 +247,11 @@ def _llm_config(config: dict[str, Any]) -> dict[str, Any]:
         declared = {t["name"] for t in config.get(key, [])}
         completed[key] = [
             *config.get(key, []),
-            *(_config_entry(t) for t in tensors if t.name not in declared),
+            *(config_tensor(t) for t in tensors if t.name not in declared),
         ]
     completed["max_batch_size"] = 0
     completed["model_transaction_policy"] = {"decoupled": True}
     return completed
-
-
-def _config_entry(tensor: TensorSpec) -> dict[str, Any]:
-    entry = {
-        "name": tensor.name,
-        "data_type": config_name(tensor.datatype),
-        "dims": list(tensor.dims),
-    }
-    return {**entry, "optional": True} if tensor.optional else entry
 
 
 def _tensors(

@@ -13,7 +13,6 @@ import numpy as np
 from starlette.requests import Request
 
 from carpool.errors import InvalidRequest, ModelNotFound
-from carpool.repository.datatypes import config_name
 from carpool.repository.payload import TensorPayload
 from carpool.repository.spec import (
     CheckedRequest,
@@ -21,6 +20,7 @@ from carpool.repository.spec import (
     TensorSpec,
     check_inputs,
     check_unique,
+    config_tensor,
 )
 from carpool.server.generation.schemas import V2InferRequest
 from carpool.server.kserve import llm_tensors
@@ -282,8 +282,8 @@ class GeneratorV2(_BuiltinV2):
             "backend": "vllm",
             "max_batch_size": 0,
             "model_transaction_policy": {"decoupled": True},
-            "input": [_config_tensor(t) for t in self.spec.inputs],
-            "output": [_config_tensor(t) for t in self.spec.outputs],
+            "input": [config_tensor(t) for t in self.spec.inputs],
+            "output": [config_tensor(t) for t in self.spec.outputs],
             "parameters": {"max_model_len": {"string_value": str(self.served.max_model_len)}},
         }
 
@@ -332,15 +332,6 @@ class GeneratorV2(_BuiltinV2):
         """Each response's outputs for a request's tensors and parameters."""
         asked = llm_tensors.read_request(self.spec, arrays, params)
         return llm_tensors.responses(self.served, self.models, asked)
-
-
-def _config_tensor(tensor: TensorSpec) -> dict[str, Any]:
-    return {
-        "name": tensor.name,
-        "data_type": config_name(tensor.datatype),
-        "dims": list(tensor.dims),
-        **({"optional": True} if tensor.optional else {}),
-    }
 
 
 class UserV2:
