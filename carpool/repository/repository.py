@@ -78,11 +78,13 @@ class ModelRepository:
             return read_carpool_model(folder)
         raise RepositoryError(f"{folder}: holds neither config.pbtxt nor carpool.toml")
 
-    def load(self, name: str) -> list[LoadedVersion]:
-        """Read ``name`` and load every instance of every version it serves."""
+    def load(self, name: str, specs: list[ModelSpec] | None = None) -> list[LoadedVersion]:
+        """Load every instance of every version ``name`` serves: of ``specs`` when the
+        caller has read them already (reading a Python-backend model imports its code
+        for ``auto_complete_config``), else of what ``read`` gives."""
         loaded: list[LoadedVersion] = []
         try:
-            for spec in self.read(name):
+            for spec in self.read(name) if specs is None else specs:
                 instances: list[Backend] = []
                 try:
                     for i in range(spec.instance_count):

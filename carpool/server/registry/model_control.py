@@ -285,7 +285,7 @@ class ModelControl:
         elif specs[0].source.kind == "vllm":
             loaded = self._load_llm(name, Path(specs[-1].source.path))
         else:
-            loaded = self.repository.load(name)
+            loaded = self.repository.load(name, specs)
         self._stamps[name] = stamp
         return loaded
 
