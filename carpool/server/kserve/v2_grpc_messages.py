@@ -10,12 +10,11 @@ from typing import Any, TypeVar
 import numpy as np
 from google.protobuf import json_format
 from google.protobuf.message import Message
-from pydantic import ValidationError
 from tritonclient.grpc import service_pb2
 
 from carpool.errors import InvalidRequest
 from carpool.server.generation.schemas import V2InferRequest
-from carpool.server.kserve.v2_tensors import output_entry
+from carpool.server.kserve.v2_tensors import output_entry, validated_request
 
 M = TypeVar("M", bound=Message)
 
@@ -87,12 +86,7 @@ def infer_request(msg: service_pb2.ModelInferRequest) -> tuple[V2InferRequest, d
         body["parameters"] = parameters(msg.parameters)
     if msg.outputs:
         body["outputs"] = [{"name": o.name} for o in msg.outputs]
-    try:
-        return V2InferRequest.model_validate(body), blobs
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise InvalidRequest(f"invalid inference request at '{where}': {first['msg']}") from None
+    return validated_request(body), blobs
 
 
 def infer_response(

@@ -31,13 +31,7 @@ def parse_request(
             raise InvalidRequest(f"bad Inference-Header-Content-Length {header_length!r}")
         split = int(header_length)
         json_part, binary = body[:split], body[split:]
-    data = _parse_json(json_part)
-    try:
-        request = V2InferRequest.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise InvalidRequest(f"invalid inference request at '{where}': {first['msg']}") from None
+    request = validated_request(_parse_json(json_part))
     blobs: dict[str, bytes] = {}
     offset = 0
     for tensor in request.inputs:
@@ -51,6 +45,16 @@ def parse_request(
     if offset != len(binary):
         raise InvalidRequest("request body has binary data that no input claims")
     return request, blobs
+
+
+def validated_request(data: Any) -> V2InferRequest:
+    """``data`` as the inference request; ``InvalidRequest`` naming where it is wrong."""
+    try:
+        return V2InferRequest.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise InvalidRequest(f"invalid inference request at '{where}': {first['msg']}") from None
 
 
 def _parse_json(text: bytes) -> Any:

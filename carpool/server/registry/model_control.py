@@ -187,7 +187,7 @@ class ModelControl:
         async with self._lock(name):
             if name in self._builtins and self._models.builtin(name) is not None:
                 await self._unload_builtin(name)
-            elif self._models.is_user(name) or self._models.ensemble(name) is not None:
+            elif self._models.is_from_repository(name):
                 await self._unload(name)
                 heap.settle()
             else:
@@ -217,7 +217,7 @@ class ModelControl:
                         log.error("poll: %s", exc.message)
         for name in sorted({*self._models.user_models, *self._models.ensembles} - present):
             async with self._lock(name):
-                if self._models.is_user(name) or self._models.ensemble(name) is not None:
+                if self._models.is_from_repository(name):
                     await self._unload(name)
                     heap.settle()
 
@@ -308,7 +308,7 @@ class ModelControl:
             loaded = await asyncio.to_thread(self._read_and_load, name)
             if self._models.builtin(name) is not None:
                 await self._unload_builtin(name)
-            elif self._models.is_user(name) or self._models.ensemble(name) is not None:
+            elif self._models.is_from_repository(name):
                 await self._unload(name)
             self._install(name, loaded)
         except RepositoryError as exc:

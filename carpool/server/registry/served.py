@@ -204,6 +204,10 @@ class ServedModels:
     def ensemble(self, name: str) -> ServedEnsemble | None:
         return self._ensembles.get(self.aliases.get(name, name))
 
+    def is_from_repository(self, name: str) -> bool:
+        """Whether ``name`` is a repository model or ensemble served now."""
+        return self.is_user(name) or self.ensemble(name) is not None
+
     def builtin(self, name: str) -> Builtin | None:
         """The built-in (``--model``) model ``name`` if it is served, closing or not."""
         name = self.aliases.get(name, name)
