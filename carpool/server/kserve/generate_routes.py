@@ -21,7 +21,12 @@ from carpool.repository.payload import TensorPayload
 from carpool.repository.spec import ModelSpec, check_inputs
 from carpool.server.http.sse import EventStream
 from carpool.server.kserve.generate_shaping import generate_body, generate_inputs
-from carpool.server.kserve.v2_models import GeneratorV2, adapter, priority_and_timeout
+from carpool.server.kserve.v2_models import (
+    GeneratorV2,
+    adapter,
+    priority_and_timeout,
+    scalar_parameters,
+)
 from carpool.server.registry.served import ServedGenerator, ServedModels
 from carpool.server.registry.served_user import one_response
 
@@ -71,10 +76,10 @@ async def _answers(
     if isinstance(builtin, ServedGenerator):
         llm = adapter(models, name, lambda: True)
         assert isinstance(llm, GeneratorV2)
-        llm.version_of(version)
+        own = llm.version_of(version)
         arrays, params = generate_inputs(body, llm.spec)
         answers = llm.generate(arrays, params)
-        return functools.partial(_shaped, llm.name, "1", llm.spec, False), answers
+        return functools.partial(_shaped, llm.name, own, llm.spec, False), answers
     served = models.user(name)
     target = served.version(version)
     arrays, params = generate_inputs(body, target.spec)
@@ -84,7 +89,7 @@ async def _answers(
         checked.arrays,
         (),
         request_id=str(body.get("id") or ""),
-        parameters={k: v for k, v in params.items() if isinstance(v, str | int | float | bool)},
+        parameters=scalar_parameters(params),
     )
     answers = served.responses(
         target, checked, payload, priority=priority, timeout_s=timeout_s, request=request

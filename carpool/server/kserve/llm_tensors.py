@@ -39,12 +39,15 @@ EXTRA_OUTPUTS = {
     "num_output_tokens": "return_num_output_tokens",
 }
 
-# vLLM's sampling parameters carpool takes, by the type their text is read as.
-_FLOATS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
-           "repetition_penalty")  # fmt: skip
-_INTS = ("max_tokens", "top_k", "min_tokens", "seed", "n")
-_BOOLS = ("ignore_eos", "skip_special_tokens")
-_LISTS = ("stop", "stop_token_ids")
+# vLLM's sampling parameters carpool takes, by the type their text is read as (a
+# list: read as JSON, ``stop`` as it is).
+_KINDS: dict[str, type] = {
+    **dict.fromkeys(("temperature", "top_p", "min_p", "presence_penalty",
+                     "frequency_penalty", "repetition_penalty"), float),
+    **dict.fromkeys(("max_tokens", "top_k", "min_tokens", "seed", "n"), int),
+    **dict.fromkeys(("ignore_eos", "skip_special_tokens"), bool),
+    **dict.fromkeys(("stop", "stop_token_ids"), list),
+}  # fmt: skip
 # Request parameters that are Triton's or carpool's, not sampling parameters.
 _NOT_SAMPLING = ("stream", "priority", "timeout")
 VLLM_MAX_TOKENS = 16  # vLLM's SamplingParams default
@@ -144,25 +147,22 @@ def as_completion(model: str, request: LlmRequest) -> CompletionRequest:
 
 def _sampling_value(key: str, value: Any) -> Any:
     """A sampling parameter's value, read from text where it is text."""
-    kinds = {**dict.fromkeys(_FLOATS, float), **dict.fromkeys(_INTS, int)}
-    kinds |= dict.fromkeys(_BOOLS, bool)
-    if key not in kinds and key not in _LISTS:
+    kind = _KINDS.get(key)
+    if kind is None:
         raise InvalidRequest(
-            f"sampling parameter '{key}' is not one carpool takes (it takes "
-            f"{', '.join([*kinds, *_LISTS])})",
+            f"sampling parameter '{key}' is not one carpool takes (it takes {', '.join(_KINDS)})",
             param="sampling_parameters",
         )
     if not isinstance(value, str) or key == "stop":
         return value
-    kind = kinds.get(key)
     try:
         if kind is bool:
             if value.lower() not in ("true", "false"):
                 raise ValueError(value)
             return value.lower() == "true"
-        if kind is not None:
-            return kind(value)
-        return json.loads(value)
+        if kind is list:
+            return json.loads(value)
+        return kind(value)
     except (ValueError, json.JSONDecodeError):
         raise InvalidRequest(
             f"sampling parameter '{key}' has the value {value!r}", param="sampling_parameters"

@@ -420,9 +420,14 @@ def tensor_request(
         checked.arrays,
         tuple(wanted),
         request_id=body.id or "",
-        parameters={k: v for k, v in params.items() if isinstance(v, str | int | float | bool)},
+        parameters=scalar_parameters(params),
     )
     return checked, payload, priority, timeout_s
+
+
+def scalar_parameters(params: dict[str, Any]) -> dict[str, Any]:
+    """The request parameters a model sees (Triton's: strings, numbers, booleans)."""
+    return {k: v for k, v in params.items() if isinstance(v, str | int | float | bool)}
 
 
 class EnsembleV2:
