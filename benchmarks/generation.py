@@ -17,7 +17,9 @@ workload under two engine configurations should give the same one.
 
 On a GPU carpool's rows also give its start-up, CUDA-graph capture time and how long
 the GPU sat idle between steps (compare ``--engine '{"async_scheduling": true}'``,
-which launches each step before the last one's tokens are back).
+which launches each step before the last one's tokens are back). Each carpool row
+ends with the engine's time a step by phase (``null_device.time_phases``; ``wait``:
+the host blocked on the device's tokens, inside ``land``).
 
 transformers one-at-a-time runs on the first ``--hf-single-requests`` requests only
 (its rate does not depend on how many there are; all 64 would take ~10 minutes).
@@ -39,6 +41,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.null_device import time_phases
 from benchmarks.workload import generation_workload, token_prompts
 
 MODEL = "smollm2-135m-instruct"
@@ -60,6 +63,7 @@ def run_carpool(workload: list[tuple[list[int], int]], args: argparse.Namespace)
     llm.generate(warm, params[0], use_tqdm=False)
     runner = llm.engine.runner
     busy = getattr(runner, "device_seconds", 0.0)
+    phases = time_phases(llm.engine)
     started = time.perf_counter()
     outputs = llm.generate([p for p, _ in workload], params, use_tqdm=False)
     elapsed = time.perf_counter() - started
@@ -70,6 +74,7 @@ def run_carpool(workload: list[tuple[list[int], int]], args: argparse.Namespace)
         "seconds": elapsed,
         "startup_s": startup,
         "digest": digest.hexdigest()[:12],
+        "phases_ms": {k: sum(v) * 1000 / max(1, len(phases["step"])) for k, v in phases.items()},
     }
     if hasattr(runner, "device_seconds"):
         # From each step's first kernel to its tokens on the host; the rest of the
@@ -239,6 +244,10 @@ def main() -> None:
             )
         if "digest" in r:
             gpu += f"; tokens {r['digest']}"
+        if "phases_ms" in r:
+            gpu += "; ms a step: " + ", ".join(
+                f"{k} {v:.3f}" for k, v in r["phases_ms"].items() if v
+            )
         print(
             f"{name:48} {r['tokens']:7d} {r['seconds']:7.1f} {r['tokens_per_s']:7.1f} "
             f"{_ratio(r, base_one):>14} {_ratio(r, base_16):>10} {r['peak_rss_mb']:11.0f}{gpu}"

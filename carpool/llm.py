@@ -3,6 +3,7 @@ through the engine at once, get every output back in order."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -61,7 +62,9 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Run every prompt (text or token ids); outputs in the prompts' order."""
+        """Run every prompt (text or token ids); outputs in the prompts' order. Each
+        request is reported once, when it ends (``output_kind`` "final_only", as
+        vLLM's ``LLM.generate``): no output is built per step."""
         if isinstance(prompts, str) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
@@ -72,7 +75,7 @@ class LLM:
         ids = [f"offline-{base}-{i}" for i in range(len(batch))]
         for rid, prompt, p in zip(ids, batch, params, strict=True):
             tokens = self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
-            self.engine.add_request(rid, tokens, p)
+            self.engine.add_request(rid, tokens, dataclasses.replace(p, output_kind="final_only"))
         done: dict[str, RequestOutput] = {}
         with tqdm(total=len(batch), desc="generating", disable=not use_tqdm) as bar:
             while self.engine.has_work:

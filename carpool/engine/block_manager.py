@@ -209,6 +209,8 @@ class BlockManager:
         ``prefix`` (``match_prefix``) if the table is empty; its null entries start
         the table released. False, with nothing changed, if there are not enough
         free blocks."""
+        if not prefix and len(table.blocks) * self.block_size >= num_tokens:
+            return True  # a decode step within its last block: most calls
         if not self.fits(table, num_tokens, prefix):
             return False
         unseen = self._unseen(prefix)
@@ -238,7 +240,7 @@ class BlockManager:
 
     def commit(self, table: BlockTable, token_ids: Sequence[int], num_computed: int) -> None:
         """Register the blocks that ``num_computed`` computed tokens have filled."""
-        if not self.prefix_caching:
+        if not self.prefix_caching or len(table.hashes) >= num_computed // self.block_size:
             return
         full = min(num_computed // self.block_size, len(table.blocks))
         while len(table.hashes) < full:
@@ -261,6 +263,8 @@ class BlockManager:
         evicted. A step in flight (planned, not yet run) may still read them: a
         block released is written only by a step planned after this call, and steps
         run in the order they are planned."""
+        if self.window is None:
+            return
         behind = self._behind(position, len(table.blocks))
         for i in range(table.released, behind):
             self._unref(table.blocks[i])

@@ -8,12 +8,21 @@ Stop strings never leak: text that could be the beginning of a stop string is
 held back until it either completes one (then everything from the stop string on
 is dropped and the sequence stops) or stops being a possible beginning (then it
 is released). So a stop string can span any number of tokens.
+
+Where the tokenizer is a Rust ``tokenizers.Tokenizer`` and the prompt's last tokens
+decode to whole characters, its ``DecodeStream`` does the same offsets in one call
+per token (two Python-level decodes and slices otherwise: ~4.6 against ~1.2 us a
+token, issue 48). A prompt that ends inside a character keeps the Python offsets,
+whose text for the token that completes it differs from the stream's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
+
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
 
 # Prompt tokens kept as decoding context, so the first generated token's leading
 # space and merges decode as they would in the full text.
@@ -34,6 +43,22 @@ def _fastest(tokenizer: Decoder) -> Decoder:
     return backend
 
 
+def _stream(decoder: Decoder, context: list[int], skip: bool) -> Any:
+    """A ``DecodeStream`` primed with ``context`` (less any leading tokens that begin
+    inside a character), where ``decoder`` is a Rust tokenizer and ``context`` ends
+    on a whole character; else None."""
+    if not isinstance(decoder, Tokenizer):
+        return None
+    if decoder.decode(context, skip_special_tokens=skip).endswith("\ufffd"):
+        return None
+    while context and decoder.decode(context, skip_special_tokens=skip).startswith("\ufffd"):
+        context = context[1:]
+    try:
+        return DecodeStream(ids=context, skip_special_tokens=skip)
+    except TypeError:  # a tokenizers before 0.22 takes no context
+        return None
+
+
 class IncrementalDetokenizer:
     def __init__(
         self,
@@ -49,6 +74,7 @@ class IncrementalDetokenizer:
         self._ids = list(prompt_ids[-CONTEXT_TOKENS:])
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
+        self._stream = _stream(self._tokenizer, self._ids, skip_special_tokens)
         self._stop = tuple(stop)
         self._held = ""
         self.text = ""
@@ -58,6 +84,9 @@ class IncrementalDetokenizer:
         """Add one generated token; return the text it makes safe to show (maybe "")."""
         if self.stopped_on is not None:
             return ""
+        if self._stream is not None:
+            piece = self._stream.step(self._tokenizer, token_id)
+            return self._release(piece) if piece else ""
         self._ids.append(token_id)
         prefix = self._decode(self._ids[self._prefix_offset : self._read_offset])
         full = self._decode(self._ids[self._prefix_offset :])
@@ -79,6 +108,9 @@ class IncrementalDetokenizer:
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
 
     def _release(self, new_text: str) -> str:
+        if not self._stop:
+            self.text += new_text
+            return new_text
         pending = self._held + new_text
         hit = min(((pending.find(s), s) for s in self._stop if s in pending), default=None)
         if hit is not None:

@@ -37,7 +37,9 @@ class DraftModelProposer:
             if len(tokens) + k > self.engine.max_model_len:
                 continue  # past the draft model's context: no draft
             request_id = f"draft-{next(self._ids)}"
-            params = SamplingParams(max_tokens=k, temperature=0.0, ignore_eos=True)
+            params = SamplingParams(
+                max_tokens=k, temperature=0.0, ignore_eos=True, output_kind="final_only"
+            )
             try:
                 self.engine.add_request(request_id, tokens, params)
             except CarpoolError as exc:

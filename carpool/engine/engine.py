@@ -64,6 +64,7 @@ class _Request:
     speculate: bool = False  # its sampling allows drafts to be verified
     overlap: bool = False  # its steps may be launched before the last one lands
     lookahead: bool = False  # its tokens may be generated several per step
+    final_only: bool = False  # reported once, when it ends (``SamplingParams.output_kind``)
     # With params.prompt_logprobs: one entry per prompt token, the first None.
     prompt_logprobs: list[TokenLogprobs | None] | None = None
 
@@ -192,6 +193,7 @@ class Engine:
         req.speculate = self.speculator is not None and speculable(params)
         req.lookahead = self.lookahead > 0 and params.greedy and speculable(params)
         req.overlap = self._launcher is not None and speculable(params)
+        req.final_only = params.output_kind == "final_only"
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None] * len(prompt)
         for i in range(params.n):
@@ -211,7 +213,9 @@ class Engine:
             constraint = (
                 None if params.grammar is None else self.runner.make_constraint(params.grammar)
             )
-            req.rows.append(SamplingRow(params, seq.prompt_ids, [], ends, generator, constraint))
+            req.rows.append(
+                SamplingRow(params, seq.prompt_ids, seq.outputs_view, ends, generator, constraint)
+            )
             req.detoks.append(
                 IncrementalDetokenizer(
                     self.spec.tokenizer, prompt, params.stop, params.skip_special_tokens
@@ -344,7 +348,7 @@ class Engine:
                 del req.seqs[i].token_ids[at:]
                 self._fail(req.seqs[i], "the model failed on this request")
             return
-        generated = 0
+        generated, landed = 0, self.clock.now()
         for chunk in flight.plan.chunks:
             seq, rid = chunk.seq, chunk.seq.request_id
             if rid not in flight.at:
@@ -357,7 +361,7 @@ class Engine:
             req.touched = True
             generated += 1
             try:
-                self._emit(req, i, token, None)
+                self._emit(req, i, token, None, landed)
             except Exception:
                 log.exception("processing %s's output failed", rid)
                 self._fail(seq, "processing this request's output failed")
@@ -430,9 +434,7 @@ class Engine:
 
     def _row(self, seq: Sequence) -> SamplingRow:
         req, i = self._by_seq[seq.request_id]
-        row = req.rows[i]
-        row.output_ids = seq.output_ids
-        return row
+        return req.rows[i]
 
     def _fail(self, seq: Sequence, message: str) -> None:
         req, _ = self._by_seq[seq.request_id]
@@ -456,7 +458,7 @@ class Engine:
         before = {c.seq.request_id: c.seq.num_tokens for c in plan.chunks if c.samples}
         self.scheduler.update(plan, {rid: s.tokens for rid, s in sampled.items()})
         self._started(plan, now)
-        generated = 0
+        generated, landed = 0, self.clock.now()
         for chunk in plan.chunks:
             req, i = self._by_seq[chunk.seq.request_id]
             rid = chunk.seq.request_id
@@ -466,7 +468,7 @@ class Engine:
                 self._speculated(chunk.seq, chunk.draft, sampled[rid])
                 try:
                     for token in new:
-                        self._emit(req, i, token, sampled[rid].logprobs)
+                        self._emit(req, i, token, sampled[rid].logprobs, landed)
                         if req.detoks[i].stopped_on is not None:
                             break
                 except Exception:
@@ -499,7 +501,11 @@ class Engine:
             s.spec_draft_tokens += len(draft)
             s.spec_accepted_tokens += len(sampled.accepted)
 
-    def _emit(self, req: _Request, i: int, token: int, logprobs: TokenLogprobs | None) -> None:
+    def _emit(
+        self, req: _Request, i: int, token: int, logprobs: TokenLogprobs | None, now: float
+    ) -> None:
+        """Add ``token`` to ``req``'s ``i``-th output, landed at ``now``: grammar,
+        stop token, text and stop strings."""
         seq, out, detok = req.seqs[i], req.outputs[i], req.detoks[i]
         out.new_token_ids.append(token)
         out.token_ids.append(token)
@@ -519,7 +525,6 @@ class Engine:
             if detok.stopped_on is not None:
                 out.stop_reason = detok.stopped_on
                 self.scheduler.finish(seq, FinishReason.STOP)
-        now = self.clock.now()
         if req.first_token_at is None:
             req.first_token_at = now
         req.last_token_at = now
@@ -530,6 +535,8 @@ class Engine:
             if not req.touched:
                 continue
             req.touched = False
+            if req.final_only and not req.finished:
+                continue  # its new pieces gather until the last output
             try:
                 output = self._report(req)
             except Exception:

@@ -16,6 +16,7 @@ PENALTY_MIN = 1e-3
 
 LOGIT_BIAS_MAX = 100.0  # OpenAI's range: -100 bans a token, 100 all but forces it
 GRAMMAR_KINDS = ("json_schema", "regex", "choice", "lark")
+OUTPUT_KINDS = ("cumulative", "final_only")
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,10 @@ class SamplingParams:
     truncate_prompt_tokens: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     grammar: Grammar | None = None
+    # What the engine reports of the request (vLLM's ``RequestOutputKind``):
+    # "cumulative", after every step that changed it, all so far and the new;
+    # "final_only", its last output alone (``LLM.generate``'s: none built per step).
+    output_kind: str = "cumulative"
 
     def __post_init__(self) -> None:
         if self.top_k == -1:
@@ -74,6 +79,7 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         object.__setattr__(self, "logit_bias", tuple(self.logit_bias))
         _check(1 <= self.n <= 16, "n", "must be between 1 and 16")
+        _check(self.output_kind in OUTPUT_KINDS, "output_kind", f"must be one of {OUTPUT_KINDS}")
         _check(self.max_tokens >= 1, "max_tokens", "must be at least 1")
         _check(
             0 <= self.min_tokens <= self.max_tokens,

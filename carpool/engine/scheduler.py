@@ -21,6 +21,7 @@ thread and feeds the sampled tokens back.
 
 from __future__ import annotations
 
+from bisect import insort
 from collections.abc import Mapping
 from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass
@@ -28,6 +29,10 @@ from dataclasses import dataclass
 from carpool.engine.block_manager import NO_PREFIX, Blocks
 from carpool.engine.outputs import ScheduledChunk, SchedulerOutput
 from carpool.engine.sequence import FinishReason, Sequence, SequenceStatus
+
+
+def _order(seq: Sequence) -> tuple[int, float]:
+    return seq.order
 
 
 @dataclass(frozen=True)
@@ -45,14 +50,13 @@ class Scheduler:
         self.config = config
         self.blocks = blocks
         self.waiting: list[Sequence] = []
-        self.running: list[Sequence] = []
+        self.running: list[Sequence] = []  # in scheduling order (``Sequence.order``)
         self._aborts: set[str] = set()
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
-        self.waiting.append(seq)
-        self.waiting.sort(key=lambda s: s.order)
+        insort(self.waiting, seq, key=_order)
 
     def abort(self, request_id: str) -> None:
         """Finish ``request_id`` at the next ``schedule`` (a no-op if it has ended)."""
@@ -66,13 +70,13 @@ class Scheduler:
         out = SchedulerOutput()
         self._finish_aborted(out)
         budget = self.config.max_num_batched_tokens
-        for seq in sorted(self.running, key=lambda s: s.order):
+        for seq in tuple(self.running):
             if budget == 0:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
             n = min(seq.num_uncomputed, budget)
-            draft = self._take_draft(seq, budget)
+            draft = self._take_draft(seq, budget) if seq.draft else ()
             if draft or self._grow_or_preempt(seq, n, out):
                 out.chunks.append(ScheduledChunk.of(seq, n, draft))
                 budget -= n + len(draft)
@@ -91,7 +95,7 @@ class Scheduler:
             self.waiting.pop(0)
             seq.status = SequenceStatus.RUNNING
             seq.deadline = None  # it has started: a later preemption does not expire it
-            self.running.append(seq)
+            insort(self.running, seq, key=_order)
             out.chunks.append(ScheduledChunk.of(seq, n))
             budget -= n
         # After admission: a deadline expires only a request this opportunity to start

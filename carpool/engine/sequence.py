@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from enum import Enum
+from itertools import islice
+from typing import overload
 
 from carpool.engine.block_manager import BlockTable
 
@@ -71,6 +75,11 @@ class Sequence:
         return self.token_ids[self.num_prompt_tokens :]
 
     @property
+    def outputs_view(self) -> OutputsView:
+        """The generated tokens as they stand whenever read (no copy)."""
+        return OutputsView(self.token_ids, self.num_prompt_tokens)
+
+    @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
@@ -86,3 +95,27 @@ class Sequence:
     def order(self) -> tuple[int, float]:
         """Scheduling order: lower priority value first, then earlier arrival."""
         return (self.priority, self.arrival)
+
+
+class OutputsView(Seq[int]):
+    """The tokens of ``token_ids`` from ``start`` on, read when asked: a sampling row
+    sees its sequence's tokens so far without a copy made each step (issue 48)."""
+
+    __slots__ = ("_ids", "_start")
+
+    def __init__(self, token_ids: list[int], start: int) -> None:
+        self._ids = token_ids
+        self._start = start
+
+    def __len__(self) -> int:
+        return len(self._ids) - self._start
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        return self._ids[self._start :][index]
+
+    def __iter__(self) -> Iterator[int]:
+        return islice(self._ids, self._start, None)

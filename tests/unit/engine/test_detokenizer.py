@@ -3,6 +3,8 @@ split a character, join to the full decode, and stop strings never leak."""
 
 from __future__ import annotations
 
+import copy
+import random
 from typing import Any
 
 import pytest
@@ -16,6 +18,15 @@ from carpool.models.registry import BUILTIN_MODELS
 def tokenizer() -> Any:
     path = BUILTIN_MODELS["smollm2-135m-instruct"].locate()
     return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+@pytest.fixture(scope="module")
+def rust_tokenizer(tokenizer: Any) -> Any:
+    """The tokenizer as the engine's converted folder has it: no clean-up of spaces, so
+    decoding goes to the Rust tokenizer."""
+    rust = copy.deepcopy(tokenizer)
+    rust.clean_up_tokenization_spaces = False
+    return rust
 
 
 def stream(
@@ -72,3 +83,42 @@ def test_without_a_match_the_held_text_comes_out_at_the_end(tokenizer: Any) -> N
     pieces, detok = stream(tokenizer, "ends with sto", stop=("stop",))
     assert detok.stopped_on is None
     assert pieces[-1].endswith("sto") and detok.text == "ends with sto"
+
+
+class _PythonDecoder:
+    """The same tokenizer seen as a plain ``Decoder`` (no Rust ``DecodeStream``)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._backend = tokenizer.backend_tokenizer
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        text: str = self._backend.decode(token_ids, skip_special_tokens=skip_special_tokens)
+        return text
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_the_rust_stream_gives_the_python_offsets_pieces(rust_tokenizer: Any, skip: bool) -> None:
+    tokenizer = rust_tokenizer
+    rng = random.Random(7)
+    for prompt_text in ["Say something:", "naïve café — 日本語", "<|im_start|>user\nhi"]:
+        prompt = tokenizer.encode(prompt_text)
+        for _ in range(40):
+            ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randrange(1, 20))]
+            fast = IncrementalDetokenizer(tokenizer, prompt, skip_special_tokens=skip)
+            slow = IncrementalDetokenizer(
+                _PythonDecoder(tokenizer), prompt, skip_special_tokens=skip
+            )
+            assert fast._stream is not None and slow._stream is None
+            assert [fast.push(t) for t in ids] == [slow.push(t) for t in ids]
+
+
+def test_a_prompt_ending_inside_a_character_keeps_the_python_offsets(
+    rust_tokenizer: Any,
+) -> None:
+    tokenizer = rust_tokenizer
+    ids = tokenizer.encode("日本語のテキスト")
+    cut = next(i for i in range(1, len(ids)) if tokenizer.decode(ids[:i]).endswith("\ufffd"))
+    detok = IncrementalDetokenizer(tokenizer, ids[:cut])
+    assert detok._stream is None
+    pieces = [detok.push(t) for t in ids[cut:]]
+    assert not any("\ufffd" in p for p in pieces)

@@ -10,6 +10,7 @@ import dataclasses
 import random
 from collections.abc import Mapping
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +22,7 @@ from carpool.engine.request_output import RequestOutput
 from carpool.engine.runner import Launch, ModelSpec, Sampled, SamplingRow, StepResult
 from carpool.engine.sampling_params import SamplingParams
 from carpool.engine.sequence import FinishReason
+from carpool.errors import InvalidRequest
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz ,."
 EOS = len(ALPHABET)  # 29
@@ -174,6 +176,46 @@ def test_max_tokens_stop_token_ids_and_ignore_eos() -> None:
     token = finals["token"].outputs[0]
     assert token.text == "abc" and token.stop_reason == ALPHABET.index("d")
     assert len(finals["past-eos"].outputs[0].token_ids) == 8
+
+
+@pytest.mark.parametrize("launching", [False, True])
+def test_a_final_only_request_is_reported_once_as_a_cumulative_one_ends(launching: bool) -> None:
+    replies = {"q": "the answer, then more", "x": "abcdef"}
+    asked = {
+        "stop": (ids("q"), greedy(stop=("r, t",))),
+        "length": (ids("x"), greedy(max_tokens=3)),
+        "eos": (ids("x"), greedy()),
+        "seeded": (ids("ab"), SamplingParams(n=2, max_tokens=6, seed=7)),
+    }
+    finals = {}
+    for kind in ("cumulative", "final_only"):
+        runner = (LaunchingFakeRunner if launching else FakeRunner)(replies)
+        engine = Engine(runner, EngineConfig(block_size=8, async_scheduling=launching))
+        for rid, (prompt, params) in asked.items():
+            engine.add_request(rid, prompt, dataclasses.replace(params, output_kind=kind))
+        reported: list[RequestOutput] = []
+        while engine.has_work:
+            reported += engine.step()
+        assert engine.blocks.num_free == engine.blocks.num_usable
+        finals[kind] = {o.request_id: o for o in reported if o.finished}
+        if kind == "final_only":
+            assert len(reported) == len(asked) and all(o.finished for o in reported)
+    for rid in asked:
+        cumulative, final = finals["cumulative"][rid], finals["final_only"][rid]
+        for c, f in zip(cumulative.outputs, final.outputs, strict=True):
+            assert (f.text, f.token_ids, f.finish_reason, f.stop_reason) == (
+                c.text,
+                c.token_ids,
+                c.finish_reason,
+                c.stop_reason,
+            )
+            assert f.new_text == f.text and f.new_token_ids == f.token_ids  # all of it is new
+
+
+def test_an_unknown_output_kind_is_refused_naming_it() -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        SamplingParams(output_kind="delta")
+    assert refused.value.param == "output_kind"
 
 
 def test_seeded_sequences_are_their_own_whatever_runs_beside_them() -> None:
