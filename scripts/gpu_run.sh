@@ -26,6 +26,7 @@
 #   bash scripts/gpu_run.sh tests      # the GPU runner's end-to-end tests (need `gguf`)
 #   bash scripts/gpu_run.sh embedder   # the built-in embedder from its two carried parts
 #   bash scripts/gpu_run.sh default_serve  # both built-in models served (need both)
+#   bash scripts/gpu_run.sh host_ab    # issue 48: offline before/after, HTTP c=64 after
 #
 # The built-in GGUF (98 MB) is over one call's carry limit and `all` does without it:
 # the 135M rows use a random-weight model of its exact shape, whose speed is the same
@@ -209,6 +210,33 @@ default_serve() {
     tail -4 "$OUT/default_serve.log" | log default_serve
 }
 
+# Issue 48's A/B on the device: the tree before (its carpool/ in .gpu/before, made here
+# with `mkdir -p .gpu/before && git archive REF carpool | tar -x -C .gpu/before`) and
+# this one, offline, interleaved, each with this tree's benchmarks (the engine's time a
+# step by phase); then HTTP c=64 over offline with this tree. `host_ab ROUNDS` (default 2).
+host_ab() {
+    local m=$MODELS/smollm2-135m q=$MODELS/qwen3-0.6b before=$PWD/.gpu/before
+    rm -rf "$before/benchmarks" && cp -r benchmarks "$before/"
+    for round in $(seq "${1:-2}"); do
+        for tree in "$before" "$PWD"; do
+            echo "== $round ${tree##*/}" | log host_ab
+            (cd "$tree" && export PYTHONPATH="$SITE:$tree" &&
+                step host_ab 120 "${GENERATION[@]}" --model "$m" --workload uniform \
+                    --rows batch --engine '{}' &&
+                step host_ab 120 "${GENERATION[@]}" --model "$m" --workload uniform \
+                    --rows batch --engine '{"dtype": "float32"}')
+        done
+    done
+    for tree in "$before" "$PWD"; do
+        echo "== nano ${tree##*/}" | log host_ab
+        (cd "$tree" && export PYTHONPATH="$SITE:$tree" &&
+            step host_ab 150 "${GENERATION[@]}" --model "$q" --workload nano --rows batch \
+                --temperature 0.6 --engine "$NANO")
+    done
+    step host_ab 150 python3 -m benchmarks.serving --device cuda --no-naive --model "$m" \
+        --client-processes 4 --concurrency 64 --requests 512
+}
+
 tests() {
     step tests 420 python3 -m pytest -q -rs -p no:cacheprovider \
         tests/unit/workers/test_cuda_runner.py tests/unit/models/test_causal_lm.py
@@ -224,4 +252,4 @@ all() {
     kernels
 }
 
-"${1:?all, setup, models [SHAPE...], offline, real, serving, ratio, real_http, precision, more, kernels, gguf, tests, embedder or default_serve}" "${@:2}"
+"${1:?all, setup, models [SHAPE...], offline, real, serving, ratio, real_http, precision, more, kernels, gguf, tests, embedder, default_serve or host_ab}" "${@:2}"
