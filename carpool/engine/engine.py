@@ -553,15 +553,13 @@ class Engine:
     def _report(self, req: _Request) -> RequestOutput:
         """What ``req`` has to say after this step; its pieces of new text reset."""
         finished = req.finished
-        for seq, out, detok in zip(req.seqs, req.outputs, req.detoks, strict=True):
-            if seq.finish_reason is not None and out.finish_reason is None:
-                out.new_text += detok.flush()
-                out.finish_reason = seq.finish_reason
-            out.text += out.new_text
-        output = RequestOutput(
+        return RequestOutput(
             req.request_id,
             req.prompt_ids,
-            [_snapshot(o) for o in req.outputs],
+            [
+                _hand_over(seq, out, detok)
+                for seq, out, detok in zip(req.seqs, req.outputs, req.detoks, strict=True)
+            ],
             finished=finished,
             error=req.error,
             num_cached_tokens=req.num_cached_tokens,
@@ -571,9 +569,6 @@ class Engine:
                 else None
             ),
         )
-        for out in req.outputs:
-            out.new_text, out.new_token_ids, out.new_logprobs = "", [], []
-        return output
 
     def _retire(self, req: _Request) -> None:
         del self._requests[req.request_id]
@@ -659,15 +654,25 @@ def speculable(params: SamplingParams) -> bool:
     )
 
 
-def _snapshot(out: CompletionOutput) -> CompletionOutput:
-    return CompletionOutput(
+def _hand_over(
+    seq: Sequence, out: CompletionOutput, detok: IncrementalDetokenizer
+) -> CompletionOutput:
+    """``out`` as it stands after this step (the text held for a stop string flushed
+    once ``seq`` has ended); its new pieces go with it and start again empty."""
+    if seq.finish_reason is not None and out.finish_reason is None:
+        out.new_text += detok.flush()
+        out.finish_reason = seq.finish_reason
+    out.text += out.new_text
+    snapshot = CompletionOutput(
         out.index,
         out.text,
         list(out.token_ids),
         list(out.logprobs),
         out.new_text,
-        list(out.new_token_ids),
-        list(out.new_logprobs),
+        out.new_token_ids,
+        out.new_logprobs,
         out.finish_reason,
         out.stop_reason,
     )
+    out.new_text, out.new_token_ids, out.new_logprobs = "", [], []
+    return snapshot
