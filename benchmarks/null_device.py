@@ -13,6 +13,7 @@ Not yet here (issue 48): async scheduling's overlap, the engine process and its
 pipe, stream delivery over HTTP.
 
     python -m benchmarks.null_device [--device-ms 0 2] [--workloads 64x128 256x128] [--rounds 3]
+                                     [--output-kind cumulative|final_only] [--tokenizer DIR]
 """
 
 from __future__ import annotations
@@ -167,8 +168,15 @@ def main() -> None:
         choices=["cumulative", "final_only"],
         help="outputs every step (as served) or once per request (as LLM.generate)",
     )
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        help="a folder with the built-in model's tokenizer.json (default: convert the built-in)",
+    )
     args = parser.parse_args()
-    folder = convert_gguf(BUILTIN_MODELS["smollm2-135m-instruct"].locate(), default_cache_dir())
+    folder = args.tokenizer or convert_gguf(
+        BUILTIN_MODELS["smollm2-135m-instruct"].locate(), default_cache_dir()
+    )
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
           f"python {sys.version.split()[0]}")  # fmt: skip

@@ -215,8 +215,16 @@ default_serve() {
 # this one, offline, interleaved, each with this tree's benchmarks (the engine's time a
 # step by phase); then HTTP c=64 over offline with this tree. `host_ab ROUNDS` (default 2).
 host_ab() {
-    local m=$MODELS/smollm2-135m q=$MODELS/qwen3-0.6b before=$PWD/.gpu/before
+    local m=$MODELS/smollm2-135m q=$MODELS/qwen3-0.6b before=$PWD/.gpu/before tok=$PWD/.gpu/tokenizer
     rm -rf "$before/benchmarks" && cp -r benchmarks "$before/"
+    lscpu | grep -E "^(Model name|CPU\(s\))" | log host_ab
+    for round in 1 2; do  # the engine's bookkeeping alone, on this machine's CPU
+        for tree in "$before" "$PWD"; do
+            (cd "$tree" && export PYTHONPATH="$SITE:$tree" && echo "== null ${tree##*/}" &&
+                timeout 120 python3 -m benchmarks.null_device --device-ms 0 --rounds 1 \
+                    --tokenizer "$tok") 2>&1 | log host_ab
+        done
+    done
     for round in $(seq "${1:-2}"); do
         for tree in "$before" "$PWD"; do
             echo "== $round ${tree##*/}" | log host_ab
