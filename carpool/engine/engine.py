@@ -64,7 +64,7 @@ class _Request:
     speculate: bool = False  # its sampling allows drafts to be verified
     overlap: bool = False  # its steps may be launched before the last one lands
     lookahead: bool = False  # its tokens may be generated several per step
-    final_only: bool = False  # reported once, when it ends (``SamplingParams.output_kind``)
+    output_kind: str = "cumulative"  # what its outputs hold (``SamplingParams``)
     # With params.prompt_logprobs: one entry per prompt token, the first None.
     prompt_logprobs: list[TokenLogprobs | None] | None = None
 
@@ -193,7 +193,7 @@ class Engine:
         req.speculate = self.speculator is not None and speculable(params)
         req.lookahead = self.lookahead > 0 and params.greedy and speculable(params)
         req.overlap = self._launcher is not None and speculable(params)
-        req.final_only = params.output_kind == "final_only"
+        req.output_kind = params.output_kind
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None] * len(prompt)
         for i in range(params.n):
@@ -535,7 +535,7 @@ class Engine:
             if not req.touched:
                 continue
             req.touched = False
-            if req.final_only and not req.finished:
+            if req.output_kind == "final_only" and not req.finished:
                 continue  # its new pieces gather until the last output
             try:
                 output = self._report(req)
@@ -552,12 +552,12 @@ class Engine:
 
     def _report(self, req: _Request) -> RequestOutput:
         """What ``req`` has to say after this step; its pieces of new text reset."""
-        finished = req.finished
+        finished, delta = req.finished, req.output_kind == "delta"
         return RequestOutput(
             req.request_id,
             req.prompt_ids,
             [
-                _hand_over(seq, out, detok)
+                _hand_over(seq, out, detok, delta)
                 for seq, out, detok in zip(req.seqs, req.outputs, req.detoks, strict=True)
             ],
             finished=finished,
@@ -655,19 +655,24 @@ def speculable(params: SamplingParams) -> bool:
 
 
 def _hand_over(
-    seq: Sequence, out: CompletionOutput, detok: IncrementalDetokenizer
+    seq: Sequence, out: CompletionOutput, detok: IncrementalDetokenizer, delta: bool
 ) -> CompletionOutput:
     """``out`` as it stands after this step (the text held for a stop string flushed
-    once ``seq`` has ended); its new pieces go with it and start again empty."""
+    once ``seq`` has ended), or with ``delta`` its new pieces alone; its new pieces go
+    with it and start again empty."""
     if seq.finish_reason is not None and out.finish_reason is None:
         out.new_text += detok.flush()
         out.finish_reason = seq.finish_reason
-    out.text += out.new_text
+    if delta:
+        text, token_ids, logprobs = out.new_text, out.new_token_ids, out.new_logprobs
+    else:
+        out.text += out.new_text
+        text, token_ids, logprobs = out.text, list(out.token_ids), list(out.logprobs)
     snapshot = CompletionOutput(
         out.index,
-        out.text,
-        list(out.token_ids),
-        list(out.logprobs),
+        text,
+        token_ids,
+        logprobs,
         out.new_text,
         out.new_token_ids,
         out.new_logprobs,

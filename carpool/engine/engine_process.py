@@ -22,6 +22,7 @@ process dies, the engine's finds its pipe closed and exits.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import logging
@@ -528,8 +529,10 @@ def _submit(
     message: _Submit,
     collect: Callable[[str, RequestOutput | CarpoolError], None],
 ) -> None:
+    # The pipe carries each step's new pieces alone (``_to_wire``): the engine builds
+    # no copy of what came before (``output_kind`` delta; the server's side keeps it).
     requests: list[tuple[str, list[int], SamplingParams, Sink]] = [
-        (request_id, prompt, params, functools.partial(collect, request_id))
+        (request_id, prompt, _as_delta(params), functools.partial(collect, request_id))
         for request_id, prompt, params in message.requests
     ]
     try:
@@ -537,3 +540,9 @@ def _submit(
     except CarpoolError as exc:  # checked by the server already; the engine has the last word
         for request_id, *_ in message.requests:
             collect(request_id, exc)
+
+
+def _as_delta(params: SamplingParams) -> SamplingParams:
+    if params.output_kind != "cumulative":
+        return params
+    return dataclasses.replace(params, output_kind="delta")

@@ -16,7 +16,7 @@ PENALTY_MIN = 1e-3
 
 LOGIT_BIAS_MAX = 100.0  # OpenAI's range: -100 bans a token, 100 all but forces it
 GRAMMAR_KINDS = ("json_schema", "regex", "choice", "lark")
-OUTPUT_KINDS = ("cumulative", "final_only")
+OUTPUT_KINDS = ("cumulative", "delta", "final_only")
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,8 @@ class SamplingParams:
     grammar: Grammar | None = None
     # What the engine reports of the request (vLLM's ``RequestOutputKind``):
     # "cumulative", after every step that changed it, all so far and the new;
+    # "delta", after every step, the new alone (text, token ids and log-probabilities
+    # are the new pieces: an engine process's, whose pipe carries only those);
     # "final_only", its last output alone (``LLM.generate``'s: none built per step).
     output_kind: str = "cumulative"
 

@@ -179,7 +179,9 @@ def test_max_tokens_stop_token_ids_and_ignore_eos() -> None:
 
 
 @pytest.mark.parametrize("launching", [False, True])
-def test_a_final_only_request_is_reported_once_as_a_cumulative_one_ends(launching: bool) -> None:
+def test_final_only_and_delta_outputs_say_what_cumulative_ones_do(launching: bool) -> None:
+    """final_only: one output a request, the cumulative one's last; delta: each
+    step's new pieces alone, which joined are the cumulative one's last."""
     replies = {"q": "the answer, then more", "x": "abcdef"}
     asked = {
         "stop": (ids("q"), greedy(stop=("r, t",))),
@@ -188,7 +190,8 @@ def test_a_final_only_request_is_reported_once_as_a_cumulative_one_ends(launchin
         "seeded": (ids("ab"), SamplingParams(n=2, max_tokens=6, seed=7)),
     }
     finals = {}
-    for kind in ("cumulative", "final_only"):
+    joined: dict[str, list[tuple[str, list[int]]]] = {}
+    for kind in ("cumulative", "final_only", "delta"):
         runner = (LaunchingFakeRunner if launching else FakeRunner)(replies)
         engine = Engine(runner, EngineConfig(block_size=8, async_scheduling=launching))
         for rid, (prompt, params) in asked.items():
@@ -200,6 +203,12 @@ def test_a_final_only_request_is_reported_once_as_a_cumulative_one_ends(launchin
         finals[kind] = {o.request_id: o for o in reported if o.finished}
         if kind == "final_only":
             assert len(reported) == len(asked) and all(o.finished for o in reported)
+        if kind == "delta":
+            for out in reported:
+                pieces = joined.setdefault(out.request_id, [("", []) for _ in out.outputs])
+                for i, o in enumerate(out.outputs):
+                    assert (o.text, o.token_ids) == (o.new_text, o.new_token_ids)
+                    pieces[i] = (pieces[i][0] + o.text, pieces[i][1] + o.token_ids)
     for rid in asked:
         cumulative, final = finals["cumulative"][rid], finals["final_only"][rid]
         for c, f in zip(cumulative.outputs, final.outputs, strict=True):
@@ -210,11 +219,14 @@ def test_a_final_only_request_is_reported_once_as_a_cumulative_one_ends(launchin
                 c.stop_reason,
             )
             assert f.new_text == f.text and f.new_token_ids == f.token_ids  # all of it is new
+        assert joined[rid] == [(c.text, c.token_ids) for c in cumulative.outputs]
+        reasons = [o.finish_reason for o in finals["delta"][rid].outputs]
+        assert reasons == [c.finish_reason for c in cumulative.outputs]
 
 
 def test_an_unknown_output_kind_is_refused_naming_it() -> None:
     with pytest.raises(InvalidRequest) as refused:
-        SamplingParams(output_kind="delta")
+        SamplingParams(output_kind="deltas")
     assert refused.value.param == "output_kind"
 
 
