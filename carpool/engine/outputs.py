@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from carpool.engine.sequence import Sequence
 
@@ -18,13 +19,14 @@ def pending(row: int) -> int:
     return -2 - row
 
 
-@dataclass(frozen=True)
-class ScheduledChunk:
+class ScheduledChunk(NamedTuple):
     """Run ``num_tokens`` tokens of ``seq`` starting at ``seq.num_computed``: its
     own next tokens, then ``draft`` (speculated tokens to verify, after its last).
 
     ``samples`` is true when the chunk reaches the sequence's last token, so the
-    step produces its next token (and, with a draft, the draft tokens it accepts)."""
+    step produces its next token (and, with a draft, the draft tokens it accepts).
+    A named tuple, not a frozen dataclass: one is made per sequence per step, and a
+    frozen dataclass takes ~1.3 us to make against ~0.5 (issue 48)."""
 
     seq: Sequence
     num_tokens: int

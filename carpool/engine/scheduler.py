@@ -131,10 +131,10 @@ class Scheduler:
                 self.blocks.commit(seq.block_table, seq.token_ids, seq.num_computed)
                 self.blocks.release_behind(seq.block_table, seq.num_computed)
                 continue
-            tokens = self._until_end(seq, sampled[seq.request_id])
-            computed = seq.num_computed + own + len(sampled[seq.request_id]) - 1
-            for token in tokens:
-                seq.append(token)
+            new = sampled[seq.request_id]
+            tokens = self._until_end(seq, new)
+            computed = seq.num_computed + own + len(new) - 1
+            seq.extend(tokens)
             # The draft tokens accepted have their KV in the cache; the last token
             # appended never has.
             seq.num_computed = min(computed, seq.num_tokens - 1)
@@ -151,6 +151,8 @@ class Scheduler:
     @staticmethod
     def _until_end(seq: Sequence, tokens: Sequence_[int]) -> Sequence_[int]:
         """``tokens`` up to the first that ends ``seq`` (a stop token or its length)."""
+        if len(tokens) == 1:
+            return tokens  # a plain step's: whatever it is, it is kept
         room = seq.max_tokens - seq.num_output_tokens
         for j, token in enumerate(tokens):
             if token in seq.stop_token_ids or j + 1 >= room:

@@ -64,6 +64,10 @@ class Sequence:
         """Add a generated token."""
         self.token_ids.append(token_id)
 
+    def extend(self, token_ids: Seq[int]) -> None:
+        """Add generated tokens, in order."""
+        self.token_ids.extend(token_ids)
+
     @property
     def prompt_ids(self) -> list[int]:
         """A copy of the prompt's tokens."""
