@@ -97,16 +97,16 @@ FIELDS = {path: sorted({*SCHEMAS[path].model_fields, "unknown"}) for path in VAL
 def test_any_field_with_any_value_gets_a_clear_answer(server: Server, path: str) -> None:
     sent = {"count": 0}
 
-    @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
     @given(field=st.sampled_from(FIELDS[path]), value=json_values)
     def one(field: str, value: object) -> None:
         body = {**VALID[path], field: value}
-        with httpx.Client(base_url=server.url, timeout=60) as c:
-            check(send(c, path, body))
+        check(send(client, path, body))
         sent["count"] += 1
 
-    one()
-    assert sent["count"] >= 60
+    with httpx.Client(base_url=server.url, timeout=60) as client:  # making one: ~0.05 s
+        one()
+    assert sent["count"] >= 40
     still_serving(server)
 
 

@@ -49,9 +49,10 @@ def alone(lm: LoadedLM, prompt: list[int], params: SamplingParams) -> list[int]:
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["waiting", "launched"])
-def test_100_random_requests_with_aborts_and_preemption(tiny: LoadedLM, overlap: bool) -> None:
+def test_60_random_requests_with_aborts_and_preemption(tiny: LoadedLM, overlap: bool) -> None:
     """(``launched``: with asynchronous scheduling, each step launched before the
-    last one lands: the same outputs as alone, without it.)"""
+    last one lands: the same outputs as alone, without it.) Each request is run alone
+    again to compare: the suite's time bounds how many."""
     rng = random.Random(7)
     # 40 blocks of 16 tokens: far less than the requests need together.
     config = EngineConfig(
@@ -61,7 +62,7 @@ def test_100_random_requests_with_aborts_and_preemption(tiny: LoadedLM, overlap:
     requests: dict[str, tuple[list[int], SamplingParams]] = {}
     aborted: set[str] = set()
     final: dict[str, RequestOutput] = {}
-    pending = list(range(100))
+    pending = list(range(60))
     while pending or engine.has_work:
         for _ in range(rng.randint(0, 4)):
             if pending:
@@ -86,7 +87,7 @@ def test_100_random_requests_with_aborts_and_preemption(tiny: LoadedLM, overlap:
     assert engine.scheduler.num_preemptions > 0, "the pool was meant to force preemption"
     assert engine.blocks.num_free == engine.blocks.num_blocks
     assert engine.num_unfinished == 0
-    assert (engine.stats.snapshot().launched_steps > 100) is overlap
+    assert (engine.stats.snapshot().launched_steps > 60) is overlap
     for rid, out in final.items():
         prompt, params = requests[rid]
         reason = out.outputs[0].finish_reason
