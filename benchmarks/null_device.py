@@ -13,7 +13,7 @@ Not yet here (issue 48): async scheduling's overlap, the engine process and its
 pipe, stream delivery over HTTP.
 
     python -m benchmarks.null_device [--device-ms 0 2] [--workloads 64x128 256x128] [--rounds 3]
-                                     [--output-kind cumulative|final_only] [--tokenizer DIR]
+                                     [--output-kind cumulative|delta|final_only] [--tokenizer DIR]
 """
 
 from __future__ import annotations
@@ -165,8 +165,9 @@ def main() -> None:
     parser.add_argument(
         "--output-kind",
         default="cumulative",
-        choices=["cumulative", "final_only"],
-        help="outputs every step (as served) or once per request (as LLM.generate)",
+        choices=["cumulative", "delta", "final_only"],
+        help="outputs every step (as served in the server's process), their new pieces (in an "
+        "engine process) or once per request (LLM.generate)",
     )
     parser.add_argument(
         "--tokenizer",
