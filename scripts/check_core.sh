@@ -11,8 +11,11 @@ trap 'rm -rf "$work"' EXIT
 python3.11 -m venv "$work/venv"
 # shellcheck disable=SC1091
 . "$work/venv/bin/activate"
+# The core's own libraries: llguidance (grammars) and tokenizers (the detokenizer's
+# DecodeStream, Rust without torch).
 python -m pip install --quiet "$(grep '^pytest' requirements-dev.txt)" \
-  "$(grep '^hypothesis' requirements-dev.txt)" "$(grep '^llguidance' requirements.txt)"
+  "$(grep '^hypothesis' requirements-dev.txt)" "$(grep '^llguidance' requirements.txt)" \
+  "$(grep '^tokenizers' requirements.txt)"
 for heavy in torch numpy transformers; do
   if python -c "import $heavy" 2>/dev/null; then
     echo "check_core: $heavy is importable, so this is not a torch-free environment" >&2
