@@ -43,6 +43,7 @@ PYTHONPATH="$checkout" python -m pytest -q -p no:cacheprovider \
   tests/unit/engine/test_engine_core.py \
   tests/unit/engine/test_engine_process.py \
   tests/unit/engine/test_scheduler.py \
+  tests/unit/engine/test_sequence.py \
   tests/unit/engine/test_sliding_window_blocks.py \
   tests/unit/engine/test_speculative.py \
   tests/unit/test_config.py \
