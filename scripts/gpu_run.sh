@@ -2,8 +2,12 @@
 # What a session with a lent GPU runs (issues 13 and 29), in one device call: the
 # device time is 15 minutes a session, the machine's start included. The GPU machine
 # has no network: carry the server's wheels in .whl/ (the device tool's README says
-# how) and the built-in model's tokenizer in .gpu/tokenizer (tokenizer.json and
-# tokenizer_config.json of `convert_gguf`'s folder), then on the device:
+# how; session 32 carried gguf, fastapi, starlette, uvicorn, httptools, pydantic,
+# pydantic_core, typing-inspection, annotated-types, annotated-doc, sse-starlette,
+# orjson, llguidance, tritonclient, python-rapidjson and opentelemetry-api, which
+# fastapi 0.165 imports; the image has the rest) and the built-in model's tokenizer in
+# .gpu/tokenizer (tokenizer.json and tokenizer_config.json of `convert_gguf`'s folder),
+# then on the device:
 #
 #   bash scripts/gpu_run.sh all        # everything below, in order of importance
 #
