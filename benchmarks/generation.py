@@ -7,7 +7,7 @@ its own subprocess so its peak memory is its own.
     python -m benchmarks.generation [--workload uniform|mixed|nano] [--hf-single-requests 4]
                                     [--device cpu|cuda] [--carpool-only] [--rows both|batch|single]
                                     [--engine '{"num_scheduler_steps": 8}']
-                                    [--model FOLDER] [--temperature 0.6]
+                                    [--model FOLDER] [--temperature 0.6] [--cprofile N]
 
 ``--model``: a Hugging Face folder instead of the built-in (``benchmarks.real_size``
 makes random-weight ones of real models' shapes); ``--workload nano`` is nano-vllm's
@@ -28,10 +28,12 @@ transformers one-at-a-time runs on the first ``--hf-single-requests`` requests o
 from __future__ import annotations
 
 import argparse
+import cProfile
 import hashlib
 import json
 import os
 import platform
+import pstats
 import resource
 import subprocess
 import sys
@@ -64,9 +66,17 @@ def run_carpool(workload: list[tuple[list[int], int]], args: argparse.Namespace)
     runner = llm.engine.runner
     busy = getattr(runner, "device_seconds", 0.0)
     phases = time_phases(llm.engine)
+    profile = cProfile.Profile() if args.cprofile else None
     started = time.perf_counter()
+    if profile is not None:
+        profile.enable()
     outputs = llm.generate([p for p, _ in workload], params, use_tqdm=False)
     elapsed = time.perf_counter() - started
+    if profile is not None:
+        profile.disable()
+        # To stderr: the parent reads the result from stdout and shows stderr on failure.
+        stats = pstats.Stats(profile, stream=sys.stderr).sort_stats("tottime")
+        stats.print_stats(args.cprofile)
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     digest = hashlib.sha256(json.dumps([o.outputs[0].token_ids for o in outputs]).encode())
     result = {
@@ -176,7 +186,11 @@ def measure(system: str, args: argparse.Namespace, single: bool = False) -> dict
     ]
     if single:
         command.append("--single")
+    if args.cprofile and system == "carpool":
+        command += ["--cprofile", str(args.cprofile)]
     done = subprocess.run(command, capture_output=True, text=True)
+    if args.cprofile and system == "carpool":
+        print(done.stderr[-20000:])
     if done.returncode != 0:
         sys.exit(f"{system} failed ({done.returncode}):\n{done.stderr[-4000:]}")
     line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
@@ -203,6 +217,12 @@ def main() -> None:
     )
     parser.add_argument("--model", default=MODEL, help="the built-in or a model folder")
     parser.add_argument("--temperature", type=float, default=0.0, help="carpool's sampling")
+    parser.add_argument(
+        "--cprofile",
+        type=int,
+        default=0,
+        help="profile carpool's measured run (cProfile) and print its top N functions",
+    )
     parser.add_argument(
         "--rows",
         default="both",

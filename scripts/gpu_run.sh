@@ -31,6 +31,7 @@
 #   bash scripts/gpu_run.sh embedder   # the built-in embedder from its two carried parts
 #   bash scripts/gpu_run.sh default_serve  # both built-in models served (need both)
 #   bash scripts/gpu_run.sh host_ab    # issue 48: offline before/after, HTTP c=64 after
+#   bash scripts/gpu_run.sh host_profile  # issue 48: the 135M step's host time, cProfile
 #
 # The built-in GGUF (98 MB) is over one call's carry limit and `all` does without it:
 # the 135M rows use a random-weight model of its exact shape, whose speed is the same
@@ -249,6 +250,13 @@ host_ab() {
         --client-processes 4 --concurrency 64 --requests 512
 }
 
+# Where a step's host time goes (issue 48: launching took 1.8-2.1 ms of a 3.3 ms step
+# on an H100 in session 32): the 135M shape's uniform run under cProfile, its top 60.
+host_profile() {
+    step host_profile 150 "${GENERATION[@]}" --model "$MODELS/smollm2-135m" \
+        --workload uniform --rows batch --engine '{}' --cprofile 60
+}
+
 tests() {
     step tests 420 python3 -m pytest -q -rs -p no:cacheprovider \
         tests/unit/workers/test_cuda_runner.py tests/unit/models/test_causal_lm.py
@@ -264,4 +272,4 @@ all() {
     kernels
 }
 
-"${1:?all, setup, models [SHAPE...], offline, real, serving, ratio, real_http, precision, more, kernels, gguf, tests, embedder, default_serve or host_ab}" "${@:2}"
+"${1:?all, setup, models [SHAPE...], offline, real, serving, ratio, real_http, precision, more, kernels, gguf, tests, embedder, default_serve, host_ab or host_profile}" "${@:2}"
