@@ -122,3 +122,33 @@ def test_a_prompt_ending_inside_a_character_keeps_the_python_offsets(
     assert detok._stream is None
     pieces = [detok.push(t) for t in ids[cut:]]
     assert not any("\ufffd" in p for p in pieces)
+
+
+class _RefusingStream:
+    """A ``DecodeStream`` that raises from its ``after``-th token on, as tokenizers'
+    own does on an "invalid prefix"."""
+
+    def __init__(self, stream: Any, after: int) -> None:
+        self._stream, self._left = stream, after
+
+    def step(self, tokenizer: Any, token_id: int) -> str | None:
+        self._left -= 1
+        if self._left < 0:
+            raise RuntimeError("Invalid prefix encountered while decoding stream")
+        piece: str | None = self._stream.step(tokenizer, token_id)
+        return piece
+
+
+@pytest.mark.parametrize("after", [0, 1, 3, 7])
+def test_a_stream_that_refuses_a_token_hands_over_to_the_offsets(
+    rust_tokenizer: Any, after: int
+) -> None:
+    prompt = rust_tokenizer.encode("Say something:")
+    ids = rust_tokenizer.encode("Héllo 🚗 wörld 汉字 — done. 🚕🚙 and the rest")
+    detok = IncrementalDetokenizer(rust_tokenizer, prompt)
+    detok._stream = _RefusingStream(detok._stream, after)
+    pieces = [detok.push(t) for t in ids]
+    pieces.append(detok.flush())
+    assert detok._stream is None  # it went over
+    assert "".join(pieces) == rust_tokenizer.decode(ids) == detok.text
+    assert not any("\ufffd" in p for p in pieces)
