@@ -20,7 +20,7 @@ refuses a token hands over to them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol, cast
 
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
@@ -44,20 +44,19 @@ def _fastest(tokenizer: Decoder) -> Decoder:
     return backend
 
 
-def _stream(decoder: Decoder, context: list[int], skip: bool) -> Any:
+def _stream(decoder: Decoder, context: list[int], skip: bool) -> DecodeStream | None:
     """A ``DecodeStream`` primed with ``context`` (less any leading tokens that begin
     inside a character), where ``decoder`` is a Rust tokenizer and ``context`` ends
     on a whole character; else None."""
     if not isinstance(decoder, Tokenizer):
         return None
-    if decoder.decode(context, skip_special_tokens=skip).endswith("\ufffd"):
+    text = decoder.decode(context, skip_special_tokens=skip)
+    if text.endswith("\ufffd"):
         return None
-    while context and decoder.decode(context, skip_special_tokens=skip).startswith("\ufffd"):
+    while context and text.startswith("\ufffd"):
         context = context[1:]
-    try:
-        return DecodeStream(ids=context, skip_special_tokens=skip)
-    except TypeError:  # a tokenizers before 0.22 takes no context
-        return None
+        text = decoder.decode(context, skip_special_tokens=skip)
+    return DecodeStream(ids=context, skip_special_tokens=skip)
 
 
 class IncrementalDetokenizer:
@@ -88,7 +87,8 @@ class IncrementalDetokenizer:
         self._ids.append(token_id)
         if self._stream is not None:
             try:
-                piece = self._stream.step(self._tokenizer, token_id)
+                # A stream exists only for a Rust tokenizer (``_stream``).
+                piece = self._stream.step(cast(Tokenizer, self._tokenizer), token_id)
             except Exception:
                 # tokenizers refuses a text that no longer starts with what it showed
                 # ("invalid prefix": vLLM meets it on bytes that are no UTF-8): the
