@@ -64,7 +64,6 @@ class _Request:
     speculate: bool = False  # its sampling allows drafts to be verified
     overlap: bool = False  # its steps may be launched before the last one lands
     lookahead: bool = False  # its tokens may be generated several per step
-    output_kind: str = "cumulative"  # what its outputs hold (``SamplingParams``)
     # With params.prompt_logprobs: one entry per prompt token, the first None.
     prompt_logprobs: list[TokenLogprobs | None] | None = None
 
@@ -193,7 +192,6 @@ class Engine:
         req.speculate = self.speculator is not None and speculable(params)
         req.lookahead = self.lookahead > 0 and params.greedy and speculable(params)
         req.overlap = self._launcher is not None and speculable(params)
-        req.output_kind = params.output_kind
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None] * len(prompt)
         for i in range(params.n):
@@ -535,7 +533,7 @@ class Engine:
             if not req.touched:
                 continue
             req.touched = False
-            if req.output_kind == "final_only" and not req.finished:
+            if req.params.output_kind == "final_only" and not req.finished:
                 continue  # its new pieces gather until the last output
             try:
                 output = self._report(req)
@@ -552,7 +550,7 @@ class Engine:
 
     def _report(self, req: _Request) -> RequestOutput:
         """What ``req`` has to say after this step; its pieces of new text reset."""
-        finished, delta = req.finished, req.output_kind == "delta"
+        finished, delta = req.finished, req.params.output_kind == "delta"
         return RequestOutput(
             req.request_id,
             req.prompt_ids,

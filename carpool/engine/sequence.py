@@ -60,10 +60,6 @@ class Sequence:
         self.token_ids = list(self.token_ids)
         self.num_prompt_tokens = len(self.token_ids)
 
-    def append(self, token_id: int) -> None:
-        """Add a generated token."""
-        self.token_ids.append(token_id)
-
     def extend(self, token_ids: Seq[int]) -> None:
         """Add generated tokens, in order."""
         self.token_ids.extend(token_ids)
@@ -75,7 +71,7 @@ class Sequence:
 
     @property
     def output_ids(self) -> list[int]:
-        """A copy of the generated tokens (add one with ``append``)."""
+        """A copy of the generated tokens (add some with ``extend``)."""
         return self.token_ids[self.num_prompt_tokens :]
 
     @property

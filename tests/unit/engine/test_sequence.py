@@ -10,7 +10,7 @@ def test_the_outputs_view_reads_the_tokens_generated_so_far() -> None:
     seq = Sequence("s", [5, 6, 7], max_tokens=8, arrival=0.0)
     view = seq.outputs_view
     assert len(view) == 0 and not view and list(view) == []
-    seq.append(11)
+    seq.extend([11])
     seq.extend([12, 13])
     assert len(view) == 3 and view  # the view sees what came after it was made
     assert list(view) == [11, 12, 13] == seq.output_ids
