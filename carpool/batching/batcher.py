@@ -334,9 +334,9 @@ class DynamicBatcher:
         live = [r for r in batch if r.future.set_running_or_notify_cancel()]
         for request in batch:
             if request not in live:
-                self.stats.record_outcome(Outcome.CANCELLED, now - request.arrival)
+                self.stats.record_outcome(Outcome.CANCELLED, request.waited(now))
         for request in live:
-            self.stats.record_queue(now - request.arrival)
+            self.stats.record_queue(request.waited(now))
         if not live:
             return
         if self.instances is not None:
@@ -406,7 +406,7 @@ class DynamicBatcher:
     def _drop_cancelled(self, now: float) -> None:
         for request in self._queues.take_if(lambda r: r.future.cancelled()):
             self._admission.release(request.level)
-            self.stats.record_outcome(Outcome.CANCELLED, now - request.arrival)
+            self.stats.record_outcome(Outcome.CANCELLED, request.waited(now))
         self.stats.set_pending(self._admission.total())
 
     def _decide(self, now: float) -> Decision:
@@ -421,12 +421,12 @@ class DynamicBatcher:
             if request.future.set_running_or_notify_cancel():
                 request.future.set_exception(
                     QueueTimeout(
-                        f"request waited {now - request.arrival:.3f}s in the queue and timed out"
+                        f"request waited {request.waited(now):.3f}s in the queue and timed out"
                     )
                 )
-                self.stats.record_outcome(Outcome.TIMEOUT, now - request.arrival)
+                self.stats.record_outcome(Outcome.TIMEOUT, request.waited(now))
             else:
-                self.stats.record_outcome(Outcome.CANCELLED, now - request.arrival)
+                self.stats.record_outcome(Outcome.CANCELLED, request.waited(now))
         self.stats.set_pending(self._admission.total())
         return bool(expired)
 
@@ -463,7 +463,7 @@ class DynamicBatcher:
             if error is not None:
                 self._fail(request, error, at)
             elif _settle(request.future, result=result):
-                self.stats.record_outcome(Outcome.SUCCESS, at - request.arrival)
+                self.stats.record_outcome(Outcome.SUCCESS, request.waited(at))
 
     def _execute(self, batch: list[BatchRequest], forward: Forward) -> list[Any]:
         t0 = self._clock.now()
@@ -488,7 +488,7 @@ class DynamicBatcher:
             error = ModelExecutionError(_describe(self.name, exc))
         if _settle(request.future, error=error):
             end = self._clock.now() if at is None else at
-            self.stats.record_outcome(Outcome.ERROR, end - request.arrival)
+            self.stats.record_outcome(Outcome.ERROR, request.waited(end))
 
 
 MESSAGE_CHARS = 2000

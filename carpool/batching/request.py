@@ -37,6 +37,11 @@ class BatchRequest:
     future: Future[Any] = field(default_factory=Future)
     id: int = field(default_factory=lambda: next(_ids))
 
+    def waited(self, now: float) -> float:
+        """Seconds since arrival, never below zero: the runtime reads its clock
+        before it drains the inbox, so a request may arrive after that ``now``."""
+        return max(0.0, now - self.arrival)
+
 
 @dataclass(frozen=True)
 class Failed:

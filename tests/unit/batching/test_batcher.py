@@ -92,6 +92,22 @@ def test_queue_delay_is_measured_from_the_oldest_request() -> None:
     assert h.model.batches == [[1, 2]]
 
 
+def test_a_request_that_arrives_after_the_runtime_read_its_clock_waited_no_time() -> None:
+    # The runtime reads the clock, then drains the inbox: a request submitted in
+    # between carries a later arrival than that turn's ``now``. Triton's statistics
+    # are unsigned, so a negative wait broke gRPC's statistics call (CI, stop 55).
+    h = Harness(BatchingConfig())
+    turn_began = h.clock.now()
+    h.clock.advance(0.25)
+    future = h.submit(1)
+    assert h.batcher.poll(turn_began).ready_since is not None
+    h.batcher.run_once(turn_began)
+    assert future.result() == 2
+    stats = h.batcher.stats.snapshot()
+    assert stats.queue.count == 1 and stats.queue.ns == 0
+    assert stats.success.ns >= 0
+
+
 def test_max_batch_size_splits_the_waiting_requests() -> None:
     h = Harness(BatchingConfig(max_batch_size=2))
     for v in range(1, 6):
