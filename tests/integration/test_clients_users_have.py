@@ -339,6 +339,94 @@ def test_vllms_guided_fields_constrain_the_reply(client: openai.OpenAI) -> None:
         )
 
 
+def test_a_batch_of_conversations_answers_each_as_its_own_chat(
+    client: openai.OpenAI, server: Server
+) -> None:
+    # What vLLM's batched_chat_completions example does: conversations in one body,
+    # plain, constrained by a regex, and by a JSON schema.
+    questions = ["Is the sky blue?", "Is fire cold?"]
+    conversations = [[{"role": "user", "content": q}] for q in questions]
+    alone = [
+        client.chat.completions.create(model=CHAT, messages=c, max_tokens=6, temperature=0)
+        .choices[0]
+        .message.content
+        for c in conversations
+    ]
+    url = f"{server.url}/v1/chat/completions/batch"
+    body = {"model": CHAT, "messages": conversations, "max_tokens": 6, "temperature": 0}
+    plain = httpx.post(url, json=body).json()
+    assert [c["index"] for c in plain["choices"]] == [0, 1]
+    assert [c["message"]["content"] for c in plain["choices"]] == alone
+    assert plain["object"] == "chat.completion" and plain["usage"]["completion_tokens"] == 12
+    regex = httpx.post(url, json={**body, "structured_outputs": {"regex": "(yes|no)"}}).json()
+    assert all(c["message"]["content"] in ("yes", "no") for c in regex["choices"])
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 5}},
+        "required": ["name"],
+        "additionalProperties": False,
+    }
+    shaped = httpx.post(
+        url,
+        json={
+            **body,
+            "max_tokens": 40,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "person", "strict": True, "schema": schema},
+            },
+        },
+    ).json()
+    assert [set(json.loads(c["message"]["content"])) for c in shaped["choices"]] == [{"name"}] * 2
+    for field, value in [("stream", True), ("messages", [[]]), ("messages", [])]:
+        refused = httpx.post(url, json={**body, field: value})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == field
+
+
+def test_tokens_in_tokens_out_gives_what_completions_give(server: Server) -> None:
+    # vLLM's /inference/v1/generate: token ids in, token ids out, whole or streamed.
+    ids = httpx.post(f"{server.url}/tokenize", json={"model": CHAT, "prompt": PROMPT}).json()
+    body = {
+        "token_ids": ids["tokens"],
+        "sampling_params": {"max_tokens": 6, "temperature": 0, "logprobs": 2},
+    }
+    whole = httpx.post(f"{server.url}/inference/v1/generate", json=body).json()
+    (choice,) = whole["choices"]
+    assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 6
+    assert [e["token"] for e in choice["logprobs"]["content"]] == [
+        f"token_id:{t}" for t in choice["token_ids"]
+    ]
+    assert all(len(e["top_logprobs"]) == 2 for e in choice["logprobs"]["content"])
+    assert whole["usage"] == {
+        "prompt_tokens": ids["count"],
+        "completion_tokens": 6,
+        "total_tokens": ids["count"] + 6,
+    }
+    text = httpx.post(
+        f"{server.url}/detokenize", json={"model": CHAT, "tokens": choice["token_ids"]}
+    ).json()["prompt"]
+    same = httpx.post(
+        f"{server.url}/v1/completions",
+        json={"model": CHAT, "prompt": ids["tokens"], "max_tokens": 6, "temperature": 0},
+    ).json()
+    assert text == same["choices"][0]["text"]
+    streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{server.url}/v1/generate", json=streamed) as answer:
+        events = [line[6:] for line in answer.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    pieces = [t for c in chunks for ch in c["choices"] for t in ch["token_ids"]]
+    assert pieces == choice["token_ids"] and chunks[-1]["usage"] == whole["usage"]
+    for field, change in [
+        ("sampling_params", {"sampling_params": {"temperature": 3}}),
+        ("token_ids", {"token_ids": [10**9]}),
+        ("token_ids", {"token_ids": []}),
+        ("sampling_params.stop_token_ids", {"sampling_params": {"stop_token_ids": [10**9]}}),
+    ]:
+        refused = httpx.post(f"{server.url}/inference/v1/generate", json={**body, **change})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == field
+
+
 RESPONSES_CHOICES: dict[str, Any] = {
     "model": CHAT,
     "input": "Hi",

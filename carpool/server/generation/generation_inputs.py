@@ -308,15 +308,15 @@ def encode_prompts(
         ) from None
 
 
-def check_prompt_count(served: ServedGenerator, count: int) -> None:
+def check_prompt_count(served: ServedGenerator, count: int, param: str = "prompt") -> None:
     """Refuse (413), before tokenizing, a call with more prompts than one request
-    may bring."""
+    may bring (``param``: the field that holds them)."""
     max_waiting = served.engine.max_waiting
     if max_waiting is not None and count > max_request_prompts(max_waiting):
         raise RequestTooLarge(
             f"{count} prompts in one request; at most "
             f"{max_request_prompts(max_waiting)} per request (half of --max-waiting-requests)",
-            param="prompt",
+            param=param,
         )
 
 

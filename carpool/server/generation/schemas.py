@@ -419,6 +419,17 @@ class ChatCompletionRequest(SamplingFields):
         return self
 
 
+class BatchChatCompletionRequest(ChatCompletionRequest):
+    """vLLM's ``/v1/chat/completions/batch``: a chat request whose ``messages`` is a
+    list of conversations, answered as one completion with a choice per conversation
+    (conversation ``i``'s choices at ``i * n ...``). Neither streamed nor with tools,
+    as in vLLM."""
+
+    messages: list[Annotated[list[ChatMessage], Field(min_length=1)]] = Field(  # type: ignore[assignment]
+        min_length=1
+    )
+
+
 class CompletionRequest(SamplingFields):
     """OpenAI's (legacy) completion request: every field of the openai SDK's
     ``completions.create`` (``best_of`` 1 only; ``suffix`` refused)."""
@@ -428,6 +439,23 @@ class CompletionRequest(SamplingFields):
     echo: StrictBool = False
     best_of: StrictInt | None = Field(default=None, ge=1, le=1)
     suffix: None = None
+
+
+class GenerateTokensRequest(OpenAIBody):
+    """vLLM's tokens-in, tokens-out request (``/inference/v1/generate``): prompt token
+    ids and vLLM's ``SamplingParams`` as an object, read with the completion fields'
+    names and ranges. ``model`` may be left out where one generation model is served.
+    ``cache_salt`` and ``kv_transfer_params`` are accepted and change nothing."""
+
+    token_ids: TokenIds = Field(min_length=1)
+    sampling_params: dict[StrictStr, Any] = Field(default_factory=dict)
+    model: StrictStr | None = None
+    request_id: StrictStr | None = Field(default=None, max_length=256)
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    priority: StrictInt = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
+    cache_salt: StrictStr | None = None
+    kv_transfer_params: dict[StrictStr, Any] | None = None
 
 
 class TokenizeRequest(Strict):

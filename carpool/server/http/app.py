@@ -16,7 +16,7 @@ from carpool.server.http.awaiting import ClientDisconnected
 from carpool.server.http.guards import guard
 from carpool.server.kserve import generate_routes, repository_routes, v2_routes
 from carpool.server.observability import dashboard, metrics
-from carpool.server.openai import generation_routes, openai_routes
+from carpool.server.openai import generation_routes, openai_routes, tokens_routes
 from carpool.server.registry.model_control import ModelControl
 from carpool.server.registry.served import ServedModels
 from carpool.server.responses import responses_routes
@@ -65,6 +65,7 @@ def create_app(
     guard(app, max_body_bytes=max_body_bytes, api_key=api_key)
     app.include_router(openai_routes.router(models))
     app.include_router(generation_routes.router(models))
+    app.include_router(tokens_routes.router(models))
     app.include_router(responses_routes.router(models, ResponseStore()))
     app.include_router(messages_routes.router(models))
     app.include_router(v2_routes.router(models, is_ready))

@@ -33,6 +33,7 @@ from carpool.server.generation.generation_inputs import (
     tokenize_prompts,
 )
 from carpool.server.generation.schemas import (
+    BatchChatCompletionRequest,
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -66,6 +67,24 @@ def router(models: ServedModels) -> APIRouter:
             reasoning=prepared.reasoning,
         )
         return await call.respond([prepared.prompt], prepared.params, request)
+
+    @api.post("/v1/chat/completions/batch", response_model=None)
+    async def chat_batch(body: BatchChatCompletionRequest, request: Request) -> Response:
+        """vLLM's batch of conversations: each prepared as a chat of its own, all
+        started together, answered as one completion (a choice per conversation)."""
+        if body.stream:
+            raise InvalidRequest("a batch of conversations is not streamed", param="stream")
+        if body.tools or body.tool_choice not in (None, "none"):
+            raise InvalidRequest("a batch of conversations cannot offer tools", param="tools")
+        check_prompt_count(models.generator(body.model), len(body.messages), "messages")
+        prepared = await asyncio.gather(
+            *(prepare_chat(models, body.model_copy(update={"messages": m})) for m in body.messages)
+        )
+        first = prepared[0]
+        call = _Call(first.served, body, "chatcmpl", chat=True, reasoning=first.reasoning)
+        return await call.respond(
+            [p.prompt for p in prepared], [p.params for p in prepared], request
+        )
 
     @api.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response:
