@@ -1,13 +1,16 @@
 """A sentence-embedding model: tokenizer, BERT encoder, pooling, normalisation.
 
-Implements the dynamic batcher's ``BatchModel``: a payload is one input's token ids,
-and the batch is ragged (no padding in the linear layers).
+Implements the dynamic batcher's ``BatchModel``: a payload is one input's token ids
+(its sentence vector is wanted) or ``TokenStates`` (every token's last hidden state,
+TEI's ``/embed_all``); the batch is ragged (no padding in the linear layers) and both
+kinds share it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -18,6 +21,28 @@ from carpool.models.bert import BertConfig, BertEncoder, Ragged, mean_pool
 from carpool.models.ragged_attention import select_ragged_kernel
 from carpool.models.weights import load_safetensors, read_json, read_json_list
 from carpool.paths import PathTaken
+
+
+@dataclass(frozen=True)
+class TokenStates:
+    """A payload that asks for each token's last hidden state (not pooled, not
+    normalised) instead of the sentence vector."""
+
+    ids: list[int]
+
+
+Payload = list[int] | TokenStates
+
+
+class Encoded(NamedTuple):
+    """A batch's answer: each input's sentence vector, and the token states of the
+    whole batch where any input asked for them (``offsets``: where input ``i``'s
+    tokens lie in ``states``)."""
+
+    pooled: torch.Tensor
+    states: torch.Tensor | None
+    offsets: list[int]
+    wants_states: list[bool]
 
 
 class EmbeddingModel:
@@ -98,23 +123,32 @@ class EmbeddingModel:
 
     # --- BatchModel (runtime thread) ---------------------------------------------
 
-    def collate(self, payloads: list[list[int]]) -> tuple[torch.Tensor, Ragged]:
-        flat = torch.tensor(
-            [t for ids in payloads for t in ids], dtype=torch.long, device=self.device
-        )
-        return flat, Ragged([len(ids) for ids in payloads], self.device)
+    def collate(self, payloads: list[Payload]) -> tuple[torch.Tensor, Ragged, list[bool]]:
+        rows = [p.ids if isinstance(p, TokenStates) else p for p in payloads]
+        flat = torch.tensor([t for ids in rows for t in ids], dtype=torch.long, device=self.device)
+        wants = [isinstance(p, TokenStates) for p in payloads]
+        return flat, Ragged([len(ids) for ids in rows], self.device), wants
 
-    def forward(self, batch: tuple[torch.Tensor, Ragged]) -> torch.Tensor:
-        ids, ragged = batch
+    def forward(self, batch: tuple[torch.Tensor, Ragged, list[bool]]) -> Encoded:
+        ids, ragged, wants = batch
         with torch.inference_mode():
             hidden = self.encoder(ids, ragged)
-            return mean_pool(hidden, ragged, self.normalize)
+            pooled = mean_pool(hidden, ragged, self.normalize)
+        offsets = [0]
+        for size in ragged.sizes:
+            offsets.append(offsets[-1] + size)
+        return Encoded(pooled, hidden if any(wants) else None, offsets, wants)
 
-    def split(self, output: torch.Tensor, count: int) -> list[np.ndarray[Any, Any]]:
-        rows = output.float().cpu().numpy()
-        return [rows[i] for i in range(count)]
+    def split(self, output: Encoded, count: int) -> list[np.ndarray[Any, Any]]:
+        rows = output.pooled.float().cpu().numpy()
+        states = None if output.states is None else output.states.float().cpu().numpy()
+        at = output.offsets
+        return [
+            states[at[i] : at[i + 1]] if output.wants_states[i] and states is not None else rows[i]
+            for i in range(count)
+        ]
 
     def embed(self, texts: list[str]) -> np.ndarray[Any, Any]:
         """Embed texts directly, in one batch (for offline use and tests)."""
         out = self.forward(self.collate([self.tokenize(t, truncate=True) for t in texts]))
-        return out.float().cpu().numpy()
+        return out.pooled.float().cpu().numpy()

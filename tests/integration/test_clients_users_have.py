@@ -185,6 +185,38 @@ def test_tei_decode_gives_the_text_back(server: Server) -> None:
     assert outside.status_code == 422 and "vocabulary" in outside.json()["error"]
 
 
+def test_tei_embed_all_gives_each_tokens_state(server: Server) -> None:
+    pooled = httpx.post(f"{server.url}/embed", json={"inputs": ["hello world", "good night"]})
+    states = httpx.post(f"{server.url}/embed_all", json={"inputs": ["hello world", "good night"]})
+    assert states.status_code == 200
+    tokens = [np.asarray(s) for s in states.json()]
+    assert [t.shape for t in tokens] == [(4, 384), (4, 384)]  # [CLS] w w [SEP]
+    for t, vector in zip(tokens, pooled.json(), strict=True):
+        mean = t.mean(axis=0)
+        assert np.allclose(mean / np.linalg.norm(mean), vector, atol=1e-5)
+
+
+def test_tokenize_answers_teis_body_and_vllms(server: Server) -> None:
+    tei = httpx.post(f"{server.url}/tokenize", json={"inputs": "hello world"}).json()
+    assert tei == [
+        [
+            {"id": 101, "text": "[CLS]", "special": True, "start": None, "stop": None},
+            {"id": 7592, "text": "hello", "special": False, "start": 0, "stop": 5},
+            {"id": 2088, "text": "world", "special": False, "start": 6, "stop": 11},
+            {"id": 102, "text": "[SEP]", "special": True, "start": None, "stop": None},
+        ]
+    ]
+    bare = httpx.post(
+        f"{server.url}/tokenize", json={"inputs": ["hi", "a b"], "add_special_tokens": False}
+    ).json()
+    assert [[t["text"] for t in row] for row in bare] == [["hi"], ["a", "b"]]
+    vllm = httpx.post(f"{server.url}/tokenize", json={"model": CHAT, "prompt": "Hi"}).json()
+    assert vllm["count"] == len(vllm["tokens"]) > 0
+    for body, field in [({"inputs": 3}, "inputs"), ({"model": CHAT, "prompt": 3}, "prompt")]:
+        refused = httpx.post(f"{server.url}/tokenize", json=body)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == field
+
+
 def test_tei_errors_are_its_shape_and_name_the_field(server: Server) -> None:
     bad = httpx.post(f"{server.url}/embed", json={"inputs": "x", "prompt_name": "query"})
     assert bad.status_code == 422 and bad.json()["error_type"] == "validation"

@@ -18,11 +18,12 @@ import json
 import logging
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from carpool.errors import (
@@ -40,6 +41,8 @@ from carpool.errors import (
 from carpool.server.tgi.tgi_shaping import error_body as tgi_error
 
 log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
 
 _STATUS: list[tuple[type[CarpoolError], int, str]] = [
     (RequestTooLarge, 413, "invalid_request_error"),
@@ -195,6 +198,18 @@ def _describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
         return f"'{field}' has an invalid value: {'; or '.join(reasons[:4])}", field
     path = ".".join(str(p) for p in loc)
     return f"'{path}': {first.get('msg', 'invalid value')}", field
+
+
+def validated(schema: type[M], raw: Any, at: tuple[str, ...] = ("body",)) -> M:
+    """``raw`` validated as ``schema`` in a route (a body read by hand, or a part of
+    one): a bad value is the same 400 naming the field as a body FastAPI validated,
+    its path starting at ``at``."""
+    try:
+        return schema.model_validate(raw)
+    except ValidationError as exc:
+        raise RequestValidationError(
+            [{**e, "loc": (*at, *e["loc"])} for e in exc.errors()]
+        ) from None
 
 
 def _is_json(request: Request) -> bool:

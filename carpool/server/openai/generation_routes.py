@@ -40,7 +40,7 @@ from carpool.server.generation.schemas import (
     SamplingFields,
     TokenizeRequest,
 )
-from carpool.server.http.errors import error_body, status_of
+from carpool.server.http.errors import error_body, status_of, validated
 from carpool.server.http.sse import DONE, EventStream, sse_event
 from carpool.server.http.unicode_check import UnicodeCheckedRoute
 from carpool.server.openai.openai_shaping import Shaper, choice_delta, usage
@@ -50,6 +50,8 @@ from carpool.server.registry.served import (
     gather_or_cancel,
     unless_disconnected,
 )
+from carpool.server.tei import tei_routes
+from carpool.server.tei.tei_schemas import TeiTokenizeRequest
 
 
 def router(models: ServedModels) -> APIRouter:
@@ -109,7 +111,14 @@ def router(models: ServedModels) -> APIRouter:
         return await call.respond(prompts, params, request)
 
     @api.post("/tokenize")
-    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+    async def tokenize(request: Request) -> Any:
+        """vLLM's tokenize, or TEI's (told by its ``inputs``, which vLLM's lacks)."""
+        raw = await request.json()
+        if isinstance(raw, dict) and "inputs" in raw:
+            return await tei_routes.tokenize(models, validated(TeiTokenizeRequest, raw))
+        return await _vllm_tokenize(validated(TokenizeRequest, raw))
+
+    async def _vllm_tokenize(body: TokenizeRequest) -> dict[str, Any]:
         served = models.generator(body.model)
         if (body.prompt is None) == (body.messages is None):
             raise InvalidRequest("give exactly one of prompt and messages", param="prompt")

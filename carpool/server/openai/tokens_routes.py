@@ -18,8 +18,6 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request, Response
-from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
 
 from carpool.engine.async_engine import GenerationStream
 from carpool.engine.request_output import CompletionOutput, RequestOutput
@@ -27,7 +25,7 @@ from carpool.engine.runner import TokenLogprobs
 from carpool.errors import CarpoolError, InvalidRequest
 from carpool.server.generation.generation_inputs import compile_grammar, sampling_params
 from carpool.server.generation.schemas import CompletionRequest, GenerateTokensRequest
-from carpool.server.http.errors import error_body, status_of
+from carpool.server.http.errors import error_body, status_of, validated
 from carpool.server.http.sse import DONE, EventStream, sse_event
 from carpool.server.http.unicode_check import UnicodeCheckedRoute
 from carpool.server.openai.openai_shaping import usage
@@ -93,12 +91,11 @@ def as_completion(model: str, body: GenerateTokensRequest) -> CompletionRequest:
     """The completion request ``body``'s sampling parameters describe; a bad one is a
     400 naming ``sampling_params.<field>``."""
     given = {k: v for k, v in body.sampling_params.items() if k not in _OWN}
-    try:
-        return CompletionRequest.model_validate({**given, "model": model, "prompt": body.token_ids})
-    except ValidationError as exc:
-        raise RequestValidationError(
-            [{**e, "loc": ("body", "sampling_params", *e["loc"])} for e in exc.errors()]
-        ) from None
+    return validated(
+        CompletionRequest,
+        {**given, "model": model, "prompt": body.token_ids},
+        at=("body", "sampling_params"),
+    )
 
 
 def _named(param: str | None) -> str | None:

@@ -16,7 +16,7 @@ from carpool.engine.async_engine import AsyncEngine
 from carpool.engine.sampling_params import Grammar
 from carpool.errors import InvalidRequest, ModelNotFound, ModelUnavailable
 from carpool.models.causal_lm import LoadedLM, ModelFacts
-from carpool.models.embedding import EmbeddingModel
+from carpool.models.embedding import EmbeddingModel, TokenStates
 from carpool.paths import PathTaken
 from carpool.server.http.awaiting import gather_or_cancel, unless_disconnected
 from carpool.server.registry.preprocess import Preprocessor
@@ -45,14 +45,19 @@ class ServedEmbedding:
         priority: int | None = None,
         timeout_s: float | None = None,
         request: Request | None = None,
+        token_states: bool = False,
     ) -> list[np.ndarray[Any, Any]]:
-        """One embedding per input, all batched by the runtime.
+        """One embedding per input, all batched by the runtime (with
+        ``token_states``: each input's token states, ``[tokens, hidden]``).
 
         Raises the first ``CarpoolError`` among the inputs; the others are cancelled.
         Raises ``ClientDisconnected`` (and cancels everything) if the client leaves.
         """
+        payloads = [TokenStates(ids) if token_states else ids for ids in inputs]
         admitted = self.batcher.submit_many(
-            [(ids, len(ids)) for ids in inputs], level=priority, timeout_s=timeout_s
+            [(p, len(ids)) for p, ids in zip(payloads, inputs, strict=True)],
+            level=priority,
+            timeout_s=timeout_s,
         )
         futures = [asyncio.wrap_future(f) for f in admitted]
         return await unless_disconnected(request, gather_or_cancel(futures))

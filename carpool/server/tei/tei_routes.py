@@ -1,6 +1,8 @@
 """Text Embeddings Inference's API over carpool's embedders: ``POST /embed``
-(``huggingface_hub``'s ``feature_extraction`` pointed at it), ``POST /similarity``
-(its ``sentence_similarity``) and ``POST /decode``; TEI's ``/rerank`` body and
+(``huggingface_hub``'s ``feature_extraction`` pointed at it), ``POST /embed_all``
+(every token's state), ``POST /similarity`` (its ``sentence_similarity``) and ``POST
+/decode``; TEI's ``/tokenize`` body is told from vLLM's on the one ``/tokenize`` route
+(``generation_routes``) and answered by ``tokenize``; TEI's ``/rerank`` body and
 ``/predict`` are served by ``task_routes``, TEI's ``/info`` by ``tgi_routes`` where no
 model generates. Errors in TEI's shape (``errors``).
 
@@ -22,8 +24,20 @@ from carpool.server.openai.openai_routes import tokenize_inputs
 from carpool.server.registry.served import ServedEmbedding, ServedModels, the_only
 from carpool.server.registry.served_user import ServedUserModel
 from carpool.server.tasks.task_routes import does, model_for, run_rows
-from carpool.server.tei.tei_schemas import DecodeRequest, EmbedRequest, SimilarityRequest
-from carpool.server.tei.tei_shaping import cut_to, info_body, normalized, similarities
+from carpool.server.tei.tei_schemas import (
+    DecodeRequest,
+    EmbedAllRequest,
+    EmbedRequest,
+    SimilarityRequest,
+    TeiTokenizeRequest,
+)
+from carpool.server.tei.tei_shaping import (
+    cut_to,
+    info_body,
+    normalized,
+    similarities,
+    tokens_of,
+)
 
 Embedder = ServedEmbedding | ServedUserModel
 
@@ -34,17 +48,26 @@ def router(models: ServedModels) -> APIRouter:
     @api.post("/embed")
     async def embed(body: EmbedRequest, request: Request) -> Response:
         served = the_embedder(models, body.model)
-        texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-        if body.truncation_direction.lower() == "left":
-            raise InvalidRequest(
-                "truncation_direction Left is not supported; inputs are cut on the right",
-                param="truncation_direction",
-            )
-        texts = _prompted(served, texts, body.prompt_name)
+        _right_only(body.truncation_direction)
+        texts = _prompted(served, _listed(body.inputs), body.prompt_name)
         vectors = await embed_texts(models, served, texts, bool(body.truncate), request)
         vectors = cut_to(normalized(vectors) if body.normalize else vectors, body.dimensions)
         return Response(
             orjson.dumps(vectors.astype(np.float32), option=orjson.OPT_SERIALIZE_NUMPY),
+            media_type="application/json",
+        )
+
+    @api.post("/embed_all")
+    async def embed_all(body: EmbedAllRequest, request: Request) -> Response:
+        """Each input's token states (the encoder's last layer, neither pooled nor
+        normalised), ``[inputs][tokens][hidden]``."""
+        served = _tokenizing(the_embedder(models, body.model), "give token states")
+        _right_only(body.truncation_direction)
+        texts = _prompted(served, _listed(body.inputs), body.prompt_name)
+        ids = await tokenize_inputs(served, texts, bool(body.truncate), models.preprocess)
+        states = await served.embed(ids, request=request, token_states=True)
+        return Response(
+            orjson.dumps([s.astype(np.float32) for s in states], option=orjson.OPT_SERIALIZE_NUMPY),
             media_type="application/json",
         )
 
@@ -57,12 +80,7 @@ def router(models: ServedModels) -> APIRouter:
     @api.post("/decode")
     async def decode(body: DecodeRequest) -> list[str]:
         """Token ids back to text with the embedder's tokenizer, one text per sequence."""
-        served = the_embedder(models, body.model)
-        if not isinstance(served, ServedEmbedding):
-            raise InvalidRequest(
-                f"model {served.name!r} tokenizes inside its library; it cannot decode ids",
-                param="model",
-            )
+        served = _tokenizing(the_embedder(models, body.model), "decode ids")
         ids = body.ids
         batch: list[list[int]] = (
             [row for row in ids if isinstance(row, list)]
@@ -83,6 +101,41 @@ def router(models: ServedModels) -> APIRouter:
         return decoded
 
     return api
+
+
+async def tokenize(models: ServedModels, body: TeiTokenizeRequest) -> list[list[dict[str, Any]]]:
+    """TEI's ``/tokenize``: each input's tokens (id, text, whether special, and where
+    it lies in the input), with the embedder's tokenizer."""
+    served = _tokenizing(the_embedder(models, body.model), "tokenize")
+    texts = _prompted(served, _listed(body.inputs), body.prompt_name)
+    tokenizer = served.model.tokenizer
+    encodings = await models.preprocess.run(
+        tokenizer.encode_batch, texts, add_special_tokens=body.add_special_tokens
+    )
+    return [tokens_of(text, e) for text, e in zip(texts, encodings, strict=True)]
+
+
+def _tokenizing(served: Embedder, task: str) -> ServedEmbedding:
+    """``served``, which must be an embedder carpool tokenizes for (a repository
+    model's library tokenizes inside itself)."""
+    if not isinstance(served, ServedEmbedding):
+        raise InvalidRequest(
+            f"model {served.name!r} tokenizes inside its library; it cannot {task}",
+            param="model",
+        )
+    return served
+
+
+def _listed(inputs: str | list[str]) -> list[str]:
+    return [inputs] if isinstance(inputs, str) else inputs
+
+
+def _right_only(direction: str) -> None:
+    if direction.lower() == "left":
+        raise InvalidRequest(
+            "truncation_direction Left is not supported; inputs are cut on the right",
+            param="truncation_direction",
+        )
 
 
 def the_embedder(models: ServedModels, name: str | None) -> Embedder:

@@ -32,6 +32,25 @@ class EmbedRequest(_Lenient):
     model: StrictStr | None = None
 
 
+class EmbedAllRequest(_Lenient):
+    """TEI's embed_all request: every token's state, not pooled."""
+
+    inputs: Texts
+    truncate: StrictBool | None = None
+    truncation_direction: Direction = "Right"
+    prompt_name: StrictStr | None = None
+    model: StrictStr | None = None
+
+
+class TeiTokenizeRequest(_Lenient):
+    """TEI's tokenize request (told from vLLM's, which has no ``inputs``)."""
+
+    inputs: Texts
+    add_special_tokens: StrictBool = True
+    prompt_name: StrictStr | None = None
+    model: StrictStr | None = None
+
+
 class SimilarityInputs(_Lenient):
     source_sentence: TaskText
     sentences: Annotated[list[TaskText], Field(min_length=1, max_length=MAX_TASK_ITEMS)]

@@ -61,3 +61,28 @@ def info_body(model_id: str, model_type: dict[str, Any], max_input_length: int) 
         "sha": None,
         "docker_label": None,
     }
+
+
+def tokens_of(text: str, encoding: Any) -> list[dict[str, Any]]:
+    """TEI's tokens of ``text`` from a ``tokenizers`` encoding: a special token is
+    its own text and lies nowhere in the input; any other is the input's characters
+    from ``start`` to ``stop``."""
+    tokens = []
+    for token_id, piece, special, (start, stop) in zip(
+        encoding.ids, encoding.tokens, encoding.special_tokens_mask, encoding.offsets, strict=True
+    ):
+        if special:
+            tokens.append(
+                {"id": token_id, "text": piece, "special": True, "start": None, "stop": None}
+            )
+        else:
+            tokens.append(
+                {
+                    "id": token_id,
+                    "text": text[start:stop],
+                    "special": False,
+                    "start": start,
+                    "stop": stop,
+                }
+            )
+    return tokens

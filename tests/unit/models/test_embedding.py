@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from carpool.errors import InvalidRequest
 from carpool.models.bert import BertConfig, BertEncoder, Ragged
-from carpool.models.embedding import EmbeddingModel
+from carpool.models.embedding import EmbeddingModel, TokenStates
 from carpool.models.ragged_attention import compile_ragged_kernel
 from carpool.models.registry import BUILTIN_MODELS
 
@@ -92,6 +92,22 @@ def test_the_ragged_kernel_refuses_offsets_that_point_outside(
 ) -> None:
     with pytest.raises(ValueError, match=match):
         compile_ragged_kernel()(torch.zeros(6, width), torch.tensor(offsets), 2, 1.0)
+
+
+def test_token_states_share_a_batch_and_pool_to_the_sentence_vector(
+    minilm: EmbeddingModel,
+) -> None:
+    # TEI's /embed_all: an input that asks for its token states rides with inputs
+    # that ask for sentence vectors; its states are what the vector is the mean of.
+    ids = [minilm.tokenize(t) for t in TEXTS[:3]]
+    payloads = [ids[0], TokenStates(ids[1]), ids[2]]
+    rows = minilm.split(minilm.forward(minilm.collate(payloads)), 3)
+    assert rows[0].shape == rows[2].shape == (minilm.dimensions,)
+    assert rows[1].shape == (len(ids[1]), minilm.dimensions)
+    mean = rows[1].mean(axis=0)
+    pooled = mean / np.linalg.norm(mean) if minilm.normalize else mean
+    assert np.abs(pooled - minilm.embed([TEXTS[1]])[0]).max() < 1e-5
+    assert np.abs(rows[0] - minilm.embed([TEXTS[0]])[0]).max() < 1e-5
 
 
 def test_batching_never_changes_an_embedding(minilm: EmbeddingModel) -> None:
