@@ -15,7 +15,7 @@ PENALTY_MIN = 1e-3
 
 
 LOGIT_BIAS_MAX = 100.0  # OpenAI's range: -100 bans a token, 100 all but forces it
-GRAMMAR_KINDS = ("json_schema", "regex", "choice", "lark")
+GRAMMAR_KINDS = ("json_schema", "regex", "choice", "lark", "structural_tag")
 OUTPUT_KINDS = ("cumulative", "delta", "final_only")
 
 
@@ -23,7 +23,8 @@ OUTPUT_KINDS = ("cumulative", "delta", "final_only")
 class Grammar:
     """What a request's output must match (constrained decoding): ``kind`` is
     ``json_schema`` (``source``: the schema as JSON text), ``regex``, ``choice``
-    (``source``: a JSON list of the allowed strings) or ``lark``. Plain and hashable:
+    (``source``: a JSON list of the allowed strings), ``lark`` or ``structural_tag``
+    (``source``: JSON of vLLM's ``structures`` and ``triggers``). Plain and hashable:
     compiled grammars are cached by it."""
 
     kind: str

@@ -56,7 +56,29 @@ def grammar_text(grammar: Grammar) -> str:
             raise ValueError("choices must be a non-empty list of non-empty strings")
         lark = "start: " + " | ".join(json.dumps(c) for c in choices)
         return str(llguidance.LLMatcher.grammar_from_lark(lark))
+    if grammar.kind == "structural_tag":
+        return str(llguidance.LLMatcher.grammar_from_lark(_structural_tag_lark(grammar.source)))
     return str(llguidance.LLMatcher.grammar_from_lark(_as_lark(grammar.source)))
+
+
+def _structural_tag_lark(source: str) -> str:
+    """vLLM's structural tag (``structures`` of ``begin``, ``schema``, ``end``, and
+    ``triggers``) as llguidance's own structural-tag grammar: text, and after each
+    trigger the structure it begins. A trigger is text, never taken for a special
+    token (as xgrammar reads it)."""
+    tags = json.loads(source)
+    struct_tags = []
+    for i, structure in enumerate(tags["structures"]):
+        begin = structure["begin"]
+        trigger = next((t for t in tags["triggers"] if t and begin.startswith(t)), None)
+        if trigger is None:
+            raise ValueError(f"structures[{i}].begin {begin!r} starts with none of the triggers")
+        struct_tags.append(
+            llguidance.StructTag(
+                trigger=trigger, begin=begin, grammar=structure["schema"], end=structure["end"]
+            )
+        )
+    return str(llguidance.StructTag.to_grammar(struct_tags, assume_special=False))
 
 
 def _as_lark(text: str) -> str:

@@ -369,6 +369,39 @@ def test_vllms_guided_fields_constrain_the_reply(client: openai.OpenAI) -> None:
         client.completions.create(
             model=CHAT, prompt="Say", max_tokens=2, extra_body={"guided_choice": ["ok"] * 1025}
         )
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(
+            model=CHAT, prompt="Say", max_tokens=2, extra_body={"guided_regex": "[a-"}
+        )
+    assert caught.value.body["param"] == "guided_regex"  # type: ignore[index]
+
+
+def test_a_structural_tag_is_accepted_as_vllm_documents_it(client: openai.OpenAI) -> None:
+    tag = {
+        "type": "structural_tag",
+        "structures": [
+            {
+                "begin": "<function=get_weather>",
+                "schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+                "end": "</function>",
+            }
+        ],
+        "triggers": ["<function="],
+    }
+    reply = client.chat.completions.create(
+        model=CHAT,
+        messages=[{"role": "user", "content": "Weather in Boston? Write <function="}],
+        max_tokens=12,
+        response_format=tag,  # type: ignore[arg-type]
+    )
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model=CHAT,
+            messages=[{"role": "user", "content": "Hi"}],
+            response_format={**tag, "triggers": ["<tool="]},  # type: ignore[arg-type]
+        )
+    assert caught.value.body["param"] == "response_format"  # type: ignore[index]
 
 
 def test_a_batch_of_conversations_answers_each_as_its_own_chat(

@@ -329,6 +329,8 @@ def requested_grammar(body: SamplingFields) -> tuple[Grammar, str] | None:
             "give response_format or structured_outputs, not both", param="structured_outputs"
         )
     so = body.structured_outputs
+    # vLLM's guided_* fields arrive as structured_outputs; an error names the one sent.
+    asked_by = _guided_field(body) or "structured_outputs"
     if so is not None:
         given = {
             "json": so.json_,
@@ -340,22 +342,28 @@ def requested_grammar(body: SamplingFields) -> tuple[Grammar, str] | None:
         if len(named) != 1:
             raise InvalidRequest(
                 "structured_outputs needs exactly one of json, regex, choice and grammar",
-                param="structured_outputs",
+                param=asked_by,
             )
         if so.json_ is not None:
             schema = so.json_ if isinstance(so.json_, str) else json.dumps(so.json_)
-            return Grammar("json_schema", schema), "structured_outputs"
+            return Grammar("json_schema", schema), asked_by
         if so.regex is not None:
-            return Grammar("regex", so.regex), "structured_outputs"
+            return Grammar("regex", so.regex), asked_by
         if so.choice is not None:
             distinct = list(dict.fromkeys(so.choice))  # a repeated choice adds nothing
-            return Grammar("choice", json.dumps(distinct)), "structured_outputs"
-        return Grammar("lark", str(so.grammar)), "structured_outputs"
+            return Grammar("choice", json.dumps(distinct)), asked_by
+        return Grammar("lark", str(so.grammar)), asked_by
     rf = body.response_format
     if rf is None or rf.type == "text":
         return None
     if rf.type == "json_object":
         return Grammar("json_schema", '{"type": "object"}'), "response_format"
+    if rf.type == "structural_tag":
+        tags = {
+            "structures": [s.model_dump(by_alias=True) for s in rf.structures],
+            "triggers": rf.triggers,
+        }
+        return Grammar("structural_tag", json.dumps(tags)), "response_format"
     schema_ = rf.json_schema.schema_ if rf.type == "json_schema" else None
     return Grammar("json_schema", json.dumps(schema_ or {"type": "object"})), "response_format"
 
@@ -379,6 +387,14 @@ async def compile_grammar(
     compiled, param = asked
     await models.preprocess.run(served.compile_grammar, compiled, param)
     return compiled
+
+
+def _guided_field(body: SamplingFields) -> str | None:
+    """The vLLM ``guided_*`` field ``body`` sent, if any."""
+    for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar"):
+        if getattr(body, name) is not None:
+            return name
+    return None
 
 
 def logit_bias(body: SamplingFields) -> tuple[tuple[int, float], ...]:

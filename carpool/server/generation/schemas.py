@@ -189,8 +189,30 @@ class JsonSchemaResponseFormat(Strict):
     json_schema: JsonSchemaFormat
 
 
+class TagStructure(Strict):
+    """One structure of a ``structural_tag``: ``begin``, a JSON value of ``schema``,
+    then ``end``."""
+
+    begin: StrictStr = Field(min_length=1, max_length=256)
+    schema_: dict[str, Any] = Field(alias="schema")
+    end: StrictStr = Field(max_length=256)
+
+
+class StructuralTagFormat(Strict):
+    """vLLM's (xgrammar's) ``structural_tag`` response format: free text, except that
+    where a trigger is written, a structure whose ``begin`` starts with that trigger
+    must follow."""
+
+    type: Literal["structural_tag"]
+    structures: list[TagStructure] = Field(min_length=1, max_length=128)
+    triggers: list[Annotated[StrictStr, Field(min_length=1, max_length=256)]] = Field(
+        min_length=1, max_length=128
+    )
+
+
 ResponseFormat = Annotated[
-    TextFormat | JsonObjectFormat | JsonSchemaResponseFormat, Field(discriminator="type")
+    TextFormat | JsonObjectFormat | JsonSchemaResponseFormat | StructuralTagFormat,
+    Field(discriminator="type"),
 ]
 
 

@@ -13,10 +13,10 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Body, Request, Response
 
 from carpool.engine.async_engine import GenerationStream
 from carpool.engine.request_output import RequestOutput
@@ -111,10 +111,9 @@ def router(models: ServedModels) -> APIRouter:
         return await call.respond(prompts, params, request)
 
     @api.post("/tokenize")
-    async def tokenize(request: Request) -> Any:
+    async def tokenize(raw: Annotated[dict[str, Any], Body()]) -> Any:
         """vLLM's tokenize, or TEI's (told by its ``inputs``, which vLLM's lacks)."""
-        raw = await request.json()
-        if isinstance(raw, dict) and "inputs" in raw:
+        if "inputs" in raw:
             return await tei_routes.tokenize(models, validated(TeiTokenizeRequest, raw))
         return await _vllm_tokenize(validated(TokenizeRequest, raw))
 

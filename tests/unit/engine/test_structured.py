@@ -91,6 +91,41 @@ def test_outputs_match_their_grammar_and_free_neighbours_are_unchanged(
         assert together[rid].token_ids == alone[rid].token_ids
 
 
+WEATHER_TAG = {
+    "structures": [
+        {
+            "begin": "<function=get_weather>",
+            "schema": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+            "end": "</function>",
+        }
+    ],
+    "triggers": ["<function="],
+}
+
+
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [
+        ('Sure. <function=get_weather>{"city": "Boston"}</function> Done.', True),
+        ("No call at all, just text.", True),
+        ("Sure. <function=get_time>", False),  # after the trigger, only a structure
+        ('<function=get_weather>{"town": 1}', False),  # the schema holds inside
+    ],
+)
+def test_a_structural_tag_leaves_text_free_and_holds_each_structure(
+    smollm: LoadedLM, engine: Engine, text: str, kept: bool
+) -> None:
+    # vLLM's structural_tag response format (its structured_outputs example's).
+    grammar = Grammar("structural_tag", json.dumps(WEATHER_TAG))
+    constraint = engine.runner.make_constraint(grammar)
+    ids = smollm.tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert all(constraint.accept(t) for t in ids) is kept
+
+
 def test_logit_bias_bans_and_forces_tokens(smollm: LoadedLM, engine: Engine) -> None:
     prompt = chat_ids(smollm, "Say hello.")
     plain = run(engine, {"plain": (prompt, greedy(4))})["plain"].token_ids
@@ -111,6 +146,13 @@ def test_logit_bias_bans_and_forces_tokens(smollm: LoadedLM, engine: Engine) -> 
         (Grammar("json_schema", "[1, 2]"), "must be an object"),
         (Grammar("choice", "[]"), "non-empty list"),
         (Grammar("lark", "start: missing_rule"), "missing_rule"),
+        (
+            Grammar(
+                "structural_tag",
+                json.dumps({**WEATHER_TAG, "triggers": ["<tool="]}),
+            ),
+            "starts with none of the triggers",
+        ),
     ],
 )
 def test_a_grammar_that_cannot_be_enforced_is_refused_naming_the_field(
