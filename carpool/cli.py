@@ -35,7 +35,7 @@ from carpool.config import (
 )
 
 if TYPE_CHECKING:
-    from carpool.repository.function_model import FunctionModel
+    from carpool.repository.function_model import InProcessModel
 
 log = logging.getLogger("carpool")
 
@@ -365,7 +365,7 @@ def generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def serve(config: CarpoolConfig, functions: Sequence[FunctionModel] = ()) -> int:
+def serve(config: CarpoolConfig, functions: Sequence[InProcessModel] = ()) -> int:
     """Load the models (and serve ``functions``, from ``carpool.serve``), start the
     runtime and the HTTP server; return the exit code."""
     logging.basicConfig(

@@ -30,6 +30,8 @@ from carpool.batching.request import Failed
 from carpool.config import BatchingConfig
 from carpool.errors import ModelExecutionError
 from carpool.repository.datatypes import DATATYPES
+from carpool.repository.litapi import TENSORS as LITAPI_TENSORS
+from carpool.repository.litapi import LitApiRunner, has_method
 from carpool.repository.payload import TensorPayload
 from carpool.repository.spec import ModelSpec, Source, TensorSpec, triton_view
 
@@ -46,6 +48,69 @@ class FunctionModel:
 
     def __call__(self, **inputs: np.ndarray[Any, Any]) -> Mapping[str, np.ndarray[Any, Any]]:
         return self.fn(**inputs)
+
+    def backend(self) -> FunctionBackend:
+        """What runs it on the runtime's batches (in the server's process)."""
+        return FunctionBackend(self)
+
+
+@dataclass(frozen=True)
+class LitApiModel:
+    """A LitServe ``LitAPI`` instance served in the server's process, as
+    ``carpool.serve(api)`` takes it (LitServe's ``LitServer(api)``)."""
+
+    api: Any
+    spec: ModelSpec
+    device: str = "cpu"
+
+    def backend(self) -> LitApiRunner:
+        """What runs it (its ``setup(device)`` is called here, once)."""
+        return LitApiRunner(self.api, self.spec, self.device)
+
+
+InProcessModel = FunctionModel | LitApiModel
+
+
+def lit_api(
+    api: Any,
+    *,
+    name: str | None = None,
+    max_batch_size: int | None = None,
+    batch_timeout: float | None = None,
+    device: str = "cpu",
+) -> LitApiModel:
+    """``api`` (an object with LitServe's ``decode_request``, ``predict`` and
+    ``encode_response``) as a served model at ``/predict``. ``max_batch_size`` and
+    ``batch_timeout`` (seconds) are LitServe's; left out, the ones the instance
+    carries (a ``litserve.LitAPI`` made with them), else 1 and 0."""
+    missing = [
+        m for m in ("decode_request", "predict", "encode_response") if not has_method(api, m)
+    ]
+    if missing:
+        raise TypeError(f"{type(api).__name__} is no LitAPI: it has no {', '.join(missing)}")
+    size = max_batch_size if max_batch_size is not None else getattr(api, "max_batch_size", 1)
+    wait = batch_timeout if batch_timeout is not None else getattr(api, "batch_timeout", 0.0)
+    if not isinstance(size, int) or size < 1:
+        raise ValueError(f"max_batch_size must be a positive integer, not {size!r}")
+    if not isinstance(wait, int | float) or wait < 0:
+        raise ValueError(f"batch_timeout must be seconds >= 0, not {wait!r}")
+    model_name = name or type(api).__name__
+    inputs, outputs = LITAPI_TENSORS
+    batching = BatchingConfig(
+        max_batch_size=size, max_queue_delay_ms=float(wait) * 1000, max_batch_tokens=1 << 62
+    )
+    spec = ModelSpec(
+        name=model_name,
+        version=1,
+        max_batch_size=size,
+        inputs=inputs,
+        outputs=outputs,
+        batching=batching,
+        source=Source("litapi", ""),
+        isolation="thread",
+        model_config=triton_view(model_name, "carpool-litapi", size, inputs, outputs, 1, batching),
+    )
+    return LitApiModel(api, spec, device)
 
 
 def _tensors(declared: TensorDecl, where: str) -> tuple[TensorSpec, ...]:

@@ -49,7 +49,9 @@ class LitApiRunner:
     """Runs one instance of a LitAPI class over batches of JSON requests."""
 
     def __init__(self, api: Any, spec: ModelSpec, device: str) -> None:
-        missing = [m for m in ("decode_request", "predict", "encode_response") if not _has(api, m)]
+        missing = [
+            m for m in ("decode_request", "predict", "encode_response") if not has_method(api, m)
+        ]
         if missing:
             raise TypeError(f"{type(api).__name__} has no {', '.join(missing)}")
         self.api = api
@@ -106,5 +108,5 @@ class LitApiRunner:
             teardown()
 
 
-def _has(api: Any, method: str) -> bool:
+def has_method(api: Any, method: str) -> bool:
     return callable(getattr(api, method, None))

@@ -29,7 +29,7 @@ from carpool.models.generation_defaults import read_generation_defaults
 from carpool.models.openmp import release_thread_team
 from carpool.models.registry import LoadOptions, Task
 from carpool.repository.errors import RepositoryError
-from carpool.repository.function_model import FunctionModel
+from carpool.repository.function_model import InProcessModel
 from carpool.repository.repository import ModelRepository
 from carpool.repository.vllm_model import VllmModel
 from carpool.runtime import DeviceRuntime
@@ -172,7 +172,7 @@ async def _stop_grpc(grpc_server: Any, server: ServerConfig) -> None:
     await stopped
 
 
-def build_server(config: CarpoolConfig, functions: Sequence[FunctionModel] = ()) -> ServerBundle:
+def build_server(config: CarpoolConfig, functions: Sequence[InProcessModel] = ()) -> ServerBundle:
     """Load every model (and ``functions``, from ``carpool.serve``) and register it
     with a fresh (started) device runtime."""
     _set_torch_threads(config)

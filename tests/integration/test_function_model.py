@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import tritonclient.http as triton
@@ -34,7 +35,24 @@ SCRIPT = """
         return {"y": x * 2, "rows": np.full((len(x), 1), len(x), np.int64)}
 
 
-    raise SystemExit(carpool.serve(double, port=0))
+    class Tripler:
+        # A LitServe LitAPI, handed to carpool.serve as to LitServer.
+
+        def setup(self, device):
+            self.device = device
+
+        def decode_request(self, request):
+            return request["x"]
+
+        def predict(self, xs):
+            return [3 * x for x in xs]
+
+        def encode_response(self, y):
+            return {"y": y, "device": self.device}
+
+
+    tripler = carpool.lit_api(Tripler(), max_batch_size=8, batch_timeout=0.001)
+    raise SystemExit(carpool.serve(double, tripler, port=0))
 """
 
 
@@ -47,6 +65,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     s = Server(match.group(1), process, log)
     yield s
     assert stop_server(s) == 0
+
+
+def test_a_litapi_instance_is_served_beside_the_function(server: Server) -> None:
+    assert httpx.post(f"{server.url}/predict", json={"x": 2}).json() == {"y": 6, "device": "cpu"}
+    named = httpx.post(f"{server.url}/v1/models/Tripler/predict", json={"x": 1})
+    assert named.json()["y"] == 3
 
 
 def test_a_function_is_served_and_batched(server: Server) -> None:

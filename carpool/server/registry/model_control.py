@@ -26,7 +26,7 @@ from carpool.engine.async_engine import GenerationWorker
 from carpool.errors import InvalidRequest, ModelExecutionError, ModelNotFound, ModelUnavailable
 from carpool.repository.bls import Arrays
 from carpool.repository.errors import RepositoryError
-from carpool.repository.function_model import FunctionBackend, FunctionModel
+from carpool.repository.function_model import InProcessModel
 from carpool.repository.payload import TensorPayload
 from carpool.repository.repository import LoadedVersion, ModelRepository
 from carpool.repository.spec import ModelSpec, check_inputs
@@ -121,11 +121,12 @@ class ModelControl:
                 self._failures[name] = str(exc)
                 log.error("model %s failed to load: %s", name, exc)
 
-    def install_function(self, function: FunctionModel) -> None:
-        """Serve a ``carpool.batched`` function (before serving; not unloadable)."""
+    def install_function(self, function: InProcessModel) -> None:
+        """Serve a ``carpool.batched`` function or a ``LitAPI`` instance in this
+        process (before serving; not unloadable)."""
         spec = function.spec
         model = UserBatchModel(
-            spec, [FunctionBackend(function)], spec.execution_timeout_s or self.timeout_s
+            spec, [function.backend()], spec.execution_timeout_s or self.timeout_s
         )
         self._install(spec.name, [LoadedVersion(spec, model)])
 
