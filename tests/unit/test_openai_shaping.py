@@ -155,3 +155,40 @@ def test_a_streamed_call_cut_by_max_tokens_ends_with_length() -> None:
     choice = tools.delta(0, RequestOutput("r", ids("hi"), [out]), out, set())
     assert choice is not None and choice["finish_reason"] == "length"
     assert choice["delta"]["tool_calls"][0]["function"]["name"] == "f"
+
+
+def test_with_tools_and_a_reasoning_parser_the_thinking_is_split_off_first() -> None:
+    # As Messages and Responses read such a reply: thinking, then the answer's calls.
+    call = '{"tool_calls":[{"name":"f","arguments":{"a":"b"}}]}'
+    reply = f"<think>look it up</think>\n{call}"
+    tools = shaper(tool_form="generic", reasoning="qwen3")
+
+    def whole(text: str) -> RequestOutput:  # text beyond the decoder's letters: no ids
+        out = CompletionOutput(0, text=text, finish_reason=FinishReason.STOP)
+        return RequestOutput("r", ids("hi"), [out], finished=True)
+
+    (choice,) = tools.full([whole(reply)])["choices"]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["reasoning_content"] == "look it up"
+    assert choice["message"]["reasoning"] == "look it up"
+    assert choice["message"]["tool_calls"][0]["function"]["name"] == "f"
+    done: set[int] = set()
+    request = RequestOutput("r", ids("hi"), [])
+    thinking, arguments, reasons = [], [], []
+    for at in range(0, len(reply), 3):
+        last = at + 3 >= len(reply)
+        out = CompletionOutput(
+            0, new_text=reply[at : at + 3], finish_reason=FinishReason.STOP if last else None
+        )
+        delta = tools.delta(0, request, out, done)
+        if delta is None:
+            continue
+        thinking.append(delta["delta"]["reasoning_content"] or "")
+        arguments += [e["function"]["arguments"] for e in delta["delta"].get("tool_calls", [])]
+        reasons.append(delta["finish_reason"])
+        assert "content" not in delta["delta"] or not delta["delta"]["content"]
+    assert "".join(thinking) == "look it up" and json.loads("".join(arguments)) == {"a": "b"}
+    assert reasons[-1] == "tool_calls"
+    plain = shaper(tool_form="generic", reasoning="qwen3")
+    (answer,) = plain.full([whole('<think>no</think>{"response":"hi"}')])["choices"]
+    assert answer["message"]["content"] == "hi" and answer["message"]["reasoning_content"] == "no"

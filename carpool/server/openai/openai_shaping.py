@@ -147,29 +147,42 @@ class Shaper:
     ) -> dict[str, Any] | None:
         """A chat choice's delta when tools were offered: the reply read as it comes
         (``ReplyReader``), so a call's name arrives first and its arguments' JSON
-        text in pieces; ``finish_reason`` is ``tool_calls`` once it called any."""
+        text in pieces; ``finish_reason`` is ``tool_calls`` once it called any. With
+        a reasoning parser, the thinking is split off first and the answer read."""
         reader = self._readers.setdefault(index, ReplyReader(self.tool_form or GENERIC))
-        events = reader.feed(out.new_text)
+        split = self._split(index, out.new_text, reason is not None)
+        events = reader.feed(split.content)
         if reason is not None:
             events += reader.finish()
             if reader.calls and reason != "length":  # a reply cut short says so
                 reason = "tool_calls"
-        if not events and reason is None:
+        if not events and not split.reasoning and reason is None:
             return None
-        choice = choice_delta(index, chat_tool_delta(events))
+        delta = chat_tool_delta(events)
+        if split.reasoning:
+            delta["reasoning_content"] = split.reasoning
+        choice = choice_delta(index, delta)
         choice["finish_reason"] = reason
         return choice
+
+    def _split(self, index: int, text: str, last: bool) -> Split:
+        """A choice's next piece split into thinking and answer (all answer without
+        a reasoning parser); on the ``last`` piece, held-back text is flushed."""
+        if self.reasoning is None:
+            return Split("", text)
+        splitter = self._splitters.setdefault(index, ReasoningSplitter(self.reasoning))
+        split = splitter.feed(text)
+        if last:
+            rest = splitter.finish()
+            split = Split(split.reasoning + rest.reasoning, split.content + rest.content)
+        return split
 
     def _text_delta(self, index: int, text: str, last: bool) -> dict[str, Any]:
         """A chat delta's text: ``content``, or with a reasoning parser the piece's
         ``reasoning_content`` and ``content`` (held-back text flushed on the last)."""
         if self.reasoning is None:
             return {"content": text} if text else {}
-        splitter = self._splitters.setdefault(index, ReasoningSplitter(self.reasoning))
-        split = splitter.feed(text)
-        if last:
-            rest = splitter.finish()
-            split = Split(split.reasoning + rest.reasoning, split.content + rest.content)
+        split = self._split(index, text, last)
         delta = {}
         if split.reasoning:
             delta["reasoning_content"] = split.reasoning
@@ -178,21 +191,24 @@ class Shaper:
         return delta
 
     def _message(self, out: CompletionOutput) -> tuple[dict[str, Any], str | None]:
-        """A finished chat choice's message fields and finish reason: with tools, the
-        reply read back (``tool_calls`` and ``finish_reason: tool_calls``, or the
-        answer's text)."""
+        """A finished chat choice's message fields and finish reason: with a
+        reasoning parser, the thinking split off as ``reasoning_content``; with
+        tools, the answer read back (``tool_calls`` and ``finish_reason:
+        tool_calls``, or the answer's text)."""
         reason = _finish(out.finish_reason)
-        if self.tool_form is None and self.reasoning is not None:
+        text, thinking = out.text, None
+        if self.reasoning is not None:
             splitter = ReasoningSplitter(self.reasoning)
             splitter.feed(out.text)
             splitter.finish()
-            message = {"content": splitter.content or None}
-            return {**message, "reasoning_content": splitter.reasoning or None}, reason
+            text, thinking = splitter.content, splitter.reasoning or None
         if self.tool_form is None:
-            return {"content": out.text}, reason
+            if self.reasoning is None:
+                return {"content": text}, reason
+            return {"content": text or None, "reasoning_content": thinking}, reason
         reader = ReplyReader(self.tool_form)
-        events = reader.feed(out.text) + reader.finish()
-        text = "".join(e.text for e in events if isinstance(e, TextDelta))
+        events = reader.feed(text) + reader.finish()
+        answer = "".join(e.text for e in events if isinstance(e, TextDelta))
         calls = [
             {
                 "id": call.id,
@@ -202,10 +218,9 @@ class Shaper:
             for call in reader.complete_calls()
         ]
         if not calls:
-            return {"content": text}, reason
-        return {"content": text or None, "tool_calls": calls}, (
-            reason if reason == "length" else "tool_calls"
-        )
+            return {"content": answer, "reasoning_content": thinking}, reason
+        message = {"content": answer or None, "tool_calls": calls, "reasoning_content": thinking}
+        return message, (reason if reason == "length" else "tool_calls")
 
     def _echo(self, request: RequestOutput) -> tuple[str, dict[str, Any] | None]:
         """The prompt's text, and its tokens' logprobs when they were asked for."""
