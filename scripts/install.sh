@@ -29,3 +29,7 @@ else
   # As a user installs: the built package (scripts/check_wheel.sh checks it in CI).
   python -m pip install --quiet --no-deps .
 fi
+# The native kernels, built now for this CPU (into ~/.cache/carpool/kernels) rather than
+# at the first start; one that cannot build is reported and torch runs in its place.
+echo "building carpool's native kernels for this CPU (once)..."
+python -m carpool.cli models --verbose | sed -n '/^native kernels/,$p'

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,10 +34,19 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def carpool_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """One cache folder for the session, also given to every server the tests start
-    (through XDG_CACHE_HOME): the built-in GGUF is converted once."""
+    (through XDG_CACHE_HOME): the built-in GGUF is converted once. The native kernels
+    the install built for this machine (``scripts/install.sh``) are copied in, as a
+    user's server finds them: a build is keyed by its sources, flags and compiler,
+    so a stale one is never loaded, only rebuilt (``tests/unit/models/test_native.py``
+    builds them anew)."""
+    built = default_cache_dir() / "kernels"
     base = tmp_path_factory.mktemp("xdg-cache")
     before = os.environ.get("XDG_CACHE_HOME")
     os.environ["XDG_CACHE_HOME"] = str(base)
+    kernels = default_cache_dir() / "kernels"
+    kernels.mkdir(parents=True)
+    for library in built.glob("*.so") if built.is_dir() else ():
+        shutil.copy2(library, kernels / library.name)
     yield default_cache_dir()
     if before is None:
         del os.environ["XDG_CACHE_HOME"]
