@@ -94,23 +94,35 @@ def lit_api(
         raise ValueError(f"max_batch_size must be a positive integer, not {size!r}")
     if not isinstance(wait, int | float) or wait < 0:
         raise ValueError(f"batch_timeout must be seconds >= 0, not {wait!r}")
-    model_name = name or type(api).__name__
-    inputs, outputs = LITAPI_TENSORS
     batching = BatchingConfig(
         max_batch_size=size, max_queue_delay_ms=float(wait) * 1000, max_batch_tokens=1 << 62
     )
-    spec = ModelSpec(
-        name=model_name,
+    spec = _in_process_spec(name or type(api).__name__, "litapi", *LITAPI_TENSORS, batching)
+    return LitApiModel(api, spec, device)
+
+
+def _in_process_spec(
+    name: str,
+    kind: str,
+    inputs: tuple[TensorSpec, ...],
+    outputs: tuple[TensorSpec, ...],
+    batching: BatchingConfig,
+    execution_timeout_s: float = 0.0,
+) -> ModelSpec:
+    """The spec of a model served in the server's process (``kind``: its source)."""
+    size = batching.max_batch_size
+    return ModelSpec(
+        name=name,
         version=1,
         max_batch_size=size,
         inputs=inputs,
         outputs=outputs,
         batching=batching,
-        source=Source("litapi", ""),
+        source=Source(kind, ""),
+        execution_timeout_s=execution_timeout_s,
         isolation="thread",
-        model_config=triton_view(model_name, "carpool-litapi", size, inputs, outputs, 1, batching),
+        model_config=triton_view(name, f"carpool-{kind}", size, inputs, outputs, 1, batching),
     )
-    return LitApiModel(api, spec, device)
 
 
 def _tensors(declared: TensorDecl, where: str) -> tuple[TensorSpec, ...]:
@@ -146,20 +158,7 @@ def batched(
             preferred_batch_sizes=tuple(preferred_batch_sizes),
             max_batch_tokens=1 << 62,
         )
-        spec = ModelSpec(
-            name=model_name,
-            version=1,
-            max_batch_size=max_batch_size,
-            inputs=ins,
-            outputs=outs,
-            batching=batching,
-            source=Source("function", ""),
-            execution_timeout_s=execution_timeout_s,
-            isolation="thread",
-            model_config=triton_view(
-                model_name, "carpool-function", max_batch_size, ins, outs, 1, batching
-            ),
-        )
+        spec = _in_process_spec(model_name, "function", ins, outs, batching, execution_timeout_s)
         return FunctionModel(fn, spec)
 
     return wrap
