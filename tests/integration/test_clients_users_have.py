@@ -448,6 +448,22 @@ def test_a_batch_of_conversations_answers_each_as_its_own_chat(
         assert refused.status_code == 400 and refused.json()["error"]["param"] == field
 
 
+def test_vllms_pooling_route_gives_the_embedders_vectors(
+    server: Server, client: openai.OpenAI
+) -> None:
+    # What vLLM's openai_pooling_client example sends, pointed at an embedder.
+    pooled = httpx.post(
+        f"{server.url}/pooling", json={"model": MODEL, "input": "vLLM is great!"}
+    ).json()
+    assert pooled["object"] == "list" and pooled["data"][0]["object"] == "pooling"
+    same = client.embeddings.create(model=MODEL, input="vLLM is great!").data[0].embedding
+    assert np.allclose(pooled["data"][0]["data"], same, atol=1e-6)
+    assert pooled["usage"]["prompt_tokens"] > 0
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "vLLM is great!"}]}
+    refused = httpx.post(f"{server.url}/pooling", json=chat)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages"
+
+
 def test_tokens_in_tokens_out_gives_what_completions_give(server: Server) -> None:
     # vLLM's /inference/v1/generate: token ids in, token ids out, whole or streamed.
     ids = httpx.post(f"{server.url}/tokenize", json={"model": CHAT, "prompt": PROMPT}).json()

@@ -124,6 +124,19 @@ class EmbeddingRequest(OpenAIBody):
     )
 
 
+class PoolingRequest(OpenAIBody):
+    """vLLM's pooling request over an embedder: ``input`` as the embeddings take it
+    (``messages``, for a pooling model with a chat template, is refused by name)."""
+
+    model: StrictStr
+    input: Prompt | None = None
+    messages: list[dict[StrictStr, Any]] | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    priority: StrictInt | None = None
+    timeout: float | None = Field(default=None, gt=0)
+    truncate: StrictBool = False
+
+
 class V2Tensor(BaseModel):
     """One tensor of an inference-protocol request."""
 

@@ -1,8 +1,11 @@
-"""OpenAI-compatible routes: /v1/models and /v1/embeddings."""
+"""OpenAI-compatible routes: /v1/models and /v1/embeddings, and vLLM's /pooling over an
+embedder."""
 
 from __future__ import annotations
 
 import base64
+import time
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -12,7 +15,7 @@ from fastapi import APIRouter, Request, Response
 
 from carpool.errors import InvalidRequest, RequestTooLarge
 from carpool.models.embedding import EmbeddingModel
-from carpool.server.generation.schemas import EmbeddingRequest
+from carpool.server.generation.schemas import EmbeddingRequest, PoolingRequest
 from carpool.server.http.unicode_check import UnicodeCheckedRoute
 from carpool.server.registry.preprocess import Keep, Preprocessor, TooManyTokens, encode_within
 from carpool.server.registry.served import ServedEmbedding, ServedModels
@@ -39,28 +42,75 @@ def router(models: ServedModels) -> APIRouter:
 
     @api.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
-        if models.is_user(body.model):
-            return await _user_embeddings(models, body, request)
-        served = models.get(body.model)
-        if body.dimensions is not None and body.dimensions != served.model.dimensions:
+        name, vectors, usage = await embed_request(models, body, request)
+        return embeddings_response(name, vectors, body.encoding_format, usage)
+
+    @api.post("/pooling")
+    async def pooling(body: PoolingRequest, request: Request) -> Response:
+        """vLLM's pooling API over an embedder: its pooled vector per input."""
+        if body.messages is not None:
             raise InvalidRequest(
-                f"model {served.name!r} has {served.model.dimensions} dimensions and cannot "
-                f"return {body.dimensions}",
-                param="dimensions",
+                "an embedder here has no chat template; send the text as 'input'",
+                param="messages",
             )
-        ids = await tokenize_inputs(served, body.input, body.truncate, models.preprocess)
-        vectors = await served.embed(
-            ids, priority=body.priority, timeout_s=body.timeout, request=request
+        if body.input is None:
+            raise InvalidRequest("give the texts to pool as 'input'", param="input")
+        as_embedding = EmbeddingRequest.model_validate(
+            body.model_dump(
+                include={"model", "input", "encoding_format", "priority", "timeout", "truncate"}
+            )
         )
-        tokens = sum(len(x) for x in ids)
-        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
-        return embeddings_response(served.name, vectors, body.encoding_format, usage)
+        name, vectors, usage = await embed_request(models, as_embedding, request)
+        return pooling_response(name, vectors, body.encoding_format, usage)
 
     return api
 
 
+async def embed_request(
+    models: ServedModels, body: EmbeddingRequest, request: Request
+) -> tuple[str, list[Any], dict[str, int] | None]:
+    """The embeddings ``body`` asks for: the model's name, a vector per input, and
+    the usage (None where the model's library tokenizes and carpool cannot count)."""
+    if models.is_user(body.model):
+        return await _user_embeddings(models, body, request)
+    served = models.get(body.model)
+    if body.dimensions is not None and body.dimensions != served.model.dimensions:
+        raise InvalidRequest(
+            f"model {served.name!r} has {served.model.dimensions} dimensions and cannot "
+            f"return {body.dimensions}",
+            param="dimensions",
+        )
+    ids = await tokenize_inputs(served, body.input, body.truncate, models.preprocess)
+    vectors = await served.embed(
+        ids, priority=body.priority, timeout_s=body.timeout, request=request
+    )
+    tokens = sum(len(x) for x in ids)
+    return served.name, vectors, {"prompt_tokens": tokens, "total_tokens": tokens}
+
+
 def _card(name: str, created: int) -> dict[str, Any]:
     return {"id": name, "object": "model", "created": created, "owned_by": "carpool"}
+
+
+def pooling_response(
+    model: str, vectors: Iterable[Any], encoding_format: str, usage: dict[str, int] | None
+) -> Response:
+    """vLLM's pooling body for ``vectors``."""
+    data = [
+        {"index": i, "object": "pooling", "data": encode(v, encoding_format)}
+        for i, v in enumerate(vectors)
+    ]
+    payload: dict[str, Any] = {
+        "id": f"pool-{uuid.uuid4().hex}",
+        "object": "list",
+        "created": int(time.time()),
+        "model": model,
+        "data": data,
+        "usage": usage,
+    }
+    return Response(
+        orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json"
+    )
 
 
 def embeddings_response(
@@ -81,8 +131,9 @@ def embeddings_response(
 
 async def _user_embeddings(
     models: ServedModels, body: EmbeddingRequest, request: Request
-) -> Response:
-    """/v1/embeddings on a repository embedder (sentence-transformers): texts only."""
+) -> tuple[str, list[Any], None]:
+    """Embeddings from a repository embedder (sentence-transformers): texts only. No
+    usage: the embedder tokenizes inside its library, so carpool has no count."""
     served = model_for(models, body.model, "embed")
     items = [body.input] if isinstance(body.input, str) else body.input
     texts = [t for t in items if isinstance(t, str) and t]
@@ -99,8 +150,7 @@ async def _user_embeddings(
         timeout_s=body.timeout,
         request=request,
     )
-    # No usage: the embedder tokenizes inside its library, so carpool has no count to give.
-    return embeddings_response(served.name, out["embedding"], body.encoding_format, None)
+    return served.name, list(out["embedding"]), None
 
 
 async def tokenize_inputs(
