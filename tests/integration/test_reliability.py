@@ -224,7 +224,7 @@ def _refuses(s: Server) -> bool:
         return c.get("/v2/health/ready").status_code == 503
 
 
-SOAK_REQUESTS = 900  # three times the warm-up; the suite's 20 minutes bound it
+SOAK_REQUESTS = 600  # twice the warm-up; the suite's 20 minutes bound it
 
 
 @pytest.mark.slow

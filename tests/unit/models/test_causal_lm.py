@@ -219,24 +219,17 @@ def test_a_converted_gguf_is_reused_not_converted_again(
     assert convert_gguf(path, carpool_cache, progress=False) == smollm_folder
 
 
+# Eight chat prompts of different kinds (the suite's time: transformers takes ~3 s a
+# prompt here; more of the same shapes added no path).
 BUILTIN_PROMPTS = [
     "What is the capital of France?",
     "Write a haiku about autumn.",
-    "Explain photosynthesis to a child.",
-    "List three prime numbers.",
-    "Translate 'good morning' into Spanish.",
     "def fibonacci(n):",
-    "Once upon a time, in a small village,",
     "What is 12 times 7?",
-    "Give me a recipe for pancakes.",
-    "Why is the sky blue?",
     "Summarise the plot of Romeo and Juliet.",
     "Héllo 🚗! Répondez en français, s'il vous plaît.",
-    "Name a famous painter.",
     "How do I reverse a list in Python?",
     "The quick brown fox",
-    "Tell me a joke about computers.",
-    "What are the colours of the rainbow?",
 ]
 
 
@@ -256,7 +249,7 @@ def hf_builtin() -> Any:
 
 
 def builtin_prompts(tok: Any) -> list[list[int]]:
-    """The 17 chat prompts above, templated, and three long ones (600 characters,
+    """The 8 chat prompts above, templated, and three long ones (600 characters,
     1,000 and 1,600 tokens: four chunks of 512)."""
     chats = [
         tok.encode(
@@ -276,9 +269,9 @@ def builtin_prompts(tok: Any) -> list[list[int]]:
     return [list(p) for p in chats] + long_prompts
 
 
-def assert_matches_on_20_prompts(lm: LoadedLM, reference: Any) -> None:
+def assert_matches_on_11_prompts(lm: LoadedLM, reference: Any) -> None:
     prompts = builtin_prompts(lm.tokenizer)
-    assert len(prompts) == 20 and max(len(p) for p in prompts) == 1600
+    assert len(prompts) == 11 and max(len(p) for p in prompts) == 1600
     expected = [tiny_models.hf_greedy(reference, p, 16) for p in prompts]
     got = generate(lm, prompts, 16, max_num_batched_tokens=512)
     mismatches = [i for i, (a, b) in enumerate(zip(got, expected, strict=True)) if a != b]
@@ -286,17 +279,17 @@ def assert_matches_on_20_prompts(lm: LoadedLM, reference: Any) -> None:
 
 
 @pytest.mark.slow
-def test_builtin_model_matches_transformers_on_20_prompts(
+def test_builtin_model_matches_transformers_on_11_prompts(
     smollm: LoadedLM, hf_builtin: Any
 ) -> None:
-    assert_matches_on_20_prompts(smollm, hf_builtin)
+    assert_matches_on_11_prompts(smollm, hf_builtin)
 
 
 @CUDA
-def test_builtin_model_matches_transformers_on_20_prompts_on_cuda(smollm_folder: Path) -> None:
+def test_builtin_model_matches_transformers_on_11_prompts_on_cuda(smollm_folder: Path) -> None:
     lm = load_causal_lm(smollm_folder, progress=False, device="cuda")
     assert lm.device.type == "cuda"
-    assert_matches_on_20_prompts(lm, load_hf_builtin().to("cuda"))
+    assert_matches_on_11_prompts(lm, load_hf_builtin().to("cuda"))
 
 
 def test_a_qwen3_gguf_reads_back_its_config_and_q_k_norms(
