@@ -41,13 +41,53 @@ JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
 CACHE_SIZE = 256
 
 
+# Where a schema's subschemas sit (JSON Schema's applicators), for ``closed_objects``.
+_SUBSCHEMA_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+_SUBSCHEMAS = ("items", "additionalItems", "not", "if", "then", "else", "contains")
+
+
+def closed_objects(schema: Any) -> Any:
+    """``schema`` with every object that lists ``properties`` and says nothing of
+    ``additionalProperties`` closed to them (``additionalProperties: false``), as
+    xgrammar's strict mode reads a schema (vLLM's default): an open object lets a
+    small model add keys until its tokens run out. An object that lists no
+    properties (``{"type": "object"}``) stays open."""
+    if isinstance(schema, list):
+        return [closed_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed_objects(s) for s in out[key]]
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed_objects(s) for name, s in out[key].items()}
+    for key in _SUBSCHEMAS:
+        if isinstance(out.get(key), dict):
+            out[key] = closed_objects(out[key])
+    if isinstance(out.get("additionalProperties"), dict):
+        out["additionalProperties"] = closed_objects(out["additionalProperties"])
+    elif (
+        "properties" in out and "additionalProperties" not in out and "patternProperties" not in out
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
 def grammar_text(grammar: Grammar) -> str:
-    """llguidance's grammar for ``grammar``; raises ValueError on unreadable input."""
+    """llguidance's grammar for ``grammar``; raises ValueError on unreadable input.
+    A JSON schema's objects are closed first (``closed_objects``)."""
     if grammar.kind == "json_schema":
         schema = json.loads(grammar.source)
         if not isinstance(schema, dict):
             raise ValueError("a JSON schema must be an object")
-        return str(llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS))
+        return str(
+            llguidance.LLMatcher.grammar_from_json_schema(
+                closed_objects(schema), overrides=JSON_OPTIONS
+            )
+        )
     if grammar.kind == "regex":
         return str(llguidance.LLMatcher.grammar_from_regex(grammar.source))
     if grammar.kind == "choice":

@@ -3,7 +3,9 @@ a real ``carpool serve``: OpenAI's Responses (``responses.create``, ``.stream``,
 ``.parse``, stored responses and ``previous_response_id``), Anthropic's Messages
 (``messages.create``, ``.stream``, ``count_tokens``), tool calls whose arguments
 validate and arrive in several pieces, tool round trips, bad input in each protocol's
-shape, and a client leaving mid-stream aborting its request on each route."""
+shape, and a client leaving mid-stream aborting its request on each route. Then the
+agent frameworks on top, unchanged: LangChain's ``ChatOpenAI`` and the OpenAI Agents
+SDK (its chat and Responses models, a function tool)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import openai
 import pytest
 
 from tests.integration.conftest import Server, start_server, stop_server
-from tests.integration.test_structured_outputs import ARGUMENTS, TOOLS, Person
+from tests.integration.test_structured_outputs import ARGUMENTS, TOOLS, Person, Weather
 
 CHAT = "smollm2-135m-instruct"
 
@@ -615,3 +617,64 @@ def test_a_client_leaving_mid_stream_aborts_its_request(server: Server, path: st
         time.sleep(0.05)
     assert server.metric("carpool_num_requests_running", model=CHAT) == 0
     assert server.metric("carpool_kv_cache_usage_perc", model=CHAT) == 0
+
+
+# --- agent frameworks on top of the OpenAI routes ----------------------------------------
+
+
+def test_langchains_chat_model_invokes_streams_binds_tools_and_structures(server: Server) -> None:
+    from langchain_openai import ChatOpenAI
+
+    def chat(max_tokens: int) -> ChatOpenAI:
+        return ChatOpenAI(
+            base_url=f"{server.url}/v1",
+            api_key="unused",  # type: ignore[arg-type]
+            model=CHAT,
+            temperature=0,
+            max_tokens=max_tokens,  # type: ignore[call-arg]
+            max_retries=0,
+        )
+
+    llm = chat(8)
+    whole = llm.invoke("Say hello.")
+    assert isinstance(whole.content, str) and whole.content
+    streamed = "".join(str(chunk.content) for chunk in llm.stream("Say hello."))
+    assert streamed == whole.content  # greedy: the same tokens either way
+    caller = chat(100).bind_tools([Weather], tool_choice="Weather")
+    (call,) = caller.invoke("What is the weather in Paris?").tool_calls
+    assert call["name"] == "Weather" and Weather.model_validate(call["args"])
+    structured = chat(100).with_structured_output(Person)
+    assert isinstance(structured.invoke("Describe a person from Rome."), Person)
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_the_openai_agents_sdk_runs_a_function_tool(server: Server, api: str) -> None:
+    import agents
+
+    agents.set_tracing_disabled(True)  # its traces go to OpenAI's servers otherwise
+    client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    model: agents.Model = (
+        agents.OpenAIChatCompletionsModel(model=CHAT, openai_client=client)
+        if api == "chat"
+        else agents.OpenAIResponsesModel(model=CHAT, openai_client=client)
+    )
+    asked: list[str] = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        asked.append(city)
+        return f"sunny in {city}"
+
+    agent = agents.Agent(
+        name="weather",
+        instructions="Answer with the weather tool.",
+        model=model,
+        tools=[get_weather],
+        model_settings=agents.ModelSettings(
+            tool_choice="get_weather", max_tokens=100, temperature=0
+        ),
+        tool_use_behavior="stop_on_first_tool",
+    )
+    result = agents.Runner.run_sync(agent, "What is the weather in Paris?", max_turns=2)
+    assert len(asked) == 1 and result.final_output == f"sunny in {asked[0]}"

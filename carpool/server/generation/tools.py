@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from carpool.engine.sampling_params import Grammar
+from carpool.engine.structured import closed_objects
 from carpool.errors import InvalidRequest
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -81,7 +82,7 @@ def _call_schemas(tools: list[ToolSpec]) -> list[dict[str, Any]]:
             "type": "object",
             "properties": {
                 "name": {"const": t.name},
-                "arguments": t.parameters or ANY_OBJECT,
+                "arguments": closed_objects(t.parameters) if t.parameters else ANY_OBJECT,
             },
             "required": ["name", "arguments"],
             "additionalProperties": False,

@@ -14,7 +14,7 @@ import pytest
 from carpool.config import EngineConfig
 from carpool.engine.engine import Engine
 from carpool.engine.sampling_params import Grammar, SamplingParams
-from carpool.engine.structured import fill_bitmasks
+from carpool.engine.structured import closed_objects, fill_bitmasks
 from carpool.errors import InvalidRequest
 from carpool.models.causal_lm import LoadedLM
 from carpool.workers.factory import engine_for
@@ -172,3 +172,28 @@ def test_a_logit_bias_outside_the_vocabulary_is_refused(engine: Engine) -> None:
 def test_the_bitmask_address_is_checked_against_the_vocabulary() -> None:
     with pytest.raises(ValueError, match="do not cover"):
         fill_bitmasks([], 0, 10, 49152)
+
+
+def test_objects_that_list_properties_are_closed_as_vllm_reads_them() -> None:
+    # LangChain's bind_tools sends no additionalProperties: open, a small model adds
+    # keys until max_tokens (xgrammar's strict mode, vLLM's default, closes them).
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "stops": {"type": "array", "items": {"type": "object", "properties": {"n": {}}}},
+            "extra": {"type": "object", "additionalProperties": {"properties": {"k": {}}}},
+        },
+        "$defs": {"Unit": {"type": "object", "properties": {"u": {}}}},
+        "anyOf": [{"properties": {"a": {}}}, {"type": "object"}],
+    }
+    closed = closed_objects(schema)
+    assert closed["additionalProperties"] is False
+    assert closed["properties"]["stops"]["items"]["additionalProperties"] is False
+    assert closed["properties"]["extra"]["additionalProperties"]["additionalProperties"] is False
+    assert closed["$defs"]["Unit"]["additionalProperties"] is False
+    assert closed["anyOf"][0]["additionalProperties"] is False
+    assert "additionalProperties" not in closed["anyOf"][1]  # lists no properties: open
+    assert "additionalProperties" not in schema  # the caller's schema is left as it was
+    kept = {"type": "object", "properties": {"a": {}}, "additionalProperties": True}
+    assert closed_objects(kept) == kept
