@@ -225,11 +225,36 @@ def carpool_repository(root: Path, reranker: Path, isolation: str, instances: in
     return root
 
 
+def carpool_litapi_repository(root: Path, model: str, reranker: Path) -> Path:
+    """The LitAPI class LitServe serves (``lit_apis.py``) for ``model``, alone (at
+    ``/predict``, as LitServe serves one), as a carpool repository model of kind
+    ``litapi``, batched as LitServe batches it."""
+    target, options = {
+        "mlp": ("MlpAPI", ""),
+        "reranker": ("RerankAPI", f', options = {{ folder = "{reranker}" }}'),
+    }[model]
+    (root / model).mkdir(parents=True, exist_ok=True)
+    (root / model / "carpool.toml").write_text(
+        f"max_batch_size = {BATCH}\nbatch_timeout = 0.002\n"
+        f'source = {{ kind = "litapi", target = "model:{target}"{options} }}\n'
+    )
+    (root / model / "model.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(PEERS)!r})\n"
+        f"from lit_apis import {target}  # noqa: E402\n"
+    )
+    return root
+
+
 def start(peer: str, model: str, port: int, python: str, reranker: Path,
           tmp: Path) -> subprocess.Popen[bytes]:  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
     log = open(tmp / f"{peer}-{model}.log", "wb")  # noqa: SIM115 (the process keeps it)
-    if peer.startswith("carpool"):
+    if peer == "carpool-litapi":
+        repo = carpool_litapi_repository(tmp / f"repo-{peer}-{model}", model, reranker)
+        command = [sys.executable, "-m", "carpool.cli", "serve", "--port", str(port),
+                   "--model-repository", str(repo), "--log-level", "warning"]  # fmt: skip
+        cwd = str(Path.cwd())
+    elif peer.startswith("carpool"):
         # carpool[-process][-xN]: isolation by process, N instances running at once
         isolation = "process" if "-process" in peer else "thread"
         instances = int(peer.rpartition("-x")[2]) if "-x" in peer else 1
@@ -365,13 +390,15 @@ def main() -> None:
     parser.add_argument("--litserve", default="/tmp/peers/litserve/bin/python")
     parser.add_argument("--rayserve", default="/tmp/peers/rayserve/bin/python")
     parser.add_argument("--pytriton", default="/tmp/peers/pytriton/bin/python")
-    every = ["carpool", "carpool-process", "bare", "litserve", "rayserve", "pytriton"]
+    every = ["carpool", "carpool-process", "carpool-litapi", "bare", "litserve", "rayserve",
+             "pytriton"]  # fmt: skip
     parser.add_argument(
         "--peers",
         nargs="+",
         default=every,
         help="servers to run; carpool[-process][-xN]: carpool by thread or process "
-        "isolation with N instances running at once (default 1)",
+        "isolation with N instances running at once (default 1); carpool-litapi: "
+        "carpool serving the LitAPI classes LitServe serves (lit_apis.py)",
     )
     parser.add_argument("--models", nargs="+", default=["mlp", "reranker"])
     parser.add_argument("--requests", type=int, default=3000)
@@ -396,7 +423,8 @@ def main() -> None:
             python = getattr(args, peer.split("-")[0], sys.executable)
             port = free_port()
             url = f"http://127.0.0.1:{port}"
-            shape = v2_body if peer.startswith(("carpool", "pytriton")) else plain_body
+            tensors = peer.startswith(("carpool", "pytriton")) and peer != "carpool-litapi"
+            shape = v2_body if tensors else plain_body
             bodies = [shape(model, row) for row in work[model].rows]
             process = start(peer, model, port, python, reranker, tmp)
             try:
