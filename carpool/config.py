@@ -266,9 +266,9 @@ class EngineConfig:
         "host's work (scheduling, detokenizing, stop strings) overlaps the device's (vLLM's "
         "option of the same name); a request with penalties, a grammar, log-probabilities "
         "or prompt log-probabilities runs in steps that wait. Not with speculative_config "
-        "or num_scheduler_steps > 1. Unset: on a GPU unless one of those is asked for (an "
-        "H200 gave the same tokens and 9-44% more tokens/s), off on the CPU, where a step "
-        "runs inside its launch and nothing overlaps.",
+        "or num_scheduler_steps > 1. Unset: on a GPU unless one of those is asked for, off "
+        "on the CPU, where a step runs inside its launch and nothing overlaps.",
+        # On an H200 it gave the same tokens and 9-44% more tokens/s (BENCHMARKS.md).
         default=None,
     )
     block_size: int = _help("Tokens per KV-cache block.", default=16)
