@@ -8,6 +8,7 @@ kinds share it.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -134,9 +135,7 @@ class EmbeddingModel:
         with torch.inference_mode():
             hidden = self.encoder(ids, ragged)
             pooled = mean_pool(hidden, ragged, self.normalize)
-        offsets = [0]
-        for size in ragged.sizes:
-            offsets.append(offsets[-1] + size)
+        offsets = list(itertools.accumulate(ragged.sizes, initial=0))
         return Encoded(pooled, hidden if any(wants) else None, offsets, wants)
 
     def split(self, output: Encoded, count: int) -> list[np.ndarray[Any, Any]]:

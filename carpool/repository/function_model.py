@@ -31,7 +31,7 @@ from carpool.config import BatchingConfig
 from carpool.errors import ModelExecutionError
 from carpool.repository.datatypes import DATATYPES
 from carpool.repository.litapi import TENSORS as LITAPI_TENSORS
-from carpool.repository.litapi import LitApiRunner, has_method
+from carpool.repository.litapi import LitApiRunner, require_lit_api
 from carpool.repository.payload import TensorPayload
 from carpool.repository.spec import ModelSpec, Source, TensorSpec, triton_view
 
@@ -83,11 +83,7 @@ def lit_api(
     ``encode_response``) as a served model at ``/predict``. ``max_batch_size`` and
     ``batch_timeout`` (seconds) are LitServe's; left out, the ones the instance
     carries (a ``litserve.LitAPI`` made with them), else 1 and 0."""
-    missing = [
-        m for m in ("decode_request", "predict", "encode_response") if not has_method(api, m)
-    ]
-    if missing:
-        raise TypeError(f"{type(api).__name__} is no LitAPI: it has no {', '.join(missing)}")
+    require_lit_api(api)
     size = max_batch_size if max_batch_size is not None else getattr(api, "max_batch_size", 1)
     wait = batch_timeout if batch_timeout is not None else getattr(api, "batch_timeout", 0.0)
     if not isinstance(size, int) or size < 1:

@@ -49,11 +49,7 @@ class LitApiRunner:
     """Runs one instance of a LitAPI class over batches of JSON requests."""
 
     def __init__(self, api: Any, spec: ModelSpec, device: str) -> None:
-        missing = [
-            m for m in ("decode_request", "predict", "encode_response") if not has_method(api, m)
-        ]
-        if missing:
-            raise TypeError(f"{type(api).__name__} has no {', '.join(missing)}")
+        require_lit_api(api)
         self.api = api
         self.spec = spec
         self.batched = spec.max_batch_size > 1
@@ -108,5 +104,12 @@ class LitApiRunner:
             teardown()
 
 
-def has_method(api: Any, method: str) -> bool:
+def require_lit_api(api: Any) -> None:
+    """Raise TypeError naming what ``api`` lacks of LitServe's required methods."""
+    missing = [m for m in ("decode_request", "predict", "encode_response") if not _has(api, m)]
+    if missing:
+        raise TypeError(f"{type(api).__name__} has no {', '.join(missing)}")
+
+
+def _has(api: Any, method: str) -> bool:
     return callable(getattr(api, method, None))

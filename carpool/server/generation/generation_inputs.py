@@ -15,6 +15,7 @@ from carpool.engine.async_engine import GenerationStream, max_request_prompts
 from carpool.engine.sampling_params import Grammar, SamplingParams
 from carpool.errors import InvalidRequest, RequestTooLarge
 from carpool.server.generation.schemas import (
+    GUIDED_FIELDS,
     ChatCompletionRequest,
     ChatMessage,
     NamedToolChoice,
@@ -391,10 +392,7 @@ async def compile_grammar(
 
 def _guided_field(body: SamplingFields) -> str | None:
     """The vLLM ``guided_*`` field ``body`` sent, if any."""
-    for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar"):
-        if getattr(body, name) is not None:
-            return name
-    return None
+    return next((f for f in GUIDED_FIELDS.values() if getattr(body, f) is not None), None)
 
 
 def logit_bias(body: SamplingFields) -> tuple[tuple[int, float], ...]:

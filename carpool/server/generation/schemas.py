@@ -246,6 +246,15 @@ class StructuredOutputs(Strict):
 LogitBias = dict[StrictStr, Annotated[float, Field(ge=-100, le=100)]]
 
 
+# vLLM's guided_* fields, by the structured_outputs key each stands for.
+GUIDED_FIELDS = {
+    "json": "guided_json",
+    "regex": "guided_regex",
+    "choice": "guided_choice",
+    "grammar": "guided_grammar",
+}
+
+
 class SamplingFields(OpenAIBody):
     """The sampling fields shared by chat and completions: OpenAI's, vLLM's extras,
     and carpool's ``priority`` and ``timeout``."""
@@ -301,12 +310,7 @@ class SamplingFields(OpenAIBody):
     def _guided_as_structured_outputs(self) -> Self:
         """vLLM's ``guided_json``/``guided_regex``/``guided_choice``/``guided_grammar``
         as the one ``structured_outputs`` they name (the backend is carpool's)."""
-        guided = {
-            "json": self.guided_json,
-            "regex": self.guided_regex,
-            "choice": self.guided_choice,
-            "grammar": self.guided_grammar,
-        }
+        guided = {kind: getattr(self, field) for kind, field in GUIDED_FIELDS.items()}
         given = {k: v for k, v in guided.items() if v is not None}
         if not given:
             return self

@@ -55,10 +55,14 @@ def router(models: ServedModels) -> APIRouter:
             )
         if body.input is None:
             raise InvalidRequest("give the texts to pool as 'input'", param="input")
-        as_embedding = EmbeddingRequest.model_validate(
-            body.model_dump(
-                include={"model", "input", "encoding_format", "priority", "timeout", "truncate"}
-            )
+        # The fields were checked as the embeddings' are (same types, same ranges).
+        as_embedding = EmbeddingRequest.model_construct(
+            model=body.model,
+            input=body.input,
+            encoding_format=body.encoding_format,
+            priority=body.priority,
+            timeout=body.timeout,
+            truncate=body.truncate,
         )
         name, vectors, usage = await embed_request(models, as_embedding, request)
         return pooling_response(name, vectors, body.encoding_format, usage)
