@@ -8,6 +8,7 @@ its own subprocess so its peak memory is its own.
                                     [--device cpu|cuda] [--carpool-only] [--rows both|batch|single]
                                     [--engine '{"num_scheduler_steps": 8}']
                                     [--model FOLDER] [--temperature 0.6] [--cprofile N]
+                                    [--trace N] [--warmup shape|small]
 
 ``--model``: a Hugging Face folder instead of the built-in (``benchmarks.real_size``
 makes random-weight ones of real models' shapes); ``--workload nano`` is nano-vllm's
@@ -19,7 +20,10 @@ On a GPU carpool's rows also give its start-up, CUDA-graph capture time and how 
 the GPU sat idle between steps (compare ``--engine '{"async_scheduling": true}'``,
 which launches each step before the last one's tokens are back). Each carpool row
 ends with the engine's time a step by phase (``null_device.time_phases``; ``wait``:
-the host blocked on the device's tokens, inside ``land``).
+the host blocked on the device's tokens, inside ``land``). ``--trace N`` runs carpool's
+measured run under torch's profiler and prints its top N operations by host time, and
+on a GPU the kernels a step and their own time against the device's busy time (the
+rest is the gaps between kernels).
 
 transformers one-at-a-time runs on the first ``--hf-single-requests`` requests only
 (its rate does not depend on how many there are; all 64 would take ~10 minutes).
@@ -35,6 +39,7 @@ import os
 import platform
 import pstats
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -60,18 +65,32 @@ def run_carpool(workload: list[tuple[list[int], int]], args: argparse.Namespace)
         SamplingParams(max_tokens=n, temperature=args.temperature, ignore_eos=True)
         for _, n in workload
     ]
-    # Warm up on other prompts: the workload's own would be in the prefix cache.
-    warm = token_prompts(2, 32, 64, vocab_of(args.model), seed=99)
-    llm.generate(warm, params[0], use_tqdm=False)
+    # Warm up on other prompts (the workload's own would be in the prefix cache): by
+    # default as many, as long, so the measured run compiles no kernel variant of its
+    # prompts' steps (a first step of a new shape can take 100s of ms on a GPU).
+    vocab = vocab_of(args.model)
+    if args.warmup == "shape":
+        warm = [p for p, _ in generation_workload(args.workload, vocab, seed=99)]
+        warm_params = SamplingParams(max_tokens=16, ignore_eos=True)
+    else:
+        warm = token_prompts(2, 32, 64, vocab, seed=99)
+        warm_params = params[0]
+    llm.generate(warm, warm_params, use_tqdm=False)
     runner = llm.engine.runner
     busy = getattr(runner, "device_seconds", 0.0)
     phases = time_phases(llm.engine)
     profile = cProfile.Profile() if args.cprofile else None
+    trace = _tracer(args.device) if args.trace else None
     started = time.perf_counter()
     if profile is not None:
         profile.enable()
+    if trace is not None:
+        trace.start()
     outputs = llm.generate([p for p, _ in workload], params, use_tqdm=False)
     elapsed = time.perf_counter() - started
+    if trace is not None:
+        trace.stop()
+        _print_trace(trace, args.trace, len(phases["step"]), runner)
     if profile is not None:
         profile.disable()
         # To stderr: the parent reads the result from stdout and shows stderr on failure.
@@ -84,7 +103,10 @@ def run_carpool(workload: list[tuple[list[int], int]], args: argparse.Namespace)
         "seconds": elapsed,
         "startup_s": startup,
         "digest": digest.hexdigest()[:12],
-        "phases_ms": {k: sum(v) * 1000 / max(1, len(phases["step"])) for k, v in phases.items()},
+        # Each phase's median call: a step's typical cost, not its mean, which one
+        # slow step (a kernel compiled on first use) can double.
+        "phases_ms": {k: statistics.median(v) * 1000 for k, v in phases.items() if v},
+        "slowest_step_ms": max(phases["step"], default=0.0) * 1000,
     }
     if hasattr(runner, "device_seconds"):
         # From each step's first kernel to its tokens on the host; the rest of the
@@ -93,6 +115,38 @@ def run_carpool(workload: list[tuple[list[int], int]], args: argparse.Namespace)
         graphs = getattr(runner, "graphs", None)
         result["capture_s"] = graphs.capture_seconds if graphs is not None else 0.0
     return result
+
+
+def _tracer(device: str) -> torch.profiler.profile:
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.startswith("cuda"):
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    return torch.profiler.profile(activities=activities)
+
+
+def _print_trace(trace: torch.profiler.profile, top: int, steps: int, runner: Any) -> None:
+    """To stderr (as ``--cprofile``): the top operations by their own host time, then
+    the kernels' count and own device time a step."""
+    averages = trace.key_averages()
+    print(averages.table(sort_by="self_cpu_time_total", row_limit=top), file=sys.stderr)
+    kernels = [e for e in trace.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    if kernels and steps:
+        own_us = sum(e.device_time for e in kernels) / steps
+        print(
+            f"kernels: {len(kernels) / steps:.1f} a step, {own_us:.0f} us of their own a step",
+            file=sys.stderr,
+        )
+        by_name = sorted(
+            (a for a in averages if a.device_time_total > 0),
+            key=lambda a: a.device_time_total,
+            reverse=True,
+        )
+        for a in by_name[:top]:
+            print(
+                f"  {a.count / steps:6.1f} a step {a.device_time_total / steps:8.1f} us "
+                f" {a.key[:90]}",
+                file=sys.stderr,
+            )
 
 
 def vocab_of(model: str) -> int:
@@ -183,14 +237,18 @@ def measure(system: str, args: argparse.Namespace, single: bool = False) -> dict
         args.model,
         "--temperature",
         str(args.temperature),
+        "--warmup",
+        args.warmup,
     ]
     if single:
         command.append("--single")
     if args.cprofile and system == "carpool":
         command += ["--cprofile", str(args.cprofile)]
+    if args.trace and system == "carpool":
+        command += ["--trace", str(args.trace)]
     done = subprocess.run(command, capture_output=True, text=True)
-    if args.cprofile and system == "carpool":
-        print(done.stderr[-20000:])
+    if (args.cprofile or args.trace) and system == "carpool":
+        print(done.stderr[-30000:])
     if done.returncode != 0:
         sys.exit(f"{system} failed ({done.returncode}):\n{done.stderr[-4000:]}")
     line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
@@ -222,6 +280,18 @@ def main() -> None:
         type=int,
         default=0,
         help="profile carpool's measured run (cProfile) and print its top N functions",
+    )
+    parser.add_argument(
+        "--warmup",
+        default="shape",
+        choices=["shape", "small"],
+        help="carpool's warm-up: prompts of the workload's count and lengths, or two short ones",
+    )
+    parser.add_argument(
+        "--trace",
+        type=int,
+        default=0,
+        help="run carpool's measured run under torch's profiler; print its top N operations",
     )
     parser.add_argument(
         "--rows",
@@ -265,9 +335,10 @@ def main() -> None:
         if "digest" in r:
             gpu += f"; tokens {r['digest']}"
         if "phases_ms" in r:
-            gpu += "; ms a step: " + ", ".join(
+            gpu += "; ms a step (median call): " + ", ".join(
                 f"{k} {v:.3f}" for k, v in r["phases_ms"].items() if v
             )
+            gpu += f"; slowest step {r['slowest_step_ms']:.1f} ms"
         print(
             f"{name:48} {r['tokens']:7d} {r['seconds']:7.1f} {r['tokens_per_s']:7.1f} "
             f"{_ratio(r, base_one):>14} {_ratio(r, base_16):>10} {r['peak_rss_mb']:11.0f}{gpu}"

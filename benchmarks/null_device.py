@@ -36,6 +36,7 @@ from carpool.engine.runner import ModelSpec, Sampled, SamplingRow, StepResult
 from carpool.engine.sampling_params import SamplingParams
 from carpool.models.causal_lm import convert_gguf
 from carpool.models.registry import BUILTIN_MODELS
+from carpool.paths import PathTaken
 
 WORDS = [" the", " a", " of", " and", " to", " in", " is", " that", " it", " was", ","]
 
@@ -47,7 +48,7 @@ class NullRunner:
         eos = tokenizer.eos_token_id
         self.spec = ModelSpec("null", len(tokenizer), 8192, frozenset({eos}), tokenizer)
         self.num_blocks = num_blocks
-        self.paths = ()
+        self.paths: tuple[PathTaken, ...] = ()
         self.device_s = device_s
         self.words = [tokenizer.convert_tokens_to_ids(tokenizer.tokenize(w))[0] for w in WORDS]
         self.host_s = 0.0  # the runner's own time, device excluded
@@ -106,10 +107,32 @@ def time_phases(engine: Engine) -> dict[str, list[float]]:
         "collect": (engine, "_collect"),
         "advance": (engine, "_advance"),
     }
+    # Inside a launching runner's ``launch`` (a GPU's): the forward pass's inputs and
+    # its graph's replay, the choice of tokens, the hand-off of their copy.
+    runner = engine.runner
+    decode = getattr(runner, "decode", None)
+    targets |= {
+        "runner_launch": (runner, "launch"),
+        "forward": (runner, "_launch_forward"),
+        "staged": (decode, "_staged"),
+        "fill": (decode, "_fill"),
+        "upload": (decode, "_upload"),
+        "replay": (decode, "_pass"),
+        "hand_off": (runner, "_hand_off"),
+    }
     for name, (owner, attr) in targets.items():
-        if hasattr(owner, attr):
+        if owner is not None and hasattr(owner, attr):
             setattr(owner, attr, timed(record.setdefault(name, []), getattr(owner, attr)))
+    _time_module_function(record, "carpool.workers.model_runner", "choose")
+    _time_module_function(record, "carpool.workers.decode_graphs", "resolve_pending")
     return record
+
+
+def _time_module_function(record: dict[str, list[float]], module: str, name: str) -> None:
+    """Time calls of function ``name`` made from ``module`` (where the tree has it)."""
+    found = sys.modules.get(module)
+    if found is not None and hasattr(found, name):
+        setattr(found, name, timed(record.setdefault(name, []), getattr(found, name)))
 
 
 def run(

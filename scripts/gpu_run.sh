@@ -251,10 +251,16 @@ host_ab() {
 }
 
 # Where a step's host time goes (issue 48: launching took 1.8-2.1 ms of a 3.3 ms step
-# on an H100 in session 32): the 135M shape's uniform run under cProfile, its top 60.
+# on an H100 in session 32): the 135M shape's uniform run with its launch split by
+# phase, then under torch's profiler (kernels a step, their own time), then cProfile.
 host_profile() {
-    step host_profile 150 "${GENERATION[@]}" --model "$MODELS/smollm2-135m" \
-        --workload uniform --rows batch --engine '{}' --cprofile 60
+    local m=$MODELS/smollm2-135m
+    step host_profile 150 "${GENERATION[@]}" --model "$m" --workload uniform --rows batch \
+        --engine '{}'
+    step host_profile 150 "${GENERATION[@]}" --model "$m" --workload uniform --rows batch \
+        --engine '{}' --trace 30
+    step host_profile 150 "${GENERATION[@]}" --model "$m" --workload uniform --rows batch \
+        --engine '{}' --cprofile 50
 }
 
 tests() {
