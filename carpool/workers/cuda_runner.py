@@ -5,8 +5,9 @@ its), with the GPU's attention: Triton kernels over the paged cache
 (``carpool.models.triton_attention``), rows in the step's own order, one kernel
 writing a layer's keys and values. Decode steps replay CUDA graphs
 (``decode_graphs``); prompt chunks and mixed steps run eagerly. The device's busy
-time per step is measured with CUDA events (``device_seconds``), so a benchmark can
-report how long the GPU waited on the host.
+time per step is measured with CUDA events (``device_seconds``, from the
+moment the step's inputs are prepared on the host to its last kernel), so a benchmark
+can report how long the GPU waited on the host.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class CudaModelRunner(ModelRunner):
         self.multi_step = max_passes > 1
         self.device_seconds = 0.0
         self.steps = 0
+        self._begun: torch.cuda.Event | None = None  # this step's device work began
 
     @property
     def graphs(self) -> DecodeGraphs | None:
@@ -75,9 +77,9 @@ class CudaModelRunner(ModelRunner):
         rows: Mapping[str, SamplingRow],
         prompt_logprobs: Mapping[str, int] | None = None,
     ) -> StepResult:
-        start = self._event()  # None on the CPU: the tests' interpreted kernels
+        self._begun = None
         result = self._execute(step, rows, prompt_logprobs)
-        self._account(start, self._event())
+        self._account(self._begun, self._event())
         return result
 
     def _execute(
@@ -100,6 +102,8 @@ class CudaModelRunner(ModelRunner):
         """A decode step on the persistent buffers: each chunk's sampled token, and
         for a chunk with ``LOOKAHEAD`` placeholders the greedy tokens after it."""
         chunks = step.chunks
+        self.decode.stage(chunks)
+        self._begin()
         logits, later = self.decode.run(chunks)
         out = sample(logits, [rows[c.seq.request_id] for c in chunks])
         more = later.tolist() if later is not None else []
@@ -114,27 +118,35 @@ class CudaModelRunner(ModelRunner):
     def _launch_forward(
         self, step: SchedulerOutput, after: Launch | None
     ) -> tuple[torch.Tensor, list[ScheduledChunk]]:
+        self._begun = None
         if self.decode.fits(step.chunks):
             check_ids([c.seq.token_ids[c.seq.num_computed] for c in step.chunks], after)
+            self.decode.stage(step.chunks)
+            self._begin()
             logits, _ = self.decode.run(step.chunks, pending_tokens(after))
             return logits, list(step.chunks)
         return super()._launch_forward(step, after)
 
+    def _begin(self) -> None:
+        self._begun = self._event()
+
     def _event(self) -> torch.cuda.Event | None:
+        """An event recorded now on the GPU's stream (None on the CPU, where the tests
+        run this runner's kernels interpreted)."""
         if self.device.type != "cuda":
             return None
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         return event
 
-    def _hand_off(self, tokens: torch.Tensor, start: torch.cuda.Event | None) -> Chosen:
+    def _hand_off(self, tokens: torch.Tensor) -> Chosen:
         """Queue the tokens' copy to pinned host memory and an event after it, so
         landing waits for this step alone, not for one launched after it."""
-        if start is None:
+        if self._begun is None:
             return Chosen(tokens, tokens)
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
         host.copy_(tokens, non_blocking=True)
-        return Chosen(tokens, host, start, self._event())
+        return Chosen(tokens, host, self._begun, self._event())
 
     def _wait(self, chosen: Chosen) -> list[int]:
         self._account(chosen.start, chosen.end)

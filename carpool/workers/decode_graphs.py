@@ -140,21 +140,27 @@ class DecodeGraphs:
             grown,
         )
 
+    def stage(self, chunks: Sequence[ScheduledChunk]) -> None:
+        """The host's half of the step of ``chunks`` (``fits``): its rows into host
+        memory, the device's work not started (``run`` starts it)."""
+        n = len(chunks)
+        self._staged()
+        self._fill(chunks)
+        self._pad(n, self._bucket(n))
+
     def run(
         self, chunks: Sequence[ScheduledChunk], pending: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Run the step of ``chunks`` (``fits``): the first pass's logits [n, vocab]
-        (row i for chunk i), and the greedy tokens of the later passes [passes - 1,
-        n] (row j - 1 for pass j; None when every chunk has no lookahead). A chunk's
-        tokens past its own lookahead are padding's, to be ignored. ``pending``: the
-        tokens of the step in flight, which an input id ``pending(row)`` stands for."""
+        """Run the step of ``chunks``, staged (``stage``): the first pass's logits [n,
+        vocab] (row i for chunk i), and the greedy tokens of the later passes
+        [passes - 1, n] (row j - 1 for pass j; None when every chunk has no
+        lookahead). A chunk's tokens past its own lookahead are padding's, to be
+        ignored. ``pending``: the tokens of the step in flight, which an input id
+        ``pending(row)`` stands for."""
         n = len(chunks)
-        size = next(b for b in self.buckets if b >= n)
+        size = self._bucket(n)
         lookahead = [len(c.draft) for c in chunks]
         passes = 1 + max(lookahead)
-        self._staged()
-        self._fill(chunks)
-        self._pad(n, size)
         self._upload(size)
         if pending is not None:
             resolve_pending(self.dev_i64[0, :n], pending)
@@ -173,6 +179,9 @@ class DecodeGraphs:
             token = self._pass(size)[:n].float().argmax(dim=-1)
             later.append(token)
         return first, torch.stack(later)
+
+    def _bucket(self, n: int) -> int:
+        return next(b for b in self.buckets if b >= n)
 
     def _pass(self, size: int) -> torch.Tensor:
         if self.graphs:

@@ -172,6 +172,7 @@ class ModelRunner:
         Re-running a chunk writes the same K/V to the same slots, so a failed step
         may be retried chunk by chunk."""
         inputs = self.prepare(step)
+        self._begin()
         hidden = self.lm.model(inputs.input_ids, inputs.positions, self.caches, inputs.meta)
         result = StepResult()
         if prompt_logprobs:
@@ -190,14 +191,13 @@ class ModelRunner:
     ) -> Launch:
         """``LaunchingRunner.launch``: the forward pass and the choice of each sampling
         chunk's token are queued (on the CPU they have run when this returns)."""
-        start = self._event()
         logits, chunks = self._launch_forward(step, after)
         if not chunks:
             tokens = torch.empty(0, dtype=torch.long, device=self.device)
         else:
             tokens = choose(logits, [rows[c.seq.request_id] for c in chunks])
         order = {c.seq.request_id: j for j, c in enumerate(chunks)}
-        return Launch(order, self._hand_off(tokens, start))
+        return Launch(order, self._hand_off(tokens))
 
     def land(self, launch: Launch) -> StepResult:
         """``LaunchingRunner.land``: the launched step's tokens, by sequence."""
@@ -209,6 +209,7 @@ class ModelRunner:
     ) -> tuple[torch.Tensor, list[ScheduledChunk]]:
         """The step's sampling rows' logits, and their chunks in that order."""
         inputs = self.prepare(step, after)
+        self._begin()
         pending = pending_tokens(after)
         if pending is not None:
             resolve_pending(inputs.input_ids, pending)
@@ -218,11 +219,11 @@ class ModelRunner:
         logits = self.lm.model.compute_logits(hidden[inputs.sample_index])
         return logits, inputs.sampling_chunks
 
-    def _event(self) -> torch.cuda.Event | None:
-        """An event recorded now on a GPU's stream (the CPU runs in order: None)."""
-        return None
+    def _begin(self) -> None:
+        """Mark where a step's device work begins, its host preparation done (a GPU
+        counts its busy time from here; nothing on the CPU)."""
 
-    def _hand_off(self, tokens: torch.Tensor, start: torch.cuda.Event | None) -> Chosen:
+    def _hand_off(self, tokens: torch.Tensor) -> Chosen:
         """Start the tokens' way to the host (the CPU has them already)."""
         return Chosen(tokens, tokens)
 
