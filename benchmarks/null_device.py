@@ -180,6 +180,14 @@ def run(
     }
 
 
+def builtin_tokenizer(folder: str | None = None) -> Any:
+    """The built-in chat model's tokenizer, from ``folder`` or its converted GGUF."""
+    found = folder or convert_gguf(
+        BUILTIN_MODELS["smollm2-135m-instruct"].locate(), default_cache_dir()
+    )
+    return AutoTokenizer.from_pretrained(str(found))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device-ms", type=float, nargs="+", default=[0.0, 2.0])
@@ -198,10 +206,7 @@ def main() -> None:
         help="a folder with the built-in model's tokenizer.json (default: convert the built-in)",
     )
     args = parser.parse_args()
-    folder = args.tokenizer or convert_gguf(
-        BUILTIN_MODELS["smollm2-135m-instruct"].locate(), default_cache_dir()
-    )
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    tokenizer = builtin_tokenizer(args.tokenizer)
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
           f"python {sys.version.split()[0]}")  # fmt: skip
     print(f"command: python -m benchmarks.null_device {' '.join(sys.argv[1:])}")

@@ -1,0 +1,140 @@
+"""The stream delivery path with a null device (issue 48, item 3, a first cut): what a
+streamed token costs the server beyond what it costs the engine.
+
+The same null device as ``benchmarks.null_device`` (the real ``Engine``; a runner that
+answers common words and sleeps ``--device-ms`` a step) runs twice on one workload
+(``--concurrency`` requests at once, 128 tokens each, EOS ignored): offline, the
+engine stepped in this process; then behind a real ``carpool serve`` (the built-in
+model's server with its engine's runner swapped for the null one: FastAPI, the
+OpenAI completions route, SSE) driven by streaming clients at that concurrency.
+Printed for each: tokens/s, and the server's CPU time per token (the engine's host
+time alone offline; the whole server process over HTTP, from /proc), so the HTTP
+path's own cost per token is their difference, steadier than the rates on a shared
+CPU (the clients run on the same cores).
+
+Not yet here: the engine in its own process (its pipe), which the GPU default uses;
+the runner's swap reaches only an engine built in the server's process.
+
+    python -m benchmarks.null_http [--device-ms 0 2] [--concurrency 64] [--rounds 2]
+                                   [--client-processes 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import signal
+import statistics
+import sys
+import time
+from typing import Any
+
+from benchmarks.null_device import NullRunner, builtin_tokenizer
+from benchmarks.stream_loadgen import run_streams_split
+from benchmarks.workload import token_prompts
+
+MODEL = "smollm2-135m-instruct"
+TOKENS = 128
+READY = re.compile(r"carpool ready on (http://\S+)")
+
+
+def serve_null(device_ms: float, serve_args: list[str]) -> int:
+    """``carpool serve`` with every generation engine's runner the null device."""
+    from carpool import cli
+    from carpool.engine.engine import Engine
+    from carpool.server import bootstrap
+
+    def null_engine(lm: Any, config: Any, **_: Any) -> Engine:
+        return Engine(NullRunner(lm.tokenizer, device_ms / 1000, num_blocks=8192), config)
+
+    bootstrap.engine_for = null_engine  # type: ignore[assignment]
+    return cli.main(["serve", *serve_args])
+
+
+def offline(device_ms: float, concurrency: int) -> tuple[float, float]:
+    """The engine alone: tokens/s and its host CPU microseconds a token."""
+    from carpool.config import EngineConfig
+    from carpool.engine.engine import Engine
+    from carpool.engine.sampling_params import SamplingParams
+
+    tokenizer = builtin_tokenizer()
+    runner = NullRunner(tokenizer, device_ms / 1000, num_blocks=8192)
+    engine = Engine(runner, EngineConfig(max_num_seqs=concurrency, kv_cache_memory="1GiB"))
+    params = SamplingParams(max_tokens=TOKENS, ignore_eos=True, temperature=0.0)
+    for i, prompt in enumerate(token_prompts(concurrency, 32, 256, len(tokenizer), seed=3)):
+        engine.add_request(f"r{i}", prompt, params)
+    started, cpu = time.perf_counter(), time.process_time()
+    while engine.has_work:
+        engine.step()
+    seconds, cpu_s = time.perf_counter() - started, time.process_time() - cpu
+    tokens = concurrency * TOKENS
+    return tokens / seconds, cpu_s / tokens * 1e6
+
+
+def process_cpu_s(pid: int) -> float:
+    """A process's user + system CPU time, all its threads."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def over_http(device_ms: float, concurrency: int, clients: int) -> tuple[float, float]:
+    """The same workload streamed through the server: tokens/s and the server's CPU
+    microseconds a token."""
+    from carpool.testing import spawn
+
+    command = [
+        sys.executable, "-m", "benchmarks.null_http", "--serve", str(device_ms), "--",
+        "--port", "0", "--grpc-port", "0", "--model", MODEL, "--no-engine-process",
+        "--max-num-seqs", str(concurrency), "--kv-cache-memory", "256MiB",
+    ]  # fmt: skip
+    process, match, _ = spawn(command, READY, 300.0, {**os.environ})
+    try:
+        vocab = 49152
+        workload = [(p, TOKENS) for p in token_prompts(concurrency, 32, 256, vocab, seed=3)]
+        before = process_cpu_s(process.pid)
+        result = run_streams_split(match.group(1), MODEL, workload, concurrency, clients)
+        cpu_s = process_cpu_s(process.pid) - before
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(60)
+    tokens = result.completed * TOKENS
+    if result.failed:
+        sys.exit(f"{result.failed} requests failed")
+    return result.tokens_per_s, cpu_s / max(1, tokens) * 1e6
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--serve":
+        sys.exit(serve_null(float(sys.argv[2]), sys.argv[4:]))
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device-ms", type=float, nargs="+", default=[0.0, 2.0])
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--client-processes", type=int, default=1)
+    args = parser.parse_args()
+    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores")
+    for device_ms in args.device_ms:
+        rows: dict[str, list[tuple[float, float]]] = {"offline": [], "http": []}
+        for _ in range(args.rounds):  # interleaved: this CPU drifts within minutes
+            rows["offline"].append(offline(device_ms, args.concurrency))
+            rows["http"].append(over_http(device_ms, args.concurrency, args.client_processes))
+        for name, runs in rows.items():
+            rates = ", ".join(f"{r:.0f}" for r, _ in runs)
+            cpu = ", ".join(f"{c:.1f}" for _, c in runs)
+            print(
+                f"device {device_ms:g} ms  c={args.concurrency}  {name:8} tok/s "
+                f"{statistics.median(r for r, _ in runs):8.0f} ({rates})  server CPU us a token "
+                f"{statistics.median(c for _, c in runs):6.1f} ({cpu})"
+            )
+        ratio = statistics.median(r for r, _ in rows["http"]) / statistics.median(
+            r for r, _ in rows["offline"]
+        )
+        print(f"device {device_ms:g} ms  c={args.concurrency}  http / offline {ratio:.2f}x")
+    print("reproduce: python -m benchmarks.null_http " + " ".join(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()
