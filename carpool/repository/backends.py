@@ -33,7 +33,7 @@ from carpool.repository.library_models import (
     SentenceTransformerBackend,
 )
 from carpool.repository.litapi import LitApiRunner
-from carpool.repository.payload import TensorPayload
+from carpool.repository.payload import ModelAnswer, TensorPayload
 from carpool.repository.spec import ModelSpec
 from carpool.repository.tensor_backends import OnnxBackend, TorchScriptBackend
 
@@ -205,7 +205,13 @@ def _outputs_of(response: Any, model: str) -> Outputs | Failed:
         )
     error = response.error()
     if error is None:
-        return {t.name(): t.as_numpy() for t in response.output_tensors()}
+        outputs = {t.name(): t.as_numpy() for t in response.output_tensors()}
+        try:
+            parameters = json.loads(response.parameters())
+        except TypeError as exc:
+            message = f"model '{model}' set response parameters that are not JSON: {exc}"
+            return Failed(ModelExecutionError(message))
+        return ModelAnswer(outputs, parameters)
     if not isinstance(error, pb_utils.TritonError):
         return Failed(ModelExecutionError(str(error)))
     # Triton answers a model's INVALID_ARG as the client's error (400), the rest as 500.

@@ -26,6 +26,7 @@ from carpool.errors import CarpoolError, InvalidRequest, ModelNotFound, Overload
 from carpool.repository import bls, user_metrics
 from carpool.repository.datatypes import with_bytes
 from carpool.repository.decoupled import ResponseStream
+from carpool.repository.payload import parameters_of
 from carpool.repository.spec import check_unique
 
 log = logging.getLogger("carpool.user_model")
@@ -198,7 +199,10 @@ class InferenceRequest:
             failed = InferenceResponse(error=_error_of(exc))
             return iter([failed, InferenceResponse()]) if decoupled else failed
         responses = [
-            InferenceResponse([Tensor(name, array) for name, array in outputs.items()])
+            InferenceResponse(
+                [Tensor(name, array) for name, array in outputs.items()],
+                parameters=parameters_of(outputs),
+            )
             for outputs in answers
         ]
         return iter([*responses, InferenceResponse()]) if decoupled else responses[0]
@@ -253,8 +257,9 @@ def _error_of(exc: Exception) -> TritonError:
 
 class InferenceResponse:
     """A model's answer to one request: output tensors, or an error. ``parameters``
-    (a dict, or its JSON text) are kept and read back with ``parameters()``; they are
-    not sent to the client."""
+    (a dict, or its JSON text; strings, integers, floats or booleans) are sent to the
+    client beside the outputs, over HTTP and gRPC, and read back with
+    ``parameters()``."""
 
     def __init__(
         self,

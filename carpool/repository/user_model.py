@@ -37,7 +37,7 @@ from carpool.errors import BatchFailed, CarpoolError, ModelExecutionError, Model
 from carpool.repository.backends import Backend, Outputs
 from carpool.repository.datatypes import datatype_of, numpy_dtype, with_bytes
 from carpool.repository.decoupled import ResponseStream
-from carpool.repository.payload import TensorPayload
+from carpool.repository.payload import ModelAnswer, TensorPayload, parameters_of
 from carpool.repository.process import ExecutionTimedOut, ProcessBackend
 from carpool.repository.spec import ModelSpec, TensorSpec
 from carpool.repository.user_metrics import FamilySnapshot
@@ -365,7 +365,12 @@ class UserBatchModel:
                 log.error("%s", error)
                 return Failed(ModelExecutionError(error))
             checked[name] = with_bytes(value)
-        return checked
+        parameters = parameters_of(result)
+        error = _parameters_error(self.spec.name, parameters)
+        if error:
+            log.error("%s", error)
+            return Failed(ModelExecutionError(error))
+        return ModelAnswer(checked, parameters)
 
     def _output_error(self, name: str, value: Any, size: int | None) -> str:
         spec = self.spec.output(name)
@@ -484,3 +489,16 @@ def _batch_size(spec: ModelSpec, payload: TensorPayload) -> int | None:
     if spec.max_batch_size == 0:
         return None
     return next(iter(payload.inputs.values())).shape[0] if payload.inputs else None
+
+
+def _parameters_error(model: str, parameters: dict[str, Any]) -> str:
+    """What is wrong with a response's parameters ("" if nothing): each a string,
+    integer, float or boolean, as both protocols carry them."""
+    for key, value in parameters.items():
+        if not isinstance(value, str | int | float | bool):
+            kind = type(value).__name__
+            return (
+                f"model '{model}' set response parameter '{key}' to a {kind}; parameters "
+                "are strings, integers, floats or booleans"
+            )
+    return ""

@@ -154,6 +154,10 @@ def test_a_decoupled_models_responses_stream(server: Server) -> None:
         r.get_response().parameters["triton_final_response"].bool_param for r in answers["three"]
     ]
     assert finals == [False, False, False, True]  # the empty final response comes last
+    said = [r.get_response().parameters for r in answers["three"][:3]]
+    assert [p["remaining"].int64_param for p in said] == [2, 1, 0]
+    assert [p["last"].bool_param for p in said] == [False, False, True]
+    assert said[0]["share"].double_param == pytest.approx(1 / 3)
     assert [int(r.as_numpy("count")[0]) for r in answers["minus"]] == [1]
     assert errors == ["below zero"]
     np.testing.assert_array_equal(answers["double"][0].as_numpy("y"), x * 2)

@@ -403,6 +403,17 @@ def test_a_model_calls_another_through_bls(server: Server, sync: bool, model: st
     answer = bls(server, model, sync=sync)
     assert answer.status_code == 200, answer.text
     assert answer.json()["outputs"][0]["data"] == [3.0, 5.0]  # slow_double's 2x, then + 1
+    # The response parameters the model set, beside its outputs.
+    assert answer.json()["parameters"] == {"called": "slow_double", "sync": sync}
+
+
+@pytest.mark.parametrize("model", ["bls_caller", "bls_isolated"])
+def test_response_parameters_of_another_type_fail_the_request_naming_them(
+    server: Server, model: str
+) -> None:
+    answer = bls(server, model, bad_parameter=True)
+    assert answer.status_code == 500
+    assert "response parameter 'bad' to a list" in answer.json()["error"]
 
 
 @pytest.mark.parametrize("model", ["bls_caller", "bls_isolated"])
@@ -414,6 +425,7 @@ def test_a_model_reads_a_decoupled_models_responses_through_bls(
     answer = bls(server, model, sync=sync, countdown=3)
     assert answer.status_code == 200, answer.text
     assert answer.json()["outputs"][0]["data"] == [6.0, 6.0]  # 3 + 2 + 1
+    assert answer.json()["parameters"] == {"remaining": "2,1,0"}  # each response's own
     failing = bls(server, model, sync=sync, countdown=-2)
     assert failing.status_code == 500 and "below zero" in failing.json()["error"]
     plain = bls(server, model, sync=sync, countdown=1, decoupled=False)

@@ -207,7 +207,10 @@ BLS_CALLER_CODE = """
             if answer.has_error():
                 return pb_utils.InferenceResponse(error=answer.error())
             y = pb_utils.get_output_tensor_by_name(answer, "y").as_numpy()
-            return pb_utils.InferenceResponse([pb_utils.Tensor("y", y + 1)])
+            said = {"called": call.model_name(), "sync": bool(params.get("sync"))}
+            if params.get("bad_parameter"):
+                said["bad"] = [1, 2]
+            return pb_utils.InferenceResponse([pb_utils.Tensor("y", y + 1)], parameters=said)
 
         async def count(self, x, params):
             # A decoupled model's responses, as Triton's bls_decoupled example reads them.
@@ -222,12 +225,16 @@ BLS_CALLER_CODE = """
             else:
                 answers = await call.async_exec(decoupled=decoupled)
             total = 0
+            remaining = []
             for answer in answers if decoupled else [answers]:
                 if answer.has_error():
                     return pb_utils.InferenceResponse(error=answer.error())
                 if answer.output_tensors():
                     total += int(pb_utils.get_output_tensor_by_name(answer, "count").as_numpy()[0])
-            return pb_utils.InferenceResponse([pb_utils.Tensor("y", x * 0 + total)])
+                    remaining.append(str(json.loads(answer.parameters())["remaining"]))
+            said = {"remaining": ",".join(remaining)}  # the callee's, through exec
+            out = pb_utils.Tensor("y", x * 0 + total)
+            return pb_utils.InferenceResponse([out], parameters=said)
 """
 
 
@@ -282,7 +289,8 @@ COUNTDOWN_CODE = """
             sender = request.get_response_sender()
             for i in range(abs(n), 0, -1):
                 out = pb_utils.Tensor("count", np.array([i], np.int32))
-                sender.send(pb_utils.InferenceResponse([out]))
+                said = {"remaining": i - 1, "last": i == 1, "share": 1 / abs(n)}
+                sender.send(pb_utils.InferenceResponse([out], parameters=said))
             if n < 0:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("below zero")))
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)

@@ -28,7 +28,13 @@ from carpool.server.kserve.v2_grpc_messages import (
     infer_response,
     parameters,
 )
-from carpool.server.kserve.v2_models import V2Model, adapter, all_stats, server_metadata
+from carpool.server.kserve.v2_models import (
+    Answer,
+    V2Model,
+    adapter,
+    all_stats,
+    server_metadata,
+)
 from carpool.server.registry.model_control import ModelControl
 from carpool.server.registry.served import ServedModels
 
@@ -136,8 +142,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             body, blobs = infer_request(request)
             model = self._model(request.model_name)
             version = request.model_version or None
-            outputs = await model.infer(body, blobs, None, version)
-            return infer_response(model.name, model.version_of(version), body.id or "", outputs)
+            answer = await model.infer(body, blobs, None, version)
+            return infer_response(model.name, model.version_of(version), body.id or "", answer)
 
         return await self._answer(context, work, open_=False)
 
@@ -180,11 +186,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             version = request.model_version or None
             name, number = model.name, model.version_of(version)
             final = None if not model.decoupled else False
-            async for outputs in model.responses(body, blobs, version):
-                response = infer_response(name, number, request_id, outputs, final=final)
+            async for answer in model.responses(body, blobs, version):
+                response = infer_response(name, number, request_id, answer, final=final)
                 await sent.put(service_pb2.ModelStreamInferResponse(infer_response=response))
             if model.decoupled and parameters(request.parameters).get(EMPTY_FINAL):
-                response = infer_response(name, number, request_id, [], final=True)
+                response = infer_response(name, number, request_id, Answer([]), final=True)
                 await sent.put(service_pb2.ModelStreamInferResponse(infer_response=response))
         except CarpoolError as exc:
             await sent.put(_stream_error(request, exc.message))

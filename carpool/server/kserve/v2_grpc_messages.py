@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-import numpy as np
 from google.protobuf import json_format
 from google.protobuf.message import Message
 from tritonclient.grpc import service_pb2
 
 from carpool.errors import InvalidRequest
 from carpool.server.generation.schemas import V2InferRequest
+from carpool.server.kserve.v2_models import Answer
 from carpool.server.kserve.v2_tensors import output_entry, validated_request
 
 M = TypeVar("M", bound=Message)
@@ -93,21 +93,37 @@ def infer_response(
     model: str,
     version: str,
     request_id: str,
-    outputs: list[tuple[str, np.ndarray[Any, Any]]],
+    answer: Answer,
     final: bool | None = None,
 ) -> service_pb2.ModelInferResponse:
-    """The outputs as raw contents (Triton's gRPC frontend answers so); ``final`` sets
-    ``triton_final_response`` where the answer is one of a stream."""
+    """The answer's outputs as raw contents (Triton's gRPC frontend answers so) and its
+    parameters; ``final`` sets ``triton_final_response`` where the answer is one of a
+    stream."""
     response = service_pb2.ModelInferResponse(
         model_name=model, model_version=version, id=request_id
     )
-    for name, array in outputs:
+    for name, array in answer.outputs:
         entry, raw = output_entry(name, array, as_binary=True)
         response.outputs.add(name=name, datatype=entry["datatype"], shape=entry["shape"])
         response.raw_output_contents.append(raw or b"")
+    for key, value in answer.parameters.items():
+        _set_parameter(response.parameters[key], value)
     if final is not None:
         response.parameters[FINAL].bool_param = final
     return response
+
+
+def _set_parameter(parameter: Any, value: str | int | float | bool) -> None:
+    """An ``InferParameter`` holding ``value`` in its field for the type (a bool before
+    an int: Python's bools are ints)."""
+    if isinstance(value, bool):
+        parameter.bool_param = value
+    elif isinstance(value, int):
+        parameter.int64_param = value
+    elif isinstance(value, float):
+        parameter.double_param = value
+    else:
+        parameter.string_param = value
 
 
 def from_dict(data: dict[str, Any], message: M) -> M:

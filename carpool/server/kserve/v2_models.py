@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 from starlette.requests import Request
 
 from carpool.errors import InvalidRequest, ModelNotFound
-from carpool.repository.payload import TensorPayload
+from carpool.repository.payload import TensorPayload, parameters_of
 from carpool.repository.spec import (
     CheckedRequest,
     ModelSpec,
@@ -37,6 +38,15 @@ EMBEDDING_OUTPUT = "embedding"
 BUILTIN_VERSION = "1"  # a built-in model has this one version
 
 Output = tuple[str, np.ndarray[Any, Any]]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One response of a model: its outputs in order, and the response parameters the
+    model set (a repository model's ``InferenceResponse(parameters=...)``)."""
+
+    outputs: list[Output]
+    parameters: Mapping[str, Any] = field(default_factory=dict)
 
 
 class V2Model(Protocol):
@@ -65,13 +75,13 @@ class V2Model(Protocol):
         blobs: dict[str, bytes],
         request: Request | None,
         version: str | None,
-    ) -> list[Output]:
+    ) -> Answer:
         """The outputs the request asked for (all, when it named none), in order."""
 
     def responses(
         self, body: V2InferRequest, blobs: dict[str, bytes], version: str | None
-    ) -> AsyncIterator[list[Output]]:
-        """Each response's outputs, in order: one, but for a decoupled model."""
+    ) -> AsyncIterator[Answer]:
+        """Each response, in order: one, but for a decoupled model."""
 
 
 def adapter(models: ServedModels, name: str, runtime_alive: Callable[[], bool]) -> V2Model:
@@ -158,12 +168,12 @@ class _BuiltinV2:
         blobs: dict[str, bytes],
         request: Request | None,
         version: str | None,
-    ) -> list[Output]:
+    ) -> Answer:
         raise NotImplementedError
 
     async def responses(
         self, body: V2InferRequest, blobs: dict[str, bytes], version: str | None
-    ) -> AsyncIterator[list[Output]]:
+    ) -> AsyncIterator[Answer]:
         yield await self.infer(body, blobs, None, version)
 
 
@@ -231,7 +241,7 @@ class EmbeddingV2(_BuiltinV2):
         blobs: dict[str, bytes],
         request: Request | None,
         version: str | None,
-    ) -> list[Output]:
+    ) -> Answer:
         self.version_of(version)
         params = body.parameters or {}
         _check_outputs(body, {EMBEDDING_OUTPUT})
@@ -254,7 +264,7 @@ class EmbeddingV2(_BuiltinV2):
             if vectors
             else np.zeros((0, self.served.model.dimensions), np.float32)
         )
-        return [(EMBEDDING_OUTPUT, array)]
+        return Answer([(EMBEDDING_OUTPUT, array)])
 
 
 class GeneratorV2(_BuiltinV2):
@@ -305,7 +315,7 @@ class GeneratorV2(_BuiltinV2):
         blobs: dict[str, bytes],
         request: Request | None,
         version: str | None,
-    ) -> list[Output]:
+    ) -> Answer:
         """The one response (a streaming request's steps must be read as a stream)."""
         answers = [r async for r in self.responses(body, blobs, version)]
         if len(answers) != 1:
@@ -318,7 +328,7 @@ class GeneratorV2(_BuiltinV2):
 
     async def responses(
         self, body: V2InferRequest, blobs: dict[str, bytes], version: str | None
-    ) -> AsyncIterator[list[Output]]:
+    ) -> AsyncIterator[Answer]:
         self.version_of(version)
         check_unique([t.name for t in body.inputs])
         arrays = {t.name: decode_tensor(t, blobs.get(t.name)) for t in body.inputs}
@@ -378,7 +388,7 @@ class UserV2:
         blobs: dict[str, bytes],
         request: Request | None,
         version: str | None,
-    ) -> list[Output]:
+    ) -> Answer:
         served, checked, payload, priority, timeout_s = self._prepare(body, blobs, version)
         outputs = await self.served.infer(
             served, checked, payload, priority=priority, timeout_s=timeout_s, request=request
@@ -387,7 +397,7 @@ class UserV2:
 
     async def responses(
         self, body: V2InferRequest, blobs: dict[str, bytes], version: str | None
-    ) -> AsyncIterator[list[Output]]:
+    ) -> AsyncIterator[Answer]:
         served, checked, payload, priority, timeout_s = self._prepare(body, blobs, version)
         order = payload.outputs or [t.name for t in served.spec.outputs]
         answers = self.served.responses(
@@ -467,7 +477,7 @@ class EnsembleV2:
         blobs: dict[str, bytes],
         request: Request | None,
         version: str | None,
-    ) -> list[Output]:
+    ) -> Answer:
         self.version_of(version)
         spec = self.served.spec
         checked, payload, priority, timeout_s = tensor_request(spec, body, blobs)
@@ -478,13 +488,15 @@ class EnsembleV2:
 
     async def responses(
         self, body: V2InferRequest, blobs: dict[str, bytes], version: str | None
-    ) -> AsyncIterator[list[Output]]:
+    ) -> AsyncIterator[Answer]:
         yield await self.infer(body, blobs, None, version)
 
 
-def _ordered(outputs: dict[str, np.ndarray[Any, Any]], order: Sequence[str]) -> list[Output]:
-    """The outputs in ``order`` (a decoupled model's response may hold some only)."""
-    return [(name, outputs[name]) for name in order if name in outputs]
+def _ordered(outputs: dict[str, np.ndarray[Any, Any]], order: Sequence[str]) -> Answer:
+    """The outputs in ``order`` (a decoupled model's response may hold some only), with
+    the response parameters they carry."""
+    ordered = [(name, outputs[name]) for name in order if name in outputs]
+    return Answer(ordered, parameters_of(outputs))
 
 
 def spec_metadata(spec: ModelSpec, versions: list[str], platform: str) -> dict[str, Any]:

@@ -72,14 +72,15 @@ class InferPath:
         served = adapter(self.models, name, self.is_ready)
         body, blobs = parse_request(await request.body(), request.headers.get(HEADER_LENGTH))
         binary = binary_outputs(body)
-        outputs = await served.infer(body, blobs, request, version)
+        answer = await served.infer(body, blobs, request, version)
         content, header_len = encode_outputs(
             {
                 "model_name": served.name,
                 "model_version": served.version_of(version),
                 **({"id": body.id} if body.id else {}),
+                **({"parameters": dict(answer.parameters)} if answer.parameters else {}),
             },
-            [(name, array, binary.get(name, binary[""])) for name, array in outputs],
+            [(name, array, binary.get(name, binary[""])) for name, array in answer.outputs],
         )
         if header_len is None:
             return Response(content, media_type="application/json")

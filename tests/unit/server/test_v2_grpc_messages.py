@@ -8,6 +8,7 @@ from tritonclient.grpc import InferResult, service_pb2
 
 from carpool.errors import InvalidRequest
 from carpool.server.kserve.v2_grpc_messages import infer_request, infer_response, parameters
+from carpool.server.kserve.v2_models import Answer
 from carpool.server.kserve.v2_tensors import decode_tensor
 
 
@@ -63,10 +64,20 @@ def test_parameters_of_every_kind() -> None:
 def test_outputs_travel_as_raw_contents_tritonclient_reads() -> None:
     texts = np.array([b"a", "é".encode()], dtype=np.object_)
     numbers = np.arange(6, dtype=np.float16).reshape(2, 3)
-    response = infer_response("m", "1", "r", [("t", texts), ("n", numbers)], final=False)
+    response = infer_response("m", "1", "r", Answer([("t", texts), ("n", numbers)]), final=False)
     result = InferResult(response)
     assert result.as_numpy("t").tolist() == texts.tolist()
     np.testing.assert_array_equal(result.as_numpy("n"), numbers)
     assert [o.datatype for o in response.outputs] == ["BYTES", "FP16"]
     assert response.parameters["triton_final_response"].bool_param is False
     assert (response.model_name, response.model_version, response.id) == ("m", "1", "r")
+
+
+def test_response_parameters_travel_in_the_field_of_their_type() -> None:
+    said = {"flag": True, "count": 3, "share": 0.5, "note": "x"}
+    response = infer_response("m", "1", "r", Answer([], said))
+    p = response.parameters
+    assert (p["flag"].bool_param, p["count"].int64_param) == (True, 3)
+    assert (p["share"].double_param, p["note"].string_param) == (0.5, "x")
+    assert p["flag"].WhichOneof("parameter_choice") == "bool_param"  # not an int
+    assert "triton_final_response" not in p
