@@ -45,6 +45,7 @@ class ResponseStream:
         self._lock = threading.Lock()
         self._items: deque[Outputs | Failed | _End] = deque()
         self._wake: Callable[[], None] | None = None
+        self._forward: Callable[[Outputs | Failed | None], None] | None = None
         self.check: Callable[[Outputs], Outputs | Failed] = lambda outputs: outputs
         self.cancelled = False
 
@@ -58,10 +59,23 @@ class ResponseStream:
 
     def _append(self, item: Outputs | Failed | _End) -> None:
         with self._lock:
+            if self._forward is not None:
+                self._forward(None if isinstance(item, _End) else item)
+                return
             self._items.append(item)
             wake = self._wake
         if wake is not None:
             wake()
+
+    def forward(self, send: Callable[[Outputs | Failed | None], None]) -> None:
+        """From now on hand each response to ``send`` (None for the final flag), in
+        order, the ones already sent first, instead of keeping them for a consumer
+        here: a worker process's stream, whose responses cross to the server's."""
+        with self._lock:
+            for item in self._items:
+                send(None if isinstance(item, _End) else item)
+            self._items.clear()
+            self._forward = send
 
     # --- a BLS caller (its instance thread) ---------------------------------------
 

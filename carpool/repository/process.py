@@ -9,16 +9,24 @@ dies (a crash, ``os._exit``, a signal) the batch in flight fails with
 ``BatchFailed`` and a new process is started in the background; ``healthy`` is
 false until it has loaded. A batch past the execution timeout is the caller's to
 notice: it ``restart``s the worker (or passes a timeout to ``execute``).
+
+A decoupled model's responses, sent from its own threads during ``execute`` or after
+it returned, cross on a pipe of their own (each request's stream by a number the
+worker gives it) into a ``ResponseStream`` here; if the worker dies, every stream it
+left open fails.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 import logging
 import multiprocessing
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -26,8 +34,9 @@ from typing import Any
 from carpool.batching.request import Failed
 from carpool.errors import BatchFailed, CarpoolError, ModelExecutionError
 from carpool.repository import user_metrics
-from carpool.repository.backends import Outputs, create_backend
+from carpool.repository.backends import create_backend
 from carpool.repository.bls import Arrays, CallModel
+from carpool.repository.decoupled import ResponseStream
 from carpool.repository.errors import RepositoryError
 from carpool.repository.payload import TensorPayload
 from carpool.repository.spec import ModelSpec
@@ -54,12 +63,48 @@ def _answer_control(control: Connection, backend: Any) -> None:
             control.send((number, user_metrics.REGISTRY.snapshot()))
 
 
+@dataclass(frozen=True)
+class StreamKey:
+    """In a worker's answer, a decoupled request's stream: its responses come on the
+    responses pipe under this number."""
+
+    number: int
+
+
+def _streamed(results: list[Any], responses: Connection, numbers: Iterator[int]) -> list[Any]:
+    """A batch's results as the worker sends them: each ``ResponseStream`` (a
+    decoupled request's) replaced by its ``StreamKey``, its responses forwarded on
+    ``responses`` (one sender at a time: the model's threads share the pipe)."""
+    sending = threading.Lock()
+
+    def forward(number: int, item: Any) -> None:
+        with sending, contextlib.suppress(OSError):  # the server is gone: nobody reads
+            responses.send((number, item))
+
+    answered: list[Any] = []
+    for result in results:
+        if isinstance(result, ResponseStream):
+            key = StreamKey(next(numbers))
+            result.forward(functools.partial(forward, key.number))
+            answered.append(key)
+        else:
+            answered.append(result)
+    return answered
+
+
 def _worker_main(
-    conn: Connection, control: Connection, spec: ModelSpec, instance: int, device: str
+    conn: Connection,
+    control: Connection,
+    responses: Connection,
+    spec: ModelSpec,
+    instance: int,
+    device: str,
 ) -> None:
     """The worker process: load, say so, then run every batch it is sent (and answer
-    readiness and metrics questions on ``control``, from a thread of its own)."""
+    readiness and metrics questions on ``control``, from a thread of its own; a
+    decoupled model's responses go on ``responses``)."""
     lock = threading.Lock()  # one exchange on the pipe at a time (BLS calls from threads)
+    numbers = itertools.count()
 
     def call_over_pipe(
         caller: str,
@@ -96,7 +141,7 @@ def _worker_main(
             break
         answer: tuple[str, Any]
         try:
-            answer = ("ok", backend.execute(message))
+            answer = ("ok", _streamed(backend.execute(message), responses, numbers))
         except (Exception, SystemExit) as exc:  # sys.exit in execute fails the batch only
             answer = ("raise", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
         with lock:
@@ -109,6 +154,56 @@ def _worker_main(
 
 class ExecutionTimedOut(BatchFailed):
     """A batch outlived its timeout; its worker was killed and is being restarted."""
+
+
+class _OpenStreams:
+    """One worker's decoupled requests' streams, by number, until both sides are done
+    with each: the responses pipe's reader fills a stream to its final flag, the batch
+    that named it claims it; whichever comes first makes it. Once the worker is gone
+    (``fail_all``) each stream not ended fails, and so does any claimed later."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._streams: dict[int, ResponseStream] = {}
+        self._claimed: set[int] = set()
+        self._ended: set[int] = set()
+        self._gone = ""
+
+    def claim(self, number: int) -> ResponseStream:
+        """The stream a batch's answer names."""
+        with self._lock:
+            stream = self._stream(number, self._claimed)
+            gone = self._gone if number not in self._ended else ""
+        if gone:
+            stream.put(Failed(BatchFailed(gone)))
+        return stream
+
+    def deliver(self, number: int, item: Any) -> None:
+        """A response (None: the final flag) the worker sent."""
+        with self._lock:
+            stream = self._stream(number, self._ended if item is None else None)
+        if item is None:
+            stream.finish()
+        else:
+            stream.put(item)
+
+    def _stream(self, number: int, done_with: set[int] | None) -> ResponseStream:
+        stream = self._streams.setdefault(number, ResponseStream())
+        if done_with is not None:
+            done_with.add(number)
+        if number in self._claimed and number in self._ended:
+            del self._streams[number]
+            self._claimed.discard(number)
+            self._ended.discard(number)
+        return stream
+
+    def fail_all(self, why: str) -> None:
+        with self._lock:
+            self._gone = why
+            failing = [n for n in self._streams if n not in self._ended]
+            streams = [self._stream(n, self._ended) for n in failing]
+        for stream in streams:
+            stream.put(Failed(BatchFailed(why)))
 
 
 class ProcessBackend:
@@ -135,6 +230,7 @@ class ProcessBackend:
         self.restarts = 0
         self.has_ready_hook = False
         self._control: Connection | None = None
+        self._streams = _OpenStreams()  # the current worker's
         self._checking = threading.Lock()  # one question on the control pipe at a time
         self._check_number = 0
         self._start()
@@ -170,15 +266,17 @@ class ProcessBackend:
         self._ready.clear()
         parent, child = self._context.Pipe()
         control, control_child = self._context.Pipe()
+        responses, responses_child = self._context.Pipe(duplex=False)
         process = self._context.Process(
             target=_worker_main,
-            args=(child, control_child, self.spec, self._instance, self._device),
+            args=(child, control_child, responses_child, self.spec, self._instance, self._device),
             name=f"carpool-model-{self.spec.name}-{self._instance}",
             daemon=True,
         )
         process.start()
         child.close()
         control_child.close()
+        responses_child.close()
         self._start_error = ""
         try:
             if not parent.poll(START_TIMEOUT_S):
@@ -190,19 +288,27 @@ class ProcessBackend:
             process.join(5)
             self._start_error = f"model '{self.spec.name}': {detail}"
         else:
-            self._process, self._conn, self._control = process, parent, control
+            streams = _OpenStreams()
+            with self._lock:
+                self._process, self._conn, self._control = process, parent, control
+                self._streams = streams
             self.has_ready_hook = bool(detail)
+            threading.Thread(
+                target=self._read_responses,
+                args=(responses, streams, parent),
+                name=f"carpool-model-{self.spec.name}-responses",
+                daemon=True,
+            ).start()
         self._ready.set()
         if self.on_ready is not None:
             self.on_ready()
 
-    def execute(
-        self, payloads: list[TensorPayload], timeout_s: float | None = None
-    ) -> list[Outputs | Failed]:
-        """Run one batch in the worker. ``timeout_s`` (None: no limit) bounds the whole
-        wait, for a restart in progress and a busy pipe too; past it ``ExecutionTimedOut``
-        is raised, and a worker that was running the batch is killed and a new one
-        started in the background."""
+    def execute(self, payloads: list[TensorPayload], timeout_s: float | None = None) -> list[Any]:
+        """Run one batch in the worker: one result per payload, its outputs, ``Failed``
+        or (a decoupled model's) its ``ResponseStream``. ``timeout_s`` (None: no
+        limit) bounds the whole wait, for a restart in progress and a busy pipe too;
+        past it ``ExecutionTimedOut`` is raised, and a worker that was running the
+        batch is killed and a new one started in the background."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         if not self._take_turn(deadline):
             raise self._timed_out()
@@ -219,11 +325,9 @@ class ProcessBackend:
             return self._exchange.acquire()
         return self._ready.wait(_left(deadline)) and self._exchange.acquire(timeout=_left(deadline))
 
-    def _exchange_batch(
-        self, payloads: list[TensorPayload], deadline: float | None
-    ) -> list[Outputs | Failed]:
+    def _exchange_batch(self, payloads: list[TensorPayload], deadline: float | None) -> list[Any]:
         with self._lock:
-            conn, process = self._conn, self._process
+            conn, process, streams = self._conn, self._process, self._streams
         if conn is None:
             raise BatchFailed(
                 f"model '{self.spec.name}' has no worker process: {self._start_error}"
@@ -248,7 +352,27 @@ class ProcessBackend:
             ) from None
         if status == "raise":
             raise ModelExecutionError(f"model '{self.spec.name}' failed: {result}")
-        return list(result)
+        return [streams.claim(r.number) if isinstance(r, StreamKey) else r for r in result]
+
+    def _read_responses(
+        self, responses: Connection, streams: _OpenStreams, conn: Connection
+    ) -> None:
+        """One worker's decoupled responses into their streams until it is gone; then
+        its open streams fail, and a worker that died is replaced."""
+        while True:
+            try:
+                number, item = responses.recv()
+            except (EOFError, OSError):
+                break
+            streams.deliver(number, item)
+        responses.close()
+        # The restart first: once a stream's failure is seen, a new request waits for
+        # the new worker instead of meeting the dead one's pipe.
+        self._restart_in_background(conn)
+        streams.fail_all(
+            f"model '{self.spec.name}': its worker process ended before the request's "
+            "final response; it is being restarted"
+        )
 
     def _serve_call(self, args: tuple[Any, ...]) -> tuple[str, Any]:
         """Answer a BLS call the worker's model made: ("ok", outputs) or ("error",

@@ -109,23 +109,18 @@ class ModelRepository:
     def isolation_of(self, spec: ModelSpec) -> str:
         """Where ``spec``'s instances run: its own isolation, else, for the user's
         own code (a Python-backend model, a class), the repository's (``process`` by
-        default). A library model (a pipeline, a sentence-transformers model: no line
-        of user code) runs in a thread of the server's process, sharing its torch, and
-        so does a decoupled model, which cannot have a process (its responses are sent
-        from its own threads, after ``execute`` returns)."""
+        default; a decoupled model's responses cross from its process on a pipe of
+        their own). A library model (a pipeline, a sentence-transformers model: no
+        line of user code) runs in a thread of the server's process, sharing its
+        torch."""
         if spec.isolation:
             return spec.isolation
-        if spec.decoupled or spec.source.kind not in USER_CODE_KINDS:
+        if spec.source.kind not in USER_CODE_KINDS:
             return "thread"
         return self.isolation
 
     def _instance(self, spec: ModelSpec, index: int) -> Backend:
         if self.isolation_of(spec) == "process":
-            if spec.decoupled:
-                raise RepositoryError(
-                    f"model '{spec.name}': a decoupled model needs isolation 'thread' (a "
-                    "process-isolated model cannot send responses of its own)"
-                )
             return ProcessBackend(spec, index, self.device, self.call_model)
         return create_backend(spec, index, self.device, self.call_model)
 

@@ -212,11 +212,6 @@ def read_triton_model(folder: Path, device: str = "cpu", complete: bool = True) 
             f"{where}: parameter 'isolation' must be thread or process, got {isolation!r}"
         )
     decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled", False))
-    if decoupled and isolation == "process":
-        raise RepositoryError(
-            f"{where}: field 'model_transaction_policy.decoupled' needs isolation 'thread' "
-            "(a process-isolated model cannot send responses of its own)"
-        )
     specs = []
     for version in versions:
         specs.append(

@@ -163,6 +163,36 @@ def test_a_decoupled_models_responses_stream(server: Server) -> None:
     np.testing.assert_array_equal(answers["double"][0].as_numpy("y"), x * 2)
 
 
+def test_a_decoupled_model_whose_process_ends_fails_its_open_streams_alone(
+    server: Server,
+) -> None:
+    """countdown runs in a worker process (the repository's default isolation): its
+    responses cross a pipe. 99 sends one response and leaves its stream open; 98 ends
+    the process. Both requests fail, each saying why; the next is answered by the
+    worker that replaced it."""
+    c = client(server)
+    got: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    c.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        c.async_stream_infer("countdown", [_input("n", np.array([99], np.int32), "INT32")])
+        first, error = got.get(timeout=60)
+        assert error is None and int(first.as_numpy("count")[0]) == 99
+        c.async_stream_infer("countdown", [_input("n", np.array([98], np.int32), "INT32")])
+        errors = sorted(error.message() for _, error in (got.get(timeout=60) for _ in range(2)))
+    finally:
+        c.stop_stream()
+    assert "worker process died" in errors[0]
+    assert "worker process ended before the request's final response" in errors[1]
+    c.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:  # waits for the replaced worker
+        c.async_stream_infer("countdown", [_input("n", np.array([2], np.int32), "INT32")])
+        answers = [got.get(timeout=120) for _ in range(2)]
+    finally:
+        c.stop_stream()
+    assert [error for _, error in answers] == [None, None]
+    assert [int(result.as_numpy("count")[0]) for result, _ in answers] == [2, 1]
+
+
 def test_the_asyncio_client_infers_and_streams(server: Server) -> None:
     async def run() -> tuple[Any, list[int]]:
         async with tgrpc_aio.InferenceServerClient(server.grpc_url) as c:

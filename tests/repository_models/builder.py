@@ -272,6 +272,7 @@ COUNTDOWN_CONFIG = """
     output [ { name: "count" data_type: TYPE_INT32 dims: [ 1 ] } ]
 """
 COUNTDOWN_CODE = """
+    import os
     import threading
 
     import numpy as np
@@ -282,6 +283,8 @@ COUNTDOWN_CODE = """
         def execute(self, requests):
             for request in requests:
                 n = int(pb_utils.get_input_tensor_by_name(request, "n").as_numpy()[0])
+                if n == 98:  # the process ends, a stream of an earlier request open
+                    os._exit(3)
                 threading.Thread(target=self.count, args=(request, n)).start()
             return None
 
@@ -291,6 +294,8 @@ COUNTDOWN_CODE = """
                 out = pb_utils.Tensor("count", np.array([i], np.int32))
                 said = {"remaining": i - 1, "last": i == 1, "share": 1 / abs(n)}
                 sender.send(pb_utils.InferenceResponse([out], parameters=said))
+                if n == 99:  # one response, the stream left open
+                    return
             if n < 0:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("below zero")))
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)

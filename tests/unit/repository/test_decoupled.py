@@ -58,3 +58,18 @@ def test_silence_past_the_gap_fails_and_leaving_early_cancels() -> None:
     stream.put({"v": np.array([2])})
     assert read(stream, most=1) == [[1]]
     assert stream.cancelled
+
+
+def test_a_forwarded_stream_hands_on_what_it_held_then_each_response_in_order() -> None:
+    """A worker process's stream: what was sent before ``forward`` first, then each
+    response as it is sent, the final flag as None; nothing is kept to be read here."""
+    stream = ResponseStream()
+    first, failed = {"v": np.array([1])}, Failed(InvalidRequest("no"))
+    stream.put(first)
+    sent: list[Any] = []
+    stream.forward(sent.append)
+    stream.put(failed)
+    stream.finish()
+    assert sent == [first, failed, None]
+    with pytest.raises(ModelExecutionError, match="no response"):
+        read(stream, gap_s=0.01)

@@ -203,11 +203,11 @@ def test_auto_complete_that_conflicts_or_fails_is_a_load_error(
         read_triton_model(with_hook(tmp_path, BASE, body))
 
 
-def test_a_decoupled_model_is_read_and_needs_thread_isolation(tmp_path: Path) -> None:
+def test_a_decoupled_model_is_read_in_either_isolation(tmp_path: Path) -> None:
     config = BASE + "model_transaction_policy { decoupled: true }"
     [spec] = read_triton_model(model(tmp_path, config), complete=False)
     assert spec.decoupled
     process = config + ' parameters { key: "isolation" value: { string_value: "process" } }'
     (tmp_path / "m" / "config.pbtxt").write_text(process)
-    with pytest.raises(RepositoryError, match=r"decoupled.*needs isolation 'thread'"):
-        read_triton_model(tmp_path / "m", complete=False)
+    [spec] = read_triton_model(tmp_path / "m", complete=False)
+    assert spec.decoupled and spec.isolation == "process"
