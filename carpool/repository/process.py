@@ -364,6 +364,9 @@ class ProcessBackend:
                 number, item = responses.recv()
             except (EOFError, OSError):
                 break
+            except Exception:  # a message that does not unpickle: its stream times out
+                log.exception("model %s: a response could not be read", self.spec.name)
+                continue
             streams.deliver(number, item)
         responses.close()
         # The restart first: once a stream's failure is seen, a new request waits for
