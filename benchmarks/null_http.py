@@ -12,11 +12,13 @@ time alone offline; the whole server process over HTTP, from /proc), so the HTTP
 path's own cost per token is their difference, steadier than the rates on a shared
 CPU (the clients run on the same cores).
 
-Not yet here: the engine in its own process (its pipe), which the GPU default uses;
-the runner's swap reaches only an engine built in the server's process.
+The swap is made by ``null_device_site/sitecustomize.py``, which every Python process
+started with that folder on its path runs first: the server's, and with
+``--engine-process`` (the GPU default) its engine's process too, whose CPU time then
+counts as the server's.
 
     python -m benchmarks.null_http [--device-ms 0 2] [--concurrency 64] [--rounds 2]
-                                   [--client-processes 1]
+                                   [--client-processes 1] [--engine-process]
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import signal
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from benchmarks.null_device import NullRunner, builtin_tokenizer
@@ -37,12 +40,14 @@ from benchmarks.workload import token_prompts
 
 MODEL = "smollm2-135m-instruct"
 TOKENS = 128
+ROOT = str(Path(__file__).resolve().parents[1])
+SITE = str(Path(__file__).resolve().parent / "null_device_site")  # its sitecustomize
 READY = re.compile(r"carpool ready on (http://\S+)")
 
 
-def serve_null(device_ms: float, serve_args: list[str]) -> int:
-    """``carpool serve`` with every generation engine's runner the null device."""
-    from carpool import cli
+def install_null_device(device_ms: float) -> None:
+    """Every generation engine this process builds from now on (``carpool serve``'s,
+    in its process or in an engine process) gets the null device as its runner."""
     from carpool.engine.engine import Engine
     from carpool.server import bootstrap
 
@@ -50,7 +55,6 @@ def serve_null(device_ms: float, serve_args: list[str]) -> int:
         return Engine(NullRunner(lm.tokenizer, device_ms / 1000, num_blocks=8192), config)
 
     bootstrap.engine_for = null_engine  # type: ignore[assignment]
-    return cli.main(["serve", *serve_args])
 
 
 def offline(device_ms: float, concurrency: int) -> tuple[float, float]:
@@ -80,23 +84,28 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def over_http(device_ms: float, concurrency: int, clients: int) -> tuple[float, float]:
-    """The same workload streamed through the server: tokens/s and the server's CPU
-    microseconds a token."""
+def over_http(
+    device_ms: float, concurrency: int, clients: int, engine_process: bool
+) -> tuple[float, float]:
+    """The same workload streamed through the server (its engine in the server's
+    process or in its own): tokens/s and the server's CPU microseconds a token, the
+    engine process's included."""
     from carpool.testing import spawn
 
     command = [
-        sys.executable, "-m", "benchmarks.null_http", "--serve", str(device_ms), "--",
-        "--port", "0", "--grpc-port", "0", "--model", MODEL, "--no-engine-process",
-        "--max-num-seqs", str(concurrency), "--kv-cache-memory", "256MiB",
+        sys.executable, "-m", "carpool.cli", "serve", "--port", "0", "--grpc-port", "0",
+        "--model", MODEL, "--max-num-seqs", str(concurrency), "--kv-cache-memory", "256MiB",
+        "--engine-process" if engine_process else "--no-engine-process",
     ]  # fmt: skip
-    process, match, _ = spawn(command, READY, 300.0, {**os.environ})
+    path = os.pathsep.join([SITE, ROOT, os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path, "CARPOOL_BENCH_NULL_DEVICE_MS": str(device_ms)}
+    process, match, _ = spawn(command, READY, 300.0, env)
     try:
         vocab = 49152
         workload = [(p, TOKENS) for p in token_prompts(concurrency, 32, 256, vocab, seed=3)]
-        before = process_cpu_s(process.pid)
+        before = tree_cpu_s(process.pid)
         result = run_streams_split(match.group(1), MODEL, workload, concurrency, clients)
-        cpu_s = process_cpu_s(process.pid) - before
+        cpu_s = tree_cpu_s(process.pid) - before
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(60)
@@ -106,21 +115,32 @@ def over_http(device_ms: float, concurrency: int, clients: int) -> tuple[float, 
     return result.tokens_per_s, cpu_s / max(1, tokens) * 1e6
 
 
+def tree_cpu_s(pid: int) -> float:
+    """The CPU time of a process and of its children (the engine process)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return process_cpu_s(pid) + sum(process_cpu_s(int(c)) for c in children)
+
+
 def main() -> None:
-    if len(sys.argv) > 2 and sys.argv[1] == "--serve":
-        sys.exit(serve_null(float(sys.argv[2]), sys.argv[4:]))
     parser = argparse.ArgumentParser()
     parser.add_argument("--device-ms", type=float, nargs="+", default=[0.0, 2.0])
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--client-processes", type=int, default=1)
+    parser.add_argument(
+        "--engine-process",
+        action="store_true",
+        help="the server's engine in its own process (the GPU default)",
+    )
     args = parser.parse_args()
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores")
     for device_ms in args.device_ms:
         rows: dict[str, list[tuple[float, float]]] = {"offline": [], "http": []}
         for _ in range(args.rounds):  # interleaved: this CPU drifts within minutes
             rows["offline"].append(offline(device_ms, args.concurrency))
-            rows["http"].append(over_http(device_ms, args.concurrency, args.client_processes))
+            rows["http"].append(
+                over_http(device_ms, args.concurrency, args.client_processes, args.engine_process)
+            )
         for name, runs in rows.items():
             rates = ", ".join(f"{r:.0f}" for r, _ in runs)
             cpu = ", ".join(f"{c:.1f}" for _, c in runs)
