@@ -19,6 +19,7 @@ counts as the server's.
 
     python -m benchmarks.null_http [--device-ms 0 2] [--concurrency 64] [--rounds 2]
                                    [--client-processes 1] [--engine-process]
+                                   [--model FOLDER] [--tokenizer DIR]
 """
 
 from __future__ import annotations
@@ -57,13 +58,13 @@ def install_null_device(device_ms: float) -> None:
     bootstrap.engine_for = null_engine  # type: ignore[assignment]
 
 
-def offline(device_ms: float, concurrency: int) -> tuple[float, float]:
+def offline(device_ms: float, concurrency: int, tokenizer_dir: str | None) -> tuple[float, float]:
     """The engine alone: tokens/s and its host CPU microseconds a token."""
     from carpool.config import EngineConfig
     from carpool.engine.engine import Engine
     from carpool.engine.sampling_params import SamplingParams
 
-    tokenizer = builtin_tokenizer()
+    tokenizer = builtin_tokenizer(tokenizer_dir)
     runner = NullRunner(tokenizer, device_ms / 1000, num_blocks=8192)
     engine = Engine(runner, EngineConfig(max_num_seqs=concurrency, kv_cache_memory="1GiB"))
     params = SamplingParams(max_tokens=TOKENS, ignore_eos=True, temperature=0.0)
@@ -85,7 +86,7 @@ def process_cpu_s(pid: int) -> float:
 
 
 def over_http(
-    device_ms: float, concurrency: int, clients: int, engine_process: bool
+    device_ms: float, concurrency: int, clients: int, engine_process: bool, model: str
 ) -> tuple[float, float]:
     """The same workload streamed through the server (its engine in the server's
     process or in its own): tokens/s and the server's CPU microseconds a token, the
@@ -94,7 +95,8 @@ def over_http(
 
     command = [
         sys.executable, "-m", "carpool.cli", "serve", "--port", "0", "--grpc-port", "0",
-        "--model", MODEL, "--max-num-seqs", str(concurrency), "--kv-cache-memory", "256MiB",
+        "--model", model, "--served-model-name", MODEL, "--device", "cpu",
+        "--max-num-seqs", str(concurrency), "--kv-cache-memory", "256MiB",
         "--engine-process" if engine_process else "--no-engine-process",
     ]  # fmt: skip
     path = os.pathsep.join([SITE, ROOT, os.environ.get("PYTHONPATH", "")])
@@ -128,6 +130,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--client-processes", type=int, default=1)
     parser.add_argument(
+        "--model",
+        default=MODEL,
+        help="what the server loads before its runner is swapped: the built-in, or a "
+        "folder (benchmarks.real_size's) where the built-in's file is not at hand",
+    )
+    parser.add_argument("--tokenizer", default=None, help="the built-in's tokenizer folder")
+    parser.add_argument(
         "--engine-process",
         action="store_true",
         help="the server's engine in its own process (the GPU default)",
@@ -137,9 +146,15 @@ def main() -> None:
     for device_ms in args.device_ms:
         rows: dict[str, list[tuple[float, float]]] = {"offline": [], "http": []}
         for _ in range(args.rounds):  # interleaved: this CPU drifts within minutes
-            rows["offline"].append(offline(device_ms, args.concurrency))
+            rows["offline"].append(offline(device_ms, args.concurrency, args.tokenizer))
             rows["http"].append(
-                over_http(device_ms, args.concurrency, args.client_processes, args.engine_process)
+                over_http(
+                    device_ms,
+                    args.concurrency,
+                    args.client_processes,
+                    args.engine_process,
+                    args.model,
+                )
             )
         for name, runs in rows.items():
             rates = ", ".join(f"{r:.0f}" for r, _ in runs)

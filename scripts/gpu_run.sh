@@ -32,6 +32,7 @@
 #   bash scripts/gpu_run.sh default_serve  # both built-in models served (need both)
 #   bash scripts/gpu_run.sh host_ab    # issue 48: offline before/after, HTTP c=64 after
 #   bash scripts/gpu_run.sh host_profile  # issue 48: the 135M step's host time, cProfile
+#   bash scripts/gpu_run.sh host_http  # issue 48: the null device over HTTP on this host
 #
 # The built-in GGUF (98 MB) is over one call's carry limit and `all` does without it:
 # the 135M rows use a random-weight model of its exact shape, whose speed is the same
@@ -263,6 +264,15 @@ host_profile() {
         --engine '{}' --cprofile 50
 }
 
+# Issue 48: the host's stream delivery path on the GPU machine's own CPUs, with the
+# null device (no GPU work): the server's ceiling in streamed tokens/s, engine in its
+# own process as on a GPU, beside the real HTTP rows (`serving`, `ratio`).
+host_http() {
+    step host_http 300 python3 -m benchmarks.null_http --device-ms 0 2 --rounds 1 \
+        --engine-process --client-processes 4 --model "$MODELS/smollm2-135m" \
+        --tokenizer .gpu/tokenizer
+}
+
 tests() {
     step tests 420 python3 -m pytest -q -rs -p no:cacheprovider \
         tests/unit/workers/test_cuda_runner.py tests/unit/models/test_causal_lm.py
@@ -278,4 +288,4 @@ all() {
     kernels
 }
 
-"${1:?all, setup, models [SHAPE...], offline, real, serving, ratio, real_http, precision, more, kernels, gguf, tests, embedder, default_serve, host_ab or host_profile}" "${@:2}"
+"${1:?all, setup, models [SHAPE...], offline, real, serving, ratio, real_http, precision, more, kernels, gguf, tests, embedder, default_serve, host_ab, host_profile or host_http}" "${@:2}"
