@@ -71,21 +71,17 @@ class StreamKey:
     number: int
 
 
-def _streamed(results: list[Any], responses: Connection, numbers: Iterator[int]) -> list[Any]:
+def _streamed(
+    results: list[Any], send: Callable[[int, Any], None], numbers: Iterator[int]
+) -> list[Any]:
     """A batch's results as the worker sends them: each ``ResponseStream`` (a
-    decoupled request's) replaced by its ``StreamKey``, its responses forwarded on
-    ``responses`` (one sender at a time: the model's threads share the pipe)."""
-    sending = threading.Lock()
-
-    def forward(number: int, item: Any) -> None:
-        with sending, contextlib.suppress(OSError):  # the server is gone: nobody reads
-            responses.send((number, item))
-
+    decoupled request's) replaced by its ``StreamKey``, its responses handed to
+    ``send`` with its number."""
     answered: list[Any] = []
     for result in results:
         if isinstance(result, ResponseStream):
             key = StreamKey(next(numbers))
-            result.forward(functools.partial(forward, key.number))
+            result.forward(functools.partial(send, key.number))
             answered.append(key)
         else:
             answered.append(result)
@@ -105,6 +101,13 @@ def _worker_main(
     decoupled model's responses go on ``responses``)."""
     lock = threading.Lock()  # one exchange on the pipe at a time (BLS calls from threads)
     numbers = itertools.count()
+    # One sender at a time on the responses pipe: the threads of every stream, of every
+    # batch, share it.
+    sending = threading.Lock()
+
+    def send_response(number: int, item: Any) -> None:
+        with sending, contextlib.suppress(OSError):  # the server is gone: nobody reads
+            responses.send((number, item))
 
     def call_over_pipe(
         caller: str,
@@ -141,7 +144,7 @@ def _worker_main(
             break
         answer: tuple[str, Any]
         try:
-            answer = ("ok", _streamed(backend.execute(message), responses, numbers))
+            answer = ("ok", _streamed(backend.execute(message), send_response, numbers))
         except (Exception, SystemExit) as exc:  # sys.exit in execute fails the batch only
             answer = ("raise", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
         with lock:
