@@ -60,6 +60,38 @@ def serve(command: list[str], ready: str) -> tuple[object, str]:
     return process, match.group(1) if match.groups() else ""
 
 
+ENGINE_COUNTERS = (
+    "carpool_engine_steps_total",
+    "carpool_engine_prompt_steps_total",
+    "carpool_generation_tokens_total",
+)
+
+
+def engine_counters(url: str) -> dict[str, float]:
+    """The server's engine counters (summed over models) from its /metrics."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals = dict.fromkeys(ENGINE_COUNTERS, 0.0)
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in totals:
+                totals[sample.name] += sample.value
+    return totals
+
+
+def engine_row(before: dict[str, float], after: dict[str, float]) -> str:
+    """What the engine did between two scrapes: steps, those with a prompt chunk (which
+    run eagerly on a GPU: no CUDA graph), and tokens generated a step."""
+    steps, prompt_steps, tokens = (after[k] - before[k] for k in ENGINE_COUNTERS)
+    return (
+        f"{'':10} engine: {steps:.0f} steps, {prompt_steps:.0f} with a prompt chunk "
+        f"({prompt_steps / max(1, steps):.0%}), {tokens / max(1, steps):.1f} tokens generated "
+        "a step"
+    )
+
+
 def row(name: str, r: StreamResult) -> str:
     return (
         f"{name:10} c={r.concurrency:<3} {r.completed:3d}/{r.requests:<3} ok "
@@ -98,6 +130,13 @@ def main() -> None:
     parser.add_argument("--single-requests", type=int, default=8)
     parser.add_argument("--naive-requests", type=int, default=8)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument(
+        "--warmup",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="before each level's measured run, one of as many requests as its "
+        "concurrency (other prompts), not counted: kernels compiled, pools grown",
+    )
     parser.add_argument("--carpool-args", default="", help="extra `carpool serve` flags")
     parser.add_argument("--device", default="cpu", help="carpool's device (cpu or cuda)")
     parser.add_argument("--model", default=MODEL, help="the built-in or a model folder")
@@ -125,13 +164,15 @@ def main() -> None:
         for i, c in enumerate(args.concurrency)
     }
     print(f"# {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}")
-    itl = offline_itl(args.device, args.model, json.loads(args.offline_engine))
-    if args.device.startswith("cuda"):
-        # The offline engine's KV cache took its share of the GPU: give it back
-        # before the server sizes its own.
-        gc.collect()
-        torch.cuda.empty_cache()
-    print(f"offline engine, one stream: ITL p50 {itl * 1000:.0f} ms")
+    itl = 0.0
+    if 1 in args.concurrency:  # the reference for one stream's inter-token latency
+        itl = offline_itl(args.device, args.model, json.loads(args.offline_engine))
+        if args.device.startswith("cuda"):
+            # The offline engine's KV cache took its share of the GPU: give it back
+            # before the server sizes its own.
+            gc.collect()
+            torch.cuda.empty_cache()
+        print(f"offline engine, one stream: ITL p50 {itl * 1000:.0f} ms")
     results: dict[tuple[str, int], StreamResult] = {}
 
     port = free_port()
@@ -153,14 +194,18 @@ def main() -> None:
         served = "bench"
         carpool += ["--served-model-name", served]
     process, _ = serve(carpool, r"carpool ready on (http://\S+)")
+    url = f"http://127.0.0.1:{port}"
     try:
         for c in args.concurrency:
             load = workloads[c][: args.single_requests] if c == 1 else workloads[c]
             clients = min(c, args.client_processes)
-            results[("carpool", c)] = run_streams_split(
-                f"http://127.0.0.1:{port}", served, load, c, clients
-            )
+            if args.warmup:  # its own prompts (no prefix-cache hits in the measured run)
+                warm = token_prompts(c, 32, 256, vocab, seed=100 + c)
+                run_streams_split(url, served, [(p, 128) for p in warm], c, clients)
+            before = engine_counters(url)
+            results[("carpool", c)] = run_streams_split(url, served, load, c, clients)
             print(row("carpool", results[("carpool", c)]), flush=True)
+            print(engine_row(before, engine_counters(url)), flush=True)
     finally:
         process.send_signal(signal.SIGTERM)  # type: ignore[attr-defined]
         process.wait(60)  # type: ignore[attr-defined]

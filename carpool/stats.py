@@ -196,6 +196,7 @@ class EngineStatsData:
     generation_tokens: int = 0
     steps: int = 0
     launched_steps: int = 0  # of ``steps``, those launched before the last one landed
+    prompt_steps: int = 0  # of ``steps``, those that ran a prompt chunk (not decodes alone)
     preemptions: int = 0
     prefix_queries: int = 0
     prefix_hits: int = 0

@@ -33,6 +33,7 @@
 #   bash scripts/gpu_run.sh host_ab    # issue 48: offline before/after, HTTP c=64 after
 #   bash scripts/gpu_run.sh host_profile  # issue 48: the 135M step's host time, cProfile
 #   bash scripts/gpu_run.sh host_http  # issue 48: the null device over HTTP on this host
+#   bash scripts/gpu_run.sh http_rows  # issue 48: HTTP c=64 and offline, the engine's steps
 #
 # The built-in GGUF (98 MB) is over one call's carry limit and `all` does without it:
 # the 135M rows use a random-weight model of its exact shape, whose speed is the same
@@ -273,6 +274,20 @@ host_http() {
         --tokenizer .gpu/tokenizer
 }
 
+# Issue 48: HTTP at c=64 against offline, twice, between two offline rows; each
+# serving row says how many engine steps ran a prompt chunk (eagerly: no CUDA graph)
+# and how many tokens a step generated (below 64: the server did not keep the batch
+# full).
+http_rows() {
+    local m=$MODELS/smollm2-135m
+    local serving=(python3 -m benchmarks.serving --device cuda --no-naive --model "$m"
+        --client-processes 4 --concurrency 64 --requests 512)
+    step http_rows 120 "${GENERATION[@]}" --model "$m" --workload uniform --rows batch --engine '{}'
+    step http_rows 120 "${serving[@]}"
+    step http_rows 120 "${serving[@]}"
+    step http_rows 120 "${GENERATION[@]}" --model "$m" --workload uniform --rows batch --engine '{}'
+}
+
 tests() {
     step tests 420 python3 -m pytest -q -rs -p no:cacheprovider \
         tests/unit/workers/test_cuda_runner.py tests/unit/models/test_causal_lm.py
@@ -288,4 +303,4 @@ all() {
     kernels
 }
 
-"${1:?all, setup, models [SHAPE...], offline, real, serving, ratio, real_http, precision, more, kernels, gguf, tests, embedder, default_serve, host_ab, host_profile or host_http}" "${@:2}"
+"${1:?all, setup, models [SHAPE...], offline, real, serving, ratio, real_http, precision, more, kernels, gguf, tests, embedder, default_serve, host_ab, host_profile, host_http or http_rows}" "${@:2}"

@@ -593,6 +593,7 @@ class Engine:
         with self.stats.update() as s:
             if plan.chunks:
                 s.steps += 1
+                s.prompt_steps += plan.has_prompt
                 s.tokens_per_step.observe(plan.num_tokens)
             s.generation_tokens += generated
             s.preemptions = self.scheduler.num_preemptions

@@ -64,3 +64,9 @@ class SchedulerOutput:
     @property
     def num_tokens(self) -> int:
         return sum(c.num_tokens for c in self.chunks)
+
+    @property
+    def has_prompt(self) -> bool:
+        """Whether a chunk runs more than one token of its own (a prompt's, or a
+        preempted sequence's recomputation): a step that is not decodes alone."""
+        return any(c.num_tokens - len(c.draft) > 1 for c in self.chunks)

@@ -125,6 +125,12 @@ class EngineCollector(Collector):
                 "scheduling).",
                 labels=labels,
             ),
+            "prompt_steps": CounterMetricFamily(
+                "carpool_engine_prompt_steps",
+                "Of the engine steps, those that ran a prompt chunk (prefill or mixed, not "
+                "decodes alone).",
+                labels=labels,
+            ),
             "preemptions": CounterMetricFamily(
                 "carpool_num_preemptions",
                 "Sequences preempted for lack of KV blocks.",

@@ -262,6 +262,7 @@ def test_stats_count_what_ran() -> None:
     assert stats.prompt_tokens == 3 and stats.generation_tokens == 3  # d, e, EOS
     assert stats.finished == {"stop": 1} and stats.running == 0 and stats.waiting == 0
     assert runner.tokens_run == 3 + 2  # the prompt, then one token per later step
+    assert stats.steps == 3 and stats.prompt_steps == 1  # the prompt's step, two decodes
 
 
 REPLIES = {
