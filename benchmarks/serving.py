@@ -25,6 +25,7 @@ import signal
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -64,11 +65,19 @@ ENGINE_COUNTERS = (
     "carpool_engine_steps_total",
     "carpool_engine_prompt_steps_total",
     "carpool_generation_tokens_total",
+    # the engine's own view of a request's time (means from sum and count)
+    "carpool_time_to_first_token_seconds_sum",
+    "carpool_time_to_first_token_seconds_count",
+    "carpool_request_queue_time_seconds_sum",
+    "carpool_request_queue_time_seconds_count",
 )
 
 
-def engine_counters(url: str) -> dict[str, float]:
-    """The server's engine counters (summed over models) from its /metrics."""
+def engine_counters(url: str, pid: int) -> dict[str, float]:
+    """The server's engine counters (summed over models) from its /metrics, and the
+    CPU seconds so far of the server's main thread (``main_cpu``: its event loop), its
+    other threads (``threads_cpu``) and its child processes (``children_cpu``: an
+    engine process), from /proc."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -78,17 +87,46 @@ def engine_counters(url: str) -> dict[str, float]:
         for sample in family.samples:
             if sample.name in totals:
                 totals[sample.name] += sample.value
+    tasks = Path(f"/proc/{pid}/task")
+    threads = {int(t.name): _cpu_s(t / "stat") for t in tasks.iterdir()}
+    children = (tasks / str(pid) / "children").read_text().split()
+    totals["main_cpu"] = threads.pop(pid)
+    totals["threads_cpu"] = sum(threads.values())
+    totals["children_cpu"] = sum(_cpu_s(Path(f"/proc/{c}/stat")) for c in children)
     return totals
 
 
-def engine_row(before: dict[str, float], after: dict[str, float]) -> str:
+def _cpu_s(stat: Path) -> float:
+    """User + system CPU seconds from a /proc stat file (0 if it has gone)."""
+    try:
+        fields = stat.read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def engine_row(before: dict[str, float], after: dict[str, float], seconds: float) -> str:
     """What the engine did between two scrapes: steps, those with a prompt chunk (which
-    run eagerly on a GPU: no CUDA graph), and tokens generated a step."""
-    steps, prompt_steps, tokens = (after[k] - before[k] for k in ENGINE_COUNTERS)
+    run eagerly on a GPU: no CUDA graph), tokens generated a step (below the
+    concurrency: the batch was not kept full), the engine's own mean time to first
+    token and queue time (the client's TTFT less these is the server's and the
+    pipe's), and the server's CPU over ``seconds`` of wall time."""
+    d = {k: after[k] - before[k] for k in after}
+    steps = max(1.0, d["carpool_engine_steps_total"])
+    prompt_steps = d["carpool_engine_prompt_steps_total"]
+
+    def mean_ms(name: str) -> float:
+        return 1000 * d[f"{name}_sum"] / max(1.0, d[f"{name}_count"])
+
     return (
         f"{'':10} engine: {steps:.0f} steps, {prompt_steps:.0f} with a prompt chunk "
-        f"({prompt_steps / max(1, steps):.0%}), {tokens / max(1, steps):.1f} tokens generated "
-        "a step"
+        f"({prompt_steps / steps:.0%}), {d['carpool_generation_tokens_total'] / steps:.1f} "
+        f"tokens generated a step; its TTFT mean "
+        f"{mean_ms('carpool_time_to_first_token_seconds'):.0f} ms, queue mean "
+        f"{mean_ms('carpool_request_queue_time_seconds'):.0f} ms\n"
+        f"{'':10} server CPU over the run: event loop thread {d['main_cpu'] / seconds:.0%}, "
+        f"other threads {d['threads_cpu'] / seconds:.0%}, engine process "
+        f"{d['children_cpu'] / seconds:.0%}"
     )
 
 
@@ -202,10 +240,12 @@ def main() -> None:
             if args.warmup:  # its own prompts (no prefix-cache hits in the measured run)
                 warm = token_prompts(c, 32, 256, vocab, seed=100 + c)
                 run_streams_split(url, served, [(p, 128) for p in warm], c, clients)
-            before = engine_counters(url)
+            before = engine_counters(url, process.pid)  # type: ignore[attr-defined]
+            started = time.perf_counter()
             results[("carpool", c)] = run_streams_split(url, served, load, c, clients)
+            after = engine_counters(url, process.pid)  # type: ignore[attr-defined]
             print(row("carpool", results[("carpool", c)]), flush=True)
-            print(engine_row(before, engine_counters(url)), flush=True)
+            print(engine_row(before, after, time.perf_counter() - started), flush=True)
     finally:
         process.send_signal(signal.SIGTERM)  # type: ignore[attr-defined]
         process.wait(60)  # type: ignore[attr-defined]

@@ -274,18 +274,18 @@ host_http() {
         --tokenizer .gpu/tokenizer
 }
 
-# Issue 48: HTTP at c=64 against offline, twice, between two offline rows; each
-# serving row says how many engine steps ran a prompt chunk (eagerly: no CUDA graph)
-# and how many tokens a step generated (below 64: the server did not keep the batch
-# full).
+# Issue 48: HTTP at c=64 against offline: an offline row, two measured levels on one
+# server (the engine in its own process, the GPU default), one with the engine in the
+# server's process. Each serving row says how many engine steps ran a prompt chunk
+# (eagerly: no CUDA graph), how many tokens a step generated (below 64: the batch was
+# not kept full), the engine's own TTFT and queue time, and the server's CPU by thread.
 http_rows() {
     local m=$MODELS/smollm2-135m
     local serving=(python3 -m benchmarks.serving --device cuda --no-naive --model "$m"
-        --client-processes 4 --concurrency 64 --requests 512)
+        --client-processes 4 --requests 512)
     step http_rows 120 "${GENERATION[@]}" --model "$m" --workload uniform --rows batch --engine '{}'
-    step http_rows 120 "${serving[@]}"
-    step http_rows 120 "${serving[@]}"
-    step http_rows 120 "${GENERATION[@]}" --model "$m" --workload uniform --rows batch --engine '{}'
+    step http_rows 150 "${serving[@]}" --concurrency 64 64
+    step http_rows 120 "${serving[@]}" --concurrency 64 --carpool-args=--no-engine-process
 }
 
 tests() {
