@@ -2,8 +2,10 @@
 against the same model in onnxruntime in this process: the single call (c=1 latency)
 and the batched ceiling (rows/s at batch 64, the most a server could reach). Served:
 c=1 median latency per protocol (tritonclient.http and tritonclient.grpc, one request
-at a time) and c=64 throughput (tritonclient's asyncio clients, 64 requests in
-flight, ``--rows`` rows each). Rounds alternate the protocols so drift falls on both.
+at a time; beside it the same client's bare round trip, ``is_server_live``, the part of
+the overhead that is the client library's and the transport's) and c=64 throughput
+(tritonclient's asyncio clients, 64 requests in flight, ``--rows`` rows each). Rounds
+alternate the protocols so drift falls on both.
 
     python -m benchmarks.onnx_protocols --hidden 1024 --rounds 3
 
@@ -72,8 +74,9 @@ def in_process(path: Path, seconds: float) -> tuple[float, float]:
     return statistics.median(times) * 1e3, rows / (time.perf_counter() - started)
 
 
-def single(http_url: str, grpc_url: str, protocol: str, count: int) -> float:
-    """Median ms of ``count`` one-row requests, one at a time."""
+def single(http_url: str, grpc_url: str, protocol: str, count: int) -> tuple[float, float]:
+    """Median ms of ``count`` one-row requests, one at a time, and of as many bare
+    round trips of the same client (``is_server_live``: its transport alone)."""
     x = np.random.default_rng(1).standard_normal((1, IN)).astype(np.float32)
     module: Any = thttp if protocol == "http" else tgrpc
     client = module.InferenceServerClient(http_url if protocol == "http" else grpc_url)
@@ -82,12 +85,15 @@ def single(http_url: str, grpc_url: str, protocol: str, count: int) -> float:
     outputs = [
         module.InferRequestedOutput("y", **({"binary_data": True} if protocol == "http" else {}))
     ]
-    times = []
+    times, bare = [], []
     for _ in range(count):
         started = time.perf_counter()
         client.infer("mlp", [tensor], outputs=outputs)
         times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1e3
+        started = time.perf_counter()
+        client.is_server_live()
+        bare.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e3, statistics.median(bare) * 1e3
 
 
 async def many(
@@ -145,7 +151,8 @@ def main() -> int:
             results.setdefault("in-process c=1 ms", []).append(alone)
             results.setdefault("in-process batch-64 rows/s", []).append(ceiling)
             for protocol in ("http", "grpc"):
-                ms = single(http_url, grpc_url, protocol, 300)
+                ms, bare = single(http_url, grpc_url, protocol, 300)
+                results.setdefault(f"{protocol} bare round trip ms", []).append(bare)
                 rate, cores = asyncio.run(
                     many(http_url, grpc_url, protocol, args.concurrency, args.seconds, args.rows)
                 )
@@ -166,8 +173,11 @@ def main() -> int:
     for protocol in ("http", "grpc"):
         rate = statistics.median(results[f"{protocol} c={args.concurrency} rows/s"])
         ms = statistics.median(results[f"{protocol} c=1 ms"])
+        bare = statistics.median(results[f"{protocol} bare round trip ms"])
+        rest = ms - alone - bare
         print(f"  {protocol}: c={args.concurrency} {rate / ceiling:.2f}x the ceiling; "
-              f"c=1 overhead {ms - alone:.3f} ms over the in-process call")  # fmt: skip
+              f"c=1 overhead {ms - alone:.3f} ms over the in-process call, of which the "
+              f"client's bare round trip {bare:.3f} ms and the rest {rest:.3f} ms")  # fmt: skip
     print("reproduce: python -m benchmarks.onnx_protocols " + " ".join(sys.argv[1:]))
     return 0
 
