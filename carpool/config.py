@@ -261,6 +261,13 @@ class EngineConfig:
         "batch-size bucket up to max_num_seqs (off: every step runs eagerly).",
         default=True,
     )
+    cuda_graph_prompts: bool = _help(
+        "On a GPU with cuda_graphs: steps that run prompt chunks (prefill, or prompts "
+        "beside decodes) replay graphs too, one per token-count bucket up to "
+        "max_num_batched_tokens, instead of launching every kernel from Python. Not for a "
+        "model with sliding-window layers in a pool of their own.",
+        default=False,
+    )
     async_scheduling: bool | None = _help(
         "Plan and launch each engine step before the last one's tokens are back, so the "
         "host's work (scheduling, detokenizing, stop strings) overlaps the device's (vLLM's "

@@ -34,6 +34,7 @@
 #   bash scripts/gpu_run.sh host_profile  # issue 48: the 135M step's host time, cProfile
 #   bash scripts/gpu_run.sh host_http  # issue 48: the null device over HTTP on this host
 #   bash scripts/gpu_run.sh http_rows  # issue 48: HTTP c=64 and offline, the engine's steps
+#   bash scripts/gpu_run.sh prompt_graphs  # issue 48: HTTP c=64 with prompt steps from graphs
 #
 # The built-in GGUF (98 MB) is over one call's carry limit and `all` does without it:
 # the 135M rows use a random-weight model of its exact shape, whose speed is the same
@@ -288,6 +289,21 @@ http_rows() {
     step http_rows 120 "${serving[@]}" --concurrency 64 --carpool-args=--no-engine-process
 }
 
+# Issue 48: steps with prompt chunks from CUDA graphs (`cuda_graph_prompts`, off by
+# default until measured here): HTTP c=64 without, then with, twice; then the GPU
+# runner's tests, whose prompt-graph test compares graphs with eager steps there.
+prompt_graphs() {
+    local m=$MODELS/smollm2-135m
+    local serving=(python3 -m benchmarks.serving --device cuda --no-naive --model "$m"
+        --client-processes 4 --requests 512 --concurrency 64 64)
+    step prompt_graphs 150 "${serving[@]}"
+    step prompt_graphs 150 "${serving[@]}" --carpool-args=--cuda-graph-prompts
+    step prompt_graphs 150 "${serving[@]}"
+    step prompt_graphs 150 "${serving[@]}" --carpool-args=--cuda-graph-prompts
+    step prompt_graphs 300 python3 -m pytest -q -rs -p no:cacheprovider \
+        tests/unit/workers/test_cuda_runner.py -k "persistent_buffers or float32"
+}
+
 tests() {
     step tests 420 python3 -m pytest -q -rs -p no:cacheprovider \
         tests/unit/workers/test_cuda_runner.py tests/unit/models/test_causal_lm.py
@@ -303,4 +319,4 @@ all() {
     kernels
 }
 
-"${1:?all, setup, models [SHAPE...], offline, real, serving, ratio, real_http, precision, more, kernels, gguf, tests, embedder, default_serve, host_ab, host_profile, host_http or http_rows}" "${@:2}"
+"${1:?all, setup, models [SHAPE...], offline, real, serving, ratio, real_http, precision, more, kernels, gguf, tests, embedder, default_serve, host_ab, host_profile, host_http, http_rows or prompt_graphs}" "${@:2}"

@@ -4,7 +4,8 @@ The same steps as ``ModelRunner`` (sampling, prompt log-probabilities, grammars 
 its), with the GPU's attention: Triton kernels over the paged cache
 (``carpool.models.triton_attention``), rows in the step's own order, one kernel
 writing a layer's keys and values. Decode steps replay CUDA graphs
-(``decode_graphs``); prompt chunks and mixed steps run eagerly. The device's busy
+(``decode_graphs``); steps with prompt chunks run eagerly, or with ``prompt_graphs``
+from graphs of their own (``prompt_graphs``). The device's busy
 time per step is measured with CUDA events (``device_seconds``, from the
 moment the step's inputs are prepared on the host to its last kernel), so a benchmark
 can report how long the GPU waited on the host.
@@ -26,8 +27,15 @@ from carpool.models.triton_attention import PagedMetadata, Tiles, prefill_block_
 from carpool.paths import PathTaken
 from carpool.workers.decode_graphs import DecodeGraphs
 from carpool.workers.model_runner import ModelRunner, windowed_blocks
+from carpool.workers.prompt_graphs import PromptGraphs
 from carpool.workers.sampler import sample
-from carpool.workers.step_tensors import Chosen, StepInputs, check_ids, pending_tokens
+from carpool.workers.step_tensors import (
+    Chosen,
+    StepInputs,
+    check_ids,
+    pending_tokens,
+    resolve_pending,
+)
 
 
 class CudaModelRunner(ModelRunner):
@@ -44,13 +52,17 @@ class CudaModelRunner(ModelRunner):
         cuda_graphs: bool = True,
         max_passes: int = 1,
         window_blocks: int = 0,
+        prompt_graphs: bool = False,
+        max_num_batched_tokens: int = 2048,
     ) -> None:
         """``max_num_seqs`` and ``max_model_len`` bound the captured decode steps;
         ``cuda_graphs`` False runs every step eagerly (as it must on the CPU, where
         the tests run this runner's kernels under Triton's interpreter).
         ``max_passes``: the most forward passes of one decode step (multi-step
         decoding, ``EngineConfig.num_scheduler_steps``). ``window_blocks``: a hybrid
-        model's windowed pool (``ModelRunner``)."""
+        model's windowed pool (``ModelRunner``). ``prompt_graphs``: steps with prompt
+        chunks of up to ``max_num_batched_tokens`` run on persistent buffers too,
+        replayed from graphs with ``cuda_graphs`` (not for a hybrid model)."""
         super().__init__(lm, num_blocks, block_size, None, paths, window_blocks)
         self.max_blocks = -(-max_model_len // block_size)
         self.block_q = prefill_block_q(lm.config.num_heads // lm.config.num_kv_heads)
@@ -60,6 +72,13 @@ class CudaModelRunner(ModelRunner):
         )
         if cuda_graphs:
             self.decode.capture()
+        self.prompts: PromptGraphs | None = None
+        if prompt_graphs and not hybrid:
+            self.prompts = PromptGraphs(
+                lm, self.caches, max_num_batched_tokens, max_num_seqs, self.max_blocks, self.block_q
+            )
+            if cuda_graphs:
+                self.prompts.capture()
         self.multi_step = max_passes > 1
         self.device_seconds = 0.0
         self.steps = 0
@@ -96,7 +115,29 @@ class CudaModelRunner(ModelRunner):
             ScheduledChunk(c.seq, c.num_tokens - len(c.draft), c.samples) if c.lookahead else c
             for c in step.chunks
         ]
+        if not prompt_logprobs and self.prompts is not None and self.prompts.fits(plain):
+            return self._prompt(SchedulerOutput(plain), rows)
         return super().execute(SchedulerOutput(plain), rows, prompt_logprobs)
+
+    def _prompt(self, step: SchedulerOutput, rows: Mapping[str, SamplingRow]) -> StepResult:
+        """A step with prompt chunks on the prompt graphs' buffers: each sampling
+        chunk's token."""
+        inputs = self.prepare(step)
+        logits = self._run_prompt(inputs, None)
+        result = StepResult()
+        if inputs.sampling_chunks:
+            result.sampled = self._sample(logits, inputs.sampling_chunks, rows)
+        return result
+
+    def _run_prompt(self, inputs: StepInputs, after: Launch | None) -> torch.Tensor:
+        """The logits of a prepared prompt step's sampling rows, from its graph."""
+        assert self.prompts is not None
+        self._begin()
+        size = self.prompts.stage(inputs)
+        pending = pending_tokens(after)
+        if pending is not None:
+            resolve_pending(self.prompts.i64[0, : len(inputs.input_ids)], pending)
+        return self.prompts.run(size, len(inputs.sample_index))
 
     def _decode(self, step: SchedulerOutput, rows: Mapping[str, SamplingRow]) -> StepResult:
         """A decode step on the persistent buffers: each chunk's sampled token, and
@@ -125,6 +166,9 @@ class CudaModelRunner(ModelRunner):
             self._begin()
             logits, _ = self.decode.run(step.chunks, pending_tokens(after))
             return logits, list(step.chunks)
+        if self.prompts is not None and self.prompts.fits(step.chunks):
+            inputs = self.prepare(step, after)
+            return self._run_prompt(inputs, after), inputs.sampling_chunks
         return super()._launch_forward(step, after)
 
     def _begin(self) -> None:

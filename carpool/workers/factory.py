@@ -123,7 +123,8 @@ def _cuda_runner(
             "attention",
             True,
             "Triton paged attention"
-            + (", decode steps from CUDA graphs" if config.cuda_graphs else ""),
+            + (", decode steps from CUDA graphs" if config.cuda_graphs else "")
+            + (", prompt steps too" if config.cuda_graphs and config.cuda_graph_prompts else ""),
         ),
     )
     return CudaModelRunner(
@@ -136,6 +137,8 @@ def _cuda_runner(
         config.cuda_graphs,
         config.num_scheduler_steps,
         window_blocks,
+        config.cuda_graph_prompts,
+        config.max_num_batched_tokens,
     )
 
 

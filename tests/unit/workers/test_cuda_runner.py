@@ -82,6 +82,8 @@ def gpu_engine(lm: LoadedLM, graphs: bool = CUDA, window_blocks: int = 0, **conf
         cuda_graphs=False,
         max_passes=engine_config.num_scheduler_steps,
         window_blocks=window_blocks,
+        prompt_graphs=engine_config.cuda_graph_prompts,
+        max_num_batched_tokens=engine_config.step_budget_on("cpu"),
     )
     return Engine(runner, engine_config)
 
@@ -207,6 +209,43 @@ def test_launched_steps_give_the_tokens_of_steps_that_wait(
     assert launched == waiting
     assert count >= 5  # once the penalised request is done, every step
     assert not [r for r in caplog.records if "failed" in r.getMessage()]
+
+
+def test_prompt_steps_on_persistent_buffers_give_the_tokens_of_eager_steps(
+    tmp_path: Path, smollm_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``cuda_graph_prompts``: steps with prompt chunks (prompts in chunks beside
+    decodes, steps of every size in one bucket after another, so stale rows, tiles and
+    sequences of a larger step sit in the buffers) run on the prompt graphs' padded
+    buffers (replayed graphs on a GPU; here the same buffers, eagerly) and give the
+    tokens, texts and reasons of eager steps, steps that wait and launched ones."""
+    tiny_models.build("llama", tmp_path, smollm_folder)
+    lm = load_causal_lm(tmp_path, progress=False, device=DEVICE)
+    rng = random.Random(12)
+    prompts = [[rng.randrange(3, tiny_models.VOCAB) for _ in range(n)] for n in (5, 40, 17, 2)]
+    params = [
+        SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_tokens=6, temperature=0.8, seed=3),
+        SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True, stop=["e"]),
+        SamplingParams(max_tokens=7, temperature=0.0),
+    ]
+    config = {"max_num_batched_tokens": 24, "max_num_seqs": 8}
+
+    def on_prompt_graphs(overlap: bool) -> tuple[list[Final], int]:
+        """The finals, and how many steps ran on the prompt graphs' buffers."""
+        engine = gpu_engine(lm, async_scheduling=overlap, cuda_graph_prompts=True, **config)
+        graphs = engine.runner.prompts  # type: ignore[attr-defined]
+        assert graphs is not None
+        runs: list[int] = []
+        real_run = graphs.run
+        monkeypatch.setattr(graphs, "run", lambda size, n: runs.append(size) or real_run(size, n))
+        return finals(engine, prompts, params), len(runs)
+
+    for overlap in (False, True):
+        eager = finals(gpu_engine(lm, async_scheduling=overlap, **config), prompts, params)
+        graphed, runs = on_prompt_graphs(overlap)
+        assert graphed == eager
+        assert runs >= 3  # the prompts' steps ran there
 
 
 def test_asking_for_a_gpu_that_is_not_there_is_a_configuration_error() -> None:
