@@ -1,8 +1,9 @@
 """The generation engine: requests in, one step at a time, outputs out.
 
 ``step`` reads as three verbs over plain data: the scheduler plans the step, the
-model runner runs it and samples, and ``_postprocess`` feeds the tokens back,
-detokenizes and reports. With asynchronous scheduling the middle verb splits in two:
+model runner runs it and samples, and ``_postprocess`` feeds the tokens back to the
+scheduler and hands each to the output processor (``output_processor``: requests'
+state, detokenizing, stop strings, grammars, reports). With asynchronous scheduling the middle verb splits in two:
 step N + 1 is launched, then step N lands and is reported while the device runs
 N + 1 (``_overlapped``). Single-threaded: the device runtime's thread calls
 ``add_request``, ``abort`` and ``step`` (``AsyncEngine`` posts them there).
@@ -19,6 +20,7 @@ from carpool.clock import Clock, MonotonicClock
 from carpool.config import EngineConfig, SpeculativeConfig
 from carpool.engine.block_manager import BlockManager, Blocks, HybridBlockManager
 from carpool.engine.detokenizer import IncrementalDetokenizer
+from carpool.engine.output_processor import EngineRequest, OutputProcessor
 from carpool.engine.outputs import LOOKAHEAD, SchedulerOutput, pending
 from carpool.engine.request_output import CompletionOutput, RequestOutput
 from carpool.engine.runner import (
@@ -28,7 +30,6 @@ from carpool.engine.runner import (
     Sampled,
     SamplingRow,
     StepResult,
-    TokenLogprobs,
 )
 from carpool.engine.sampling_params import SamplingParams
 from carpool.engine.scheduler import Scheduler, SchedulerConfig
@@ -41,35 +42,6 @@ if TYPE_CHECKING:
     from carpool.paths import PathTaken
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Request:
-    """A request's sequences and what the engine tracks for them."""
-
-    request_id: str
-    params: SamplingParams
-    prompt_ids: list[int]
-    arrival: float
-    seqs: list[Sequence]
-    rows: list[SamplingRow]
-    detoks: list[IncrementalDetokenizer]
-    outputs: list[CompletionOutput]
-    first_token_at: float | None = None
-    last_token_at: float | None = None
-    started_at: float | None = None
-    error: str | None = None
-    touched: bool = False
-    num_cached_tokens: int = 0
-    speculate: bool = False  # its sampling allows drafts to be verified
-    overlap: bool = False  # its steps may be launched before the last one lands
-    lookahead: bool = False  # its tokens may be generated several per step
-    # With params.prompt_logprobs: one entry per prompt token, the first None.
-    prompt_logprobs: list[TokenLogprobs | None] | None = None
-
-    @property
-    def finished(self) -> bool:
-        return all(s.status is SequenceStatus.FINISHED for s in self.seqs)
 
 
 @dataclass
@@ -121,8 +93,9 @@ class Engine:
         launches = bool(self.config.async_scheduling) and isinstance(runner, LaunchingRunner)
         self._launcher = runner if launches else None
         self._flight: _Flight | None = None
-        self._requests: dict[str, _Request] = {}
-        self._by_seq: dict[str, tuple[_Request, int]] = {}
+        self.outputs = OutputProcessor(
+            self.spec.eos_token_ids, self.stats, self.clock, self.scheduler.finish, self._forget
+        )
 
     def _blocks(self, runner: Runner) -> Blocks:
         """One pool, or a hybrid model's two (its runner keeps the KV so)."""
@@ -165,16 +138,15 @@ class Engine:
 
         Raises ``InvalidRequest`` for a bad request, or whatever its setup (seeding a
         generator, a detokenizer) raised; either way nothing of it is left queued."""
-        if request_id in self._requests:
+        if request_id in self.outputs.requests:
             raise InvalidRequest(f"request id {request_id!r} is already in use")
         prompt = self.check_request(prompt_ids, params)
         arrival = self.clock.now() if arrival is None else arrival
         req = self._new_request(request_id, prompt, params, priority, deadline, arrival)
         # Registered only once every part of it is built.
-        for i, seq in enumerate(req.seqs):
-            self._by_seq[seq.request_id] = (req, i)
+        for seq in req.seqs:
             self.scheduler.add(seq)
-        self._requests[request_id] = req
+        self.outputs.add(req)
 
     def _new_request(
         self,
@@ -184,11 +156,11 @@ class Engine:
         priority: int,
         deadline: float | None,
         arrival: float,
-    ) -> _Request:
+    ) -> EngineRequest:
         ends = frozenset(params.stop_token_ids) | (
             frozenset() if params.ignore_eos else self.spec.eos_token_ids
         )
-        req = _Request(request_id, params, prompt, arrival, [], [], [], [])
+        req = EngineRequest(request_id, params, prompt, arrival, [], [], [], [])
         req.speculate = self.speculator is not None and speculable(params)
         req.lookahead = self.lookahead > 0 and params.greedy and speculable(params)
         req.overlap = self._launcher is not None and speculable(params)
@@ -224,7 +196,7 @@ class Engine:
 
     def abort(self, request_id: str) -> None:
         """End ``request_id`` at the next step, freeing its blocks."""
-        req = self._requests.get(request_id)
+        req = self.outputs.requests.get(request_id)
         if req is not None:
             for seq in req.seqs:
                 self.scheduler.abort(seq.request_id)
@@ -233,18 +205,8 @@ class Engine:
         """End every request with the error ``message`` and free its blocks: the
         engine's state can no longer be trusted (a step raised out of ``step``).
         Returns each request's final output."""
-        for req in self._requests.values():
-            req.error = req.error or message
-            for seq in req.seqs:
-                self.scheduler.finish(seq, FinishReason.ABORT)
-        finals = [
-            RequestOutput(r.request_id, r.prompt_ids, [], finished=True, error=r.error)
-            for r in self._requests.values()
-        ]
         self._flight = None
-        self._requests.clear()
-        self._by_seq.clear()
-        return finals
+        return self.outputs.reset(message)
 
     @property
     def has_work(self) -> bool:
@@ -252,7 +214,7 @@ class Engine:
 
     @property
     def num_unfinished(self) -> int:
-        return len(self._requests)
+        return len(self.outputs.requests)
 
     # -- the step -------------------------------------------------------------------
 
@@ -275,7 +237,7 @@ class Engine:
             self._launcher is not None
             and bool(plan.chunks)
             and all(
-                not c.draft and self._by_seq[c.seq.request_id][0].overlap
+                not c.draft and self.outputs.by_seq[c.seq.request_id][0].overlap
                 for c in plan.chunks
                 if c.samples
             )
@@ -297,8 +259,8 @@ class Engine:
             plan.chunks[:] = [c for c in plan.chunks if c.seq.status is SequenceStatus.RUNNING]
             return self._postprocess(plan, self._run(plan), now)
         for seq in plan.finished:  # aborted or timed out while planning
-            self._by_seq[seq.request_id][0].touched = True
-        outputs = self._collect()
+            self.outputs.by_seq[seq.request_id][0].touched = True
+        outputs = self.outputs.collect()
         # After the report: a sequence this advance ends by its length must not be
         # reported finished before its last token lands.
         self._flight = self._advance(plan, launch, now)
@@ -326,7 +288,7 @@ class Engine:
                 at[seq.request_id] = seq.num_tokens
                 tokens[seq.request_id] = [pending(launch.rows[seq.request_id])]
         self.scheduler.update(plan, tokens)
-        self._started(plan, now)
+        self.outputs.started(plan, now)
         self._record_step(plan, now, 0)
         with self.stats.update() as s:
             s.launched_steps += 1
@@ -342,9 +304,9 @@ class Engine:
             # chunk as a launch that failed is, so every sequence in it fails.
             log.exception("an engine step failed on the device")
             for rid, at in flight.at.items():
-                req, i = self._by_seq[rid]
+                req, i = self.outputs.by_seq[rid]
                 del req.seqs[i].token_ids[at:]
-                self._fail(req.seqs[i], "the model failed on this request")
+                self.outputs.fail(req.seqs[i], "the model failed on this request")
             return
         generated, landed = 0, self.clock.now()
         for chunk in flight.plan.chunks:
@@ -355,14 +317,14 @@ class Engine:
             self.scheduler.land(seq, flight.at[rid], token)
             if seq.finish_reason in (FinishReason.ABORT, FinishReason.TIMEOUT):
                 continue
-            req, i = self._by_seq[rid]
+            req, i = self.outputs.by_seq[rid]
             req.touched = True
             generated += 1
             try:
-                self._emit(req, i, token, None, landed)
+                self.outputs.emit(req, i, token, None, landed)
             except Exception:
                 log.exception("processing %s's output failed", rid)
-                self._fail(seq, "processing this request's output failed")
+                self.outputs.fail(seq, "processing this request's output failed")
         with self.stats.update() as s:
             s.generation_tokens += generated
 
@@ -381,7 +343,7 @@ class Engine:
         decoding = {
             s.request_id: s
             for s in running
-            if s.num_uncomputed == 1 and self._by_seq[s.request_id][0].speculate
+            if s.num_uncomputed == 1 and self.outputs.by_seq[s.request_id][0].speculate
         }
         limits = [(rid, s.token_ids, self._draft_room(s)) for rid, s in decoding.items()]
         for rid, draft in self.speculator.drafts(limits).items():
@@ -389,7 +351,7 @@ class Engine:
 
     def _lookahead(self) -> None:
         for s in self.scheduler.running:
-            if s.num_uncomputed != 1 or not self._by_seq[s.request_id][0].lookahead:
+            if s.num_uncomputed != 1 or not self.outputs.by_seq[s.request_id][0].lookahead:
                 s.draft = []
                 continue
             s.draft = [LOOKAHEAD] * max(0, min(self.lookahead, self._draft_room(s)))
@@ -398,6 +360,11 @@ class Engine:
         """How many draft tokens (or placeholders) ``seq`` may take: they and the one
         sampled with them must fit its ``max_tokens`` and the model's length."""
         return min(seq.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens) - 1
+
+    def _forget(self, seq_id: str) -> None:
+        """A retired sequence's drafting state goes with it."""
+        if self.speculator is not None:
+            self.speculator.forget(seq_id)
 
     def _run(self, plan: SchedulerOutput) -> StepResult:
         if not plan.chunks:
@@ -416,7 +383,7 @@ class Engine:
             except Exception:
                 log.exception("sequence %s failed in the model", chunk.seq.request_id)
                 plan.chunks.remove(chunk)
-                self._fail(chunk.seq, "the model failed on this request")
+                self.outputs.fail(chunk.seq, "the model failed on this request")
         return result
 
     def _prompt_logprobs_wanted(self, plan: SchedulerOutput) -> dict[str, int]:
@@ -424,41 +391,33 @@ class Engine:
         of a request's sequences speaks for its prompt)."""
         wanted: dict[str, int] = {}
         for chunk in plan.chunks:
-            req, i = self._by_seq[chunk.seq.request_id]
+            req, i = self.outputs.by_seq[chunk.seq.request_id]
             k = req.params.prompt_logprobs
             if k is not None and i == 0 and chunk.seq.num_computed < len(req.prompt_ids) - 1:
                 wanted[chunk.seq.request_id] = k
         return wanted
 
     def _row(self, seq: Sequence) -> SamplingRow:
-        req, i = self._by_seq[seq.request_id]
+        req, i = self.outputs.by_seq[seq.request_id]
         return req.rows[i]
-
-    def _fail(self, seq: Sequence, message: str) -> None:
-        req, _ = self._by_seq[seq.request_id]
-        req.error = message
-        req.touched = True
-        for other in req.seqs:
-            if other.status is not SequenceStatus.FINISHED:
-                self.scheduler.finish(other, FinishReason.ABORT)
 
     def _postprocess(
         self, plan: SchedulerOutput, result: StepResult, now: float
     ) -> list[RequestOutput]:
         sampled = result.sampled
         for seq_id, found in result.prompt_logprobs.items():
-            req = self._by_seq[seq_id][0]
+            req = self.outputs.by_seq[seq_id][0]
             if req.prompt_logprobs is not None:
                 at = found.first + 1
                 req.prompt_logprobs[at : at + len(found.entries)] = found.entries
         for seq in plan.finished:  # aborted or timed out while planning
-            self._by_seq[seq.request_id][0].touched = True
+            self.outputs.by_seq[seq.request_id][0].touched = True
         before = {c.seq.request_id: c.seq.num_tokens for c in plan.chunks if c.samples}
         self.scheduler.update(plan, {rid: s.tokens for rid, s in sampled.items()})
-        self._started(plan, now)
+        self.outputs.started(plan, now)
         generated, landed = 0, self.clock.now()
         for chunk in plan.chunks:
-            req, i = self._by_seq[chunk.seq.request_id]
+            req, i = self.outputs.by_seq[chunk.seq.request_id]
             rid = chunk.seq.request_id
             if chunk.samples and rid in sampled:
                 new = chunk.seq.token_ids[before[rid] :]
@@ -466,29 +425,14 @@ class Engine:
                 self._speculated(chunk.seq, chunk.draft, sampled[rid])
                 try:
                     for token in new:
-                        self._emit(req, i, token, sampled[rid].logprobs, landed)
+                        self.outputs.emit(req, i, token, sampled[rid].logprobs, landed)
                         if req.detoks[i].stopped_on is not None:
                             break
                 except Exception:
                     log.exception("processing %s's output failed", rid)
-                    self._fail(chunk.seq, "processing this request's output failed")
+                    self.outputs.fail(chunk.seq, "processing this request's output failed")
         self._record_step(plan, now, generated)
-        return self._collect()
-
-    def _started(self, plan: SchedulerOutput, now: float) -> None:
-        """After ``plan``'s update: touch each chunk's request; note when a request
-        first ran and how much of its prompt the prefix cache held."""
-        for chunk in plan.chunks:
-            found = self._by_seq.get(chunk.seq.request_id)
-            if found is None:  # reported finished since it was planned (overlap)
-                continue
-            req = found[0]
-            req.touched = True
-            if req.started_at is None:
-                req.started_at = now
-                req.num_cached_tokens = chunk.seq.num_computed - chunk.num_tokens
-                with self.stats.update() as s:
-                    s.prompt_tokens += len(req.prompt_ids)
+        return self.outputs.collect()
 
     def _speculated(self, seq: Sequence, draft: tuple[int, ...], sampled: Sampled) -> None:
         if not draft or self.speculator is None:
@@ -498,96 +442,6 @@ class Engine:
             s.spec_drafts += 1
             s.spec_draft_tokens += len(draft)
             s.spec_accepted_tokens += len(sampled.accepted)
-
-    def _emit(
-        self, req: _Request, i: int, token: int, logprobs: TokenLogprobs | None, now: float
-    ) -> None:
-        """Add ``token`` to ``req``'s ``i``-th output, landed at ``now``: grammar,
-        stop token, text and stop strings."""
-        seq, out, detok = req.seqs[i], req.outputs[i], req.detoks[i]
-        out.new_token_ids.append(token)
-        out.token_ids.append(token)
-        constraint = req.rows[i].constraint
-        if constraint is not None:
-            if not constraint.accept(token):
-                raise RuntimeError(f"the grammar refused the sampled token {token}")
-            if constraint.finished and seq.finish_reason is None:
-                self.scheduler.finish(seq, FinishReason.STOP)  # complete: nothing may follow
-        if logprobs is not None:
-            out.new_logprobs.append(logprobs)
-            out.logprobs.append(logprobs)
-        if token in seq.stop_token_ids and seq.finish_reason is FinishReason.STOP:
-            out.stop_reason = None if token in self.spec.eos_token_ids else token
-        else:
-            out.new_text += detok.push(token)
-            if detok.stopped_on is not None:
-                out.stop_reason = detok.stopped_on
-                self.scheduler.finish(seq, FinishReason.STOP)
-        if req.first_token_at is None:
-            req.first_token_at = now
-        req.last_token_at = now
-
-    def _collect(self) -> list[RequestOutput]:
-        results: list[RequestOutput] = []
-        for req in list(self._requests.values()):
-            if not req.touched:
-                continue
-            req.touched = False
-            if req.params.output_kind == "final_only" and not req.finished:
-                continue  # its new pieces gather until the last output
-            try:
-                output = self._report(req)
-            except Exception:
-                log.exception("reporting %s failed", req.request_id)
-                self._fail(req.seqs[0], "detokenizing this request's output failed")
-                output = RequestOutput(
-                    req.request_id, req.prompt_ids, [], finished=True, error=req.error
-                )
-            results.append(output)
-            if output.finished:
-                self._retire(req)
-        return results
-
-    def _report(self, req: _Request) -> RequestOutput:
-        """What ``req`` has to say after this step; its pieces of new text reset."""
-        finished, delta = req.finished, req.params.output_kind == "delta"
-        return RequestOutput(
-            req.request_id,
-            req.prompt_ids,
-            [
-                _hand_over(seq, out, detok, delta)
-                for seq, out, detok in zip(req.seqs, req.outputs, req.detoks, strict=True)
-            ],
-            finished=finished,
-            error=req.error,
-            num_cached_tokens=req.num_cached_tokens,
-            prompt_logprobs=(
-                list(req.prompt_logprobs)
-                if req.prompt_logprobs is not None and (finished or req.first_token_at)
-                else None
-            ),
-        )
-
-    def _retire(self, req: _Request) -> None:
-        del self._requests[req.request_id]
-        for seq in req.seqs:
-            del self._by_seq[seq.request_id]
-            if self.speculator is not None:
-                self.speculator.forget(seq.request_id)
-        now = self.clock.now()
-        with self.stats.update() as s:
-            for seq in req.seqs:
-                reason = "error" if req.error else seq.finish_reason.value  # type: ignore[union-attr]
-                s.finished[reason] = s.finished.get(reason, 0) + 1
-            s.e2e_latency.observe(now - req.arrival)
-            if req.started_at is not None:
-                s.queue_time.observe(req.started_at - req.arrival)
-            if req.first_token_at is not None:
-                s.time_to_first_token.observe(req.first_token_at - req.arrival)
-                tokens = max(len(o.token_ids) for o in req.outputs)
-                if tokens > 1 and req.last_token_at is not None:
-                    itl = (req.last_token_at - req.first_token_at) / (tokens - 1)
-                    s.inter_token_latency.observe(itl)
 
     def _record_step(self, plan: SchedulerOutput, now: float, generated: int) -> None:
         with self.stats.update() as s:
@@ -651,32 +505,3 @@ def speculable(params: SamplingParams) -> bool:
         and params.grammar is None
         and params.logprobs is None
     )
-
-
-def _hand_over(
-    seq: Sequence, out: CompletionOutput, detok: IncrementalDetokenizer, delta: bool
-) -> CompletionOutput:
-    """``out`` as it stands after this step (the text held for a stop string flushed
-    once ``seq`` has ended), or with ``delta`` its new pieces alone; its new pieces go
-    with it and start again empty."""
-    if seq.finish_reason is not None and out.finish_reason is None:
-        out.new_text += detok.flush()
-        out.finish_reason = seq.finish_reason
-    if delta:
-        text, token_ids, logprobs = out.new_text, out.new_token_ids, out.new_logprobs
-    else:
-        out.text += out.new_text
-        text, token_ids, logprobs = out.text, list(out.token_ids), list(out.logprobs)
-    snapshot = CompletionOutput(
-        out.index,
-        text,
-        token_ids,
-        logprobs,
-        out.new_text,
-        out.new_token_ids,
-        out.new_logprobs,
-        out.finish_reason,
-        out.stop_reason,
-    )
-    out.new_text, out.new_token_ids, out.new_logprobs = "", [], []
-    return snapshot

@@ -127,7 +127,7 @@ def run(engine: Engine, abort_after: Mapping[str, int] | None = None) -> dict[st
     final output (exactly one per request). ``abort_after``: abort a request after
     that many steps."""
     finals: dict[str, RequestOutput] = {}
-    every = [s for r in engine._requests.values() for s in r.seqs]
+    every = [s for r in engine.outputs.requests.values() for s in r.seqs]
     steps = 0
     while engine.has_work:
         for out in engine.step():

@@ -32,7 +32,7 @@ def generate(engine: Engine, prompts: list[list[int]], params: SamplingParams) -
     for i, prompt in enumerate(prompts):
         engine.add_request(str(i), prompt, params)
     finals = {}
-    every = [s for r in engine._requests.values() for s in r.seqs]
+    every = [s for r in engine.outputs.requests.values() for s in r.seqs]
     while engine.has_work:
         for out in engine.step():
             if out.finished:
