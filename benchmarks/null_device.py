@@ -32,7 +32,7 @@ from transformers import AutoTokenizer
 from carpool.config import EngineConfig, default_cache_dir
 from carpool.engine.engine import Engine
 from carpool.engine.outputs import SchedulerOutput
-from carpool.engine.runner import ModelSpec, Sampled, SamplingRow, StepResult
+from carpool.engine.runner import EngineModelSpec, Sampled, SamplingRow, StepResult
 from carpool.engine.sampling_params import SamplingParams
 from carpool.models.causal_lm import convert_gguf
 from carpool.models.registry import BUILTIN_MODELS
@@ -46,9 +46,10 @@ class NullRunner:
 
     def __init__(self, tokenizer: Any, device_s: float, num_blocks: int) -> None:
         eos = tokenizer.eos_token_id
-        self.spec = ModelSpec("null", len(tokenizer), 8192, frozenset({eos}), tokenizer)
+        self.spec = EngineModelSpec("null", len(tokenizer), 8192, frozenset({eos}), tokenizer)
         self.num_blocks = num_blocks
         self.paths: tuple[PathTaken, ...] = ()
+        self.multi_step = False
         self.device_s = device_s
         self.words = [tokenizer.convert_tokens_to_ids(tokenizer.tokenize(w))[0] for w in WORDS]
         self.host_s = 0.0  # the runner's own time, device excluded

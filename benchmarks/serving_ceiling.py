@@ -60,6 +60,7 @@ class InstantRunner:
         self.spec = real.spec
         self.num_blocks = real.num_blocks
         self.paths = real.paths
+        self.multi_step = False
         self.tokens = tokens
         self.device_s = device_s
         self.device_free_at = 0.0  # when the simulated device has run what it was given

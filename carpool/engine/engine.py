@@ -3,10 +3,11 @@
 ``step`` reads as three verbs over plain data: the scheduler plans the step, the
 model runner runs it and samples, and ``_postprocess`` feeds the tokens back to the
 scheduler and hands each to the output processor (``output_processor``: requests'
-state, detokenizing, stop strings, grammars, reports). With asynchronous scheduling the middle verb splits in two:
-step N + 1 is launched, then step N lands and is reported while the device runs
-N + 1 (``_overlapped``). Single-threaded: the device runtime's thread calls
-``add_request``, ``abort`` and ``step`` (``AsyncEngine`` posts them there).
+state, detokenizing, stop strings, grammars, reports). With asynchronous scheduling
+the middle verb splits in two: step N + 1 is launched, then step N lands and is
+reported while the device runs N + 1 (``_overlapped``). Single-threaded: the device
+runtime's thread calls ``add_request``, ``abort`` and ``step`` (``AsyncEngine`` posts
+them there).
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ class Engine:
         # Multi-step decoding, where the runner can (``Runner.multi_step``) and no
         # speculation claims the drafts.
         steps = self.config.num_scheduler_steps
-        multi = getattr(runner, "multi_step", False) and self.speculator is None
+        multi = runner.multi_step and self.speculator is None
         self.lookahead = steps - 1 if multi else 0
         # Asynchronous scheduling, where the runner launches steps; the config refuses
         # it beside speculation and multi-step decoding. Unset counts as off here:

@@ -103,7 +103,7 @@ class Launch:
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class EngineModelSpec:
     """What the engine knows of the model it drives."""
 
     name: str
@@ -127,9 +127,12 @@ class Runner(Protocol):
     """Runs the engine's steps on a model whose KV cache holds ``num_blocks``
     blocks."""
 
-    spec: ModelSpec
+    spec: EngineModelSpec
     num_blocks: int
     paths: tuple[PathTaken, ...]  # which code runs each part of a step
+    # Whether a decode step may run several forward passes, each fed the last one's
+    # greedy token on the device (``EngineConfig.num_scheduler_steps``).
+    multi_step: bool
 
     def make_generator(self, seed: int) -> Any:
         """The random state of a sequence seeded with ``seed``."""

@@ -16,8 +16,8 @@ import torch
 from carpool.engine.block_manager import slot_of
 from carpool.engine.outputs import ScheduledChunk, SchedulerOutput
 from carpool.engine.runner import (
+    EngineModelSpec,
     Launch,
-    ModelSpec,
     PromptLogprobs,
     Sampled,
     SamplingRow,
@@ -90,7 +90,7 @@ class ModelRunner:
         hybrid = cfg.hybrid_window() if window_blocks else None
         if window_blocks and hybrid is None:
             raise ValueError(f"{lm.name} has no windowed layers beside full ones to pool")
-        self.spec = ModelSpec(
+        self.spec = EngineModelSpec(
             lm.name,
             cfg.vocab_size,
             cfg.max_context,
@@ -102,6 +102,7 @@ class ModelRunner:
         )
         self.num_blocks = num_blocks
         self.paths = paths
+        self.multi_step = False  # the GPU's runner may (``CudaModelRunner``)
         self.grammars = Grammars(lm.tokenizer, cfg.vocab_size, sorted(lm.eos_token_ids))
         self.block_size = block_size
         self.decode_kernel = decode_kernel

@@ -19,7 +19,7 @@ from carpool.engine.block_manager import HybridBlockManager
 from carpool.engine.engine import Engine
 from carpool.engine.outputs import SchedulerOutput
 from carpool.engine.request_output import RequestOutput
-from carpool.engine.runner import Launch, ModelSpec, Sampled, SamplingRow, StepResult
+from carpool.engine.runner import EngineModelSpec, Launch, Sampled, SamplingRow, StepResult
 from carpool.engine.sampling_params import SamplingParams
 from carpool.engine.sequence import FinishReason
 from carpool.errors import InvalidRequest
@@ -45,9 +45,10 @@ class FakeRunner:
     makes any step holding it raise, as a model bug would."""
 
     def __init__(self, replies: Mapping[str, str], num_blocks: int = 64, fail_on: int = -1):
-        self.spec = ModelSpec("fake", EOS + 1, 256, frozenset({EOS}), CharTokenizer())
+        self.spec = EngineModelSpec("fake", EOS + 1, 256, frozenset({EOS}), CharTokenizer())
         self.num_blocks = num_blocks
         self.paths = ()
+        self.multi_step = False
         self.replies = {tuple(ids(k)): ids(v) for k, v in replies.items()}
         self.fail_on = fail_on
         self.tokens_run = 0

@@ -22,7 +22,7 @@ from carpool.engine.block_manager import (
 )
 from carpool.engine.engine import Engine
 from carpool.engine.outputs import SchedulerOutput
-from carpool.engine.runner import ModelSpec, SamplingRow, StepResult
+from carpool.engine.runner import EngineModelSpec, SamplingRow, StepResult
 from carpool.engine.sequence import Sequence
 from tests.unit.engine.test_engine_core import (
     ALPHABET,
@@ -53,7 +53,7 @@ class WindowChecks:
     """Writes each chunk's KV into a simulated cache, then checks that every key in
     each query's window is where its block table says, unreleased and unclobbered."""
 
-    spec: ModelSpec
+    spec: EngineModelSpec
 
     def init_cache(self) -> None:
         self.cache: dict[int, tuple[int, object]] = {}
@@ -84,7 +84,7 @@ class WindowChecks:
 class WindowRunner(WindowChecks, FakeRunner):
     def __init__(self, replies: Mapping[str, str]) -> None:
         super().__init__(replies, num_blocks=CACHE_BLOCKS)
-        self.spec = ModelSpec(
+        self.spec = EngineModelSpec(
             "fake", EOS + 1, 10_000, frozenset({EOS}), CharTokenizer(), sliding_window=WINDOW
         )
         self.init_cache()
@@ -137,7 +137,7 @@ def test_sequences_longer_than_the_cache_run_within_their_window(launching: bool
 
 def test_without_a_window_the_cache_bounds_the_length() -> None:
     runner = WindowRunner({"a": "b"})
-    runner.spec = ModelSpec("fake", EOS + 1, 10_000, frozenset({EOS}), CharTokenizer())
+    runner.spec = EngineModelSpec("fake", EOS + 1, 10_000, frozenset({EOS}), CharTokenizer())
     engine = Engine(runner, EngineConfig(block_size=BLOCK, max_num_batched_tokens=BUDGET))
     assert engine.max_model_len == CACHE_BLOCKS * BLOCK
 
@@ -201,7 +201,7 @@ class HybridRunner(WindowRunner):
     def __init__(self, replies: Mapping[str, str]) -> None:
         super().__init__(replies)
         self.num_blocks = FULL_BLOCKS
-        self.spec = ModelSpec(
+        self.spec = EngineModelSpec(
             "fake",
             EOS + 1,
             10_000,
