@@ -33,7 +33,7 @@ import carpool.engine
 for package in (carpool.engine, carpool.batching):
     for module in pkgutil.iter_modules(package.__path__):
         importlib.import_module(f"{package.__name__}.{module.name}")
-for name in ("carpool.runtime", "carpool.config", "carpool.stats", "carpool.paths"):
+for name in ("carpool.runtime", "carpool.config", "carpool.stats", "carpool.paths", "carpool.admission"):
     importlib.import_module(name)
 print("check_core: the core's modules import without torch")
 EOF

@@ -24,6 +24,7 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from carpool.admission import Room, per_request
 from carpool.batching.instances import Forward, InstancePool
 from carpool.batching.policy import Decision, SendBatch, WaitUntil, decide, slots
 from carpool.batching.queue import PriorityQueues
@@ -66,34 +67,24 @@ class BatchModel(Protocol):
 
 
 class _Admission:
-    """Counts queued inputs per level so ``submit`` can refuse at once when full.
-
-    A request's inputs are admitted all together or not at all, so a refused request
-    leaves nothing behind that would crowd out its neighbours.
-    """
+    """The queued inputs of each priority level, each level a ``Room`` under its
+    ``max_queue_size`` (``carpool.admission``: all of a request's inputs or none)."""
 
     def __init__(self, config: BatchingConfig) -> None:
-        self._lock = threading.Lock()
         self._limits = {
             lvl: config.policy_for(lvl).max_queue_size
             for lvl in range(1, config.priority_levels + 1)
         }
-        self._counts = dict.fromkeys(self._limits, 0)
+        self._rooms = {lvl: Room() for lvl in self._limits}
 
     def try_acquire(self, level: int, count: int = 1) -> bool:
-        with self._lock:
-            if self._counts[level] + count > self._limits[level]:
-                return False
-            self._counts[level] += count
-            return True
+        return self._rooms[level].take(count, self._limits[level])
 
     def release(self, level: int) -> None:
-        with self._lock:
-            self._counts[level] -= 1
+        self._rooms[level].leave()
 
     def total(self) -> int:
-        with self._lock:
-            return sum(self._counts.values())
+        return sum(room.count for room in self._rooms.values())
 
 
 # A request's answer, computed but not yet given: (request, result, error, when).
@@ -152,7 +143,7 @@ class DynamicBatcher:
     def max_request_inputs(self, level: int | None = None) -> int:
         """Most inputs one request may bring: half of its level's queue."""
         level = self.config.default_priority_level if level is None else level
-        return max(1, self.config.policy_for(level).max_queue_size // 2)
+        return per_request(self.config.policy_for(level).max_queue_size)
 
     def submit(
         self,

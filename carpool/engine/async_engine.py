@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from carpool.admission import Room, per_request
 from carpool.clock import Clock, MonotonicClock
 from carpool.engine.engine import Engine
 from carpool.engine.request_output import RequestOutput
@@ -43,12 +44,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Sink = Callable[[RequestOutput | CarpoolError], None]
-
-
-def max_request_prompts(max_waiting: int) -> int:
-    """Most prompts one request may bring: half the waiting room, so no single request
-    fills it."""
-    return max(1, max_waiting // 2)
 
 
 class GenerationWorker(Worker, Protocol):
@@ -128,39 +123,35 @@ class Entry:
 
 class WaitingRoom:
     """How many requests are accepted and not yet started or finished, bounded by
-    ``--max-waiting-requests`` at admission. Any thread."""
+    ``--max-waiting-requests`` at admission (``carpool.admission``). Any thread."""
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._count = 0
-        self._lock = threading.Lock()
+        self._room = Room()
 
     @property
     def count(self) -> int:
-        return self._count
+        return self._room.count
 
     def admit(self, count: int, max_waiting: int | None) -> None:
         """Take ``count`` requests in, or raise ``RequestTooLarge`` (more than half of
         ``max_waiting`` at once) or ``Overloaded`` (no room for all of them)."""
-        if max_waiting is not None and count > max_request_prompts(max_waiting):
+        if max_waiting is not None and count > per_request(max_waiting):
             raise RequestTooLarge(
                 f"{count} prompts in one request; {self.name} takes at most "
-                f"{max_request_prompts(max_waiting)} per request (half of "
+                f"{per_request(max_waiting)} per request (half of "
                 "--max-waiting-requests)",
                 param="prompt",
             )
-        with self._lock:
-            if max_waiting is not None and self._count + count > max_waiting:
-                raise Overloaded(
-                    f"{self._count} requests are already waiting for {self.name}",
-                    retry_after_s=1.0,
-                )
-            self._count += count
+        if not self._room.take(count, max_waiting):
+            raise Overloaded(
+                f"{self._room.count} requests are already waiting for {self.name}",
+                retry_after_s=1.0,
+            )
 
     def leave(self, count: int = 1) -> None:
         """``count`` requests started, finished or failed before starting."""
-        with self._lock:
-            self._count -= count
+        self._room.leave(count)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from carpool.engine.async_engine import GenerationStream, max_request_prompts
+from carpool.admission import per_request
+from carpool.engine.async_engine import GenerationStream
 from carpool.engine.sampling_params import Grammar, SamplingParams
 from carpool.errors import InvalidRequest, RequestTooLarge
 from carpool.server.generation.schemas import (
@@ -313,10 +314,10 @@ def check_prompt_count(served: ServedGenerator, count: int, param: str = "prompt
     """Refuse (413), before tokenizing, a call with more prompts than one request
     may bring (``param``: the field that holds them)."""
     max_waiting = served.engine.max_waiting
-    if max_waiting is not None and count > max_request_prompts(max_waiting):
+    if max_waiting is not None and count > per_request(max_waiting):
         raise RequestTooLarge(
             f"{count} prompts in one request; at most "
-            f"{max_request_prompts(max_waiting)} per request (half of --max-waiting-requests)",
+            f"{per_request(max_waiting)} per request (half of --max-waiting-requests)",
             param=param,
         )
 
