@@ -137,7 +137,7 @@ def _cuda_runner(
         config.cuda_graphs,
         config.num_scheduler_steps,
         window_blocks,
-        config.cuda_graph_prompts,
+        config.cuda_graphs and config.cuda_graph_prompts,
         config.max_num_batched_tokens,
     )
 
