@@ -137,10 +137,10 @@ class RuntimeConfig:
     engine_process: bool | None = _help(
         "Run each generation model's engine (scheduler, model, detokenizer) in a process "
         "of its own, as vLLM's engine core: the HTTP event loop then has this process's "
-        "GIL to itself (on an H200, 64 streams went from half the offline rate to more "
-        "than four fifths of it). Such a model no longer takes turns with the others on the "
-        "device runtime. "
-        "Unset: on for a GPU, off on the CPU.",
+        "GIL to itself. Such a model no longer takes turns with the others on the device "
+        "runtime. Unset: on for a GPU, off on the CPU.",
+        # On an H200, 64 streams over HTTP went from 0.50-0.53 of the offline rate to
+        # 0.82-0.94 (BENCHMARKS.md).
         default=None,
     )
 
