@@ -4,7 +4,7 @@ graphs: one graph per token-count bucket, every graph for up to ``max_seqs`` seq
 Run eagerly such a step launches every kernel of the forward pass from Python; over
 HTTP, where requests arrive at their own times, 4-5% of the steps are such steps, and
 on an H200 (session 35) the inter-token latency's p99 of 13-28 ms, against a 2 ms
-decode step from a graph, is what they cost every running stream. Here the
+decode step from a graph, points at what they cost every running stream. Here the
 step's inputs, laid out by ``CudaModelRunner.prepare`` (rows grouped by sequence, the
 prefill kernel's tile list), are copied into persistent device buffers at the
 smallest bucket >= its token count and padded: padding rows store nothing (slot -1)
