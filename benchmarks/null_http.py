@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.null_device import NullRunner, builtin_tokenizer
+from benchmarks.proc_cpu import tree_cpu_s
 from benchmarks.stream_loadgen import run_streams_split
 from benchmarks.workload import token_prompts
 
@@ -78,13 +79,6 @@ def offline(device_ms: float, concurrency: int, tokenizer_dir: str | None) -> tu
     return tokens / seconds, cpu_s / tokens * 1e6
 
 
-def process_cpu_s(pid: int) -> float:
-    """A process's user + system CPU time, all its threads."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def over_http(
     device_ms: float, concurrency: int, clients: int, engine_process: bool, model: str
 ) -> tuple[float, float]:
@@ -115,12 +109,6 @@ def over_http(
     if result.failed:
         sys.exit(f"{result.failed} requests failed")
     return result.tokens_per_s, cpu_s / max(1, tokens) * 1e6
-
-
-def tree_cpu_s(pid: int) -> float:
-    """The CPU time of a process and of its children (the engine process)."""
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return process_cpu_s(pid) + sum(process_cpu_s(int(c)) for c in children)
 
 
 def main() -> None:

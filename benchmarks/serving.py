@@ -25,11 +25,11 @@ import signal
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
 from benchmarks.generation import vocab_of
+from benchmarks.proc_cpu import children, process_cpu_s, thread_cpu_s
 from benchmarks.stream_loadgen import StreamResult, run_streams, run_streams_split
 from benchmarks.workload import token_prompts
 from carpool.bench.metrics import percentile
@@ -87,22 +87,11 @@ def engine_counters(url: str, pid: int) -> dict[str, float]:
         for sample in family.samples:
             if sample.name in totals:
                 totals[sample.name] += sample.value
-    tasks = Path(f"/proc/{pid}/task")
-    threads = {int(t.name): _cpu_s(t / "stat") for t in tasks.iterdir()}
-    children = (tasks / str(pid) / "children").read_text().split()
+    threads = thread_cpu_s(pid)
     totals["main_cpu"] = threads.pop(pid)
     totals["threads_cpu"] = sum(threads.values())
-    totals["children_cpu"] = sum(_cpu_s(Path(f"/proc/{c}/stat")) for c in children)
+    totals["children_cpu"] = sum(process_cpu_s(c) for c in children(pid))
     return totals
-
-
-def _cpu_s(stat: Path) -> float:
-    """User + system CPU seconds from a /proc stat file (0 if it has gone)."""
-    try:
-        fields = stat.read_text().rpartition(")")[2].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def engine_row(before: dict[str, float], after: dict[str, float], seconds: float) -> str:
