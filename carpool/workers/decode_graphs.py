@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -38,6 +38,45 @@ def buckets_up_to(max_batch: int) -> list[int]:
     ``max_batch`` itself."""
     sizes = [1, 2, 4, *range(8, 65, 8), *range(80, max_batch + 1, 16)]
     return sorted({s for s in sizes if s < max_batch} | {max_batch})
+
+
+def capture_graphs(
+    device: torch.device,
+    buckets: list[int],
+    forward: Callable[[int], torch.Tensor],
+    what: str,
+    unit: str,
+) -> tuple[dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]], float]:
+    """One CUDA graph of ``forward(size)`` per bucket, largest first (the smaller ones
+    reuse its memory pool, safe since one graph runs at a time), each after a run of
+    its own that compiles the kernels and warms cuBLAS; with the seconds it took. Logs
+    ``what`` was captured, the buckets (in ``unit``) and how much the pool grew."""
+    started = time.perf_counter()
+    before = torch.cuda.memory_reserved(device)
+    graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+    pool = None
+    with torch.inference_mode():
+        for size in reversed(buckets):
+            forward(size)
+            torch.cuda.synchronize(device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                out = forward(size)
+            pool = graph.pool()
+            graphs[size] = (graph, out)
+    torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - started
+    grown = (torch.cuda.memory_reserved(device) - before) / 2**20
+    log.info(
+        "captured %d %s (%s %s) in %.2f s, %.0f MiB",
+        len(graphs),
+        what,
+        unit,
+        ", ".join(map(str, buckets)),
+        seconds,
+        grown,
+    )
+    return graphs, seconds
 
 
 class DecodeGraphs:
@@ -112,32 +151,16 @@ class DecodeGraphs:
         )
 
     def capture(self) -> None:
-        """Capture one graph per bucket, largest first (the smaller ones reuse its
-        pool); logs the time and the pool's size."""
-        started = time.perf_counter()
-        before = torch.cuda.memory_reserved(self.lm.device)
-        pool = None
+        """Capture one graph per bucket (``capture_graphs``), on inputs that are all
+        padding."""
         self._pad(0, self.max_batch)
         self._upload(self.max_batch)
-        with torch.inference_mode():
-            for size in reversed(self.buckets):
-                meta = self._meta(size)
-                self._forward(size, meta)  # compiles the kernels, warms cuBLAS
-                torch.cuda.synchronize(self.lm.device)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    logits = self._forward(size, meta)
-                pool = graph.pool()
-                self.graphs[size] = (graph, logits)
-        torch.cuda.synchronize(self.lm.device)
-        self.capture_seconds = time.perf_counter() - started
-        grown = (torch.cuda.memory_reserved(self.lm.device) - before) / 2**20
-        log.info(
-            "captured %d decode graphs (batch sizes %s) in %.2f s, %.0f MiB",
-            len(self.graphs),
-            ", ".join(map(str, self.buckets)),
-            self.capture_seconds,
-            grown,
+        self.graphs, self.capture_seconds = capture_graphs(
+            self.lm.device,
+            self.buckets,
+            lambda size: self._forward(size, self._meta(size)),
+            "decode graphs",
+            "batch sizes",
         )
 
     def stage(self, chunks: Sequence[ScheduledChunk]) -> None:

@@ -20,8 +20,6 @@ Not for a hybrid model's windowed pool, drafts to verify or prompt log-probabili
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Sequence
 
 import torch
@@ -30,9 +28,8 @@ from carpool.engine.outputs import ScheduledChunk
 from carpool.models.attention import AttentionMetadata
 from carpool.models.causal_lm import LoadedLM
 from carpool.models.triton_attention import PagedMetadata, Tiles
+from carpool.workers.decode_graphs import capture_graphs
 from carpool.workers.step_tensors import StepInputs
-
-log = logging.getLogger(__name__)
 
 
 def token_buckets(max_tokens: int) -> list[int]:
@@ -92,30 +89,11 @@ class PromptGraphs:
         )
 
     def capture(self) -> None:
-        """Capture one graph per bucket, largest first (the smaller ones reuse its
-        pool), on inputs that are all padding; logs the time and the pool's size."""
-        started = time.perf_counter()
-        before = torch.cuda.memory_reserved(self.lm.device)
-        pool = None
-        with torch.inference_mode():
-            for size in reversed(self.buckets):
-                self._pad(0, 0, 0, size)
-                self._forward(size)  # compiles the kernels, warms cuBLAS
-                torch.cuda.synchronize(self.lm.device)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    logits = self._forward(size)
-                pool = graph.pool()
-                self.graphs[size] = (graph, logits)
-        torch.cuda.synchronize(self.lm.device)
-        self.capture_seconds = time.perf_counter() - started
-        grown = (torch.cuda.memory_reserved(self.lm.device) - before) / 2**20
-        log.info(
-            "captured %d prompt-step graphs (tokens %s) in %.2f s, %.0f MiB",
-            len(self.graphs),
-            ", ".join(map(str, self.buckets)),
-            self.capture_seconds,
-            grown,
+        """Capture one graph per bucket (``capture_graphs``), on inputs that are all
+        padding (padded at the largest bucket, so at every smaller one too)."""
+        self._pad(0, 0, 0, self.max_tokens)
+        self.graphs, self.capture_seconds = capture_graphs(
+            self.lm.device, self.buckets, self._forward, "prompt-step graphs", "tokens"
         )
 
     def stage(self, inputs: StepInputs) -> int:
