@@ -15,7 +15,8 @@ The file's block types map onto five layouts:
   bits a weight (the file's 5.5);
 - ``Q8_0`` (int8 quants, a scale per 32): Q8_0 itself, 9 bits;
 - ``Q8_16`` (int8 quants, a scale and optionally a min per 16): Q6_K (quants ``q -
-  32``, scales ``d * sc``), 10 bits a weight against the file's 6.56; also a fused
+  32``, scales ``d * sc``), 10 bits a weight against the file's 6.56, 6.625 in the
+  interleaved copy, which keeps the file's ``d`` and ``sc`` (``KScales``); also a fused
   projection whose parts differ (``PackedWeight.stack``), with mins.
 
 The bit fields are unpacked by the ``gguf`` package itself where it can be made to
@@ -25,6 +26,8 @@ types) have no native layout: their layers run on float32 weights.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -77,9 +80,15 @@ def to_packed(kind: GGMLQuantizationType, raw: np.ndarray) -> PackedWeight | Non
     if kind is T.Q6_K:
         blocks = raw.reshape(n, -1, 210)
         quants = _unit_quants(kind, blocks, [(192, np.ones(16, np.uint8)), (208, ONE)])
-        sc = blocks[..., 192:208].copy().view(np.int8).astype(np.float32)
-        scales = _f16(blocks[..., 208:210])[..., None] * sc  # [n, blocks, 16]
-        return _q8_16(quants, n, scales.reshape(n, -1), None)
+        sc = blocks[..., 192:208].copy().view(np.int8)
+        d = _f16(blocks[..., 208:210])
+        scales = d[..., None] * sc.astype(np.float32)  # [n, blocks, 16]
+        packed = _q8_16(quants, n, scales.reshape(n, -1), None)
+        k_scales = KScales(
+            torch.from_numpy(np.ascontiguousarray(d[..., None])),
+            torch.from_numpy(np.ascontiguousarray(sc).reshape(n, -1, 2)),
+        )
+        return replace(packed, k_scales=k_scales)
     return None
 
 

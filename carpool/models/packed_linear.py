@@ -59,19 +59,29 @@ NIBBLES = (BlockType.Q4_1, BlockType.Q5_1, BlockType.Q5_0)  # quants held as uin
 
 @dataclass(frozen=True)
 class KScales:
-    """A K-quant matrix's scales and mins as its file holds them (Q4_K, Q5_K): block
+    """A K-quant matrix's scales (and mins) as its file holds them. Q4_K, Q5_K: block
     j's scale is ``d * sc`` and its min ``-dmin * m``, ``d`` and ``-dmin`` per
-    super-block of ``SUPER`` blocks, ``sc`` and ``m`` (6 bits) per block. Each product
-    is exact in float32 (a float16 times an integer below 64): the floats of the
-    matrix's ``PackedWeight.scales`` and ``mins``, in a quarter of their bytes."""
+    super-block of ``SUPER`` blocks, ``sc`` and ``m`` (6 bits, uint8) per block. Q6_K
+    (``six_bit``): ``d`` per super-block and a signed ``sc`` (int8) per 16 weights,
+    each half-block's scale ``d * sc``. Each product is exact in float32 (a float16
+    times an integer below 128): the floats of the matrix's ``PackedWeight.scales``
+    and ``mins``, in a quarter of their bytes or less."""
 
-    supers: torch.Tensor  # [n, k/256, 2] float32: d, -dmin
-    factors: torch.Tensor  # [n, k/32, 2] uint8: sc, m
+    supers: torch.Tensor  # [n, k/256, 2] float32: d, -dmin; Q6_K: [n, k/256, 1], d
+    factors: torch.Tensor  # [n, k/32, 2] uint8: sc, m; Q6_K: int8, each half's sc
 
-    def scales_and_mins(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The float32 scales and mins [n, k/32] they make."""
+    @property
+    def six_bit(self) -> bool:
+        """Whether these are Q6_K's (a scale per 16 weights, no mins)."""
+        return self.factors.dtype == torch.int8
+
+    def scales_and_mins(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The float32 scales and mins [n, k/32] they make; Q6_K's scales [n, k/16]
+        (``BlockType.Q8_16``'s) and no mins."""
         per_block = self.supers.repeat_interleave(SUPER, dim=1)
         made = per_block * self.factors.to(torch.float32)
+        if self.six_bit:
+            return made.reshape(made.shape[0], -1), None
         return made[..., 0], made[..., 1]
 
     def rows(self, order: torch.Tensor) -> KScales:
@@ -90,8 +100,8 @@ class PackedWeight:
     quants: torch.Tensor
     scales: torch.Tensor  # [n, k/32] float32; Q8_16: [n, k/16]
     mins: torch.Tensor | None  # like scales; Q4_1, Q5_1 always, Q8_16 optionally, else never
-    # Q4_1's and Q5_1's made from Q4_K and Q5_K: the file's scales, which make scales
-    # and mins exactly (the interleaved copy keeps these instead)
+    # Q4_1's, Q5_1's and Q8_16's made from Q4_K, Q5_K and Q6_K: the file's scales, which
+    # make scales and mins exactly (the interleaved copy keeps these instead)
     k_scales: KScales | None = None
 
     @property
@@ -214,8 +224,9 @@ KIND_CODES = {
     BlockType.Q5_0: 4,
 }
 INTERLEAVED_KINDS = (BlockType.Q4_1, BlockType.Q8_0, BlockType.Q5_1, BlockType.Q5_0)
-# kernels/interleaved.h's Q4_K and Q5_K: Q4_1's and Q5_1's quants with KScales
-K_SCALE_CODES = {BlockType.Q4_1: 5, BlockType.Q5_1: 6}
+# kernels/interleaved.h's Q4_K, Q5_K and Q6_K: Q4_1's, Q5_1's and Q8_16's quants with
+# KScales (Q8_16 is interleaved only with Q6_K's: 6-bit quants, no mins)
+K_SCALE_CODES = {BlockType.Q4_1: 5, BlockType.Q5_1: 6, BlockType.Q8_16: 7}
 
 
 @dataclass(frozen=True)
@@ -227,15 +238,17 @@ class Interleaved:
 
     kind: BlockType
     # [n/16, k/32, lanes, 16, 4]: 4 bytes of each of 16 features per lane; Q4_1: 4 lanes
-    # of nibbles, uint8; Q5_*: those 4 and a lane of fifth bits, uint8; Q8_0: 8, int8
+    # of nibbles, uint8; Q5_*: those 4 and a lane of fifth bits, uint8; Q8_0: 8, int8;
+    # Q6_K (Q8_16 with k_scales): 4 of nibbles and 2 of bits 4-5, uint8
     quants: torch.Tensor
-    # [n/16, k/32, 16] float32; with k_scales [n/16, k/32, 2, 16] uint8 (KScales.factors)
+    # [n/16, k/32, 16] float32; with k_scales [n/16, k/32, 2, 16] uint8 (KScales.factors;
+    # Q6_K's int8)
     scales: torch.Tensor
     # Q4_1, Q5_1: the mins, like scales; Q8_0: 128 * each block's quant sum, int32; Q5_0:
-    # None; with k_scales [n/16, k/256, 2, 16] float32 (KScales.supers)
+    # None; with k_scales [n/16, k/256, 2, 16] float32 (KScales.supers; Q6_K's [.., 1, 16])
     extra: torch.Tensor | None
     shape: tuple[int, int]
-    k_scales: bool = False  # Q4_1 or Q5_1 whose scales are a K-quant's (KScales)
+    k_scales: bool = False  # Q4_1, Q5_1 or Q8_16 whose scales are a K-quant's (KScales)
 
     @property
     def code(self) -> int:
@@ -245,17 +258,22 @@ class Interleaved:
     @staticmethod
     def of(packed: PackedWeight) -> Interleaved | None:
         """``packed`` interleaved; None unless its rows are a multiple of 16 and it is
-        Q4_1, Q8_0, Q5_1 or Q5_0 (Q8_16 has no interleaved kernel: its int8 dot
-        products run on the few-rows kernels, more rows exact). Blocks with the
-        K-quants' scales keep those (``KScales``) instead of float32 scales and mins;
-        ValueError if they do not make them."""
+        Q4_1, Q8_0, Q5_1, Q5_0 or Q6_K's Q8_16 (another Q8_16 has no interleaved
+        kernel: its int8 dot products run on the few-rows kernels, more rows exact).
+        Blocks with the K-quants' scales keep those (``KScales``) instead of float32
+        scales and mins; ValueError if they do not make them."""
         n, k = packed.shape
-        if n % FEATURES or packed.kind not in INTERLEAVED_KINDS:
+        six_bit = packed.k_scales is not None and packed.k_scales.six_bit
+        if n % FEATURES or (packed.kind not in INTERLEAVED_KINDS and not six_bit):
             return None
+        if six_bit and (packed.kind is not BlockType.Q8_16 or packed.mins is not None):
+            raise ValueError("Q6_K's scales belong to Q8_16 blocks without mins")
         strips, groups = n // FEATURES, k // BLOCK
         quants = packed.quants
         if packed.kind in FIVE_BITS:
             quants = torch.cat([quants[..., :16], fifth_bit_lane(quants[..., 16:])], -1)
+        elif six_bit:
+            quants = six_bit_lanes(quants)
         lanes = interleaved_lanes(packed.kind)
         # a feature's 4 bytes at a time (one 32-bit lane), the 16 features side by side
         quants = quants.view(strips, FEATURES, groups, lanes, 4).permute(0, 2, 3, 1, 4)
@@ -265,11 +283,15 @@ class Interleaved:
 
         if packed.k_scales is not None and packed.kind in K_SCALE_CODES:
             (scales, mins), held = packed.k_scales.scales_and_mins(), packed.mins
-            if held is None or not (_same(scales, packed.scales) and _same(mins, held)):
+            same_mins = (mins is None and held is None) or (
+                mins is not None and held is not None and _same(mins, held)
+            )
+            if not (_same(scales, packed.scales) and same_mins):
                 raise ValueError("the K-quant scales do not make the blocks' scales and mins")
 
             def by_strip_pairs(t: torch.Tensor) -> torch.Tensor:
-                return t.view(strips, FEATURES, t.shape[1], 2).permute(0, 2, 3, 1).contiguous()
+                shape = (strips, FEATURES, *t.shape[1:])
+                return t.view(shape).permute(0, 2, 3, 1).contiguous()
 
             k_scales = packed.k_scales
             return Interleaved(
@@ -304,10 +326,13 @@ class Interleaved:
             assert self.extra is not None
 
             def pairs(t: torch.Tensor) -> torch.Tensor:
-                return t.permute(0, 3, 1, 2).reshape(n, t.shape[1], 2)
+                return t.permute(0, 3, 1, 2).reshape(n, t.shape[1], t.shape[2])
 
             k_scales = KScales(pairs(self.extra), pairs(self.scales))
             scales, mins = k_scales.scales_and_mins()
+            if k_scales.six_bit:
+                q = _six_bit_quants(quants)
+                return PackedWeight(self.kind, q, scales, None, k_scales)
         else:
             scales = by_feature(self.scales)
             mins = by_feature(self.extra) if with_mins and self.extra is not None else None
@@ -334,8 +359,32 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def interleaved_lanes(kind: BlockType) -> int:
     """The 32-bit lanes a feature's interleaved block fills (Q4_1: four of nibbles;
-    Q5_*: those and one of fifth bits; Q8_0: eight of bytes)."""
-    return {BlockType.Q4_1: 4, BlockType.Q5_1: 5, BlockType.Q5_0: 5, BlockType.Q8_0: 8}[kind]
+    Q5_*: those and one of fifth bits; Q8_0: eight of bytes; Q8_16, Q6_K's: four of
+    nibbles and two of the quants' bits 4 and 5)."""
+    lanes = {BlockType.Q4_1: 4, BlockType.Q5_1: 5, BlockType.Q5_0: 5, BlockType.Q8_0: 8}
+    return lanes.get(kind, 6)
+
+
+def six_bit_lanes(quants: torch.Tensor) -> torch.Tensor:
+    """Q6_K's quants minus 32 ([..., 32] int8, Q8_16's) as the interleaved Q6_K
+    layout's 24 bytes ([..., 24] uint8): Q4_1's 16 bytes of their low nibbles (weights
+    j and 16 + j in byte j), then two lanes of their bits 4 and 5: lane h's byte b
+    holds, at bits 2j and 2j + 1, those of weight 16h + 4j + b."""
+    q = (quants.to(torch.int16) + 32).to(torch.uint8)
+    nibbles = (q[..., :16] & 15) | ((q[..., 16:] & 15) << 4)
+    top = (q >> 4).view(*q.shape[:-1], 2, 4, 4)  # [.., half, j, b]
+    lanes = torch.zeros(*q.shape[:-1], 2, 4, dtype=torch.uint8)
+    for j in range(4):
+        lanes |= top[..., j, :] << (2 * j)
+    return torch.cat([nibbles, lanes.flatten(-2)], -1)
+
+
+def _six_bit_quants(lanes: torch.Tensor) -> torch.Tensor:
+    """``six_bit_lanes`` undone: [..., 24] uint8 -> [..., 32] int8, the quants - 32."""
+    nibbles, top = lanes[..., :16], lanes[..., 16:].view(*lanes.shape[:-1], 2, 1, 4)
+    high = (top >> (2 * torch.arange(4, dtype=torch.uint8)[:, None])) & 3  # [.., half, j, b]
+    q = torch.cat([nibbles & 15, nibbles >> 4], -1) | (high.flatten(-3) << 4)
+    return (q.to(torch.int16) - 32).to(torch.int8)
 
 
 def fifth_bit_lane(word: torch.Tensor) -> torch.Tensor:
@@ -572,14 +621,16 @@ def check_interleaved(weight: Interleaved) -> None:
     n, k = weight.shape
     if n % FEATURES or k % BLOCK:
         raise ValueError(f"an interleaved weight needs n % 16 == 0 and k % 32 == 0, got {n}, {k}")
-    if weight.kind not in INTERLEAVED_KINDS:
+    six_bit = weight.kind is BlockType.Q8_16
+    if weight.kind not in INTERLEAVED_KINDS and not (six_bit and weight.k_scales):
         raise ValueError(f"{weight.kind.value} blocks have no interleaved kernel")
     if weight.k_scales and (weight.kind not in K_SCALE_CODES or k % (SUPER * BLOCK)):
         raise ValueError(f"{weight.kind.value} blocks of k {k} cannot have K-quant scales")
     q8 = weight.kind is BlockType.Q8_0
+    factors = torch.int8 if six_bit else torch.uint8
     check_tensors(
         quants=(weight.quants, torch.int8 if q8 else torch.uint8),
-        scales=(weight.scales, torch.uint8 if weight.k_scales else torch.float32),
+        scales=(weight.scales, factors if weight.k_scales else torch.float32),
     )
     strips, groups = n // FEATURES, k // BLOCK
     lanes = interleaved_lanes(weight.kind)
@@ -589,7 +640,7 @@ def check_interleaved(weight: Interleaved) -> None:
         if weight.extra is None:
             raise ValueError("interleaved blocks with K-quant scales need their super-blocks'")
         check_tensors(extra=(weight.extra, torch.float32))
-        check_shape("extra", weight.extra, strips, groups // SUPER, 2, FEATURES)
+        check_shape("extra", weight.extra, strips, groups // SUPER, 1 if six_bit else 2, FEATURES)
         return
     check_shape("scales", weight.scales, strips, groups, FEATURES)
     if weight.kind is BlockType.Q5_0:

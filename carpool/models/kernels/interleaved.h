@@ -33,15 +33,23 @@
          and its min -dmin * m, each exact in float32 (a float16 times an integer below
          64): the floats Q4_1's and Q5_1's scales and mins hold, in 4.75 and 5.75 bits
          a weight instead of 6 and 7.
-   scales: float32 [FEATURES] (but Q4_K's and Q5_K's).
+   Q6_K (a kind of this kernel only; k a multiple of 256): quants [6][FEATURES][4]
+         uint8 of q = the file's 6-bit quant (w = d * sc * (q - 32)): lanes 0-3 Q4_1's
+         nibbles of q's low four bits, lane 4: byte (f, b)'s bits 2j and 2j + 1 are
+         bits 4 and 5 of the weight lane j's low nibble holds at byte b (weight 4j + b),
+         lane 5 the same for the high nibbles (weight 16 + 4j + b); scales int8
+         [2][FEATURES]: each feature's sc for weights 0-15, then for 16-31; extra float32
+         [FEATURES] per super-block (d): 6.625 bits a weight (the file's 6.5625).
+   scales: float32 [FEATURES] (but Q4_K's, Q5_K's and Q6_K's).
 
    x's rows are rounded per block of 32 to int8 steps first (quantize_rows in
    quantized_dot.h), each step within [-127, 127]. Each feature's result, per row, over
    blocks g in order:
        acc = fma((float)(q . xq) * xscale, scale, acc)   then for Q4_1 and Q5_1
        acc = fma(xsum, min, acc)
-   with the integer dot product exact (Q5_0's q - 16); the portable C path computes the
-   same (fmaf), so a row's result depends neither on the step's other rows, nor on the
+   with the integer dot product exact (Q5_0's q - 16); Q6_K's per block:
+       acc = fma((float)(sc0 * (q - 32) . xq[0:16] + sc1 * (q - 32) . xq[16:32]) * xscale, d, acc)
+   The portable C path computes the same (fmaf), so a row's result depends neither on the step's other rows, nor on the
    threads, nor on the instruction set. */
 
 #ifndef CARPOOL_INTERLEAVED_H
@@ -68,7 +76,7 @@ typedef struct {
 } InterleavedWeight;
 
 /* Interleaved-only kinds: Q4_1's and Q5_1's quants with the K-quants' scales */
-enum { KIND_Q4_K = 5, KIND_Q5_K = 6 };
+enum { KIND_Q4_K = 5, KIND_Q5_K = 6, KIND_Q6_K = 7 };
 #define SUPER_BLOCKS 8 /* blocks of 32 in a K-quant's super-block */
 
 static inline int factored(int64_t kind) { return kind == KIND_Q4_K || kind == KIND_Q5_K; }
@@ -83,21 +91,25 @@ static inline int has_mins(int64_t kind) {
 /* 32-bit lanes of one feature's block (4 bytes each), and bytes of one block of
    FEATURES features */
 static inline int64_t tile_lanes(int64_t kind) {
-    return quant_kind(kind) == KIND_Q4_1 ? 4 : kind == KIND_Q8_0 ? 8 : 5;
+    return quant_kind(kind) == KIND_Q4_1 ? 4 : kind == KIND_Q8_0 ? 8 : kind == KIND_Q6_K ? 6 : 5;
 }
 static inline int64_t tile_bytes(int64_t kind) { return FEATURES * 4 * tile_lanes(kind); }
 
 static inline int interleaved_kind(int64_t kind) {
     return kind == KIND_Q4_1 || kind == KIND_Q8_0 || kind == KIND_Q5_1 || kind == KIND_Q5_0 ||
-           factored(kind);
+           factored(kind) || kind == KIND_Q6_K;
 }
+
+/* Kinds whose scales are per super-block of 256 weights (k a multiple of 256) */
+static inline int super_blocked(int64_t kind) { return factored(kind) || kind == KIND_Q6_K; }
 
 /* Bytes of scales and of extra per strip of FEATURES features */
 static inline int64_t strip_scale_bytes(int64_t kind, int64_t groups) {
-    return groups * FEATURES * (factored(kind) ? 2 : (int64_t)sizeof(float));
+    return groups * FEATURES * (super_blocked(kind) ? 2 : (int64_t)sizeof(float));
 }
 static inline int64_t strip_extra_bytes(int64_t kind, int64_t groups) {
-    if (factored(kind)) return groups / SUPER_BLOCKS * 2 * FEATURES * (int64_t)sizeof(float);
+    if (super_blocked(kind))
+        return groups / SUPER_BLOCKS * (kind == KIND_Q6_K ? 1 : 2) * FEATURES * (int64_t)sizeof(float);
     return groups * FEATURES * (int64_t)(kind == KIND_Q8_0 ? sizeof(int32_t) : sizeof(float));
 }
 
@@ -353,12 +365,115 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
 }
 #endif
 
+/* Q6_K's tile: the same arithmetic in the AVX2 code (also where AVX-512 VNNI builds
+   the other kinds': it has no vpsignb of 512 bits) and the portable C. */
+#if defined(__AVX2__) && defined(__FMA__)
+static inline __m256i q6_broadcast4(const int8_t *a) {
+    int32_t v;
+    memcpy(&v, a, sizeof v);
+    return _mm256_set1_epi32(v);
+}
+
+/* 8 features' int8 scales as vpmaddwd's operand: each 32-bit lane the scale twice */
+static inline __m256i q6_scale_pairs(const int8_t *sc) {
+    const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)sc));
+    return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(v, 16));
+}
+
+/* Lane j's weights of half h, q - 32 in [-32, 31]: the nibbles, and bits 4 and 5 from
+   the high lanes (16-bit shifts move bits across bytes, which the mask drops). Each
+   16-bit sum of four vpmaddubsw (|q - 32| times x, x given q's sign by vpsignb) is at
+   most 8 * 32 * 127 and cannot overflow; vpmaddwd by the scale pairs widens the sums
+   of 16 weights and scales them. */
+ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const float *supers,
+                             const TileRows *x, int64_t k, int64_t groups, int64_t rows,
+                             float *y, int64_t n) {
+    __m256 acc[TILE_ROWS][2];
+    for (int r = 0; r < TILE_ROWS; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi8(15), high = _mm256_set1_epi8(0x30);
+    const __m256i offset = _mm256_set1_epi8(32);
+    for (int64_t g = 0; g < groups; g++, q += FEATURES * 4 * 6)
+        for (int h = 0; h < 2; h++) {
+            __m256i w[8], wabs[8];
+            const __m256i bits[2] = {_mm256_loadu_si256((const __m256i *)(q + 256 + 32 * h)),
+                                     _mm256_loadu_si256((const __m256i *)(q + 320 + 32 * h))};
+            for (int j = 0; j < 4; j++) {
+                const __m256i packed = _mm256_loadu_si256((const __m256i *)(q + 64 * j + 32 * h));
+                const __m256i nibbles[2] = {_mm256_and_si256(packed, low),
+                                            _mm256_and_si256(_mm256_srli_epi16(packed, 4), low)};
+                for (int part = 0; part < 2; part++) {
+                    const __m256i top = j < 2 ? _mm256_slli_epi16(bits[part], 4 - 2 * j)
+                                              : _mm256_srli_epi16(bits[part], 2 * j - 4);
+                    const __m256i value = _mm256_or_si256(nibbles[part], _mm256_and_si256(top, high));
+                    w[4 * part + j] = _mm256_sub_epi8(value, offset);
+                }
+            }
+            for (int j = 0; j < 8; j++) wabs[j] = _mm256_abs_epi8(w[j]);
+            const int8_t *sc = scales + g * 2 * FEATURES + 8 * h;
+            const __m256i first_scale = q6_scale_pairs(sc), second_scale = q6_scale_pairs(sc + FEATURES);
+            const __m256 d = _mm256_loadu_ps(supers + g / SUPER_BLOCKS * FEATURES + 8 * h);
+            for (int64_t r = 0; r < rows; r++) {
+                const int8_t *a = x->xq + r * k + g * BLOCK;
+                __m256i sums[2];
+                for (int part = 0; part < 2; part++) {
+                    __m256i sum = _mm256_setzero_si256();
+                    for (int j = 0; j < 4; j++) {
+                        const int i = 4 * part + j;
+                        const __m256i signed_x = _mm256_sign_epi8(q6_broadcast4(a + 4 * i), w[i]);
+                        sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(wabs[i], signed_x));
+                    }
+                    sums[part] = sum;
+                }
+                const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(sums[0], first_scale),
+                                                     _mm256_madd_epi16(sums[1], second_scale));
+                const __m256 part =
+                    _mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(x->xscales[r * groups + g]));
+                acc[r][h] = _mm256_fmadd_ps(part, d, acc[r][h]);
+            }
+        }
+    for (int64_t r = 0; r < rows; r++) {
+        _mm256_storeu_ps(y + r * n, acc[r][0]);
+        _mm256_storeu_ps(y + r * n + 8, acc[r][1]);
+    }
+}
+#else
+ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const float *supers,
+                             const TileRows *x, int64_t k, int64_t groups, int64_t rows,
+                             float *y, int64_t n) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int f = 0; f < FEATURES; f++) {
+            float acc = 0.f;
+            for (int64_t g = 0; g < groups; g++) {
+                const uint8_t *t = q + g * FEATURES * 4 * 6;
+                const int8_t *a = x->xq + r * k + g * BLOCK;
+                int32_t dots[2] = {0, 0};
+                for (int part = 0; part < 2; part++)
+                    for (int j = 0; j < 4; j++)
+                        for (int b = 0; b < 4; b++) {
+                            const uint8_t byte = t[(j * FEATURES + f) * 4 + b];
+                            const uint8_t top = t[((4 + part) * FEATURES + f) * 4 + b];
+                            const int nibble = part ? byte >> 4 : byte & 15;
+                            const int value = nibble | ((top >> (2 * j)) & 3) << 4;
+                            dots[part] += (value - 32) * a[16 * part + 4 * j + b];
+                        }
+                const int8_t *sc = scales + g * 2 * FEATURES;
+                const int32_t dot = dots[0] * sc[f] + dots[1] * sc[FEATURES + f];
+                const float part = (float)dot * x->xscales[r * groups + g];
+                acc = fmaf(part, supers[g / SUPER_BLOCKS * FEATURES + f], acc);
+            }
+            y[r * n + f] = acc;
+        }
+}
+#endif
+
 /* One copy per kind and row count, so the accumulators stay in registers */
 static void interleaved_rows(int64_t kind, const uint8_t *q, const void *scales,
                              const void *extra, const TileRows *x, int64_t k, int64_t groups,
                              int64_t rows, float *y, int64_t n) {
 #define CALL(kind_code, count) interleaved_tile(kind_code, q, scales, extra, x, k, groups, count, y, n)
+#define CALL_Q6(unused, count) q6_k_tile(q, scales, extra, x, k, groups, count, y, n)
     switch (kind) {
+        case KIND_Q6_K: FOR_EACH_ROW_COUNT_WITH(CALL_Q6, 0) break;
         case KIND_Q4_1: FOR_EACH_ROW_COUNT_WITH(CALL, KIND_Q4_1) break;
         case KIND_Q8_0: FOR_EACH_ROW_COUNT_WITH(CALL, KIND_Q8_0) break;
         case KIND_Q5_1: FOR_EACH_ROW_COUNT_WITH(CALL, KIND_Q5_1) break;
@@ -367,6 +482,7 @@ static void interleaved_rows(int64_t kind, const uint8_t *q, const void *scales,
         default: FOR_EACH_ROW_COUNT_WITH(CALL, KIND_Q5_0) break;
     }
 #undef CALL
+#undef CALL_Q6
 }
 
 /* The per-row operands interleaved_tile reads beside xq (see TileRows); 1 when out

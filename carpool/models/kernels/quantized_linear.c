@@ -51,14 +51,14 @@ int quantized_gemm_rows(int64_t kind, const float *x, const void *quants, const 
 }
 
 /* Blocks interleaved (interleaved.h), int8 dot products, any number of rows; kind as
-   quantized_linear's (Q4_1, Q8_0, Q5_1 or Q5_0: 2 is refused) or interleaved.h's Q4_K
-   and Q5_K, n a multiple of 16 (k of 256 for Q4_K and Q5_K) and the layouts
+   quantized_linear's (Q4_1, Q8_0, Q5_1 or Q5_0: 2 is refused) or interleaved.h's Q4_K,
+   Q5_K and Q6_K, n a multiple of 16 (k of 256 for those three) and the layouts
    interleaved.h's (the caller checks). Returns 1 when out of memory, 2 for another kind
    (or a K-quant kind's k not whole super-blocks). */
 int interleaved_int8_linear(int64_t kind, const float *x, const void *quants,
                             const void *scales, const void *extra, float *y, int64_t rows,
                             int64_t n, int64_t k, int num_threads) {
-    if (!interleaved_kind(kind) || (factored(kind) && k % (SUPER_BLOCKS * BLOCK))) return 2;
+    if (!interleaved_kind(kind) || (super_blocked(kind) && k % (SUPER_BLOCKS * BLOCK))) return 2;
     const InterleavedWeight w = {kind, quants, scales, extra};
     return interleaved_linear(&w, x, y, rows, n, k, num_threads);
 }

@@ -104,6 +104,37 @@ def test_the_interleaved_copy_keeps_a_k_quants_own_scales_and_computes_the_same_
     assert torch.equal(back.k_scales.factors, packed.k_scales.factors)
 
 
+def test_q6_k_is_interleaved_in_its_own_bits_and_computes_the_rounded_rows_products() -> None:
+    """Interleaved, a Q6_K matrix keeps its 6-bit quants, its int8 scale per 16 weights
+    and its d per 256 (6.625 bits a weight against Q8_16's 10); the int8 kernel gives
+    the rounded rows' integer products, a row's bits the same alone or in a step."""
+    from tests.unit.models.test_packed_linear import rounded_rows_product
+
+    packed = to_packed(T.Q6_K, random_blocks(T.Q6_K, 48, 768, seed=6))
+    assert packed is not None and packed.k_scales is not None and packed.k_scales.six_bit
+    kernel = quantized_linear_kernel(int8_dots=True)
+    if not kernel.interleaved_vectorized:
+        pytest.skip("no AVX2: nothing is interleaved")
+    compact = Interleaved.of(packed)
+    assert compact is not None and compact.k_scales and compact.code == 7
+    held = sum(t.numel() * t.element_size() for t in (compact.quants, compact.scales, compact.extra))
+    assert held * 8 == 48 * 768 * 6.625
+    x = torch.randn(9, 768, generator=torch.Generator().manual_seed(6)) * 3
+    x[0, 32:64] = 0.0  # a block of zeros: step 0
+    together = kernel(x, None, compact)
+    expected = rounded_rows_product(x, packed)
+    tolerance = 1e-5 * expected.abs().max().item()
+    torch.testing.assert_close(together.double(), expected, rtol=1e-5, atol=tolerance)
+    for r in range(9):
+        assert torch.equal(kernel(x[r : r + 1], None, compact)[0], together[r])
+    back = compact.deinterleave()
+    assert torch.equal(back.quants, packed.quants) and torch.equal(back.scales, packed.scales)
+    assert back.mins is None and back.k_scales is not None
+    assert torch.equal(back.k_scales.factors, packed.k_scales.factors)
+    with pytest.raises(ValueError, match="without mins"):
+        Interleaved.of(replace(packed, mins=torch.zeros_like(packed.scales)))
+
+
 def test_k_quant_scales_that_do_not_make_the_blocks_are_refused() -> None:
     packed = to_packed(T.Q4_K, random_blocks(T.Q4_K, 16, 256, seed=3))
     assert packed is not None and packed.k_scales is not None
@@ -264,7 +295,7 @@ def test_int8_dots_keep_each_interleaved_matrix_once_and_run_it_fused(
 ) -> None:
     """With ``native-int8`` on a CPU with the interleaved kernel's vector code, a
     matrix of an interleaved layout keeps that copy alone (not the file's beside it),
-    Q8_16 keeps the file's; the fused stack, which then has no file-layout pointer
+    a mixed fused projection's Q8_16 keeps the file's; the fused stack, which then has no file-layout pointer
     for those matrices, gives the tokens layer-by-layer steps give."""
     folder = k_quant_model(tmp_path / "k", smollm_folder)
     int8 = load_causal_lm(folder, progress=False, weight_kernel="native-int8")
@@ -278,15 +309,23 @@ def test_int8_dots_keep_each_interleaved_matrix_once_and_run_it_fused(
         for linear in (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj):
             assert linear.has_blocks and (linear.packed is None or linear.interleaved is None)
             held = linear.interleaved or linear.packed
-            assert (linear.interleaved is None) == (held.kind is BlockType.Q8_16)
+            mixed = linear.packed is not None and linear.packed.kind is BlockType.Q8_16
+            assert (linear.interleaved is None) == mixed
             kinds.add(held.kind)
             if linear.interleaved is not None and linear.interleaved.k_scales:
                 k_scaled.add(linear)
-    # the first layer's Q4_K gate and up (fused) and each layer's Q5_K output keep the
-    # file's own scales
+    # the first layer's Q4_K gate and up (fused), each layer's Q5_K output and Q6_K
+    # down, and the Q6_K head keep the file's own scales
     first, second = int8.model.layers
-    assert k_scaled == {first.mlp.gate_up_proj, first.self_attn.o_proj, second.self_attn.o_proj}
-    assert kinds == set(BlockType)  # every layout, Q8_16 on the file's blocks
+    assert k_scaled == {
+        first.mlp.gate_up_proj,
+        first.self_attn.o_proj,
+        second.self_attn.o_proj,
+        first.mlp.down_proj,
+        second.mlp.down_proj,
+    }
+    assert int8.model.lm_head.interleaved is not None and int8.model.lm_head.interleaved.k_scales
+    assert kinds == set(BlockType)  # every layout; the first qkv (Q4_K beside Q6_K) as Q8_16
     assert int8.model.stack is not None
     rng = random.Random(8)
     prompts = [[rng.randrange(3, tiny_models.VOCAB) for _ in range(n)] for n in (1, 9, 60)]

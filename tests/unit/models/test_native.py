@@ -141,6 +141,24 @@ def test_the_interleaved_int8_kernel_computes_the_same_bits_on_every_rung(
     assert all(torch.equal(r, results[0]) for r in results[1:])
 
 
+def test_the_interleaved_q6_k_computes_the_same_bits_on_every_rung(
+    linear_rungs: list[tuple[tuple[str, ...], Path]],
+) -> None:
+    """Q6_K's tile (its AVX2 code, also in an AVX-512 build, and the portable C): one
+    result on every rung, for a few rows and a tile's worth and more."""
+    packed = to_packed(GGMLQuantizationType.Q6_K, random_blocks(GGMLQuantizationType.Q6_K, 32, 512, 7))
+    assert packed is not None
+    interleaved = Interleaved.of(packed)
+    assert interleaved is not None and interleaved.k_scales
+    for rows in (1, 11):
+        x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
+        results = []
+        for _, path in linear_rungs:
+            kernel = QuantizedLinearKernel(ctypes.CDLL(str(path)), int8_dots=True)
+            results.append(kernel(x, None, interleaved))
+        assert all(torch.equal(r, results[0]) for r in results[1:])
+
+
 @pytest.mark.parametrize(
     "kind", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K], ids=lambda t: t.name
 )
