@@ -305,7 +305,8 @@ class LlamaForCausalLM(nn.Module):
     ) -> int:
         """Give each linear layer whose Hugging Face weights are all in ``packed``
         its blocks (a fused projection of mixed layouts as Q8_0 or Q8_16,
-        ``PackedWeight.stack``); None detaches.
+        ``PackedWeight.stack``, and interleaved part by part where the kernel
+        interleaves, ``Linear.attach_parts``); None detaches.
         The entries of ``packed`` are taken (removed from it) as they are used, each
         read once (a ``BlocksFile`` reads it then), so a fused projection's parts are
         freed once stacked.
@@ -331,7 +332,7 @@ class LlamaForCausalLM(nn.Module):
                 kept = usable and not module.weight.numel()
                 module.packed = without_k_scales(parts[0]) if kept else None
             elif usable:
-                module.attach(PackedWeight.stack(parts), kernel)  # type: ignore[operator]
+                module.attach_parts(parts, kernel)  # type: ignore[operator]
                 attached += 1
             else:
                 module.attach(None, None)  # type: ignore[operator]

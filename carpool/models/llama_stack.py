@@ -34,9 +34,12 @@ from carpool.models.native import (
 )
 from carpool.models.packed_linear import (
     KIND_CODES,
+    MAX_PARTS,
+    InterleavedWeightStruct,
     Linear,
     QuantizedLinearKernel,
-    check_interleaved,
+    interleaved_parts,
+    interleaved_structs,
 )
 from carpool.models.rope import RotaryEmbedding
 
@@ -50,10 +53,8 @@ class _Matrix(ctypes.Structure):
         ("bias", ctypes.c_void_p),
         ("n", ctypes.c_int64),
         ("k", ctypes.c_int64),
-        ("iquants", ctypes.c_void_p),
-        ("iscales", ctypes.c_void_p),
-        ("iextra", ctypes.c_void_p),
-        ("ikind", ctypes.c_int64),
+        ("iparts", ctypes.c_int64),
+        ("interleaved", InterleavedWeightStruct * MAX_PARTS),
     ]
 
 
@@ -128,19 +129,21 @@ def _function() -> Any:
 
 
 def _matrix(linear: Linear, int8_dots: bool) -> _Matrix:
-    """``linear``'s blocks for the C side: the file's layout, its interleaved copy or
-    both; a layer that kept only the interleaved copy runs on int8 dot products."""
+    """``linear``'s blocks for the C side: the file's layout, its interleaved copy (or
+    its parts') or both; a layer that kept only the interleaved copy runs on int8 dot
+    products. The pointers are into the layer's tensors, which the stack keeps."""
     packed, interleaved = linear.packed, linear.interleaved
+    parts: Sequence[InterleavedWeightStruct] = []
     if interleaved is not None:
-        check_interleaved(interleaved)
+        parts = interleaved_structs(interleaved)
     if packed is None:
         if interleaved is None or not int8_dots:
             raise ValueError("a layer with only interleaved blocks needs int8 dot products")
-        kind, (n, k) = interleaved.kind, interleaved.shape
+        kind, (n, k) = interleaved_parts(interleaved)[0].kind, interleaved.shape
     else:
         QuantizedLinearKernel.check_blocks(packed)
         kind, (n, k) = packed.kind, packed.shape
-    return _Matrix(
+    matrix = _Matrix(
         KIND_CODES[kind],
         None if packed is None else packed.quants.data_ptr(),
         None if packed is None else packed.scales.data_ptr(),
@@ -148,11 +151,11 @@ def _matrix(linear: Linear, int8_dots: bool) -> _Matrix:
         None if linear.bias is None else linear.bias.detach().data_ptr(),
         n,
         k,
-        None if interleaved is None else interleaved.quants.data_ptr(),
-        None if interleaved is None else interleaved.scales.data_ptr(),
-        None if interleaved is None or interleaved.extra is None else interleaved.extra.data_ptr(),
-        KIND_CODES[kind] if interleaved is None else interleaved.code,
+        len(parts),
     )
+    for i, part in enumerate(parts):
+        matrix.interleaved[i] = part
+    return matrix
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from carpool.models.native import check_shape, check_tensors, load_library
+from carpool.models.native import KernelUnavailable, check_shape, check_tensors, load_library
 from carpool.models.weights import read_tensor
 
 BLOCK = 32
@@ -352,6 +352,38 @@ class Interleaved:
         return PackedWeight(self.kind, quants, scales, mins, k_scales)
 
 
+MAX_PARTS = 3  # kernels/interleaved.h: a fused projection's parts at most
+
+
+@dataclass(frozen=True)
+class FusedInterleaved:
+    """A fused projection whose parts' layouts differ (a Q4_K_M file's Q4_K query and
+    key beside its Q6_K value; Q5_0 beside Q8_0), each part interleaved in its own:
+    their output features one after another, every part in its file's bits (stacked
+    in one layout they would take the widest, Q8_16 with mins for the first)."""
+
+    parts: tuple[Interleaved, ...]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return sum(p.shape[0] for p in self.parts), self.parts[0].shape[1]
+
+    @staticmethod
+    def of(parts: list[PackedWeight]) -> FusedInterleaved | None:
+        """``parts`` each interleaved; None unless each can be and there are 2 to
+        ``MAX_PARTS`` of them."""
+        if not 2 <= len(parts) <= MAX_PARTS:
+            return None
+        interleaved = [Interleaved.of(p) for p in parts]
+        if any(i is None for i in interleaved):
+            return None
+        return FusedInterleaved(tuple(i for i in interleaved if i is not None))
+
+
+def interleaved_parts(weight: Interleaved | FusedInterleaved) -> tuple[Interleaved, ...]:
+    return weight.parts if isinstance(weight, FusedInterleaved) else (weight,)
+
+
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal bit for bit but NaNs (a broken file's scales), which equal each other."""
     return a.shape == b.shape and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)
@@ -473,9 +505,22 @@ class QuantizedLinearKernel:
         self.int8_dots = int8_dots
         self._interleaved = library.interleaved_int8_linear
         self._interleaved.restype = ctypes.c_int
-        self._interleaved.argtypes = (
-            [ctypes.c_int64] + [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-        )
+        self._interleaved.argtypes = [
+            ctypes.c_void_p,  # parts
+            ctypes.c_int64,  # count
+            ctypes.c_void_p,  # x
+            ctypes.c_void_p,  # y
+            ctypes.c_int64,  # rows
+            ctypes.c_int64,  # k
+            ctypes.c_int,  # num_threads
+        ]
+        size = library.interleaved_weight_size
+        size.restype = ctypes.c_int64
+        if size() != ctypes.sizeof(InterleavedWeightStruct):
+            raise KernelUnavailable(
+                f"InterleavedWeight is {size()} bytes in C and "
+                f"{ctypes.sizeof(InterleavedWeightStruct)} as declared here"
+            )
         vectorized = library.interleaved_vectorized
         vectorized.restype = ctypes.c_int64
         # 2: AVX-512 VNNI, 1: AVX2, 0: the portable C
@@ -500,14 +545,15 @@ class QuantizedLinearKernel:
         self,
         x: torch.Tensor,
         weight: PackedWeight | None,
-        interleaved: Interleaved | None = None,
+        interleaved: Interleaved | FusedInterleaved | None = None,
     ) -> torch.Tensor:
         """``weight`` in the file's layout and/or ``interleaved``, its interleaved
-        copy, which int8 dot products use for any number of rows (a layer that keeps
-        only that copy needs them)."""
+        copy (or its parts'), which int8 dot products use for any number of rows (a
+        layer that keeps only that copy needs them)."""
         if self.int8_dots and interleaved is not None:
             if weight is not None and (
-                interleaved.shape != weight.shape or interleaved.kind is not weight.kind
+                interleaved.shape != weight.shape
+                or (isinstance(interleaved, Interleaved) and interleaved.kind is not weight.kind)
             ):
                 raise ValueError("the interleaved blocks are not this weight's")
             return self._run_interleaved(_rows_of(x, interleaved.shape[1]), interleaved)
@@ -565,22 +611,23 @@ class QuantizedLinearKernel:
             raise MemoryError("quantized linear could not allocate its block sums")
         return y
 
-    def _run_interleaved(self, x: torch.Tensor, weight: Interleaved) -> torch.Tensor:
-        check_interleaved(weight)
+    def _run_interleaved(
+        self, x: torch.Tensor, weight: Interleaved | FusedInterleaved
+    ) -> torch.Tensor:
+        parts = interleaved_structs(weight)
+        array = (InterleavedWeightStruct * len(parts))(*parts)
         y = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
         failed = self._interleaved(
-            weight.code,
+            ctypes.addressof(array),
+            len(parts),
             x.data_ptr(),
-            weight.quants.data_ptr(),
-            weight.scales.data_ptr(),
-            None if weight.extra is None else weight.extra.data_ptr(),
             y.data_ptr(),
             x.shape[0],
-            *weight.shape,
+            weight.shape[1],
             torch.get_num_threads(),
         )
         if failed == 2:
-            raise ValueError(f"{weight.kind.value} blocks have no interleaved kernel")
+            raise ValueError("these blocks have no interleaved kernel")
         if failed:
             raise MemoryError("quantized linear could not allocate its rounded rows")
         return y
@@ -605,6 +652,37 @@ class QuantizedLinearKernel:
         if weight.mins is not None:
             check_tensors(mins=(weight.mins, torch.float32))
             check_shape("mins", weight.mins, n, k // per_scale)
+
+
+class InterleavedWeightStruct(ctypes.Structure):
+    """kernels/interleaved.h's InterleavedWeight: one part's blocks."""
+
+    _fields_ = [
+        ("kind", ctypes.c_int64),
+        ("quants", ctypes.c_void_p),
+        ("scales", ctypes.c_void_p),
+        ("extra", ctypes.c_void_p),
+        ("n", ctypes.c_int64),
+    ]
+
+
+def interleaved_struct(weight: Interleaved) -> InterleavedWeightStruct:
+    """``weight``'s part for the C side, checked first (the struct holds pointers
+    into its tensors: keep ``weight`` alive while it is used)."""
+    check_interleaved(weight)
+    extra = None if weight.extra is None else weight.extra.data_ptr()
+    return InterleavedWeightStruct(
+        weight.code, weight.quants.data_ptr(), weight.scales.data_ptr(), extra, weight.shape[0]
+    )
+
+
+def interleaved_structs(weight: Interleaved | FusedInterleaved) -> list[InterleavedWeightStruct]:
+    """The parts of ``weight`` as the C side reads them (see ``interleaved_struct``);
+    ValueError where they do not share k or are too many."""
+    parts = interleaved_parts(weight)
+    if not 1 <= len(parts) <= MAX_PARTS or len({p.shape[1] for p in parts}) != 1:
+        raise ValueError(f"1 to {MAX_PARTS} interleaved parts of one k are needed")
+    return [interleaved_struct(p) for p in parts]
 
 
 def _rows_of(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -677,20 +755,37 @@ class Linear(nn.Linear):
     (``drop_float``: a GGUF model loaded blocks only), every input."""
 
     packed: PackedWeight | None = None
-    interleaved: Interleaved | None = None
+    interleaved: Interleaved | FusedInterleaved | None = None
     kernel: QuantizedLinearKernel | None = None
 
     def reset_parameters(self) -> None:
         if not _on_meta(self.weight):
             super().reset_parameters()
 
-    def attach(self, packed: PackedWeight | None, kernel: QuantizedLinearKernel | None) -> None:
+    def attach_parts(self, parts: list[PackedWeight], kernel: QuantizedLinearKernel | None) -> None:
+        """``attach`` the rows of ``parts`` one after another (a fused projection);
+        where their layouts differ, the interleaved copy keeps each part's
+        (``FusedInterleaved``)."""
+        packed = PackedWeight.stack(parts)
+        layouts = {(p.kind, p.k_scales is not None and p.k_scales.six_bit) for p in parts}
+        fused = None
+        if len(layouts) > 1 and _interleaves(kernel):
+            fused = FusedInterleaved.of(parts)
+        self.attach(packed, kernel, fused)
+
+    def attach(
+        self,
+        packed: PackedWeight | None,
+        kernel: QuantizedLinearKernel | None,
+        fused: FusedInterleaved | None = None,
+    ) -> None:
         """Use ``packed`` for few rows; it must hold exactly this layer's weight
         where the layer keeps one. A kernel with int8 dot products also gets the
         blocks interleaved where it has the vector code for them (AVX2 or AVX-512
         VNNI; elsewhere the portable C would be slower than the few-rows int8
-        kernels, which then run instead); a layer without a float32 weight then
-        keeps the interleaved copy alone (``packed`` None)."""
+        kernels, which then run instead): ``fused``, the parts' own, where given;
+        a layer without a float32 weight then keeps the interleaved copy alone
+        (``packed`` None)."""
         shape = (self.out_features, self.in_features)
         if packed is not None:
             if packed.shape != shape:
@@ -699,8 +794,12 @@ class Linear(nn.Linear):
                 raise ValueError("packed blocks do not hold this layer's float32 weight")
         elif not self.weight.numel():
             raise ValueError("a layer whose blocks hold its weight cannot drop them")
-        interleave = kernel is not None and kernel.int8_dots and kernel.interleaved_vectorized
-        self.interleaved = Interleaved.of(packed) if interleave and packed is not None else None
+        interleaved: Interleaved | FusedInterleaved | None = None
+        if _interleaves(kernel) and packed is not None:
+            if fused is not None and fused.shape != shape:
+                raise ValueError(f"interleaved parts {fused.shape} for weight {shape}")
+            interleaved = fused or Interleaved.of(packed)
+        self.interleaved = interleaved
         # the K-quants' scales are for the interleaved copy; the file's layout has its own
         self.packed, self.kernel = without_k_scales(packed), kernel
         if self.interleaved is not None and not self.weight.numel():
@@ -728,6 +827,11 @@ class Linear(nn.Linear):
             y = self.kernel(x, self.packed, self.interleaved)
             return y if self.bias is None else y + self.bias
         return F.linear(x, self.weight, self.bias)
+
+
+def _interleaves(kernel: QuantizedLinearKernel | None) -> bool:
+    """Whether ``kernel`` runs int8 dot products on interleaved blocks' vector code."""
+    return kernel is not None and kernel.int8_dots and kernel.interleaved_vectorized > 0
 
 
 class Embedding(nn.Embedding):

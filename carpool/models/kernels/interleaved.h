@@ -66,14 +66,20 @@
 #define TILE_ROWS 8
 
 typedef struct {
-    /* KIND_Q4_1, KIND_Q8_0, KIND_Q5_1 or KIND_Q5_0 (quantized_dot.h), KIND_Q4_K or KIND_Q5_K */
+    /* KIND_Q4_1, KIND_Q8_0, KIND_Q5_1 or KIND_Q5_0 (quantized_dot.h), KIND_Q4_K, KIND_Q5_K
+       or KIND_Q6_K */
     int64_t kind;
     const void *quants;
-    const void *scales; /* float32, but Q4_K's and Q5_K's (uint8) */
-    /* Q4_1, Q5_1: mins (float); Q8_0: 128 * quant sums (int32); Q5_0: NULL; Q4_K, Q5_K:
-       the super-blocks' d and -dmin (float) */
+    const void *scales; /* float32, but the K-quants' (uint8; Q6_K's int8) */
+    /* Q4_1, Q5_1: mins (float); Q8_0: 128 * quant sums (int32); Q5_0: NULL; the K-quants:
+       the super-blocks' d and -dmin (float; Q6_K's d) */
     const void *extra;
+    int64_t n; /* output features, a multiple of FEATURES */
 } InterleavedWeight;
+
+/* A fused projection's parts (its query, key and value; its gate and up), each in its
+   own layout, their output features one after another */
+#define MAX_PARTS 3
 
 /* Interleaved-only kinds: Q4_1's and Q5_1's quants with the K-quants' scales */
 enum { KIND_Q4_K = 5, KIND_Q5_K = 6, KIND_Q6_K = 7 };
@@ -485,13 +491,16 @@ static void interleaved_rows(int64_t kind, const uint8_t *q, const void *scales,
 #undef CALL_Q6
 }
 
-/* The per-row operands interleaved_tile reads beside xq (see TileRows); 1 when out
-   of memory (nothing left to free then). */
-static int tile_operands(int64_t kind, const QuantizedRows *xq, int64_t rows, int64_t k,
-                         uint8_t **xu, int32_t **xqsums) {
+/* The per-row operands interleaved_tile reads beside xq (see TileRows), for the kinds
+   of the parts; 1 when out of memory (nothing left to free then). */
+static int tile_operands(const InterleavedWeight *parts, int64_t count, const QuantizedRows *xq,
+                         int64_t rows, int64_t k, uint8_t **xu, int32_t **xqsums) {
     const int64_t groups = k / BLOCK;
-    const int with_xu = INTERLEAVED_VECTORIZED == 2 && kind == KIND_Q8_0;
-    const int with_xqsums = kind == KIND_Q5_0;
+    int with_xu = 0, with_xqsums = 0;
+    for (int64_t p = 0; p < count; p++) {
+        with_xu |= INTERLEAVED_VECTORIZED == 2 && parts[p].kind == KIND_Q8_0;
+        with_xqsums |= parts[p].kind == KIND_Q5_0;
+    }
     *xu = with_xu ? malloc((size_t)(rows * k)) : NULL;
     *xqsums = with_xqsums ? malloc(sizeof(int32_t) * (size_t)(rows * groups)) : NULL;
     if ((with_xu && *xu == NULL) || (with_xqsums && *xqsums == NULL)) {
@@ -508,15 +517,20 @@ static int tile_operands(int64_t kind, const QuantizedRows *xq, int64_t rows, in
     return 0;
 }
 
-/* Returns 1 when out of memory. */
-static int interleaved_linear(const InterleavedWeight *w, const float *x, float *y, int64_t rows,
-                              int64_t n, int64_t k, int num_threads) {
-    const int64_t groups = k / BLOCK, strips = n / FEATURES, bytes = tile_bytes(w->kind);
+/* y [rows, the parts' n summed] = x @ the parts' rows^T: x rounded once, the strips of
+   every part shared out over the threads together. count is 1 to MAX_PARTS (the caller
+   checks). Returns 1 when out of memory. */
+static int interleaved_linear(const InterleavedWeight *parts, int64_t count, const float *x,
+                              float *y, int64_t rows, int64_t k, int num_threads) {
+    const int64_t groups = k / BLOCK;
+    int64_t first[MAX_PARTS + 1] = {0}; /* each part's first strip, then the strips in all */
+    for (int64_t p = 0; p < count; p++) first[p + 1] = first[p] + parts[p].n / FEATURES;
+    const int64_t strips = first[count], n = strips * FEATURES;
     QuantizedRows xq;
     if (quantize_rows(x, rows, k, 1, &xq)) return 1;
     uint8_t *xu;
     int32_t *xqsums;
-    if (tile_operands(w->kind, &xq, rows, k, &xu, &xqsums)) {
+    if (tile_operands(parts, count, &xq, rows, k, &xu, &xqsums)) {
         free_rows(&xq);
         return 1;
     }
@@ -527,24 +541,28 @@ static int interleaved_linear(const InterleavedWeight *w, const float *x, float 
         free(xqsums);
         return 1;
     }
-    const int64_t scale_bytes = strip_scale_bytes(w->kind, groups);
-    const int64_t extra_bytes = strip_extra_bytes(w->kind, groups);
 #pragma omp parallel num_threads(num_threads)
     {
         int victim = 0;
-        for (int64_t s; (s = next_chunk(shares, num_threads, omp_get_thread_num(), &victim)) >= 0;)
+        for (int64_t s; (s = next_chunk(shares, num_threads, omp_get_thread_num(), &victim)) >= 0;) {
+            int64_t p = 0;
+            while (s >= first[p + 1]) p++;
+            const InterleavedWeight *w = parts + p;
+            const int64_t local = s - first[p];
             for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS) {
                 const TileRows tile = {
                     xq.quants + r0 * k, xu == NULL ? NULL : xu + r0 * k,
                     xqsums == NULL ? NULL : xqsums + r0 * groups, xq.scales + r0 * groups,
                     xq.sums + r0 * groups};
                 interleaved_rows(
-                    w->kind, (const uint8_t *)w->quants + s * groups * bytes,
-                    (const char *)w->scales + s * scale_bytes,
-                    w->extra == NULL ? NULL : (const char *)w->extra + s * extra_bytes,
+                    w->kind, (const uint8_t *)w->quants + local * groups * tile_bytes(w->kind),
+                    (const char *)w->scales + local * strip_scale_bytes(w->kind, groups),
+                    w->extra == NULL ? NULL
+                                     : (const char *)w->extra + local * strip_extra_bytes(w->kind, groups),
                     &tile, k, groups, rows - r0 < TILE_ROWS ? rows - r0 : TILE_ROWS,
                     y + r0 * n + s * FEATURES, n);
             }
+        }
     }
     free_rows(&xq);
     free(xu);

@@ -43,14 +43,10 @@ typedef struct {
     const float *mins; /* Q4_1's; Q8_16's where it has them; else NULL */
     const float *bias; /* NULL: none */
     int64_t n, k;
-    /* the blocks interleaved (interleaved.h), or NULL: with int8_dots every step's
-       rows use them (Q4_1, Q8_0, Q5_1 and Q5_0 only; iextra NULL for Q5_0) */
-    const void *iquants;
-    const void *iscales;
-    const void *iextra;
-    /* the interleaved blocks' kind: kind, or Q4_K / Q5_K (interleaved.h) where they
-       keep a K-quant's scales */
-    int64_t ikind;
+    /* the blocks interleaved (interleaved.h): iparts parts (0: none), each in its own
+       layout, their rows one after another; with int8_dots every step's rows use them */
+    int64_t iparts;
+    InterleavedWeight interleaved[MAX_PARTS];
 } Matrix;
 
 typedef struct {
@@ -84,10 +80,9 @@ int64_t llama_stack_struct_size(int64_t which) {
 
 static int linear(const Matrix *w, const float *x, float *y, int64_t rows, int64_t int8_dots,
                   int threads) {
-    const InterleavedWeight interleaved = {w->ikind, w->iquants, w->iscales, w->iextra};
     const int failed =
-        int8_dots && w->iquants != NULL
-            ? interleaved_linear(&interleaved, x, y, rows, w->n, w->k, threads)
+        int8_dots && w->iparts > 0
+            ? interleaved_linear(w->interleaved, w->iparts, x, y, rows, w->k, threads)
             : quantized_linear(w->kind, x, w->quants, w->scales, w->mins, y, rows, w->n, w->k,
                                int8_dots, threads);
     if (!failed && w->bias != NULL)

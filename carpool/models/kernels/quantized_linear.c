@@ -50,18 +50,26 @@ int quantized_gemm_rows(int64_t kind, const float *x, const void *quants, const 
     return quantized_gemm(kind, x, quants, scales, mins, y, rows, n, k, num_threads);
 }
 
-/* Blocks interleaved (interleaved.h), int8 dot products, any number of rows; kind as
-   quantized_linear's (Q4_1, Q8_0, Q5_1 or Q5_0: 2 is refused) or interleaved.h's Q4_K,
-   Q5_K and Q6_K, n a multiple of 16 (k of 256 for those three) and the layouts
-   interleaved.h's (the caller checks). Returns 1 when out of memory, 2 for another kind
-   (or a K-quant kind's k not whole super-blocks). */
-int interleaved_int8_linear(int64_t kind, const float *x, const void *quants,
-                            const void *scales, const void *extra, float *y, int64_t rows,
-                            int64_t n, int64_t k, int num_threads) {
-    if (!interleaved_kind(kind) || (super_blocked(kind) && k % (SUPER_BLOCKS * BLOCK))) return 2;
-    const InterleavedWeight w = {kind, quants, scales, extra};
-    return interleaved_linear(&w, x, y, rows, n, k, num_threads);
+/* Blocks interleaved (interleaved.h), int8 dot products, any number of rows: y [rows,
+   the parts' n summed] from count (1 to MAX_PARTS) parts, each its own kind
+   (quantized_linear's Q4_1, Q8_0, Q5_1 or Q5_0, or interleaved.h's Q4_K, Q5_K and Q6_K),
+   n a positive multiple of 16 (k of 256 for the last three) and the layouts
+   interleaved.h's (the caller checks the tensors). Returns 1 when out of memory, 2 for
+   another kind, a K-quant kind's k not whole super-blocks, or a bad count or n. */
+int interleaved_int8_linear(const InterleavedWeight *parts, int64_t count, const float *x,
+                            float *y, int64_t rows, int64_t k, int num_threads) {
+    if (count < 1 || count > MAX_PARTS) return 2;
+    for (int64_t p = 0; p < count; p++) {
+        const int64_t kind = parts[p].kind;
+        if (!interleaved_kind(kind) || (super_blocked(kind) && k % (SUPER_BLOCKS * BLOCK)) ||
+            parts[p].n <= 0 || parts[p].n % FEATURES)
+            return 2;
+    }
+    return interleaved_linear(parts, count, x, y, rows, k, num_threads);
 }
+
+/* The size of InterleavedWeight, checked against its ctypes declaration. */
+int64_t interleaved_weight_size(void) { return (int64_t)sizeof(InterleavedWeight); }
 
 /* How the interleaved kernel was built: 2 with AVX-512 VNNI, 1 with AVX2, 0 its
    portable C. */

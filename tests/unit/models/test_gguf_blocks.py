@@ -22,9 +22,14 @@ from carpool.models.gguf_file import GGUFCheckpoint
 from carpool.models.packed_linear import (
     BlocksFile,
     BlockType,
+    FusedInterleaved,
     Interleaved,
     KScales,
+    Linear,
+    PackedWeight,
     check_interleaved,
+    drop_float,
+    interleaved_parts,
     quantized_linear_kernel,
     save_packed,
     without_k_scales,
@@ -117,7 +122,9 @@ def test_q6_k_is_interleaved_in_its_own_bits_and_computes_the_rounded_rows_produ
         pytest.skip("no AVX2: nothing is interleaved")
     compact = Interleaved.of(packed)
     assert compact is not None and compact.k_scales and compact.code == 7
-    held = sum(t.numel() * t.element_size() for t in (compact.quants, compact.scales, compact.extra))
+    held = sum(
+        t.numel() * t.element_size() for t in (compact.quants, compact.scales, compact.extra)
+    )
     assert held * 8 == 48 * 768 * 6.625
     x = torch.randn(9, 768, generator=torch.Generator().manual_seed(6)) * 3
     x[0, 32:64] = 0.0  # a block of zeros: step 0
@@ -133,6 +140,40 @@ def test_q6_k_is_interleaved_in_its_own_bits_and_computes_the_rounded_rows_produ
     assert torch.equal(back.k_scales.factors, packed.k_scales.factors)
     with pytest.raises(ValueError, match="without mins"):
         Interleaved.of(replace(packed, mins=torch.zeros_like(packed.scales)))
+
+
+@pytest.mark.parametrize("rows", [1, 5, 20])
+def test_a_fused_projection_of_mixed_layouts_keeps_each_parts_own_bits(rows: int) -> None:
+    """A Q4_K_M file's Q4_K query and key beside its Q6_K value, interleaved part by
+    part: each part in its file's bits (not Q8_16 with mins for all), and each output
+    feature the bits its part alone gives."""
+    from tests.unit.models.test_packed_linear import rounded_rows_product
+
+    kinds = [T.Q4_K, T.Q4_K, T.Q6_K]
+    sizes = (64, 32, 32)
+    parts = [
+        to_packed(t, random_blocks(t, n, 512, seed=n)) for t, n in zip(kinds, sizes, strict=True)
+    ]
+    assert all(p is not None for p in parts)
+    kernel = quantized_linear_kernel(int8_dots=True)
+    if not kernel.interleaved_vectorized:
+        pytest.skip("no AVX2: nothing is interleaved")
+    layer = Linear(512, 128, bias=False)
+    drop_float(layer)
+    layer.attach_parts(parts, kernel)
+    assert layer.packed is None and isinstance(layer.interleaved, FusedInterleaved)
+    assert [(p.kind, p.code) for p in layer.interleaved.parts] == [
+        (BlockType.Q4_1, 5),
+        (BlockType.Q4_1, 5),
+        (BlockType.Q8_16, 7),
+    ]
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
+    together = layer(x)
+    alone = [kernel(x, None, part) for part in layer.interleaved.parts]
+    assert torch.equal(together, torch.cat(alone, dim=1))
+    expected = rounded_rows_product(x, PackedWeight.stack(parts))
+    tolerance = 1e-5 * expected.abs().max().item()
+    torch.testing.assert_close(together.double(), expected, rtol=1e-5, atol=tolerance)
 
 
 def test_k_quant_scales_that_do_not_make_the_blocks_are_refused() -> None:
@@ -293,10 +334,11 @@ def test_a_k_quant_model_runs_on_its_blocks_with_its_float32_tokens(
 def test_int8_dots_keep_each_interleaved_matrix_once_and_run_it_fused(
     tmp_path: Path, smollm_folder: Path
 ) -> None:
-    """With ``native-int8`` on a CPU with the interleaved kernel's vector code, a
-    matrix of an interleaved layout keeps that copy alone (not the file's beside it),
-    a mixed fused projection's Q8_16 keeps the file's; the fused stack, which then has no file-layout pointer
-    for those matrices, gives the tokens layer-by-layer steps give."""
+    """With ``native-int8`` on a CPU with the interleaved kernel's vector code, every
+    matrix keeps its interleaved copy alone (not the file's beside it), a fused
+    projection of mixed layouts part by part; the fused stack, which then has no
+    file-layout pointer for those matrices, gives the tokens layer-by-layer steps
+    give."""
     folder = k_quant_model(tmp_path / "k", smollm_folder)
     int8 = load_causal_lm(folder, progress=False, weight_kernel="native-int8")
     kernel = int8.model.lm_head.kernel
@@ -307,25 +349,32 @@ def test_int8_dots_keep_each_interleaved_matrix_once_and_run_it_fused(
     for layer in int8.model.layers:
         attention, mlp = layer.self_attn, layer.mlp
         for linear in (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj):
-            assert linear.has_blocks and (linear.packed is None or linear.interleaved is None)
-            held = linear.interleaved or linear.packed
-            mixed = linear.packed is not None and linear.packed.kind is BlockType.Q8_16
-            assert (linear.interleaved is None) == mixed
-            kinds.add(held.kind)
-            if linear.interleaved is not None and linear.interleaved.k_scales:
+            assert linear.packed is None and linear.interleaved is not None
+            parts = interleaved_parts(linear.interleaved)
+            kinds |= {p.kind for p in parts}
+            if all(p.k_scales for p in parts):
                 k_scaled.add(linear)
-    # the first layer's Q4_K gate and up (fused), each layer's Q5_K output and Q6_K
-    # down, and the Q6_K head keep the file's own scales
+    # the first layer's Q4_K gate and up (fused) and q/k/v (Q4_K, Q6_K, part by part),
+    # each layer's Q5_K output and Q6_K down, and the Q6_K head keep the file's own scales
     first, second = int8.model.layers
     assert k_scaled == {
+        first.self_attn.qkv_proj,
         first.mlp.gate_up_proj,
         first.self_attn.o_proj,
         second.self_attn.o_proj,
         first.mlp.down_proj,
         second.mlp.down_proj,
     }
+    assert isinstance(first.self_attn.qkv_proj.interleaved, FusedInterleaved)
+    # the second's Q5_0 query and key keep their 6 bits beside its Q8_0 value
+    second_qkv = second.self_attn.qkv_proj.interleaved
+    assert [p.kind for p in interleaved_parts(second_qkv)] == [
+        BlockType.Q5_0,
+        BlockType.Q5_0,
+        BlockType.Q8_0,
+    ]
     assert int8.model.lm_head.interleaved is not None and int8.model.lm_head.interleaved.k_scales
-    assert kinds == set(BlockType)  # every layout; the first qkv (Q4_K beside Q6_K) as Q8_16
+    assert kinds == set(BlockType)  # every layout, Q8_16 as Q6_K's
     assert int8.model.stack is not None
     rng = random.Random(8)
     prompts = [[rng.randrange(3, tiny_models.VOCAB) for _ in range(n)] for n in (1, 9, 60)]

@@ -146,7 +146,9 @@ def test_the_interleaved_q6_k_computes_the_same_bits_on_every_rung(
 ) -> None:
     """Q6_K's tile (its AVX2 code, also in an AVX-512 build, and the portable C): one
     result on every rung, for a few rows and a tile's worth and more."""
-    packed = to_packed(GGMLQuantizationType.Q6_K, random_blocks(GGMLQuantizationType.Q6_K, 32, 512, 7))
+    packed = to_packed(
+        GGMLQuantizationType.Q6_K, random_blocks(GGMLQuantizationType.Q6_K, 32, 512, 7)
+    )
     assert packed is not None
     interleaved = Interleaved.of(packed)
     assert interleaved is not None and interleaved.k_scales
