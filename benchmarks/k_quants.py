@@ -13,6 +13,9 @@ otherwise: a smaller one preempts streams and recomputes them (the count is prin
 Without ``--gguf`` the file is made from the built-in model with ``llama-quantize
 --allow-requantize ... Q4_K_M`` (its 576-wide rows are not whole 256-weight
 super-blocks, so llama.cpp writes most of them as Q5_0, the rest Q4_K, Q6_K, Q8_0).
+With ``--shape`` (one of ``benchmarks.real_size``'s, e.g. ``llama-1.2b``) it is a
+random-weight model of that shape (``real_size``), converted by llama.cpp's own
+``convert_hf_to_gguf.py`` and quantized to Q4_K_M: a real size, mostly Q4_K and Q6_K.
 Build llama.cpp as ``benchmarks/vs_llama_server.py`` says, with the targets
 ``llama-server llama-bench llama-quantize``.
 """
@@ -23,6 +26,7 @@ import argparse
 import collections
 import json
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -32,7 +36,7 @@ from typing import Any
 import httpx
 
 from benchmarks.single_stream import llama_bench, offline
-from benchmarks.vs_llama_server import builtin_gguf, start, stop
+from benchmarks.vs_llama_server import CHAT, builtin_gguf, start, stop
 from carpool.bench.config import BenchConfig
 from carpool.bench.run import run
 from carpool.testing import spawn
@@ -48,6 +52,29 @@ def make_q4_k_m(llama_bin: Path, out_dir: Path) -> Path:
         out_dir.mkdir(parents=True, exist_ok=True)
         quantize = [str(llama_bin / "llama-quantize"), "--allow-requantize"]
         subprocess.run([*quantize, builtin_gguf(), str(target), "Q4_K_M"], check=True)
+    return target
+
+
+def make_shape_q4_k_m(shape: str, llama_bin: Path, llama_src: Path, out_dir: Path) -> Path:
+    """A random-weight model of ``shape`` as llama.cpp makes a Q4_K_M file of it."""
+    target = out_dir / f"{shape}.Q4_K_M.gguf"
+    if target.exists():
+        return target
+    from benchmarks.real_size import build
+    from carpool.config import default_cache_dir
+    from carpool.models.causal_lm import convert_gguf
+
+    tokenizer = convert_gguf(Path(builtin_gguf()), default_cache_dir(), progress=False)
+    hf, f16 = out_dir / f"{shape}-hf", out_dir / f"{shape}.f16.gguf"
+    try:
+        build(shape, hf, tokenizer)
+        convert = [sys.executable, str(llama_src / "convert_hf_to_gguf.py"), str(hf)]
+        subprocess.run([*convert, "--outfile", str(f16), "--outtype", "f16"], check=True)
+        quantize = [str(llama_bin / "llama-quantize"), str(f16), str(target), "Q4_K_M"]
+        subprocess.run(quantize, check=True)
+    finally:
+        shutil.rmtree(hf, ignore_errors=True)
+        f16.unlink(missing_ok=True)
     return target
 
 
@@ -100,7 +127,7 @@ def serve(name: str, args: argparse.Namespace) -> tuple[subprocess.Popen[str], s
     if name == "llama-server":
         return start(name, args)
     command = [sys.executable, "-m", "carpool.cli", "serve", "--port", "0", "--model"]
-    command += [str(args.gguf), "--served-model-name", "smollm2-135m-instruct"]
+    command += [str(args.gguf), "--served-model-name", CHAT]
     command += ["--threads", str(args.threads), "--kv-cache-memory", args.kv_cache]
     command += ["--weight-kernel", args.weight_kernel]
     process, match, _ = spawn(command, re.compile(r"carpool ready on (http://\S+)"), 300.0)
@@ -157,6 +184,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--llama-bin", required=True, help="llama.cpp's build/bin folder")
     parser.add_argument("--gguf", default="", help="a Q4_K_M file (default: the built-in's)")
+    parser.add_argument(
+        "--shape", default="", help="a benchmarks.real_size shape to make the file of instead"
+    )
+    parser.add_argument(
+        "--llama-src", default="", help="llama.cpp's sources (default: --llama-bin's ../..)"
+    )
     parser.add_argument("--out-dir", default="benchmarks/results/k_quants")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--requests", type=int, default=8, help="one-stream requests")
@@ -184,7 +217,13 @@ def main() -> None:
     )
     args = parser.parse_args()
     bin_dir = Path(args.llama_bin)
-    args.gguf = Path(args.gguf) if args.gguf else make_q4_k_m(bin_dir, Path(args.out_dir))
+    src = Path(args.llama_src) if args.llama_src else bin_dir.parent.parent
+    if args.gguf:
+        args.gguf = Path(args.gguf)
+    elif args.shape:
+        args.gguf = make_shape_q4_k_m(args.shape, bin_dir, src, Path(args.out_dir))
+    else:
+        args.gguf = make_q4_k_m(bin_dir, Path(args.out_dir))
     args.llama_server = str(bin_dir / "llama-server")
     args.parallel = args.concurrency
     file_mib = args.gguf.stat().st_size / 2**20

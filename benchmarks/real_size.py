@@ -79,6 +79,21 @@ SHAPES: dict[str, dict[str, Any]] = {
         rms_norm_eps=1e-6,
         tie_word_embeddings=True,
     ),
+    # TinyLlama-1.1B's layers with the built-in model's vocabulary (its tokenizer):
+    # 1.17B parameters, the 1B-class K-quant file of benchmarks.k_quants --shape.
+    "llama-1.2b": dict(
+        model_type="llama",
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=22,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        vocab_size=49152,
+        max_position_embeddings=2048,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    ),
     # Two layers of Qwen3's kind at toy widths: checks this module on a CPU in seconds.
     "qwen3-toy": dict(
         model_type="qwen3",

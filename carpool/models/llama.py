@@ -331,6 +331,7 @@ class LlamaForCausalLM(nn.Module):
             if isinstance(module, Embedding):
                 kept = usable and not module.weight.numel()
                 module.packed = without_k_scales(parts[0]) if kept else None
+                module.interleaved = None
             elif usable:
                 module.attach_parts(parts, kernel)  # type: ignore[operator]
                 attached += 1
@@ -340,6 +341,8 @@ class LlamaForCausalLM(nn.Module):
                 uses[h] -= 1
                 if not uses[h]:
                     taken.pop(h, None)
+        if self.config.tie_word_embeddings:
+            self.embed_tokens.share(self.lm_head)  # one copy of the table, not two
         self.stack = None
         self.stack_unused_because = "not every linear layer has its blocks"
         weights = self.stack_weights()

@@ -310,8 +310,30 @@ class Interleaved:
             extra = by_strip(128 * packed.quants.to(torch.int32).sum(-1, dtype=torch.int32))
         return Interleaved(packed.kind, quants.contiguous(), by_strip(packed.scales), extra, (n, k))
 
+    def strips(self, chosen: torch.Tensor) -> Interleaved:
+        """The strips ``chosen`` (indices) of 16 output features alone."""
+
+        def pick(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[chosen]
+
+        quants, scales = pick(self.quants), pick(self.scales)
+        assert quants is not None and scales is not None
+        rows = len(chosen) * FEATURES
+        return replace(
+            self, quants=quants, scales=scales, extra=pick(self.extra), shape=(rows, self.shape[1])
+        )
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The float32 rows ``ids`` of the weight, [*ids.shape, k]: an embedding's
+        lookup in a tied head's copy, the strips holding them laid out as the file's
+        blocks and only their rows dequantized."""
+        flat = ids.reshape(-1)
+        strips, where = torch.unique(flat // FEATURES, return_inverse=True)
+        packed = self.strips(strips).deinterleave()
+        return packed.rows(where * FEATURES + flat % FEATURES).view(*ids.shape, -1)
+
     def deinterleave(self) -> PackedWeight:
-        """The file's layout again (for tests)."""
+        """The file's layout again."""
         n, k = self.shape
         groups = k // BLOCK
 
@@ -836,15 +858,29 @@ def _interleaves(kernel: QuantizedLinearKernel | None) -> bool:
 
 class Embedding(nn.Embedding):
     """``nn.Embedding`` whose table may be a GGUF file's blocks instead (``packed``,
-    with ``drop_float``): a lookup dequantizes the rows it reads."""
+    with ``drop_float``), or a tied head's interleaved copy of them
+    (``interleaved``: one copy for both): a lookup dequantizes the rows it reads."""
 
     packed: PackedWeight | None = None
+    interleaved: Interleaved | None = None
 
     def reset_parameters(self) -> None:
         if not _on_meta(self.weight):
             super().reset_parameters()
 
+    def share(self, head: Linear) -> None:
+        """Look rows up in the tied ``head``'s interleaved copy, where it has one of
+        this table's blocks, and drop the file's layout held here."""
+        copy = head.interleaved
+        if self.packed is None or not isinstance(copy, Interleaved):
+            return
+        if copy.shape != self.packed.shape or copy.kind is not self.packed.kind:
+            raise ValueError("the head's interleaved blocks are not this table's")
+        self.interleaved, self.packed = copy, None
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.interleaved is not None:
+            return self.interleaved.rows(ids)
         if self.packed is not None:
             return self.packed.rows(ids)
         return super().forward(ids)

@@ -365,6 +365,23 @@ def test_int8_dots_keep_the_builtin_models_text_likelihood(
     assert abs(np.exp(np.mean(floats) - np.mean(ints)) - 1) < 0.05  # perplexity: +1.8% here
 
 
+def test_a_tied_embedding_looks_its_rows_up_in_the_heads_interleaved_copy(
+    smollm: LoadedLM, smollm_folder: Path
+) -> None:
+    """With ``native-int8`` the built-in model's tied head keeps its table interleaved;
+    the embedding reads its rows there (one copy of ~30 MiB, not two), the same floats
+    the file's blocks give, whichever strips the ids fall in."""
+    int8 = load_causal_lm(smollm_folder, progress=False, weight_kernel="native-int8")
+    embedding, head = int8.model.embed_tokens, int8.model.lm_head
+    if head.interleaved is None:
+        pytest.skip("no AVX2: nothing is interleaved")
+    assert embedding.interleaved is head.interleaved and embedding.packed is None
+    file_blocks = smollm.model.embed_tokens
+    ids = torch.tensor([[0, 17, 16, 49151], [5, 5, 40000, 31]])
+    assert file_blocks.packed is not None
+    assert torch.equal(embedding(ids), file_blocks.packed.rows(ids))
+
+
 def prompt_logprobs(lm: LoadedLM, prompt: list[int]) -> list[float]:
     """Each prompt token's log-probability (but the first's), prefilled 8 rows at a time."""
     engine = engine_for(lm, EngineConfig(kv_cache_memory="64MiB", max_num_batched_tokens=8))
