@@ -15,7 +15,8 @@ Without ``--gguf`` the file is made from the built-in model with ``llama-quantiz
 super-blocks, so llama.cpp writes most of them as Q5_0, the rest Q4_K, Q6_K, Q8_0).
 With ``--shape`` (one of ``benchmarks.real_size``'s, e.g. ``llama-1.2b``) it is a
 random-weight model of that shape (``real_size``), converted by llama.cpp's own
-``convert_hf_to_gguf.py`` and quantized to Q4_K_M: a real size, mostly Q4_K and Q6_K.
+``convert_hf_to_gguf.py`` (it imports ``sentencepiece``: ``pip install sentencepiece``)
+and quantized to Q4_K_M: a real size, mostly Q4_K and Q6_K.
 Build llama.cpp as ``benchmarks/vs_llama_server.py`` says, with the targets
 ``llama-server llama-bench llama-quantize``.
 """

@@ -330,7 +330,8 @@ class EngineConfig:
         "weights; with native attention a step's whole "
         "decoder stack runs in one C call), native-int8 (native, but rows round their "
         "activations to int8 per block of 32 and use integer dot products, as llama.cpp "
-        "does: every step's rows with AVX2 or AVX-512 VNNI (Q6_K: steps of up to 8 rows), "
+        "does: every step's rows with AVX2 or AVX-512 VNNI, each matrix (and each part "
+        "of a fused one) in its file's bits, "
         "else steps of up to 8 rows; faster, not "
         "exact; its perplexity is in BENCHMARKS.md), "
         "torch (float32 GEMM only), or auto (native where it can run).",

@@ -242,7 +242,7 @@ def _attach_packed(model: nn.Module, blocks: _Blocks, choice: str) -> tuple[int,
             detail = f"quantized_linear on the file's blocks, {count} layers, no float32 copy"
             if kernel.int8_dots and kernel.interleaved_vectorized:
                 isa = "AVX-512 VNNI" if kernel.interleaved_vectorized == 2 else "AVX2"
-                detail += f", int8 dot products on interleaved blocks ({isa}; Q8_16 up to 8 rows)"
+                detail += f", int8 dot products on interleaved blocks ({isa})"
             elif kernel.int8_dots:
                 detail += ", int8 dot products for up to 8 rows (no AVX2 here)"
             log.info("%d linear layers run on the file's blocks", count)

@@ -12,6 +12,12 @@ the float32 the file defines, the same value the float32 matrix holds (checked
 when the blocks are attached), so only the summation order differs from torch's
 float32 GEMM, which runs larger steps here (prompt chunks) when the model does not
 run them on its fused stack (``carpool.models.llama_stack``, any number of rows).
+
+With ``--weight-kernel native-int8`` a matrix is held instead interleaved 16 output
+features at a time (``Interleaved``; a fused projection whose parts differ, part by
+part: ``FusedInterleaved``) in about its file's bits, the K-quants (Q4_K, Q5_K, Q6_K)
+with their own scales, and every step's rows use integer dot products on it; a tied
+embedding looks its rows up in the head's copy.
 """
 
 from __future__ import annotations
@@ -519,9 +525,9 @@ class QuantizedLinearKernel:
     """y = x @ W^T with W in blocks, for float32 rows x [m, k]. With ``int8_dots``
     (opt-in, ``--weight-kernel native-int8``) x is rounded per block of 32 to int8
     and the dot products are integer (llama.cpp's way): faster, not exact. With a
-    weight's ``Interleaved`` copy that is every row count (``kernels/interleaved.h``);
-    without one (no AVX2, a Q8_16 weight, or rows not a multiple of 16), steps of up
-    to 8 rows, larger ones exact."""
+    weight's ``Interleaved`` copy (or its parts', ``FusedInterleaved``) that is every
+    row count (``kernels/interleaved.h``); without one (no AVX2, a Q8_16 weight not
+    Q6_K's, or rows not a multiple of 16), steps of up to 8 rows, larger ones exact."""
 
     def __init__(self, library: ctypes.CDLL, int8_dots: bool = False) -> None:
         self.int8_dots = int8_dots
