@@ -89,7 +89,7 @@ def tensor_types(gguf: Path) -> str:
 MEMORY_PROBE = """
 import sys
 from pathlib import Path
-import torch, transformers, carpool.server.http.app
+import torch, transformers, carpool.cli, carpool.server.bootstrap, carpool.server.http.app
 from carpool.models.causal_lm import load_causal_lm
 def status(key):
     return int(Path("/proc/self/status").read_text().split(key + ":")[1].split()[0]) / 1024
@@ -110,8 +110,9 @@ def kv_cache_for(folder: Path, streams: int) -> str:
 
 
 def model_memory(gguf: Path, weight_kernel: str) -> tuple[float, float, float]:
-    """In a fresh process with the server's modules imported: RSS before loading the
-    model, after, and the peak (MiB). The file is converted beforehand, so the
+    """In a fresh process with the server's modules imported (what ``carpool serve``
+    imports before it loads a model): RSS before loading the model, after, and the
+    peak (MiB). The file is converted beforehand, so the
     conversion's own memory is not counted."""
     command = [sys.executable, "-c", MEMORY_PROBE, str(gguf), weight_kernel]
     out = subprocess.run(command, check=True, capture_output=True, text=True).stdout

@@ -275,14 +275,7 @@ class Interleaved:
         if six_bit and (packed.kind is not BlockType.Q8_16 or packed.mins is not None):
             raise ValueError("Q6_K's scales belong to Q8_16 blocks without mins")
         strips, groups = n // FEATURES, k // BLOCK
-        quants = packed.quants
-        if packed.kind in FIVE_BITS:
-            quants = torch.cat([quants[..., :16], fifth_bit_lane(quants[..., 16:])], -1)
-        elif six_bit:
-            quants = six_bit_lanes(quants)
-        lanes = interleaved_lanes(packed.kind)
-        # a feature's 4 bytes at a time (one 32-bit lane), the 16 features side by side
-        quants = quants.view(strips, FEATURES, groups, lanes, 4).permute(0, 2, 3, 1, 4)
+        quants = _interleaved_quants(packed, six_bit)
 
         def by_strip(t: torch.Tensor) -> torch.Tensor:
             return t.view(strips, FEATURES, groups).permute(0, 2, 1).contiguous()
@@ -302,7 +295,7 @@ class Interleaved:
             k_scales = packed.k_scales
             return Interleaved(
                 packed.kind,
-                quants.contiguous(),
+                quants,
                 by_strip_pairs(k_scales.factors),
                 by_strip_pairs(k_scales.supers),
                 (n, k),
@@ -313,8 +306,13 @@ class Interleaved:
             assert packed.mins is not None
             extra = by_strip(packed.mins)
         elif packed.kind is BlockType.Q8_0:
-            extra = by_strip(128 * packed.quants.to(torch.int32).sum(-1, dtype=torch.int32))
-        return Interleaved(packed.kind, quants.contiguous(), by_strip(packed.scales), extra, (n, k))
+            sums = torch.empty(n, groups, dtype=torch.int32)
+            for i in range(0, n, INTERLEAVE_ROWS):  # summed as int32: 4 bytes a weight at once
+                sums[i : i + INTERLEAVE_ROWS] = packed.quants[i : i + INTERLEAVE_ROWS].sum(
+                    -1, dtype=torch.int32
+                )
+            extra = by_strip(128 * sums)
+        return Interleaved(packed.kind, quants, by_strip(packed.scales), extra, (n, k))
 
     def strips(self, chosen: torch.Tensor) -> Interleaved:
         """The strips ``chosen`` (indices) of 16 output features alone."""
@@ -412,9 +410,39 @@ def interleaved_parts(weight: Interleaved | FusedInterleaved) -> tuple[Interleav
     return weight.parts if isinstance(weight, FusedInterleaved) else (weight,)
 
 
+INTERLEAVE_ROWS = 4096  # rows converted at a time (of FEATURES): a head's temporaries stay small
+
+
+def _interleaved_quants(packed: PackedWeight, six_bit: bool) -> torch.Tensor:
+    """``packed``'s quants in the interleaved layout, [n/16, k/32, lanes, 16, 4]: each
+    feature's block as the kernel's lanes (Q5's fifth bits and Q6_K's top two in lanes
+    of their own), a feature's 4 bytes at a time, the 16 features side by side;
+    ``INTERLEAVE_ROWS`` rows at a time."""
+    n, k = packed.shape
+    groups, lanes = k // BLOCK, interleaved_lanes(packed.kind)
+    dtype = torch.int8 if packed.kind is BlockType.Q8_0 else torch.uint8
+    out = torch.empty(n // FEATURES, groups, lanes, FEATURES, 4, dtype=dtype)
+    for start in range(0, n, INTERLEAVE_ROWS):
+        q = packed.quants[start : start + INTERLEAVE_ROWS]
+        if packed.kind in FIVE_BITS:
+            q = torch.cat([q[..., :16], fifth_bit_lane(q[..., 16:])], -1)
+        elif six_bit:
+            q = six_bit_lanes(q)
+        strips = q.shape[0] // FEATURES
+        by_strip = q.reshape(strips, FEATURES, groups, lanes, 4).permute(0, 2, 3, 1, 4)
+        out[start // FEATURES : start // FEATURES + strips] = by_strip
+    return out
+
+
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal bit for bit but NaNs (a broken file's scales), which equal each other."""
-    return a.shape == b.shape and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)
+    """Equal bit for bit but NaNs (a broken file's scales), which equal each other;
+    compared ``INTERLEAVE_ROWS`` rows at a time (a head's temporaries stay small)."""
+    if a.shape != b.shape:
+        return False
+    return all(
+        torch.allclose(a[i : i + INTERLEAVE_ROWS], b[i : i + INTERLEAVE_ROWS], 0, 0, True)
+        for i in range(0, a.shape[0], INTERLEAVE_ROWS)
+    )
 
 
 def interleaved_lanes(kind: BlockType) -> int:
@@ -425,18 +453,27 @@ def interleaved_lanes(kind: BlockType) -> int:
     return lanes.get(kind, 6)
 
 
+SIX_BIT_ROWS = 4096  # rows converted at a time: a head's temporaries stay small
+
+
 def six_bit_lanes(quants: torch.Tensor) -> torch.Tensor:
-    """Q6_K's quants minus 32 ([..., 32] int8, Q8_16's) as the interleaved Q6_K
-    layout's 24 bytes ([..., 24] uint8): Q4_1's 16 bytes of their low nibbles (weights
-    j and 16 + j in byte j), then two lanes of their bits 4 and 5: lane h's byte b
-    holds, at bits 2j and 2j + 1, those of weight 16h + 4j + b."""
-    q = (quants.to(torch.int16) + 32).to(torch.uint8)
-    nibbles = (q[..., :16] & 15) | ((q[..., 16:] & 15) << 4)
-    top = (q >> 4).view(*q.shape[:-1], 2, 4, 4)  # [.., half, j, b]
-    lanes = torch.zeros(*q.shape[:-1], 2, 4, dtype=torch.uint8)
-    for j in range(4):
-        lanes |= top[..., j, :] << (2 * j)
-    return torch.cat([nibbles, lanes.flatten(-2)], -1)
+    """Q6_K's quants minus 32 ([n, k/32, 32] int8, Q8_16's) as the interleaved Q6_K
+    layout's 24 bytes ([n, k/32, 24] uint8): Q4_1's 16 bytes of their low nibbles
+    (weights j and 16 + j in byte j), then two lanes of their bits 4 and 5: lane h's
+    byte b holds, at bits 2j and 2j + 1, those of weight 16h + 4j + b. In uint8 and
+    ``SIX_BIT_ROWS`` rows at a time (a head's wider temporaries were hundreds of MiB)."""
+    out = torch.empty(*quants.shape[:-1], 24, dtype=torch.uint8)
+    for start in range(0, quants.shape[0], SIX_BIT_ROWS):
+        # q - 32 in [-32, 31] as uint8, plus 32, wraps to q in [0, 63]
+        q = quants[start : start + SIX_BIT_ROWS].view(torch.uint8) + 32
+        chunk = out[start : start + SIX_BIT_ROWS]
+        chunk[..., :16] = (q[..., :16] & 15) | ((q[..., 16:] & 15) << 4)
+        top = (q >> 4).view(*q.shape[:-1], 2, 4, 4)  # [.., half, j, b]
+        lanes = chunk[..., 16:].view(*q.shape[:-1], 2, 4)
+        lanes.zero_()
+        for j in range(4):
+            lanes |= top[..., j, :] << (2 * j)
+    return out
 
 
 def _six_bit_quants(lanes: torch.Tensor) -> torch.Tensor:
