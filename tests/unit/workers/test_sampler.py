@@ -126,6 +126,17 @@ def test_rows_without_a_seed_draw_each_from_its_own_distribution_in_one_batch() 
     assert_distributed(joint, product.flatten(), trials)
 
 
+def test_drawing_leaves_the_callers_logits_as_they_were() -> None:
+    """The race works in place on the drawn rows' own copy, never on the step's logits
+    (which log-probabilities and other rows still read)."""
+    logits = logits_for(4, seed=3)
+    before = logits.clone()
+    rows = [row(temperature=0.7) for _ in range(3)] + [row(temperature=0.0)]
+    tokens = sample(logits, rows).token_ids
+    assert torch.equal(logits, before)
+    assert tokens[3] == int(before[3].argmax())
+
+
 def test_logits_must_have_one_row_per_sequence() -> None:
     with pytest.raises(ValueError, match="2 rows"):
         sample(torch.zeros(1, VOCAB), [row(), row()])
