@@ -16,6 +16,7 @@ import pytest
 import torch
 from gguf.quants import dequantize
 
+from carpool.models import packed_linear
 from carpool.models.causal_lm import LoadedLM, load_causal_lm, save_converted
 from carpool.models.gguf_blocks import NATIVE_TYPES, to_packed
 from carpool.models.gguf_file import GGUFCheckpoint
@@ -174,6 +175,26 @@ def test_a_fused_projection_of_mixed_layouts_keeps_each_parts_own_bits(rows: int
     expected = rounded_rows_product(x, PackedWeight.stack(parts))
     tolerance = 1e-5 * expected.abs().max().item()
     torch.testing.assert_close(together.double(), expected, rtol=1e-5, atol=tolerance)
+
+
+@pytest.mark.parametrize("kind", [T.Q4_K, T.Q5_0, T.Q5_1, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
+def test_interleaving_in_pieces_gives_the_whole_matrixs_layout(
+    kind: gguf.GGMLQuantizationType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large matrix (a head) is interleaved some rows at a time; the pieces make the
+    layout interleaving it whole makes, and it holds every block."""
+    packed = to_packed(kind, random_blocks(kind, 48, 512, seed=int(kind)))
+    assert packed is not None
+    whole = Interleaved.of(packed)
+    monkeypatch.setattr(packed_linear, "INTERLEAVE_ROWS", 16)
+    monkeypatch.setattr(packed_linear, "SIX_BIT_ROWS", 16)
+    pieces = Interleaved.of(packed)
+    assert whole is not None and pieces is not None
+    for name in ("quants", "scales", "extra"):
+        a, b = getattr(whole, name), getattr(pieces, name)
+        assert (a is None and b is None) or torch.equal(a, b), name
+    back = pieces.deinterleave()
+    assert torch.equal(back.quants, packed.quants) and torch.equal(back.scales, packed.scales)
 
 
 def test_k_quant_scales_that_do_not_make_the_blocks_are_refused() -> None:
