@@ -137,6 +137,16 @@ def test_drawing_leaves_the_callers_logits_as_they_were() -> None:
     assert tokens[3] == int(before[3].argmax())
 
 
+def test_a_row_without_any_weight_still_gets_a_token_of_the_vocabulary() -> None:
+    """NaN logits (a broken model's) or every token masked: the draw by running sums
+    finds no token past u times a zero (or NaN) total; it answers an id in range."""
+    logits = logits_for(3, seed=5)
+    logits[0] = float("nan")
+    logits[1] = float("-inf")
+    tokens = sample(logits, [row(temperature=1.0) for _ in range(3)]).token_ids
+    assert all(0 <= t < logits.shape[1] for t in tokens)
+
+
 def test_logits_must_have_one_row_per_sequence() -> None:
     with pytest.raises(ValueError, match="2 rows"):
         sample(torch.zeros(1, VOCAB), [row(), row()])
