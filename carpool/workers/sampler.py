@@ -141,7 +141,7 @@ def _pick_all(weights: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     the row's total, u uniform from the row's generator (one number a row; the rows
     without a seed draw theirs in one call). ``weights`` become their running sums.
     The exponential race this replaces drew a number for every token of every row:
-    64 x 49,152 a step, a third of a 64-stream step's time on a 2-core CPU."""
+    64 x 49,152 a step, 96-119 ms of a 232-240 ms 64-stream step on a 2-core CPU."""
     uniform = torch.rand(len(rows), device=weights.device)
     for i, row in enumerate(rows):
         if row.generator is not None:
