@@ -41,7 +41,7 @@ KINDS = {
 # Each layout the kernels read; Q8_16 (Q6_K's, and a mixed fused projection's) with
 # and without mins.
 LAYOUTS = ["Q4_1", "Q8_0", "Q5_1", "Q5_0", "Q8_16", "Q8_16+mins"]
-INTERLEAVED = ["Q4_1", "Q8_0", "Q5_1", "Q5_0"]  # Q8_16 has no interleaved kernel
+INTERLEAVED = ["Q4_1", "Q8_0", "Q5_1", "Q5_0"]  # Q8_16 is interleaved only as Q6_K's
 
 
 def gguf_weight(
