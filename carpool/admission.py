@@ -8,10 +8,25 @@ from __future__ import annotations
 
 import threading
 
+from carpool.errors import RequestTooLarge
+
 
 def per_request(limit: int) -> int:
     """Most inputs one request may bring to a queue of ``limit``: half, at least one."""
     return max(1, limit // 2)
+
+
+def refuse_oversized(
+    count: int, most: int, *, what: str, taker: str, param: str, why: str = ""
+) -> None:
+    """Raise ``RequestTooLarge`` (413: retrying cannot help) if one request brings
+    ``count`` of ``what`` where ``taker`` takes at most ``most`` (``why``: the limit's
+    origin, appended)."""
+    if count > most:
+        raise RequestTooLarge(
+            f"{count} {what} in one request; {taker} takes at most {most} per request{why}",
+            param=param,
+        )
 
 
 class Room:

@@ -24,7 +24,7 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from carpool.admission import Room, per_request
+from carpool.admission import Room, per_request, refuse_oversized
 from carpool.batching.instances import Forward, InstancePool
 from carpool.batching.policy import Decision, SendBatch, WaitUntil, decide, slots
 from carpool.batching.queue import PriorityQueues
@@ -39,7 +39,6 @@ from carpool.errors import (
     ModelNotFound,
     Overloaded,
     QueueTimeout,
-    RequestTooLarge,
 )
 from carpool.runtime import IDLE, WorkState
 from carpool.stats import BatcherStats, Outcome
@@ -193,13 +192,8 @@ class DynamicBatcher:
                     "this model does not accept a per-request timeout", param="timeout"
                 )
             timeout = min(timeout, timeout_s)
-        most = self.max_request_inputs(level)
-        if len(inputs) > most:
-            raise RequestTooLarge(
-                f"{len(inputs)} inputs in one request; model {self.name!r} takes at most "
-                f"{most} per request",
-                param="input",
-            )
+        most, taker = self.max_request_inputs(level), f"model {self.name!r}"
+        refuse_oversized(len(inputs), most, what="inputs", taker=taker, param="input")
         with self._entry:
             if self._closed is not None:
                 raise ModelNotFound(self._closed, param="model")

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from carpool.admission import Room, per_request
+from carpool.admission import Room, per_request, refuse_oversized
 from carpool.clock import Clock, MonotonicClock
 from carpool.engine.engine import Engine
 from carpool.engine.request_output import RequestOutput
@@ -32,7 +32,6 @@ from carpool.errors import (
     ModelExecutionError,
     ModelNotFound,
     Overloaded,
-    RequestTooLarge,
     ServerShuttingDown,
 )
 from carpool.runtime import IDLE, Worker, WorkState
@@ -44,6 +43,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Sink = Callable[[RequestOutput | CarpoolError], None]
+HALF = " (half of --max-waiting-requests)"  # where a generator's per-request limit comes from
 
 
 class GenerationWorker(Worker, Protocol):
@@ -136,13 +136,9 @@ class WaitingRoom:
     def admit(self, count: int, max_waiting: int | None) -> None:
         """Take ``count`` requests in, or raise ``RequestTooLarge`` (more than half of
         ``max_waiting`` at once) or ``Overloaded`` (no room for all of them)."""
-        if max_waiting is not None and count > per_request(max_waiting):
-            raise RequestTooLarge(
-                f"{count} prompts in one request; {self.name} takes at most "
-                f"{per_request(max_waiting)} per request (half of "
-                "--max-waiting-requests)",
-                param="prompt",
-            )
+        if max_waiting is not None:
+            most = per_request(max_waiting)
+            refuse_oversized(count, most, what="prompts", taker=self.name, param="prompt", why=HALF)
         if not self._room.take(count, max_waiting):
             raise Overloaded(
                 f"{self._room.count} requests are already waiting for {self.name}",

@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from carpool.admission import per_request
-from carpool.engine.async_engine import GenerationStream
+from carpool.admission import per_request, refuse_oversized
+from carpool.engine.async_engine import HALF, GenerationStream
 from carpool.engine.sampling_params import Grammar, SamplingParams
-from carpool.errors import InvalidRequest, RequestTooLarge
+from carpool.errors import InvalidRequest
 from carpool.server.generation.schemas import (
     GUIDED_FIELDS,
     ChatCompletionRequest,
@@ -314,11 +314,10 @@ def check_prompt_count(served: ServedGenerator, count: int, param: str = "prompt
     """Refuse (413), before tokenizing, a call with more prompts than one request
     may bring (``param``: the field that holds them)."""
     max_waiting = served.engine.max_waiting
-    if max_waiting is not None and count > per_request(max_waiting):
-        raise RequestTooLarge(
-            f"{count} prompts in one request; at most "
-            f"{per_request(max_waiting)} per request (half of --max-waiting-requests)",
-            param=param,
+    if max_waiting is not None:
+        taker = f"model {served.name!r}"
+        refuse_oversized(
+            count, per_request(max_waiting), what="prompts", taker=taker, param=param, why=HALF
         )
 
 

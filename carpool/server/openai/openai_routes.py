@@ -13,7 +13,8 @@ import numpy as np
 import orjson
 from fastapi import APIRouter, Request, Response
 
-from carpool.errors import InvalidRequest, RequestTooLarge
+from carpool.admission import refuse_oversized
+from carpool.errors import InvalidRequest
 from carpool.models.embedding import EmbeddingModel
 from carpool.server.generation.schemas import EmbeddingRequest, PoolingRequest
 from carpool.server.http.unicode_check import UnicodeCheckedRoute
@@ -184,11 +185,7 @@ async def tokenize_inputs(
 def check_input_count(served: ServedEmbedding, count: int) -> None:
     """Refuse (413) a request with more inputs than one request may bring."""
     most = min(MAX_INPUTS, served.batcher.max_request_inputs())
-    if count > most:
-        raise RequestTooLarge(
-            f"input has {count} items; model {served.name!r} takes at most {most} per request",
-            param="input",
-        )
+    refuse_oversized(count, most, what="items", taker=f"model {served.name!r}", param="input")
 
 
 def tokenize_texts(
