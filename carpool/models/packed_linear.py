@@ -282,10 +282,7 @@ class Interleaved:
 
         if packed.k_scales is not None and packed.kind in K_SCALE_CODES:
             (scales, mins), held = packed.k_scales.scales_and_mins(), packed.mins
-            same_mins = (mins is None and held is None) or (
-                mins is not None and held is not None and _same(mins, held)
-            )
-            if not (_same(scales, packed.scales) and same_mins):
+            if not (_same(scales, packed.scales) and _same(mins, held)):
                 raise ValueError("the K-quant scales do not make the blocks' scales and mins")
 
             def by_strip_pairs(t: torch.Tensor) -> torch.Tensor:
@@ -316,15 +313,10 @@ class Interleaved:
 
     def strips(self, chosen: torch.Tensor) -> Interleaved:
         """The strips ``chosen`` (indices) of 16 output features alone."""
-
-        def pick(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t[chosen]
-
-        quants, scales = pick(self.quants), pick(self.scales)
-        assert quants is not None and scales is not None
-        rows = len(chosen) * FEATURES
+        extra = None if self.extra is None else self.extra[chosen]
+        shape = (len(chosen) * FEATURES, self.shape[1])
         return replace(
-            self, quants=quants, scales=scales, extra=pick(self.extra), shape=(rows, self.shape[1])
+            self, quants=self.quants[chosen], scales=self.scales[chosen], extra=extra, shape=shape
         )
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
@@ -434,9 +426,12 @@ def _interleaved_quants(packed: PackedWeight, six_bit: bool) -> torch.Tensor:
     return out
 
 
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal bit for bit but NaNs (a broken file's scales), which equal each other;
-    compared ``INTERLEAVE_ROWS`` rows at a time (a head's temporaries stay small)."""
+def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    """Equal bit for bit but NaNs (a broken file's scales), which equal each other
+    (or both None); compared ``INTERLEAVE_ROWS`` rows at a time (a head's temporaries
+    stay small)."""
+    if a is None or b is None:
+        return a is b
     if a.shape != b.shape:
         return False
     return all(
@@ -449,30 +444,30 @@ def interleaved_lanes(kind: BlockType) -> int:
     """The 32-bit lanes a feature's interleaved block fills (Q4_1: four of nibbles;
     Q5_*: those and one of fifth bits; Q8_0: eight of bytes; Q8_16, Q6_K's: four of
     nibbles and two of the quants' bits 4 and 5)."""
-    lanes = {BlockType.Q4_1: 4, BlockType.Q5_1: 5, BlockType.Q5_0: 5, BlockType.Q8_0: 8}
-    return lanes.get(kind, 6)
-
-
-SIX_BIT_ROWS = 4096  # rows converted at a time: a head's temporaries stay small
+    return {
+        BlockType.Q4_1: 4,
+        BlockType.Q5_1: 5,
+        BlockType.Q5_0: 5,
+        BlockType.Q8_0: 8,
+        BlockType.Q8_16: 6,
+    }[kind]
 
 
 def six_bit_lanes(quants: torch.Tensor) -> torch.Tensor:
     """Q6_K's quants minus 32 ([n, k/32, 32] int8, Q8_16's) as the interleaved Q6_K
     layout's 24 bytes ([n, k/32, 24] uint8): Q4_1's 16 bytes of their low nibbles
     (weights j and 16 + j in byte j), then two lanes of their bits 4 and 5: lane h's
-    byte b holds, at bits 2j and 2j + 1, those of weight 16h + 4j + b. In uint8 and
-    ``SIX_BIT_ROWS`` rows at a time (a head's wider temporaries were hundreds of MiB)."""
-    out = torch.empty(*quants.shape[:-1], 24, dtype=torch.uint8)
-    for start in range(0, quants.shape[0], SIX_BIT_ROWS):
-        # q - 32 in [-32, 31] as uint8, plus 32, wraps to q in [0, 63]
-        q = quants[start : start + SIX_BIT_ROWS].view(torch.uint8) + 32
-        chunk = out[start : start + SIX_BIT_ROWS]
-        chunk[..., :16] = (q[..., :16] & 15) | ((q[..., 16:] & 15) << 4)
-        top = (q >> 4).view(*q.shape[:-1], 2, 4, 4)  # [.., half, j, b]
-        lanes = chunk[..., 16:].view(*q.shape[:-1], 2, 4)
-        lanes.zero_()
-        for j in range(4):
-            lanes |= top[..., j, :] << (2 * j)
+    byte b holds, at bits 2j and 2j + 1, those of weight 16h + 4j + b. In uint8 (a
+    wider temporary is several times the quants' size; ``_interleaved_quants`` passes
+    a few thousand rows at a time)."""
+    q = quants.view(torch.uint8) + 32  # q - 32 in [-32, 31] as uint8, + 32: q in [0, 63]
+    out = torch.empty(*q.shape[:-1], 24, dtype=torch.uint8)
+    out[..., :16] = (q[..., :16] & 15) | ((q[..., 16:] & 15) << 4)
+    top = (q >> 4).view(*q.shape[:-1], 2, 4, 4)  # [.., half, j, b]
+    lanes = out[..., 16:].view(*q.shape[:-1], 2, 4)
+    lanes.zero_()
+    for j in range(4):
+        lanes |= top[..., j, :] << (2 * j)
     return out
 
 
@@ -831,12 +826,13 @@ class Linear(nn.Linear):
         """``attach`` the rows of ``parts`` one after another (a fused projection);
         where their layouts differ, the interleaved copy keeps each part's
         (``FusedInterleaved``)."""
-        packed = PackedWeight.stack(parts)
         layouts = {(p.kind, p.k_scales is not None and p.k_scales.six_bit) for p in parts}
         fused = None
         if len(layouts) > 1 and _interleaves(kernel):
             fused = FusedInterleaved.of(parts)
-        self.attach(packed, kernel, fused)
+        # where the parts alone will hold the weight, their stack would go unused
+        alone = fused is not None and not self.weight.numel()
+        self.attach(None if alone else PackedWeight.stack(parts), kernel, fused)
 
     def attach(
         self,
@@ -848,22 +844,25 @@ class Linear(nn.Linear):
         where the layer keeps one. A kernel with int8 dot products also gets the
         blocks interleaved where it has the vector code for them (AVX2 or AVX-512
         VNNI; elsewhere the portable C would be slower than the few-rows int8
-        kernels, which then run instead): ``fused``, the parts' own, where given;
-        a layer without a float32 weight then keeps the interleaved copy alone
-        (``packed`` None)."""
+        kernels, which then run instead): ``fused``, the parts' own, where given
+        (then ``packed`` may be None); a layer without a float32 weight then keeps
+        the interleaved copy alone (``packed`` None)."""
         shape = (self.out_features, self.in_features)
         if packed is not None:
             if packed.shape != shape:
                 raise ValueError(f"packed {packed.shape} for weight {shape}")
             if self.weight.numel() and not torch.equal(packed.dequantize(), self.weight.detach()):
                 raise ValueError("packed blocks do not hold this layer's float32 weight")
-        elif not self.weight.numel():
+        elif not self.weight.numel() and (fused is None or not _interleaves(kernel)):
             raise ValueError("a layer whose blocks hold its weight cannot drop them")
         interleaved: Interleaved | FusedInterleaved | None = None
-        if _interleaves(kernel) and packed is not None:
-            if fused is not None and fused.shape != shape:
-                raise ValueError(f"interleaved parts {fused.shape} for weight {shape}")
-            interleaved = fused or Interleaved.of(packed)
+        if _interleaves(kernel):
+            if fused is not None:
+                if fused.shape != shape:
+                    raise ValueError(f"interleaved parts {fused.shape} for weight {shape}")
+                interleaved = fused
+            elif packed is not None:
+                interleaved = Interleaved.of(packed)
         self.interleaved = interleaved
         # the K-quants' scales are for the interleaved copy; the file's layout has its own
         self.packed, self.kernel = without_k_scales(packed), kernel

@@ -187,7 +187,6 @@ def test_interleaving_in_pieces_gives_the_whole_matrixs_layout(
     assert packed is not None
     whole = Interleaved.of(packed)
     monkeypatch.setattr(packed_linear, "INTERLEAVE_ROWS", 16)
-    monkeypatch.setattr(packed_linear, "SIX_BIT_ROWS", 16)
     pieces = Interleaved.of(packed)
     assert whole is not None and pieces is not None
     for name in ("quants", "scales", "extra"):
