@@ -110,7 +110,7 @@ def verify(logits: torch.Tensor, draft: Sequence[int], row: SamplingRow) -> tupl
         residual = probs[j].clone()
         residual[token] = 0.0
         return list(draft[:j]), _pick(residual[None], [row])
-    return list(draft), _pick(probs[-1:].clone(), [row])
+    return list(draft), _pick(probs[-1:], [row])  # probs is not read again
 
 
 def _draw(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
