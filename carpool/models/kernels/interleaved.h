@@ -127,14 +127,21 @@ static inline float k_scale(const void *scales, const void *extra, int64_t g, in
 }
 
 /* The x operands of one tile: its rows' int8 steps (xq), Q8_0's xq + 128 under VNNI
-   (xu), Q5_0's sums of each block's steps (xqsums), and per block the step (xscales)
-   and the float32 sum (xsums); each [rows, k] or [rows, groups] from the tile's row. */
+   (xu), the sums of each half block's steps (xhalfsums: Q5_0's, and Q6_K's under
+   VNNI), and per block the step (xscales) and the float32 sum (xsums); each
+   [rows, k], [rows, 2 * groups] or [rows, groups] from the tile's row. */
 typedef struct {
     const int8_t *xq;
     const uint8_t *xu;
-    const int32_t *xqsums;
+    const int32_t *xhalfsums;
     const float *xscales, *xsums;
 } TileRows;
+
+/* 16 times the sum of row r's steps in block g: Q5_0's quants' 16, taken out */
+static inline int32_t q5_0_offset(const TileRows *x, int64_t groups, int64_t r, int64_t g) {
+    const int32_t *halves = x->xhalfsums + (r * groups + g) * 2;
+    return 16 * (halves[0] + halves[1]);
+}
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define INTERLEAVED_VECTORIZED 2
@@ -206,7 +213,7 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
                 dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], broadcast4(a));
                 for (int j = 1; j < 8; j++) dot = _mm512_dpbusd_epi32(dot, w[j], broadcast4(a + 4 * j));
                 if (kind == KIND_Q5_0)
-                    dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(16 * x->xqsums[r * groups + g]));
+                    dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(q5_0_offset(x, groups, r, g)));
             }
             const __m512 part =
                 _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(x->xscales[r * groups + g]));
@@ -312,7 +319,7 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
             for (int64_t r = 0; r < rows; r++) {
                 __m256i dot = half_dot(kind, w, wabs, x->xq + r * k + g * BLOCK);
                 if (kind == KIND_Q5_0)
-                    dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(16 * x->xqsums[r * groups + g]));
+                    dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(q5_0_offset(x, groups, r, g)));
                 const __m256 part =
                     _mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(x->xscales[r * groups + g]));
                 acc[r][h] = _mm256_fmadd_ps(part, scale, acc[r][h]);
@@ -354,7 +361,7 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
                             const int high = (byte >> 4) | ((fifth >> (4 + j)) & 1) << 4;
                             dot += low * a[4 * j + b] + high * a[16 + 4 * j + b];
                         }
-                    if (kind == KIND_Q5_0) dot -= 16 * x->xqsums[r * groups + g];
+                    if (kind == KIND_Q5_0) dot -= q5_0_offset(x, groups, r, g);
                 }
                 const float part = (float)dot * x->xscales[r * groups + g];
                 const float scale = factored(kind) ? k_scale(scales, extra, g, f, 0)
@@ -371,15 +378,59 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
 }
 #endif
 
-/* Q6_K's tile: the same arithmetic in the AVX2 code (also where AVX-512 VNNI builds
-   the other kinds': it has no vpsignb of 512 bits) and the portable C. */
-#if defined(__AVX2__) && defined(__FMA__)
-static inline __m256i q6_broadcast4(const int8_t *a) {
-    int32_t v;
-    memcpy(&v, a, sizeof v);
-    return _mm256_set1_epi32(v);
+/* Q6_K's tile: the same arithmetic in the AVX-512 VNNI code, the AVX2 code and the
+   portable C. */
+#if INTERLEAVED_VECTORIZED == 2
+/* Lane j's weights q in [0, 63], unsigned as vpdpbusd takes them: the nibbles, and
+   bits 4 and 5 from the high lanes (16-bit shifts move bits across bytes, which the
+   mask drops). Each half block's sum q . x (at most 16 * 63 * 127) less 32 times the
+   sum of its x steps is (q - 32) . x; times its int8 scale (vpmulld: at most
+   16 * 32 * 127 * 128 each) the two add up to the portable code's integer. */
+ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const float *supers,
+                             const TileRows *x, int64_t k, int64_t groups, int64_t rows,
+                             float *y, int64_t n) {
+    __m512 acc[TILE_ROWS];
+    for (int r = 0; r < TILE_ROWS; r++) acc[r] = _mm512_setzero_ps();
+    const __m512i low = _mm512_set1_epi8(15), high = _mm512_set1_epi8(0x30);
+    for (int64_t g = 0; g < groups; g++, q += FEATURES * 4 * 6) {
+        __m512i w[8];
+        const __m512i bits[2] = {_mm512_loadu_si512((const void *)(q + 256)),
+                                 _mm512_loadu_si512((const void *)(q + 320))};
+        for (int j = 0; j < 4; j++) {
+            const __m512i packed = _mm512_loadu_si512((const void *)(q + 64 * j));
+            const __m512i nibbles[2] = {_mm512_and_si512(packed, low),
+                                        _mm512_and_si512(_mm512_srli_epi16(packed, 4), low)};
+            for (int part = 0; part < 2; part++) {
+                const __m512i top = j < 2 ? _mm512_slli_epi16(bits[part], 4 - 2 * j)
+                                          : _mm512_srli_epi16(bits[part], 2 * j - 4);
+                w[4 * part + j] = _mm512_or_si512(nibbles[part], _mm512_and_si512(top, high));
+            }
+        }
+        const int8_t *sc = scales + g * 2 * FEATURES;
+        const __m512i first_scale = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc));
+        const __m512i second_scale =
+            _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sc + FEATURES)));
+        const __m512 d = _mm512_loadu_ps(supers + g / SUPER_BLOCKS * FEATURES);
+        for (int64_t r = 0; r < rows; r++) {
+            const uint8_t *a = (const uint8_t *)(x->xq + r * k + g * BLOCK);
+            const int32_t *halves = x->xhalfsums + (r * groups + g) * 2;
+            __m512i sums[2];
+            for (int part = 0; part < 2; part++) {
+                __m512i sum = _mm512_set1_epi32(-32 * halves[part]);
+                for (int j = 0; j < 4; j++)
+                    sum = _mm512_dpbusd_epi32(sum, w[4 * part + j], broadcast4(a + 16 * part + 4 * j));
+                sums[part] = sum;
+            }
+            const __m512i dot = _mm512_add_epi32(_mm512_mullo_epi32(sums[0], first_scale),
+                                                 _mm512_mullo_epi32(sums[1], second_scale));
+            const __m512 part =
+                _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(x->xscales[r * groups + g]));
+            acc[r] = _mm512_fmadd_ps(part, d, acc[r]);
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) _mm512_storeu_ps(y + r * n, acc[r]);
 }
-
+#elif defined(__AVX2__) && defined(__FMA__)
 /* 8 features' int8 scales as vpmaddwd's operand: each 32-bit lane the scale twice */
 static inline __m256i q6_scale_pairs(const int8_t *sc) {
     const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)sc));
@@ -425,7 +476,7 @@ ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const float
                     __m256i sum = _mm256_setzero_si256();
                     for (int j = 0; j < 4; j++) {
                         const int i = 4 * part + j;
-                        const __m256i signed_x = _mm256_sign_epi8(q6_broadcast4(a + 4 * i), w[i]);
+                        const __m256i signed_x = _mm256_sign_epi8(broadcast4(a + 4 * i), w[i]);
                         sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(wabs[i], signed_x));
                     }
                     sums[part] = sum;
@@ -491,28 +542,29 @@ static void interleaved_rows(int64_t kind, const uint8_t *q, const void *scales,
 #undef CALL_Q6
 }
 
-/* The per-row operands interleaved_tile reads beside xq (see TileRows), for the kinds
-   of the parts; 1 when out of memory (nothing left to free then). */
+/* The per-row operands the tiles read beside xq (see TileRows), for the kinds of the
+   parts; 1 when out of memory (nothing left to free then). */
 static int tile_operands(const InterleavedWeight *parts, int64_t count, const QuantizedRows *xq,
-                         int64_t rows, int64_t k, uint8_t **xu, int32_t **xqsums) {
-    const int64_t groups = k / BLOCK;
-    int with_xu = 0, with_xqsums = 0;
+                         int64_t rows, int64_t k, uint8_t **xu, int32_t **xhalfsums) {
+    int with_xu = 0, with_halves = 0;
     for (int64_t p = 0; p < count; p++) {
         with_xu |= INTERLEAVED_VECTORIZED == 2 && parts[p].kind == KIND_Q8_0;
-        with_xqsums |= parts[p].kind == KIND_Q5_0;
+        with_halves |= parts[p].kind == KIND_Q5_0 ||
+                       (INTERLEAVED_VECTORIZED == 2 && parts[p].kind == KIND_Q6_K);
     }
+    const int64_t halves = rows * k / (BLOCK / 2);
     *xu = with_xu ? malloc((size_t)(rows * k)) : NULL;
-    *xqsums = with_xqsums ? malloc(sizeof(int32_t) * (size_t)(rows * groups)) : NULL;
-    if ((with_xu && *xu == NULL) || (with_xqsums && *xqsums == NULL)) {
+    *xhalfsums = with_halves ? malloc(sizeof(int32_t) * (size_t)halves) : NULL;
+    if ((with_xu && *xu == NULL) || (with_halves && *xhalfsums == NULL)) {
         free(*xu);
-        free(*xqsums);
+        free(*xhalfsums);
         return 1;
     }
     for (int64_t i = 0; *xu != NULL && i < rows * k; i++) (*xu)[i] = (uint8_t)(xq->quants[i] ^ 0x80);
-    for (int64_t b = 0; *xqsums != NULL && b < rows * groups; b++) {
+    for (int64_t h = 0; *xhalfsums != NULL && h < halves; h++) {
         int32_t sum = 0;
-        for (int j = 0; j < BLOCK; j++) sum += xq->quants[b * BLOCK + j];
-        (*xqsums)[b] = sum;
+        for (int j = 0; j < BLOCK / 2; j++) sum += xq->quants[h * (BLOCK / 2) + j];
+        (*xhalfsums)[h] = sum;
     }
     return 0;
 }
@@ -529,8 +581,8 @@ static int interleaved_linear(const InterleavedWeight *parts, int64_t count, con
     QuantizedRows xq;
     if (quantize_rows(x, rows, k, 1, &xq)) return 1;
     uint8_t *xu;
-    int32_t *xqsums;
-    if (tile_operands(parts, count, &xq, rows, k, &xu, &xqsums)) {
+    int32_t *xhalfsums;
+    if (tile_operands(parts, count, &xq, rows, k, &xu, &xhalfsums)) {
         free_rows(&xq);
         return 1;
     }
@@ -538,7 +590,7 @@ static int interleaved_linear(const InterleavedWeight *parts, int64_t count, con
     if (shares == NULL) {
         free_rows(&xq);
         free(xu);
-        free(xqsums);
+        free(xhalfsums);
         return 1;
     }
 #pragma omp parallel num_threads(num_threads)
@@ -552,7 +604,7 @@ static int interleaved_linear(const InterleavedWeight *parts, int64_t count, con
             for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS) {
                 const TileRows tile = {
                     xq.quants + r0 * k, xu == NULL ? NULL : xu + r0 * k,
-                    xqsums == NULL ? NULL : xqsums + r0 * groups, xq.scales + r0 * groups,
+                    xhalfsums == NULL ? NULL : xhalfsums + r0 * groups * 2, xq.scales + r0 * groups,
                     xq.sums + r0 * groups};
                 interleaved_rows(
                     w->kind, (const uint8_t *)w->quants + local * groups * tile_bytes(w->kind),
@@ -566,7 +618,7 @@ static int interleaved_linear(const InterleavedWeight *parts, int64_t count, con
     }
     free_rows(&xq);
     free(xu);
-    free(xqsums);
+    free(xhalfsums);
     free(shares);
     return 0;
 }
