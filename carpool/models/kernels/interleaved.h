@@ -157,14 +157,6 @@ static inline __m512 u8_floats(const uint8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
 
-/* How far ahead of the block at hand a tile asks for its weights: one row streams
-   them from memory faster so (a Zen 4, one row over 157 MiB of Q4_K: +5-8%) */
-#define PREFETCH_BYTES 2048
-
-static inline void prefetch_tile(const uint8_t *q, int64_t bytes) {
-    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch((const char *)q + PREFETCH_BYTES + b, _MM_HINT_T0);
-}
-
 /* The sum over a block of four-byte products of w[j] and x's bytes 4j to 4j + 3
    broadcast, in two chains of four (the second half's apart): 8 dependent
    vpdpbusd would wait on each other's latency. Integer sums: the order changes
@@ -195,7 +187,6 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
     const int64_t bytes = tile_bytes(kind);
     const int with_mins = has_mins(kind);
     for (int64_t g = 0; g < groups; g++, q += bytes) {
-        prefetch_tile(q, bytes);
         __m512i w[8];
         if (kind == KIND_Q8_0) {
             for (int j = 0; j < 8; j++) w[j] = _mm512_loadu_si512((const void *)(q + 64 * j));
@@ -416,7 +407,6 @@ ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const float
     for (int r = 0; r < TILE_ROWS; r++) acc[r] = _mm512_setzero_ps();
     const __m512i low = _mm512_set1_epi8(15), high = _mm512_set1_epi8(0x30);
     for (int64_t g = 0; g < groups; g++, q += FEATURES * 4 * 6) {
-        prefetch_tile(q, FEATURES * 4 * 6);
         __m512i w[8];
         const __m512i bits[2] = {_mm512_loadu_si512((const void *)(q + 256)),
                                  _mm512_loadu_si512((const void *)(q + 320))};
