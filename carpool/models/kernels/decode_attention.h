@@ -71,6 +71,10 @@ static void attend_head(const AttentionShape *a, const float *q_head, const floa
 }
 
 #define MAX_HEADS 64
+/* Tokens whose keys (then values) every head reads before the next ones: the span's
+   rows of the cache (every kv head's, side by side) are asked for in order first, so
+   memory streams them once, and stay in L2 while the heads take turns on them */
+#define SPAN 256
 
 #if defined(__AVX2__) && defined(__FMA__)
 static inline float sum8(__m256 v) {
@@ -79,14 +83,106 @@ static inline float sum8(__m256 v) {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
+
+/* sum8 of each of v[0..8), lane i holding v[i]'s: the same additions in the same
+   order, eight at a time (a transpose folded into them) */
+static inline __m256 sum8_each(const __m256 *v) {
+    __m256 s[4], t[2];
+    for (int i = 0; i < 4; i++)
+        s[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[i], v[i + 4], 0x20),
+                             _mm256_permute2f128_ps(v[i], v[i + 4], 0x31));
+    for (int i = 0; i < 2; i++)
+        t[i] = _mm256_add_ps(_mm256_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* scale * (q . key) of one head (d a multiple of 8), summed in 8 lanes over the
+   dimensions in order, then across them as sum8 does */
+static inline float scaled_dot(const float *q, const float *key, int64_t d, float scale) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t j = 0; j < d; j += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), _mm256_loadu_ps(key + j), acc);
+    return sum8(acc) * scale;
+}
+
+/* scores[t] = scaled_dot(q, key t) for the count tokens whose keys are rows of
+   stride floats from key: eight at a time, each as scaled_dot computes it */
+static void score_run(const float *q, const float *key, int64_t stride, int64_t d,
+                      int64_t count, float scale, float *scores) {
+    int64_t t = 0;
+    for (; t + 8 <= count; t += 8) {
+        const float *k0 = key + t * stride;
+        __m256 acc[8];
+        for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+        for (int64_t j = 0; j < d; j += 8) {
+            const __m256 qj = _mm256_loadu_ps(q + j);
+            for (int i = 0; i < 8; i++)
+                acc[i] = _mm256_fmadd_ps(qj, _mm256_loadu_ps(k0 + i * stride + j), acc[i]);
+        }
+        _mm256_storeu_ps(scores + t, _mm256_mul_ps(sum8_each(acc), _mm256_set1_ps(scale)));
+    }
+    for (; t < count; t++) scores[t] = scaled_dot(q, key + t * stride, d, scale);
+}
+
+/* out[0..8 * vectors) += p[t] * value t's same dimensions for the count tokens whose
+   values are rows of stride floats from value, in token order, the sums held in
+   registers (vectors at most 8) */
+static inline __attribute__((always_inline)) void weigh_run(const float *p, const float *value,
+                                                            int64_t stride, int64_t count,
+                                                            int vectors, float *out) {
+    __m256 acc[8];
+    for (int c = 0; c < vectors; c++) acc[c] = _mm256_loadu_ps(out + 8 * c);
+    for (int64_t t = 0; t < count; t++) {
+        const __m256 pt = _mm256_set1_ps(p[t]);
+        const float *v = value + t * stride;
+        for (int c = 0; c < vectors; c++) acc[c] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(v + 8 * c), acc[c]);
+    }
+    for (int c = 0; c < vectors; c++) _mm256_storeu_ps(out + 8 * c, acc[c]);
+}
+
+/* the largest of v[0..count), NaNs passed over (as a > comparison does) */
+static inline float largest(const float *v, int64_t count) {
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    int64_t t = 0;
+    for (; t + 8 <= count; t += 8) m = _mm256_max_ps(_mm256_loadu_ps(v + t), m);
+    float lanes[8], maximum = -INFINITY;
+    _mm256_storeu_ps(lanes, m);
+    for (int i = 0; i < 8; i++)
+        if (lanes[i] > maximum) maximum = lanes[i];
+    for (; t < count; t++)
+        if (v[t] > maximum) maximum = v[t];
+    return maximum;
+}
+
+/* Asks for rows [row, row + count) of stride floats of a cache, in order (into L2) */
+static inline void prefetch_rows(const float *cache, int64_t row, int64_t count, int64_t stride) {
+    const char *at = (const char *)(cache + row * stride);
+    const char *end = (const char *)(cache + (row + count) * stride);
+    for (; at < end; at += 64) _mm_prefetch(at, _MM_HINT_T1);
+}
 #endif
 
-/* attend_head for every head of one sequence, in one pass over its cache: each
-   token's keys (then values), all kv heads side by side, are read once and used by
-   every query head (the cache comes from memory: that is what bounds a step of many
-   sequences). q_seq, out_seq: [num_heads, head_dim]; scores: scratch of
-   num_heads * (len - first) floats. Vectorised by hand where head_dim is a multiple of 8;
-   attend_head's order of operations per head otherwise. */
+/* Calls run(row, count) for the runs of consecutive tokens [t0, t1) of a sequence
+   whose tokens [first, ...) are the rows of its blocks (table), row the cache row of
+   the run's first token: a run ends at a block's end. */
+#define FOR_EACH_RUN(table, bs, first, t0, t1, run)                                    \
+    for (int64_t pos_ = (first) + (t0), end_ = (first) + (t1); pos_ < end_;) {         \
+        const int64_t within_ = pos_ % (bs);                                           \
+        const int64_t count_ = (bs) - within_ < end_ - pos_ ? (bs) - within_ : end_ - pos_; \
+        const int64_t t_ = pos_ - (first);                                             \
+        run((table)[pos_ / (bs)] * (bs) + within_, t_, count_);                         \
+        pos_ += count_;                                                                 \
+    }
+
+/* attend_head for every head of one sequence. q_seq, out_seq: [num_heads, head_dim];
+   scores: scratch of num_heads * (len - first) floats. Vectorised by hand where
+   head_dim is a multiple of 8: the tokens in spans of SPAN, each span's keys scored by
+   every head in turn (eight tokens at a time within a block), then its values weighed
+   into every head's sums (held in registers 64 dimensions at a time while a block
+   lasts); each score summed as sum8 sums it and each output in token order, whatever
+   the span or block. attend_head's order of operations per head otherwise. */
 static void attend_sequence(const AttentionShape *a, const float *q_seq, const float *k_cache,
                             const float *v_cache, const int64_t *table, int64_t first,
                             int64_t len, float *scores, float *out_seq) {
@@ -95,37 +191,45 @@ static void attend_sequence(const AttentionShape *a, const float *q_seq, const f
 #if defined(__AVX2__) && defined(__FMA__)
     if (d % 8 == 0 && heads <= MAX_HEADS) {
         const int64_t stride = a->num_kv_heads * d, bs = a->block_size, n = len - first;
-        float maxima[MAX_HEADS], sums[MAX_HEADS];
-        for (int64_t h = 0; h < heads; h++) maxima[h] = -INFINITY;
-        for (int64_t b = first / bs, i0 = first % bs, t = 0; t < n; b++, i0 = 0) {
-            const float *kb = k_cache + table[b] * bs * stride;
-            for (int64_t i = i0; i < bs && t < n; i++, t++) {
-                const float *kt = kb + i * stride;
-                for (int64_t h = 0; h < heads; h++) {
-                    const float *qh = q_seq + h * d, *kh = kt + (h / group) * d;
-                    __m256 acc = _mm256_setzero_ps();
-                    for (int64_t j = 0; j < d; j += 8)
-                        acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + j), _mm256_loadu_ps(kh + j), acc);
-                    const float dot = sum8(acc) * a->scale;
-                    scores[h * n + t] = dot;
-                    if (dot > maxima[h]) maxima[h] = dot;
-                }
+        float sums[MAX_HEADS];
+        for (int64_t t0 = 0; t0 < n; t0 += SPAN) {
+            const int64_t t1 = t0 + SPAN < n ? t0 + SPAN : n;
+#define FETCH(row, t, count) prefetch_rows(k_cache, row, count, stride)
+            FOR_EACH_RUN(table, bs, first, t0, t1, FETCH)
+#undef FETCH
+            for (int64_t h = 0; h < heads; h++) {
+                const float *qh = q_seq + h * d, *kh = k_cache + (h / group) * d;
+                /* the values come in while the first head scores */
+#define SCORE(row, t, count)                                                               \
+    if (h == 0) prefetch_rows(v_cache, row, count, stride);                               \
+    score_run(qh, kh + (row) * stride, stride, d, count, a->scale, scores + h * n + (t));
+                FOR_EACH_RUN(table, bs, first, t0, t1, SCORE)
+#undef SCORE
             }
         }
-        for (int64_t h = 0; h < heads; h++)
-            sums[h] = exp_shifted(scores + h * n, maxima[h], scores + h * n, n);
+        for (int64_t h = 0; h < heads; h++) {
+            float *sh = scores + h * n;
+            sums[h] = exp_shifted(sh, largest(sh, n), sh, n);
+        }
         for (int64_t j = 0; j < heads * d; j++) out_seq[j] = 0.f;
-        for (int64_t b = first / bs, i0 = first % bs, t = 0; t < n; b++, i0 = 0) {
-            const float *vb = v_cache + table[b] * bs * stride;
-            for (int64_t i = i0; i < bs && t < n; i++, t++) {
-                const float *vt = vb + i * stride;
-                for (int64_t h = 0; h < heads; h++) {
-                    const __m256 p = _mm256_set1_ps(scores[h * n + t]);
-                    const float *vh = vt + (h / group) * d;
-                    float *oh = out_seq + h * d;
-                    for (int64_t j = 0; j < d; j += 8)
-                        _mm256_storeu_ps(oh + j, _mm256_fmadd_ps(p, _mm256_loadu_ps(vh + j),
-                                                                 _mm256_loadu_ps(oh + j)));
+        for (int64_t t0 = 0; t0 < n; t0 += SPAN) {
+            const int64_t t1 = t0 + SPAN < n ? t0 + SPAN : n;
+            if (t0 > 0) {
+#define FETCH(row, t, count) prefetch_rows(v_cache, row, count, stride)
+                FOR_EACH_RUN(table, bs, first, t0, t1, FETCH)
+#undef FETCH
+            }
+            for (int64_t h = 0; h < heads; h++) {
+                const float *vh = v_cache + (h / group) * d, *ph = scores + h * n;
+                for (int64_t j0 = 0; j0 < d; j0 += 64) {
+                    float *oh = out_seq + h * d + j0;
+#define WEIGH(row, t, count)                                                               \
+    if (d - j0 >= 64)                                                                      \
+        weigh_run(ph + (t), vh + (row) * stride + j0, stride, count, 8, oh);               \
+    else                                                                                   \
+        weigh_run(ph + (t), vh + (row) * stride + j0, stride, count, (int)((d - j0) / 8), oh);
+                    FOR_EACH_RUN(table, bs, first, t0, t1, WEIGH)
+#undef WEIGH
                 }
             }
         }
