@@ -73,7 +73,8 @@ static void attend_head(const AttentionShape *a, const float *q_head, const floa
 #define MAX_HEADS 64
 /* Tokens whose keys (then values) every head reads before the next ones: the span's
    rows of the cache (every kv head's, side by side) are asked for in order first, so
-   memory streams them once, and stay in L2 while the heads take turns on them */
+   memory streams them once, and stay in L2 while the heads take turns on them (a
+   span's keys and values: 2 * SPAN * num_kv_heads * head_dim floats) */
 #define SPAN 256
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -164,9 +165,9 @@ static inline void prefetch_rows(const float *cache, int64_t row, int64_t count,
 }
 #endif
 
-/* Calls run(row, count) for the runs of consecutive tokens [t0, t1) of a sequence
-   whose tokens [first, ...) are the rows of its blocks (table), row the cache row of
-   the run's first token: a run ends at a block's end. */
+/* Calls run(row, t, count) for the runs of consecutive tokens [t0, t1) of a sequence
+   whose tokens [first, ...) are the rows of its blocks (table): row is the cache row
+   of the run's first token, t its index from first; a run ends at a block's end. */
 #define FOR_EACH_RUN(table, bs, first, t0, t1, run)                                    \
     for (int64_t pos_ = (first) + (t0), end_ = (first) + (t1); pos_ < end_;) {         \
         const int64_t within_ = pos_ % (bs);                                           \
@@ -192,6 +193,8 @@ static void attend_sequence(const AttentionShape *a, const float *q_seq, const f
     if (d % 8 == 0 && heads <= MAX_HEADS) {
         const int64_t stride = a->num_kv_heads * d, bs = a->block_size, n = len - first;
         float sums[MAX_HEADS];
+        /* one span: its values come in while the first head scores its keys */
+        const int early_values = n <= SPAN;
         for (int64_t t0 = 0; t0 < n; t0 += SPAN) {
             const int64_t t1 = t0 + SPAN < n ? t0 + SPAN : n;
 #define FETCH(row, t, count) prefetch_rows(k_cache, row, count, stride)
@@ -199,9 +202,8 @@ static void attend_sequence(const AttentionShape *a, const float *q_seq, const f
 #undef FETCH
             for (int64_t h = 0; h < heads; h++) {
                 const float *qh = q_seq + h * d, *kh = k_cache + (h / group) * d;
-                /* the values come in while the first head scores */
 #define SCORE(row, t, count)                                                               \
-    if (h == 0) prefetch_rows(v_cache, row, count, stride);                               \
+    if (h == 0 && early_values) prefetch_rows(v_cache, row, count, stride);               \
     score_run(qh, kh + (row) * stride, stride, d, count, a->scale, scores + h * n + (t));
                 FOR_EACH_RUN(table, bs, first, t0, t1, SCORE)
 #undef SCORE
@@ -214,7 +216,7 @@ static void attend_sequence(const AttentionShape *a, const float *q_seq, const f
         for (int64_t j = 0; j < heads * d; j++) out_seq[j] = 0.f;
         for (int64_t t0 = 0; t0 < n; t0 += SPAN) {
             const int64_t t1 = t0 + SPAN < n ? t0 + SPAN : n;
-            if (t0 > 0) {
+            if (!early_values) {
 #define FETCH(row, t, count) prefetch_rows(v_cache, row, count, stride)
                 FOR_EACH_RUN(table, bs, first, t0, t1, FETCH)
 #undef FETCH

@@ -110,6 +110,40 @@ def test_a_sequence_gets_the_same_bits_alone_and_in_a_batch() -> None:
         assert torch.equal(alone[0], batched[i])
 
 
+def laid_out(
+    keys_values: list[torch.Tensor], block_size: int, seed: int
+) -> tuple[torch.Tensor, list[list[int]]]:
+    """Each sequence's keys and values ([2, context, kv_heads, head_dim]) in a cache of
+    ``block_size``, its blocks scattered; the cache and the block tables."""
+    need = [-(-kv.shape[1] // block_size) for kv in keys_values]
+    num_blocks = sum(need) + 1
+    cache = torch.zeros(2, num_blocks, block_size, *keys_values[0].shape[2:])
+    order = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
+    tables, used = [], 0
+    for kv, n in zip(keys_values, need, strict=True):
+        table = order[used : used + n]
+        used += n
+        for t in range(kv.shape[1]):
+            cache[:, table[t // block_size], t % block_size] = kv[:, t]
+        tables.append(table)
+    return cache, tables
+
+
+def test_a_sequence_gets_the_same_bits_whatever_blocks_hold_it() -> None:
+    """A score is summed the same way eight keys at a time as one at a time, and the
+    values in token order, whatever runs the blocks cut the tokens into: blocks of 4
+    score one key at a time, of 16 and 64 eight at a time; 300 keys pass a span."""
+    contexts = [3, 29, 300]
+    gen = torch.Generator().manual_seed(4)
+    keys_values = [torch.randn(2, c, 3, 64, generator=gen) for c in contexts]
+    q = torch.randn(len(contexts), 9, 64, generator=gen)
+    results = []
+    for block_size in (4, 16, 64):
+        cache, tables = laid_out(keys_values, block_size, seed=block_size)
+        results.append(attend(cache, q, tables, contexts, native=True))
+    assert all(torch.equal(r, results[0]) for r in results[1:])
+
+
 def test_the_kernel_refuses_tensors_it_cannot_read() -> None:
     kernel = compile_decode_kernel()
     cache = torch.zeros(2, 4, 16, 2, 16)
