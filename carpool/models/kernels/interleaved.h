@@ -137,6 +137,15 @@ typedef struct {
     const float *xscales, *xsums;
 } TileRows;
 
+/* How far ahead of the block at hand a vector tile asks for its weights, into L2: one
+   row then streams them from memory at 1.15-1.35x the rate (a Zen 4, 2 threads, one
+   row over 157 MiB of Q4_K or 57 MiB of Q5_0 matrices; 2 KB ahead into L1 did not) */
+#define TILE_PREFETCH_BYTES 8192
+
+static inline void prefetch_ahead(const uint8_t *q, int64_t bytes) {
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(q + TILE_PREFETCH_BYTES + b, 0, 2);
+}
+
 /* 16 times the sum of row r's steps in block g: Q5_0's quants' 16, taken out */
 static inline int32_t q5_0_offset(const TileRows *x, int64_t groups, int64_t r, int64_t g) {
     const int32_t *halves = x->xhalfsums + (r * groups + g) * 2;
@@ -187,6 +196,7 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
     const int64_t bytes = tile_bytes(kind);
     const int with_mins = has_mins(kind);
     for (int64_t g = 0; g < groups; g++, q += bytes) {
+        prefetch_ahead(q, bytes);
         __m512i w[8];
         if (kind == KIND_Q8_0) {
             for (int j = 0; j < 8; j++) w[j] = _mm512_loadu_si512((const void *)(q + 64 * j));
@@ -294,7 +304,8 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
     const __m256i low = _mm256_set1_epi8(15);
     const int64_t bytes = tile_bytes(kind);
     const int with_mins = has_mins(kind);
-    for (int64_t g = 0; g < groups; g++, q += bytes)
+    for (int64_t g = 0; g < groups; g++, q += bytes) {
+        prefetch_ahead(q, bytes);
         for (int h = 0; h < 2; h++) {
             __m256i w[8], wabs[8]; /* features 8h on, bytes 4j on */
             if (kind == KIND_Q8_0) {
@@ -341,6 +352,7 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
                     acc[r][h] = _mm256_fmadd_ps(_mm256_set1_ps(x->xsums[r * groups + g]), min, acc[r][h]);
             }
         }
+    }
     for (int64_t r = 0; r < rows; r++) {
         _mm256_storeu_ps(y + r * n, acc[r][0]);
         _mm256_storeu_ps(y + r * n + 8, acc[r][1]);
@@ -407,6 +419,7 @@ ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const float
     for (int r = 0; r < TILE_ROWS; r++) acc[r] = _mm512_setzero_ps();
     const __m512i low = _mm512_set1_epi8(15), high = _mm512_set1_epi8(0x30);
     for (int64_t g = 0; g < groups; g++, q += FEATURES * 4 * 6) {
+        prefetch_ahead(q, FEATURES * 4 * 6);
         __m512i w[8];
         const __m512i bits[2] = {_mm512_loadu_si512((const void *)(q + 256)),
                                  _mm512_loadu_si512((const void *)(q + 320))};
@@ -463,7 +476,8 @@ ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const float
     for (int r = 0; r < TILE_ROWS; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     const __m256i low = _mm256_set1_epi8(15), high = _mm256_set1_epi8(0x30);
     const __m256i offset = _mm256_set1_epi8(32);
-    for (int64_t g = 0; g < groups; g++, q += FEATURES * 4 * 6)
+    for (int64_t g = 0; g < groups; g++, q += FEATURES * 4 * 6) {
+        prefetch_ahead(q, FEATURES * 4 * 6);
         for (int h = 0; h < 2; h++) {
             __m256i w[8], wabs[8];
             const __m256i bits[2] = {_mm256_loadu_si256((const __m256i *)(q + 256 + 32 * h)),
@@ -502,6 +516,7 @@ ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const float
                 acc[r][h] = _mm256_fmadd_ps(part, d, acc[r][h]);
             }
         }
+    }
     for (int64_t r = 0; r < rows; r++) {
         _mm256_storeu_ps(y + r * n, acc[r][0]);
         _mm256_storeu_ps(y + r * n + 8, acc[r][1]);
