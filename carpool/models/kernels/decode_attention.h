@@ -70,6 +70,46 @@ static void attend_head(const AttentionShape *a, const float *q_head, const floa
     for (int64_t j = 0; j < d; j++) out_head[j] *= inverse;
 }
 
+/* the largest of v[0..count) (exact in any order), NaNs passed over as a > comparison
+   passes them */
+static float maximum_of(const float *v, int64_t count) {
+    float maximum = -INFINITY;
+    int64_t t = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    /* vmaxps returns its second operand where either is NaN: m's */
+    for (; t + 8 <= count; t += 8) m = _mm256_max_ps(_mm256_loadu_ps(v + t), m);
+    float lanes[8];
+    _mm256_storeu_ps(lanes, m);
+    for (int i = 0; i < 8; i++)
+        if (lanes[i] > maximum) maximum = lanes[i];
+#endif
+    for (; t < count; t++)
+        if (v[t] > maximum) maximum = v[t];
+    return maximum;
+}
+
+/* out[j] += sum over t < count of p[t] * v[t * stride + j] for j < d, t in order: each
+   out[j] one chain of fused multiply-adds, 64 dimensions at a time held in registers */
+static void add_weighted_values(const float *p, const float *v, int64_t stride, int64_t count,
+                                int64_t d, float *out) {
+    int64_t j0 = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    for (; j0 + 64 <= d; j0 += 64) {
+        __m256 acc[8];
+        for (int i = 0; i < 8; i++) acc[i] = _mm256_loadu_ps(out + j0 + 8 * i);
+        for (int64_t t = 0; t < count; t++) {
+            const __m256 pt = _mm256_set1_ps(p[t]);
+            const float *vt = v + t * stride + j0;
+            for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vt + 8 * i), acc[i]);
+        }
+        for (int i = 0; i < 8; i++) _mm256_storeu_ps(out + j0 + 8 * i, acc[i]);
+    }
+#endif
+    for (int64_t t = 0; t < count; t++)
+        for (int64_t j = j0; j < d; j++) out[j] = fmaf(p[t], v[t * stride + j], out[j]);
+}
+
 #define MAX_HEADS 64
 /* Tokens whose keys (then values) every head reads before the next ones: the span's
    rows of the cache (every kv head's, side by side) are asked for in order first, so
@@ -127,36 +167,6 @@ static void score_run(const float *q, const float *key, int64_t stride, int64_t 
     for (; t < count; t++) scores[t] = scaled_dot(q, key + t * stride, d, scale);
 }
 
-/* out[0..8 * vectors) += p[t] * value t's same dimensions for the count tokens whose
-   values are rows of stride floats from value, in token order, the sums held in
-   registers (vectors at most 8) */
-static inline __attribute__((always_inline)) void weigh_run(const float *p, const float *value,
-                                                            int64_t stride, int64_t count,
-                                                            int vectors, float *out) {
-    __m256 acc[8];
-    for (int c = 0; c < vectors; c++) acc[c] = _mm256_loadu_ps(out + 8 * c);
-    for (int64_t t = 0; t < count; t++) {
-        const __m256 pt = _mm256_set1_ps(p[t]);
-        const float *v = value + t * stride;
-        for (int c = 0; c < vectors; c++) acc[c] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(v + 8 * c), acc[c]);
-    }
-    for (int c = 0; c < vectors; c++) _mm256_storeu_ps(out + 8 * c, acc[c]);
-}
-
-/* the largest of v[0..count), NaNs passed over (as a > comparison does) */
-static inline float largest(const float *v, int64_t count) {
-    __m256 m = _mm256_set1_ps(-INFINITY);
-    int64_t t = 0;
-    for (; t + 8 <= count; t += 8) m = _mm256_max_ps(_mm256_loadu_ps(v + t), m);
-    float lanes[8], maximum = -INFINITY;
-    _mm256_storeu_ps(lanes, m);
-    for (int i = 0; i < 8; i++)
-        if (lanes[i] > maximum) maximum = lanes[i];
-    for (; t < count; t++)
-        if (v[t] > maximum) maximum = v[t];
-    return maximum;
-}
-
 /* Asks for rows [row, row + count) of stride floats of a cache, in order (into L2) */
 static inline void prefetch_rows(const float *cache, int64_t row, int64_t count, int64_t stride) {
     const char *at = (const char *)(cache + row * stride);
@@ -168,22 +178,21 @@ static inline void prefetch_rows(const float *cache, int64_t row, int64_t count,
 /* Calls run(row, t, count) for the runs of consecutive tokens [t0, t1) of a sequence
    whose tokens [first, ...) are the rows of its blocks (table): row is the cache row
    of the run's first token, t its index from first; a run ends at a block's end. */
-#define FOR_EACH_RUN(table, bs, first, t0, t1, run)                                    \
-    for (int64_t pos_ = (first) + (t0), end_ = (first) + (t1); pos_ < end_;) {         \
-        const int64_t within_ = pos_ % (bs);                                           \
+#define FOR_EACH_RUN(table, bs, first, t0, t1, run)                                        \
+    for (int64_t pos_ = (first) + (t0), end_ = (first) + (t1); pos_ < end_;) {             \
+        const int64_t within_ = pos_ % (bs);                                               \
         const int64_t count_ = (bs) - within_ < end_ - pos_ ? (bs) - within_ : end_ - pos_; \
-        const int64_t t_ = pos_ - (first);                                             \
-        run((table)[pos_ / (bs)] * (bs) + within_, t_, count_);                         \
-        pos_ += count_;                                                                 \
+        run((table)[pos_ / (bs)] * (bs) + within_, pos_ - (first), count_);                \
+        pos_ += count_;                                                                     \
     }
 
 /* attend_head for every head of one sequence. q_seq, out_seq: [num_heads, head_dim];
    scores: scratch of num_heads * (len - first) floats. Vectorised by hand where
    head_dim is a multiple of 8: the tokens in spans of SPAN, each span's keys scored by
    every head in turn (eight tokens at a time within a block), then its values weighed
-   into every head's sums (held in registers 64 dimensions at a time while a block
-   lasts); each score summed as sum8 sums it and each output in token order, whatever
-   the span or block. attend_head's order of operations per head otherwise. */
+   into every head's sums (add_weighted_values, a block's run at a time); each score
+   summed as sum8 sums it and each output in token order, whatever the span or block.
+   attend_head's order of operations per head otherwise. */
 static void attend_sequence(const AttentionShape *a, const float *q_seq, const float *k_cache,
                             const float *v_cache, const int64_t *table, int64_t first,
                             int64_t len, float *scores, float *out_seq) {
@@ -211,7 +220,7 @@ static void attend_sequence(const AttentionShape *a, const float *q_seq, const f
         }
         for (int64_t h = 0; h < heads; h++) {
             float *sh = scores + h * n;
-            sums[h] = exp_shifted(sh, largest(sh, n), sh, n);
+            sums[h] = exp_shifted(sh, maximum_of(sh, n), sh, n);
         }
         for (int64_t j = 0; j < heads * d; j++) out_seq[j] = 0.f;
         for (int64_t t0 = 0; t0 < n; t0 += SPAN) {
@@ -223,16 +232,9 @@ static void attend_sequence(const AttentionShape *a, const float *q_seq, const f
             }
             for (int64_t h = 0; h < heads; h++) {
                 const float *vh = v_cache + (h / group) * d, *ph = scores + h * n;
-                for (int64_t j0 = 0; j0 < d; j0 += 64) {
-                    float *oh = out_seq + h * d + j0;
-#define WEIGH(row, t, count)                                                               \
-    if (d - j0 >= 64)                                                                      \
-        weigh_run(ph + (t), vh + (row) * stride + j0, stride, count, 8, oh);               \
-    else                                                                                   \
-        weigh_run(ph + (t), vh + (row) * stride + j0, stride, count, (int)((d - j0) / 8), oh);
-                    FOR_EACH_RUN(table, bs, first, t0, t1, WEIGH)
+#define WEIGH(row, t, count) add_weighted_values(ph + (t), vh + (row) * stride, stride, count, d, out_seq + h * d)
+                FOR_EACH_RUN(table, bs, first, t0, t1, WEIGH)
 #undef WEIGH
-                }
             }
         }
         for (int64_t h = 0; h < heads; h++) {

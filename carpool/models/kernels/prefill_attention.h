@@ -106,46 +106,6 @@ static inline __attribute__((always_inline)) void score_tile(int count, const fl
 #endif
 }
 
-/* the largest of v[0..count) (exact in any order) */
-static float maximum_of(const float *v, int64_t count) {
-    float maximum = -INFINITY;
-    int64_t t = 0;
-#if defined(__AVX2__) && defined(__FMA__)
-    __m256 m = _mm256_set1_ps(-INFINITY);
-    for (; t + 8 <= count; t += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(v + t));
-    float lanes[8];
-    _mm256_storeu_ps(lanes, m);
-    for (int i = 0; i < 8; i++)
-        if (lanes[i] > maximum) maximum = lanes[i];
-#endif
-    for (; t < count; t++)
-        if (v[t] > maximum) maximum = v[t];
-    return maximum;
-}
-
-/* out[j] += sum over t < count of p[t] * v[t * d + j], t in order */
-static void add_weighted_values(const float *p, const float *v, int64_t count, int64_t d,
-                                float *out) {
-#if defined(__AVX2__) && defined(__FMA__)
-    if (d % 64 == 0) {
-        for (int64_t j0 = 0; j0 < d; j0 += 64) {
-            __m256 acc[8];
-            for (int i = 0; i < 8; i++) acc[i] = _mm256_loadu_ps(out + j0 + 8 * i);
-            for (int64_t t = 0; t < count; t++) {
-                const __m256 pt = _mm256_set1_ps(p[t]);
-                const float *vt = v + t * d + j0;
-                for (int i = 0; i < 8; i++)
-                    acc[i] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vt + 8 * i), acc[i]);
-            }
-            for (int i = 0; i < 8; i++) _mm256_storeu_ps(out + j0 + 8 * i, acc[i]);
-        }
-        return;
-    }
-#endif
-    for (int64_t t = 0; t < count; t++)
-        for (int64_t j = 0; j < d; j++) out[j] = fmaf(p[t], v[t * d + j], out[j]);
-}
-
 /* Rows [first, first + count) of chunk c, the query heads of kv head g; a row of
    context len attends gathered keys [window_start(len, window) - c->start, len -
    c->start). Keys are the outer loop (a tile of them stays in cache while every row
@@ -188,7 +148,7 @@ static void attend_chunk_tile(const AttentionShape *a, const float *q, const Chu
             const int64_t len = context_lens[first + r] - c->start;
             const int64_t n = len - t0 < KEY_TILE ? len - t0 : KEY_TILE;
             for (int64_t h = 0; h < group && n > 0; h++)
-                add_weighted_values(scores + (r * group + h) * width + t0, v + t0 * d, n, d,
+                add_weighted_values(scores + (r * group + h) * width + t0, v + t0 * d, d, n, d,
                                     out + (first + r) * row_size + (g * group + h) * d);
         }
     for (int64_t r = 0; r < count; r++)
