@@ -143,7 +143,9 @@ typedef struct {
 #define TILE_PREFETCH_BYTES 8192
 
 static inline void prefetch_ahead(const uint8_t *q, int64_t bytes) {
-    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(q + TILE_PREFETCH_BYTES + b, 0, 2);
+    /* an address, not a pointer: past the matrix's end there is no object to point into */
+    const uintptr_t ahead = (uintptr_t)q + TILE_PREFETCH_BYTES;
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch((const void *)(ahead + (uintptr_t)b), 0, 2);
 }
 
 /* 16 times the sum of row r's steps in block g: Q5_0's quants' 16, taken out */
