@@ -39,7 +39,9 @@ class ResponseStream:
 
     ``check`` (set by the model's batch before the stream reaches a consumer) turns a
     response's outputs into checked outputs or ``Failed``. ``cancelled`` is set when
-    the consumer leaves, so the model's sender can report it (``is_cancelled``)."""
+    the consumer leaves before the final flag, so the model's sender can report it
+    (``is_cancelled``); ``on_cancel``, when set, is called then too (a worker process's
+    stream: its model's sender is in the worker, which must be told)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -48,6 +50,7 @@ class ResponseStream:
         self._forward: Callable[[Outputs | Failed | None], None] | None = None
         self.check: Callable[[Outputs], Outputs | Failed] = lambda outputs: outputs
         self.cancelled = False
+        self.on_cancel: Callable[[], None] | None = None
 
     # --- the model's side (any thread) ---------------------------------------------
 
@@ -120,6 +123,7 @@ class ResponseStream:
 
         with self._lock:
             self._wake = wake
+        ended = False
         try:
             while True:
                 with self._lock:
@@ -134,6 +138,7 @@ class ResponseStream:
                     arrived.clear()
                     continue
                 if isinstance(item, _End):
+                    ended = True
                     return
                 checked = item if isinstance(item, Failed) else self.check(item)
                 if isinstance(checked, Failed):
@@ -142,4 +147,7 @@ class ResponseStream:
         finally:
             with self._lock:
                 self._wake = None
+            if not ended:
                 self.cancelled = True
+                if self.on_cancel is not None:
+                    self.on_cancel()

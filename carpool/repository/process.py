@@ -13,7 +13,9 @@ notice: it ``restart``s the worker (or passes a timeout to ``execute``).
 A decoupled model's responses, sent from its own threads during ``execute`` or after
 it returned, cross on a pipe of their own (each request's stream by a number the
 worker gives it) into a ``ResponseStream`` here; if the worker dies, every stream it
-left open fails.
+left open fails. A consumer that leaves a stream before its final response is told to
+the worker (on the control pipe, by the stream's number), whose model's sender then
+reports it (``is_cancelled``), as Triton's stub is told of a cancelled request.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import logging
 import multiprocessing
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -46,17 +48,20 @@ log = logging.getLogger(__name__)
 START_TIMEOUT_S = 300.0
 
 
-def _answer_control(control: Connection, backend: Any) -> None:
+def _answer_control(control: Connection, backend: Any, streams: _WorkerStreams) -> None:
     """The worker's control thread: each question (a number and what is asked) is
     answered with the number and the answer, while the main thread may be running a
     batch: ``ready`` (the model's ``is_ready``) or ``metrics`` (this process's custom
-    metrics)."""
+    metrics). ``cancel`` is a notice, not answered: the stream of that number lost its
+    consumer."""
     while True:
         try:
             number, what = control.recv()
         except (EOFError, OSError):
             return
-        if what == "ready":
+        if what == "cancel":
+            streams.cancel(number)
+        elif what == "ready":
             is_ready = getattr(backend, "is_ready", None)
             control.send((number, bool(is_ready()) if callable(is_ready) else True))
         else:
@@ -71,21 +76,47 @@ class StreamKey:
     number: int
 
 
-def _streamed(
-    results: list[Any], send: Callable[[int, Any], None], numbers: Iterator[int]
-) -> list[Any]:
-    """A batch's results as the worker sends them: each ``ResponseStream`` (a
-    decoupled request's) replaced by its ``StreamKey``, its responses handed to
-    ``send`` with its number."""
-    answered: list[Any] = []
-    for result in results:
-        if isinstance(result, ResponseStream):
-            key = StreamKey(next(numbers))
-            result.forward(functools.partial(send, key.number))
-            answered.append(key)
-        else:
-            answered.append(result)
-    return answered
+class _WorkerStreams:
+    """In the worker, its decoupled requests' streams by number, from the batch that
+    opened each until its final response is sent, all on the one responses pipe."""
+
+    def __init__(self, responses: Connection) -> None:
+        self._responses = responses
+        self._numbers = itertools.count()
+        self._lock = threading.Lock()  # the streams by number
+        self._sending = threading.Lock()  # one sender at a time on the pipe
+        self._open: dict[int, ResponseStream] = {}
+
+    def answered(self, results: list[Any]) -> list[Any]:
+        """A batch's results as the worker sends them: each ``ResponseStream`` (a
+        decoupled request's) replaced by its ``StreamKey``, its responses sent with
+        its number from now on."""
+        answered: list[Any] = []
+        for result in results:
+            if isinstance(result, ResponseStream):
+                key = StreamKey(next(self._numbers))
+                with self._lock:
+                    self._open[key.number] = result
+                result.forward(functools.partial(self._send, key.number))
+                answered.append(key)
+            else:
+                answered.append(result)
+        return answered
+
+    def cancel(self, number: int) -> None:
+        """The server's consumer of stream ``number`` left (ended streams: nothing)."""
+        with self._lock:
+            stream = self._open.get(number)
+        if stream is not None:
+            stream.cancelled = True
+
+    def _send(self, number: int, item: Any) -> None:
+        """Any of the model's threads; the threads of every stream share the pipe."""
+        if item is None:
+            with self._lock:
+                self._open.pop(number, None)
+        with self._sending, contextlib.suppress(OSError):  # the server is gone: nobody reads
+            self._responses.send((number, item))
 
 
 def _worker_main(
@@ -100,14 +131,7 @@ def _worker_main(
     readiness and metrics questions on ``control``, from a thread of its own; a
     decoupled model's responses go on ``responses``)."""
     lock = threading.Lock()  # one exchange on the pipe at a time (BLS calls from threads)
-    numbers = itertools.count()
-    # One sender at a time on the responses pipe: the threads of every stream, of every
-    # batch, share it.
-    sending = threading.Lock()
-
-    def send_response(number: int, item: Any) -> None:
-        with sending, contextlib.suppress(OSError):  # the server is gone: nobody reads
-            responses.send((number, item))
+    streams = _WorkerStreams(responses)
 
     def call_over_pipe(
         caller: str,
@@ -133,7 +157,7 @@ def _worker_main(
         conn.send(("error", str(exc)))
         return
     hook = bool(getattr(backend, "has_ready_hook", False))
-    threading.Thread(target=_answer_control, args=(control, backend), daemon=True).start()
+    threading.Thread(target=_answer_control, args=(control, backend, streams), daemon=True).start()
     conn.send(("ready", hook))
     while True:
         try:
@@ -144,7 +168,7 @@ def _worker_main(
             break
         answer: tuple[str, Any]
         try:
-            answer = ("ok", _streamed(backend.execute(message), send_response, numbers))
+            answer = ("ok", streams.answered(backend.execute(message)))
         except (Exception, SystemExit) as exc:  # sys.exit in execute fails the batch only
             answer = ("raise", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
         with lock:
@@ -235,6 +259,7 @@ class ProcessBackend:
         self._control: Connection | None = None
         self._streams = _OpenStreams()  # the current worker's
         self._checking = threading.Lock()  # one question on the control pipe at a time
+        self._control_sending = threading.Lock()  # a question and a notice may meet
         self._check_number = 0
         self._start()
         self._ready.wait()
@@ -331,6 +356,7 @@ class ProcessBackend:
     def _exchange_batch(self, payloads: list[TensorPayload], deadline: float | None) -> list[Any]:
         with self._lock:
             conn, process, streams = self._conn, self._process, self._streams
+            control = self._control
         if conn is None:
             raise BatchFailed(
                 f"model '{self.spec.name}' has no worker process: {self._start_error}"
@@ -355,7 +381,23 @@ class ProcessBackend:
             ) from None
         if status == "raise":
             raise ModelExecutionError(f"model '{self.spec.name}' failed: {result}")
-        return [streams.claim(r.number) if isinstance(r, StreamKey) else r for r in result]
+        return [self._claim(streams, r, control) if isinstance(r, StreamKey) else r for r in result]
+
+    def _claim(
+        self, streams: _OpenStreams, key: StreamKey, control: Connection | None
+    ) -> ResponseStream:
+        """The stream a batch's answer names; its consumer leaving early is told to
+        the worker that answered (a replaced worker's pipe is gone: nothing is told)."""
+        stream = streams.claim(key.number)
+        if control is not None:
+            stream.on_cancel = functools.partial(self._tell, control, (key.number, "cancel"))
+        return stream
+
+    def _tell(self, control: Connection, notice: tuple[int, str]) -> None:
+        """Send ``notice`` on a worker's control pipe (any thread; a worker gone:
+        nothing)."""
+        with self._control_sending, contextlib.suppress(OSError):
+            control.send(notice)
 
     def _read_responses(
         self, responses: Connection, streams: _OpenStreams, conn: Connection
@@ -416,7 +458,7 @@ class ProcessBackend:
             self._check_number += 1
             deadline = time.monotonic() + timeout_s
             try:
-                control.send((self._check_number, what))
+                self._tell(control, (self._check_number, what))
                 while control.poll(_left(deadline)):
                     number, answer = control.recv()
                     if number == self._check_number:

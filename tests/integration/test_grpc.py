@@ -10,6 +10,7 @@ import json
 import queue
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -22,7 +23,7 @@ import tritonclient.http as thttp
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.integration.conftest import Server
+from tests.integration.conftest import Server, wait_for
 from tests.integration.test_model_repository import _sample
 from tests.repository_models.builder import DATATYPES
 from tests.repository_models.tensor_models import MLP_SIZES, mlp_numpy, mlp_weights
@@ -191,6 +192,28 @@ def test_a_decoupled_model_whose_process_ends_fails_its_open_streams_alone(
         c.stop_stream()
     assert [error for _, error in answers] == [None, None]
     assert [int(result.as_numpy("count")[0]) for result, _ in answers] == [2, 1]
+
+
+def test_a_client_that_cancels_its_stream_is_told_to_the_model_in_its_worker_process(
+    server: Server, repository_root: Path
+) -> None:
+    """countdown runs in a worker process; 97 sends until its sender reports the request
+    cancelled, then leaves a mark. The client reads two responses and cancels: the
+    worker's model is told (else it would send on for a minute and mark "False")."""
+    mark = repository_root / "countdown" / "cancelled"
+    mark.unlink(missing_ok=True)
+    c = client(server)
+    got: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    c.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        c.async_stream_infer("countdown", [_input("n", np.array([97], np.int32), "INT32")])
+        for _ in range(2):
+            result, error = got.get(timeout=60)
+            assert error is None and int(result.as_numpy("count")[0]) == 97
+    finally:
+        c.stop_stream(cancel_requests=True)
+    wait_for(mark.exists)
+    assert mark.read_text() == "True"
 
 
 def test_the_asyncio_client_infers_and_streams(server: Server) -> None:

@@ -495,6 +495,21 @@ def test_a_decoupled_model_streams_its_responses(server: Server) -> None:
         assert infer.status_code == 400 and "generate_stream" in infer.json()["error"]
 
 
+def test_a_client_that_leaves_a_generate_stream_is_told_to_the_model(
+    server: Server, repository_root: Path
+) -> None:
+    """countdown (in its worker process) sends on for 97 until told the request is
+    cancelled: the HTTP client reads two events and closes its connection."""
+    mark = repository_root / "countdown" / "cancelled"
+    mark.unlink(missing_ok=True)
+    path, body = "/v2/models/countdown/generate_stream", {"n": 97}
+    with httpx.Client(base_url=server.url, timeout=60) as h, h.stream("POST", path, json=body) as r:
+        lines = (line for line in r.iter_lines() if line.startswith("data: "))
+        assert [json.loads(next(lines)[6:])["count"] for _ in range(2)] == [97, 97]
+    wait_for(mark.exists)
+    assert mark.read_text() == "True"
+
+
 def test_generate_serves_any_repository_model(server: Server) -> None:
     with httpx.Client(base_url=server.url, timeout=60) as h:
         answer = h.post("/v2/models/slow_double/generate", json={"x": [1, 2]})

@@ -263,7 +263,8 @@ PAIR_CODE = """
 
 
 # A decoupled model: n responses counting down from n, sent from a thread of its own
-# after execute returned; a negative n ends with an error response.
+# after execute returned; a negative n ends with an error response. 97 sends until its
+# sender says the request is cancelled, then leaves a "cancelled" mark in its folder.
 COUNTDOWN_CONFIG = """
     backend: "python"
     max_batch_size: 0
@@ -274,19 +275,35 @@ COUNTDOWN_CONFIG = """
 COUNTDOWN_CODE = """
     import os
     import threading
+    import time
+    from pathlib import Path
 
     import numpy as np
     import triton_python_backend_utils as pb_utils
 
 
     class TritonPythonModel:
+        def initialize(self, args):
+            self.folder = Path(args["model_repository"])
+
         def execute(self, requests):
             for request in requests:
                 n = int(pb_utils.get_input_tensor_by_name(request, "n").as_numpy()[0])
                 if n == 98:  # the process ends, a stream of an earlier request open
                     os._exit(3)
-                threading.Thread(target=self.count, args=(request, n)).start()
+                target = self.until_cancelled if n == 97 else self.count
+                threading.Thread(target=target, args=(request, n)).start()
             return None
+
+        def until_cancelled(self, request, n):
+            sender = request.get_response_sender()
+            deadline = time.monotonic() + 60
+            out = pb_utils.Tensor("count", np.array([n], np.int32))
+            while not sender.is_cancelled() and time.monotonic() < deadline:
+                sender.send(pb_utils.InferenceResponse([out]))
+                time.sleep(0.01)
+            (self.folder / "cancelled").write_text(str(sender.is_cancelled()))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
         def count(self, request, n):
             sender = request.get_response_sender()

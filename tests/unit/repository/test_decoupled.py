@@ -60,6 +60,18 @@ def test_silence_past_the_gap_fails_and_leaving_early_cancels() -> None:
     assert stream.cancelled
 
 
+def test_on_cancel_is_called_when_the_consumer_leaves_before_the_final_flag_only() -> None:
+    told: list[str] = []
+    early, whole = ResponseStream(), ResponseStream()
+    for stream, name in ((early, "early"), (whole, "whole")):
+        stream.on_cancel = lambda name=name: told.append(name)  # type: ignore[misc]
+        stream.put({"v": np.array([1])})
+        stream.put({"v": np.array([2])})
+        stream.finish()
+    assert read(early, most=1) == [[1]] and read(whole) == [[1], [2]]
+    assert told == ["early"] and early.cancelled and not whole.cancelled
+
+
 def test_a_forwarded_stream_hands_on_what_it_held_then_each_response_in_order() -> None:
     """A worker process's stream: what was sent before ``forward`` first, then each
     response as it is sent, the final flag as None; nothing is kept to be read here."""
