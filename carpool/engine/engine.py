@@ -270,7 +270,7 @@ class Engine:
     def _launch(
         self, launcher: LaunchingRunner, plan: SchedulerOutput, flight: _Flight | None
     ) -> Launch | None:
-        rows = {c.seq.request_id: self._row(c.seq) for c in plan.chunks if c.samples}
+        rows = self._rows(plan)
         try:
             return launcher.launch(plan, rows, None if flight is None else flight.launch)
         except Exception:
@@ -370,7 +370,7 @@ class Engine:
     def _run(self, plan: SchedulerOutput) -> StepResult:
         if not plan.chunks:
             return StepResult()
-        rows = {c.seq.request_id: self._row(c.seq) for c in plan.chunks if c.samples}
+        rows = self._rows(plan)
         wanted = self._prompt_logprobs_wanted(plan)
         try:
             return self.runner.execute(plan, rows, wanted)
@@ -392,15 +392,22 @@ class Engine:
         of a request's sequences speaks for its prompt)."""
         wanted: dict[str, int] = {}
         for chunk in plan.chunks:
+            if chunk.seq.num_computed >= chunk.seq.num_prompt_tokens - 1:
+                continue  # its prompt is computed (a decoding sequence): nothing is wanted
             req, i = self.outputs.by_seq[chunk.seq.request_id]
             k = req.params.prompt_logprobs
             if k is not None and i == 0 and chunk.seq.num_computed < len(req.prompt_ids) - 1:
                 wanted[chunk.seq.request_id] = k
         return wanted
 
-    def _row(self, seq: Sequence) -> SamplingRow:
-        req, i = self.outputs.by_seq[seq.request_id]
-        return req.rows[i]
+    def _rows(self, plan: SchedulerOutput) -> dict[str, SamplingRow]:
+        """The sampling row of each sampling chunk's sequence, by its id."""
+        by_seq, rows = self.outputs.by_seq, {}
+        for chunk in plan.chunks:
+            if chunk.samples:
+                req, i = by_seq[chunk.seq.request_id]
+                rows[chunk.seq.request_id] = req.rows[i]
+        return rows
 
     def _postprocess(
         self, plan: SchedulerOutput, result: StepResult, now: float
@@ -417,21 +424,25 @@ class Engine:
         self.scheduler.update(plan, {rid: s.tokens for rid, s in sampled.items()})
         self.outputs.started(plan, now)
         generated, landed = 0, self.clock.now()
+        by_seq, emit = self.outputs.by_seq, self.outputs.emit  # per sequence: looked up once
         for chunk in plan.chunks:
-            req, i = self.outputs.by_seq[chunk.seq.request_id]
             rid = chunk.seq.request_id
-            if chunk.samples and rid in sampled:
-                new = chunk.seq.token_ids[before[rid] :]
-                generated += len(new)
-                self._speculated(chunk.seq, chunk.draft, sampled[rid])
-                try:
-                    for token in new:
-                        self.outputs.emit(req, i, token, sampled[rid].logprobs, landed)
-                        if req.detoks[i].stopped_on is not None:
-                            break
-                except Exception:
-                    log.exception("processing %s's output failed", rid)
-                    self.outputs.fail(chunk.seq, "processing this request's output failed")
+            got = sampled.get(rid) if chunk.samples else None
+            if got is None:
+                continue
+            req, i = by_seq[rid]
+            new = chunk.seq.token_ids[before[rid] :]
+            generated += len(new)
+            if chunk.draft:
+                self._speculated(chunk.seq, chunk.draft, got)
+            try:
+                for token in new:
+                    emit(req, i, token, got.logprobs, landed)
+                    if req.detoks[i].stopped_on is not None:
+                        break
+            except Exception:
+                log.exception("processing %s's output failed", rid)
+                self.outputs.fail(chunk.seq, "processing this request's output failed")
         self._record_step(plan, now, generated)
         return self.outputs.collect()
 

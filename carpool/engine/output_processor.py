@@ -23,7 +23,7 @@ from carpool.stats import EngineStats
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(slots=True)
 class EngineRequest:
     """A request's sequences and what the engine tracks for them."""
 
@@ -49,6 +49,8 @@ class EngineRequest:
 
     @property
     def finished(self) -> bool:
+        if len(self.seqs) == 1:  # most requests; read per request per step
+            return self.seqs[0].status is SequenceStatus.FINISHED
         return all(s.status is SequenceStatus.FINISHED for s in self.seqs)
 
 
@@ -170,13 +172,17 @@ class OutputProcessor:
     def _report(self, req: EngineRequest) -> RequestOutput:
         """What ``req`` has to say after this step; its pieces of new text reset."""
         finished, delta = req.finished, req.params.output_kind == "delta"
+        if len(req.seqs) == 1:  # most requests: no zip, no comprehension
+            outputs = [hand_over(req.seqs[0], req.outputs[0], req.detoks[0], delta)]
+        else:
+            outputs = [
+                hand_over(seq, out, detok, delta)
+                for seq, out, detok in zip(req.seqs, req.outputs, req.detoks, strict=True)
+            ]
         return RequestOutput(
             req.request_id,
             req.prompt_ids,
-            [
-                hand_over(seq, out, detok, delta)
-                for seq, out, detok in zip(req.seqs, req.outputs, req.detoks, strict=True)
-            ],
+            outputs,
             finished=finished,
             error=req.error,
             num_cached_tokens=req.num_cached_tokens,

@@ -8,7 +8,8 @@ from carpool.engine.runner import TokenLogprobs
 from carpool.engine.sequence import FinishReason
 
 
-@dataclass
+# Slotted: one of each is built per request per step on the engine's thread.
+@dataclass(slots=True)
 class CompletionOutput:
     """One of a request's ``n`` sequences: everything so far, and what this step added."""
 
@@ -23,7 +24,7 @@ class CompletionOutput:
     stop_reason: str | int | None = None  # the stop string or stop token that ended it
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestOutput:
     """A request's state after a step. ``finished`` is true exactly once, on the last
     output; ``error`` is set when the model failed on this request."""
