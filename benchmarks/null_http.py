@@ -3,7 +3,8 @@ streamed token costs the server beyond what it costs the engine.
 
 The same null device as ``benchmarks.null_device`` (the real ``Engine``; a runner that
 answers common words and sleeps ``--device-ms`` a step) runs twice on one workload
-(``--concurrency`` requests at once, 128 tokens each, EOS ignored): offline, the
+(``--requests``, 128 tokens each, EOS ignored, ``--concurrency`` at a time; by default
+one wave, whose time over HTTP includes the 64 streams' start and end): offline, the
 engine stepped in this process; then behind a real ``carpool serve`` (the built-in
 model's server with its engine's runner swapped for the null one: FastAPI, the
 OpenAI completions route, SSE) driven by streaming clients at that concurrency.
@@ -17,7 +18,7 @@ started with that folder on its path runs first: the server's, and with
 ``--engine-process`` (the GPU default) its engine's process too, whose CPU time then
 counts as the server's.
 
-    python -m benchmarks.null_http [--device-ms 0 2] [--concurrency 64] [--rounds 2]
+    python -m benchmarks.null_http [--device-ms 0 2] [--concurrency 64] [--requests N] [--rounds 2]
                                    [--client-processes 1] [--engine-process]
                                    [--model FOLDER] [--tokenizer DIR]
 """
@@ -59,8 +60,11 @@ def install_null_device(device_ms: float) -> None:
     bootstrap.engine_for = null_engine  # type: ignore[assignment]
 
 
-def offline(device_ms: float, concurrency: int, tokenizer_dir: str | None) -> tuple[float, float]:
-    """The engine alone: tokens/s and its host CPU microseconds a token."""
+def offline(
+    device_ms: float, concurrency: int, requests: int, tokenizer_dir: str | None
+) -> tuple[float, float]:
+    """The engine alone (``requests`` added at once, ``concurrency`` running at a time):
+    tokens/s and its host CPU microseconds a token."""
     from carpool.config import EngineConfig
     from carpool.engine.engine import Engine
     from carpool.engine.sampling_params import SamplingParams
@@ -69,22 +73,27 @@ def offline(device_ms: float, concurrency: int, tokenizer_dir: str | None) -> tu
     runner = NullRunner(tokenizer, device_ms / 1000, num_blocks=8192)
     engine = Engine(runner, EngineConfig(max_num_seqs=concurrency, kv_cache_memory="1GiB"))
     params = SamplingParams(max_tokens=TOKENS, ignore_eos=True, temperature=0.0)
-    for i, prompt in enumerate(token_prompts(concurrency, 32, 256, len(tokenizer), seed=3)):
+    for i, prompt in enumerate(token_prompts(requests, 32, 256, len(tokenizer), seed=3)):
         engine.add_request(f"r{i}", prompt, params)
     started, cpu = time.perf_counter(), time.process_time()
     while engine.has_work:
         engine.step()
     seconds, cpu_s = time.perf_counter() - started, time.process_time() - cpu
-    tokens = concurrency * TOKENS
+    tokens = requests * TOKENS
     return tokens / seconds, cpu_s / tokens * 1e6
 
 
 def over_http(
-    device_ms: float, concurrency: int, clients: int, engine_process: bool, model: str
+    device_ms: float,
+    concurrency: int,
+    requests: int,
+    clients: int,
+    engine_process: bool,
+    model: str,
 ) -> tuple[float, float]:
     """The same workload streamed through the server (its engine in the server's
-    process or in its own): tokens/s and the server's CPU microseconds a token, the
-    engine process's included."""
+    process or in its own), ``concurrency`` streams at a time: tokens/s and the
+    server's CPU microseconds a token, the engine process's included."""
     from carpool.testing import spawn
 
     command = [
@@ -98,7 +107,7 @@ def over_http(
     process, match, _ = spawn(command, READY, 300.0, env)
     try:
         vocab = 49152
-        workload = [(p, TOKENS) for p in token_prompts(concurrency, 32, 256, vocab, seed=3)]
+        workload = [(p, TOKENS) for p in token_prompts(requests, 32, 256, vocab, seed=3)]
         before = tree_cpu_s(process.pid)
         result = run_streams_split(match.group(1), MODEL, workload, concurrency, clients)
         cpu_s = tree_cpu_s(process.pid) - before
@@ -115,6 +124,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device-ms", type=float, nargs="+", default=[0.0, 2.0])
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=0,
+        help="requests in all (0: as many as --concurrency, one wave); more makes "
+        "steady state: slots refill as streams end, over HTTP and offline alike",
+    )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--client-processes", type=int, default=1)
     parser.add_argument(
@@ -130,15 +146,19 @@ def main() -> None:
         help="the server's engine in its own process (the GPU default)",
     )
     args = parser.parse_args()
+    requests = args.requests or args.concurrency
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores")
     for device_ms in args.device_ms:
         rows: dict[str, list[tuple[float, float]]] = {"offline": [], "http": []}
         for _ in range(args.rounds):  # interleaved: this CPU drifts within minutes
-            rows["offline"].append(offline(device_ms, args.concurrency, args.tokenizer))
+            rows["offline"].append(
+                offline(device_ms, args.concurrency, requests, args.tokenizer)
+            )
             rows["http"].append(
                 over_http(
                     device_ms,
                     args.concurrency,
+                    requests,
                     args.client_processes,
                     args.engine_process,
                     args.model,

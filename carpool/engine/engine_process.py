@@ -11,9 +11,11 @@ outputs come back as one message, which a reader thread hands to the requests' s
 with one wake-up per event loop.
 
 ``serve_engine`` is the engine's side: one thread that takes requests and aborts from
-the pipe, steps the engine while it has work and sends each step's outputs, with a
-snapshot of its statistics whenever a request finished (and at most every
-``STATS_EVERY_S`` otherwise), so /metrics lags by no finished request.
+the pipe, steps the engine while it has work and hands each step's outputs to a
+sender thread (as vLLM v1's engine core's output thread: pickling and the pipe's
+write overlap the next step), with a snapshot of its statistics whenever a request
+finished (and at most every ``STATS_EVERY_S`` otherwise), so /metrics lags by no
+finished request.
 
 When the engine process dies, every request it held fails and ``on_death`` is called
 (the server exits non-zero, as when its device runtime dies); when the server's
@@ -27,6 +29,7 @@ import functools
 import itertools
 import logging
 import multiprocessing
+import queue
 import signal
 import threading
 from collections.abc import Callable
@@ -64,6 +67,9 @@ log = logging.getLogger(__name__)
 
 STATS_EVERY_S = 0.25
 STOP_TIMEOUT_S = 30.0
+# Steps' outputs the engine may run ahead of its sender by: past them a step waits, so
+# a server that stops reading still holds the engine back, as a full pipe did.
+SENDS_AHEAD = 8
 
 
 class Described(Protocol):
@@ -455,10 +461,59 @@ def _engine_main(conn: Connection, build: Build, name: str, log_level: str) -> N
     serve_engine(conn, EngineWorker(engine, name))
 
 
+class _Quit:
+    """Handed to the sender last when the engine is not stopping cleanly: what came
+    before is sent, no stop marker after it (the server sees the process end)."""
+
+
+class _Sender:
+    """Sends the engine's news on the pipe from a thread of its own, in the order it is
+    handed over; on ``close``, the stop marker (None) after it all when the engine was
+    told to stop. A failed send means the server's process is gone (``gone``)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._queue: queue.Queue[_Outputs | _Quit | None] = queue.Queue(SENDS_AHEAD)
+        self.gone = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="carpool-engine-sender")
+        self._thread.start()
+
+    def send(self, news: _Outputs) -> None:
+        self._queue.put(news)
+
+    def close(self, stopped: bool) -> None:
+        """Send what is handed over (then the stop marker if ``stopped``); return once
+        sent, or once the server is found gone."""
+        self._queue.put(None if stopped else _Quit())
+        self._thread.join()
+
+    def _main(self) -> None:
+        while not isinstance(news := self._queue.get(), _Quit):
+            try:
+                self._conn.send(news)
+            except OSError:
+                self.gone.set()
+                # Nobody reads: drain, so a step waiting to hand over goes on to see it.
+                while news is not None and not isinstance(news, _Quit):
+                    news = self._queue.get()
+                return
+            if news is None:
+                return
+
+
 def serve_engine(conn: Connection, worker: EngineWorker, clock: Clock | None = None) -> None:
     """Serve ``worker``'s engine over ``conn`` until told to stop or the pipe closes:
-    take what came, run a step if there is work, send its outputs."""
-    clock = clock or MonotonicClock()
+    take what came, run a step if there is work, hand its outputs to the sender."""
+    sender = _Sender(conn)
+    stopped = False
+    try:
+        stopped = _serve(conn, worker, sender, clock or MonotonicClock())
+    finally:
+        sender.close(stopped)
+
+
+def _serve(conn: Connection, worker: EngineWorker, sender: _Sender, clock: Clock) -> bool:
+    """True once told to stop; False when the server's process is gone."""
     outputs: list[_Wire] = []
     errors: list[tuple[str, CarpoolError]] = []
     ended = False
@@ -473,11 +528,11 @@ def serve_engine(conn: Connection, worker: EngineWorker, clock: Clock | None = N
             errors.append((request_id, item))
             ended = True
 
-    while True:
+    while not sender.gone.is_set():
         try:
             stop = _take(conn, worker, collect, wait=not worker.engine.has_work)
         except (EOFError, OSError):
-            return  # the server's process is gone
+            return False
         now = clock.now()
         if stop is None:
             try:
@@ -491,15 +546,12 @@ def serve_engine(conn: Connection, worker: EngineWorker, clock: Clock | None = N
         stats = None
         if ended or now - stats_at >= STATS_EVERY_S or stop is not None:
             stats, stats_at = worker.stats.snapshot(), now
-        try:
-            if outputs or errors or stats is not None:
-                conn.send(_Outputs(outputs, errors, stats))
-                outputs, errors, ended = [], [], False
-            if stop is not None:
-                conn.send(None)
-                return
-        except OSError:
-            return  # the server's process is gone
+        if outputs or errors or stats is not None:
+            sender.send(_Outputs(outputs, errors, stats))
+            outputs, errors, ended = [], [], False
+        if stop is not None:
+            return True
+    return False
 
 
 def _take(
