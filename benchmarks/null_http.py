@@ -151,9 +151,7 @@ def main() -> None:
     for device_ms in args.device_ms:
         rows: dict[str, list[tuple[float, float]]] = {"offline": [], "http": []}
         for _ in range(args.rounds):  # interleaved: this CPU drifts within minutes
-            rows["offline"].append(
-                offline(device_ms, args.concurrency, requests, args.tokenizer)
-            )
+            rows["offline"].append(offline(device_ms, args.concurrency, requests, args.tokenizer))
             rows["http"].append(
                 over_http(
                     device_ms,
