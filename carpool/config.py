@@ -124,11 +124,6 @@ class RuntimeConfig:
         "$XDG_CACHE_HOME/carpool or ~/.cache/carpool.",
         default="",
     )
-    fault_injection: str = _help(
-        'Reliability tests only: JSON {"fail_on_token": id, "kill_runtime_on_token": id, '
-        '"slow_ms": n} makes every model fail on inputs holding that token.',
-        default="",
-    )
     switch_interval_ms: float = _help(
         "Python's GIL switch interval in milliseconds: how long the event loop may keep "
         "the runtime thread waiting between two model ops.",

@@ -22,7 +22,6 @@ from carpool.engine.block_manager import HybridBlockManager
 from carpool.engine.engine import Engine
 from carpool.engine.engine_process import EngineClient
 from carpool.errors import CarpoolError
-from carpool.faults import FaultPlan, FaultyBatchModel, FaultyCausalLM
 from carpool.models import registry
 from carpool.models.causal_lm import LoadedLM, ModelFacts, customize_tokenizer
 from carpool.models.generation_defaults import read_generation_defaults
@@ -247,7 +246,7 @@ def _loader(
                 build, source.name, log_level=config.server.log_level, on_death=on_engine_death
             )
             return _served_generator(source.name, client.facts.model, client, config)
-        model = _load_model(source, config)
+        model = load_model(source, config)
         if source.task is Task.GENERATE:
             engine = _engine(source.name, model, config)
             return _served_generator(source.name, model, EngineWorker(engine, source.name), config)
@@ -287,7 +286,9 @@ def _set_torch_threads(config: CarpoolConfig) -> None:
         torch.set_num_threads(config.runtime.threads)
 
 
-def _load_model(source: registry.ModelSource, config: CarpoolConfig) -> Any:
+def load_model(source: registry.ModelSource, config: CarpoolConfig) -> Any:
+    """The one place a served model is loaded (in the server's process, an engine
+    process or a replica): the reliability tests wrap it (``tests/faults.py``)."""
     options = LoadOptions(
         device=config.runtime.device,
         dtype=config.engine.dtype_on(config.runtime.device),
@@ -298,8 +299,6 @@ def _load_model(source: registry.ModelSource, config: CarpoolConfig) -> Any:
     model = registry.load(source, options)
     if source.task is Task.GENERATE:
         customize_tokenizer(model, config.server.tokenizer, config.server.chat_template)
-    if config.runtime.fault_injection:
-        model = _with_faults(model, source.task, FaultPlan.parse(config.runtime.fault_injection))
     return model
 
 
@@ -307,16 +306,8 @@ def build_engine(source: registry.ModelSource, config: CarpoolConfig) -> tuple[M
     """In an engine process (``--engine-process``): load the generation model
     ``source`` and build its engine; what the server needs of the model beside it."""
     _set_torch_threads(config)
-    lm = _load_model(source, config)
+    lm = load_model(source, config)
     return lm.facts(), _engine(source.name, lm, config)
-
-
-def _with_faults(model: Any, task: Task, plan: FaultPlan) -> Any:
-    log.warning("fault injection is on: %s", plan)
-    if task is Task.GENERATE:
-        model.model = FaultyCausalLM(model.model, plan)
-        return model
-    return FaultyBatchModel(model, plan)
 
 
 def _engine(name: str, lm: LoadedLM, config: CarpoolConfig) -> Engine:

@@ -93,10 +93,18 @@ def greedy_body(prompt: str | list[int], max_tokens: int = 8, **extra: Any) -> d
     }
 
 
-def start_server(*args: str, timeout_s: float = 120.0) -> Server:
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start_server(*args: str, timeout_s: float = 120.0, faults: str = "") -> Server:
     """Start ``carpool serve`` on an ephemeral port and wait for its ready line. No
-    gRPC service unless ``args`` ask for one (``--grpc-port -1``: a free port)."""
+    gRPC service unless ``args`` ask for one (``--grpc-port -1``: a free port).
+    ``faults``: a fault plan (``tests/faults.py``) for every model it loads."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+    if faults:
+        site = os.pathsep.join([str(ROOT / "tests" / "fault_site"), str(ROOT)])
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [site, env.get("PYTHONPATH")]))
+        env["CARPOOL_TEST_FAULTS"] = faults
     command = [sys.executable, "-m", "carpool.cli", "serve", "--port", "0", "--grpc-port", "0"]
     command += args
     process, match, log = spawn(command, READY, timeout_s, env)

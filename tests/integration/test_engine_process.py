@@ -29,8 +29,9 @@ PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):"]
 def server() -> Iterator[Server]:
     plan = json.dumps({"fail_on_token": POISON, "kill_runtime_on_token": KILLER})
     s = start_server(
-        *("--model", CHAT, "--engine-process", "--fault-injection", plan),
+        *("--model", CHAT, "--engine-process"),
         *("--kv-cache-memory", "128MiB", "--model-control-mode", "explicit"),
+        faults=plan,
     )
     yield s
     if s.process.poll() is None:

@@ -34,7 +34,7 @@ def idle(server: Server) -> bool:
 @pytest.fixture(scope="module")
 def faulty() -> Iterator[Server]:
     plan = json.dumps({"fail_on_token": POISON, "kill_runtime_on_token": KILLER})
-    s = start_server("--fault-injection", plan, "--kv-cache-memory", "128MiB")
+    s = start_server("--kv-cache-memory", "128MiB", faults=plan)
     yield s
     s.process.kill()  # the last test kills its runtime
 

@@ -41,8 +41,7 @@ def server() -> Iterator[Server]:
         "1024",
         "--kv-cache-memory",
         "256MiB",
-        "--fault-injection",
-        json.dumps({"kill_runtime_on_token": KILLER}),
+        faults=json.dumps({"kill_runtime_on_token": KILLER}),
         timeout_s=300,
     )
     yield s

@@ -21,13 +21,13 @@ from carpool.engine.detokenizer import IncrementalDetokenizer
 from carpool.engine.request_output import RequestOutput
 from carpool.engine.sampling_params import SamplingParams
 from carpool.errors import CarpoolError, InvalidRequest, ModelExecutionError
-from carpool.faults import FaultPlan, FaultyCausalLM
 from carpool.models.causal_lm import LoadedLM, load_causal_lm
 from carpool.runtime import DeviceRuntime
 from carpool.workers import model_runner
 from carpool.workers.factory import engine_for
 from carpool.workers.sampler import sample
 from tests import tiny_models
+from tests.faults import FaultPlan, FaultyCausalLM
 
 BAD_SEED = 666
 BAD_STOP = "never-seen-stop"

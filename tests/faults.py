@@ -1,14 +1,18 @@
-"""Fault injection, for the reliability tests only (``carpool serve --fault-injection``).
+"""Fault injection, a test hook: the reliability tests start ``carpool serve`` with
+``CARPOOL_TEST_FAULTS`` set to a plan (JSON) and ``tests/fault_site`` on the path,
+whose ``sitecustomize`` calls ``install`` in the server's process and in every
+process it starts (engine processes, Ray replicas).
 
-Wraps a loaded model so that it fails on chosen inputs: any batch or engine step
-holding ``fail_on_token`` raises an ordinary exception (the request must fail
-alone); one holding ``kill_runtime_on_token`` raises ``RuntimeKilled``, which no
+Each model then loaded is wrapped so that it fails on chosen inputs: any batch or
+engine step holding ``fail_on_token`` raises an ordinary exception (the request must
+fail alone); one holding ``kill_runtime_on_token`` raises ``RuntimeKilled``, which no
 model-failure handler catches, so the device runtime thread dies (the server must
 turn unhealthy and exit non-zero). ``slow_ms`` delays every forward.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +20,8 @@ from typing import Any
 import torch
 
 from carpool.config import from_json
+
+log = logging.getLogger(__name__)
 
 
 class RuntimeKilled(BaseException):
@@ -30,7 +36,7 @@ class FaultPlan:
 
     @classmethod
     def parse(cls, text: str) -> FaultPlan:
-        return from_json(cls, text, "fault_injection")
+        return from_json(cls, text, "CARPOOL_TEST_FAULTS")
 
     def check(self, token_ids: torch.Tensor) -> None:
         if self.slow_ms:
@@ -82,3 +88,23 @@ class FaultyBatchModel:
 
     def split(self, output: Any, count: int) -> list[Any]:
         return self.inner.split(output, count)
+
+
+def install(text: str) -> None:
+    """From now on every model this process loads for serving fails as the plan
+    ``text`` (JSON of ``FaultPlan``'s fields) says."""
+    from carpool.models.registry import Task
+    from carpool.server import bootstrap
+
+    plan = FaultPlan.parse(text)
+    load = bootstrap.load_model
+
+    def faulty(source: Any, config: Any) -> Any:
+        model = load(source, config)
+        log.warning("fault injection is on: %s", plan)
+        if source.task is Task.GENERATE:
+            model.model = FaultyCausalLM(model.model, plan)
+            return model
+        return FaultyBatchModel(model, plan)
+
+    bootstrap.load_model = faulty
