@@ -392,12 +392,13 @@ class Engine:
         of a request's sequences speaks for its prompt)."""
         wanted: dict[str, int] = {}
         for chunk in plan.chunks:
-            if chunk.seq.num_computed >= chunk.seq.num_prompt_tokens - 1:
+            seq = chunk.seq
+            if seq.num_computed >= seq.num_prompt_tokens - 1:
                 continue  # its prompt is computed (a decoding sequence): nothing is wanted
-            req, i = self.outputs.by_seq[chunk.seq.request_id]
+            req, i = self.outputs.by_seq[seq.request_id]
             k = req.params.prompt_logprobs
-            if k is not None and i == 0 and chunk.seq.num_computed < len(req.prompt_ids) - 1:
-                wanted[chunk.seq.request_id] = k
+            if k is not None and i == 0:
+                wanted[seq.request_id] = k
         return wanted
 
     def _rows(self, plan: SchedulerOutput) -> dict[str, SamplingRow]:
