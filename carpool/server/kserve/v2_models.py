@@ -95,7 +95,7 @@ def adapter(models: ServedModels, name: str, runtime_alive: Callable[[], bool]) 
     if isinstance(builtin, ServedGenerator):
         models.any(name)  # a generator being unloaded is a 503, as for every route
         return GeneratorV2(builtin, models, runtime_alive)
-    return EmbeddingV2(models.get(name), models, runtime_alive)
+    return EmbeddingV2(models.embedder(name), models, runtime_alive)
 
 
 def server_metadata() -> dict[str, Any]:

@@ -78,7 +78,7 @@ async def embed_request(
     the usage (None where the model's library tokenizes and carpool cannot count)."""
     if models.is_user(body.model):
         return await _user_embeddings(models, body, request)
-    served = models.get(body.model)
+    served = models.embedder(body.model)
     if body.dimensions is not None and body.dimensions != served.model.dimensions:
         raise InvalidRequest(
             f"model {served.name!r} has {served.model.dimensions} dimensions and cannot "

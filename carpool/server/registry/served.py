@@ -282,7 +282,7 @@ class ServedModels:
             raise self._unknown(name)
         return model
 
-    def get(self, name: str) -> ServedEmbedding:
+    def embedder(self, name: str) -> ServedEmbedding:
         """The embedding model ``name``."""
         name = self.aliases.get(name, name)
         self._refuse_closing(name)

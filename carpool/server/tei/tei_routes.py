@@ -142,7 +142,7 @@ def the_embedder(models: ServedModels, name: str | None) -> Embedder:
     """The embedder ``name`` (built-in or a repository sentence-transformers model), or
     the server's only one; else 400 naming them."""
     if name is not None:
-        return model_for(models, name, "embed") if models.is_user(name) else models.get(name)
+        return model_for(models, name, "embed") if models.is_user(name) else models.embedder(name)
     found: list[Embedder] = [*models]
     found += [m for m in models.user_models.values() if does(m, "embed")]
     return the_only(found, "embeddings")

@@ -84,24 +84,24 @@ def test_a_built_in_model_drains_unloads_frees_and_loads_again() -> None:
     runtime.start()
 
     async def scenario() -> None:
-        held = asyncio.wrap_future(models.get("embedder").batcher.submit(21, 1))
+        held = asyncio.wrap_future(models.embedder("embedder").batcher.submit(21, 1))
         await asyncio.to_thread(gates[0][0].wait)
         unloading = asyncio.create_task(control.unload("embedder"))
         while not models.is_closing("embedder"):
             await asyncio.sleep(0)
         with pytest.raises(ModelUnavailable):
-            models.get("embedder")
+            models.embedder("embedder")
         assert [e.state for e in control.index()] == ["UNLOADING"]
         assert not unloading.done()  # the batch in flight holds it
         gates[0][1].set()
         assert await held == 42
         await unloading
         with pytest.raises(ModelNotFound):
-            models.get("embedder")
+            models.embedder("embedder")
         assert [(e.state, e.reason) for e in control.index()] == [("UNAVAILABLE", "unloaded")]
         await control.load("embedder")
         gates[1][1].set()
-        assert await asyncio.wrap_future(models.get("embedder").batcher.submit(5, 1)) == 10
+        assert await asyncio.wrap_future(models.embedder("embedder").batcher.submit(5, 1)) == 10
 
     try:
         del first
