@@ -128,31 +128,8 @@ def read_carpool_model(folder: Path) -> list[ModelSpec]:
     else:
         inputs = tuple(_tensor(t, where) for t in entry.inputs)
         outputs = tuple(_tensor(t, where) for t in entry.outputs)
-    return [
-        ModelSpec(
-            name=folder.name,
-            version=entry.version,
-            max_batch_size=entry.max_batch_size,
-            inputs=inputs,
-            outputs=outputs,
-            batching=batching,
-            source=Source(
-                entry.source.kind, str(folder), entry.source.target, entry.source.options
-            ),
-            instance_count=entry.instance_count,
-            execution_timeout_s=entry.execution_timeout_s,
-            isolation=entry.isolation,
-            model_config=triton_view(
-                folder.name,
-                "carpool",
-                entry.max_batch_size,
-                inputs,
-                outputs,
-                entry.instance_count,
-                batching,
-            ),
-        )
-    ]
+    source = Source(entry.source.kind, str(folder), entry.source.target, entry.source.options)
+    return [_spec(folder, entry, batching, (inputs, outputs), source, entry.max_batch_size)]
 
 
 def _library_model(
@@ -174,15 +151,35 @@ def _library_model(
         raise RepositoryError(
             f"{where}: source.task '{source.task}' is not one of {', '.join(PIPELINE_TASKS)}"
         )
-    inputs, outputs = signature(source.kind, source.task)
+    options = {**source.options, "task": source.task}
+    return _spec(
+        folder,
+        entry,
+        batching,
+        signature(source.kind, source.task),
+        Source(source.kind, str(path), source.task, options),
+        max(1, entry.max_batch_size),
+    )
+
+
+def _spec(
+    folder: Path,
+    entry: ModelFile,
+    batching: BatchingConfig,
+    tensors: tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]],
+    source: Source,
+    max_batch_size: int,
+) -> ModelSpec:
+    """The spec of ``folder``'s model, with the config Triton's routes show for it."""
+    inputs, outputs = tensors
     return ModelSpec(
         name=folder.name,
         version=entry.version,
-        max_batch_size=max(1, entry.max_batch_size),
+        max_batch_size=max_batch_size,
         inputs=inputs,
         outputs=outputs,
         batching=batching,
-        source=Source(source.kind, str(path), source.task, {**source.options, "task": source.task}),
+        source=source,
         instance_count=entry.instance_count,
         execution_timeout_s=entry.execution_timeout_s,
         isolation=entry.isolation,
