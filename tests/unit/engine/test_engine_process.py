@@ -1,15 +1,18 @@
 """What crosses an engine process's pipe: each step's outputs as tuples of what the
 step added, rebuilt on the server's side into exactly the outputs the engine made
 (text, tokens, finish and stop reasons, ``n`` sequences, stop strings held back);
-errors keep their fields when pickled. Torch-free, with the core tests' fake runner."""
+errors keep their fields when pickled; the sender thread keeps the order, ends a clean
+stop with the stop marker and a dying engine without one. Torch-free, with the core
+tests' fake runner."""
 
 from __future__ import annotations
 
+import multiprocessing
 import pickle
 
 from carpool.config import EngineConfig
 from carpool.engine.engine import Engine
-from carpool.engine.engine_process import _Held, _to_wire
+from carpool.engine.engine_process import SENDS_AHEAD, _Held, _Outputs, _Sender, _to_wire
 from carpool.engine.request_output import RequestOutput
 from carpool.engine.sampling_params import SamplingParams
 from carpool.errors import InvalidRequest, Overloaded
@@ -48,3 +51,40 @@ def test_errors_pickle_with_their_fields() -> None:
     assert (refused.message, refused.param, str(refused)) == ("bad", "max_tokens", "bad")
     busy = pickle.loads(pickle.dumps(Overloaded("full", retry_after_s=3.0)))
     assert type(busy) is Overloaded and busy.retry_after_s == 3.0 and busy.message == "full"
+
+
+def news(i: int) -> _Outputs:
+    return _Outputs([], [(f"r{i}", InvalidRequest(f"n{i}"))], None)
+
+
+def received(reader: multiprocessing.connection.Connection) -> list[object]:
+    """Everything on the pipe until it is closed."""
+    got: list[object] = []
+    while True:
+        try:
+            item = reader.recv()
+        except EOFError:
+            return got
+        got.append(item.errors[0][0] if isinstance(item, _Outputs) else item)
+
+
+def test_the_sender_keeps_the_order_and_ends_a_clean_stop_with_the_marker_only() -> None:
+    count = 3 * SENDS_AHEAD  # more than it holds: small enough for the pipe's buffer
+    for stopped, last in ((True, [None]), (False, [])):
+        reader, writer = multiprocessing.Pipe()
+        sender = _Sender(writer)
+        for i in range(count):
+            sender.send(news(i))
+        sender.close(stopped)
+        writer.close()
+        assert received(reader) == [*(f"r{i}" for i in range(count)), *last]
+
+
+def test_a_sender_whose_reader_is_gone_says_so_and_lets_the_step_loop_go_on() -> None:
+    reader, writer = multiprocessing.Pipe()
+    sender = _Sender(writer)
+    reader.close()
+    for i in range(3 * SENDS_AHEAD):  # would block on a full queue if nothing drained it
+        sender.send(news(i))
+    assert sender.gone.wait(10)
+    sender.close(stopped=True)
