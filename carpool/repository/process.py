@@ -393,11 +393,11 @@ class ProcessBackend:
             stream.on_cancel = functools.partial(self._tell, control, (key.number, "cancel"))
         return stream
 
-    def _tell(self, control: Connection, notice: tuple[int, str]) -> None:
-        """Send ``notice`` on a worker's control pipe (any thread; a worker gone:
-        nothing)."""
+    def _tell(self, control: Connection, message: tuple[int, str]) -> None:
+        """Send ``message`` (a question, or a notice not answered) on a worker's control
+        pipe: any thread, one at a time; a worker gone: nothing is sent."""
         with self._control_sending, contextlib.suppress(OSError):
-            control.send(notice)
+            control.send(message)
 
     def _read_responses(
         self, responses: Connection, streams: _OpenStreams, conn: Connection
