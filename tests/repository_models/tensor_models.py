@@ -62,6 +62,47 @@ def onnx_mlp(path: Path, weights: list[tuple[np.ndarray[Any, Any], ...]]) -> Non
     onnx.save(model, str(path))
 
 
+def onnx_cnn(path: Path, channels: int, classes: int = 10, seed: int = 0) -> None:
+    """A small image classifier from ``x`` [batch, 3, H, W] to ``y`` [batch, classes]:
+    two 3x3 stride-2 convolutions (``channels``, then twice as many) with ReLU, a global
+    average pool and a dense layer; the batch and picture sides free."""
+    rng = np.random.default_rng(seed)
+
+    def weight(name: str, *shape: int) -> onnx.TensorProto:
+        fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+        array = (rng.standard_normal(shape) / np.sqrt(fan_in)).astype(np.float32)
+        return numpy_helper.from_array(array, name)
+
+    initializers = [
+        weight("k1", channels, 3, 3, 3),
+        weight("k2", 2 * channels, channels, 3, 3),
+        weight("w", classes, 2 * channels),
+        numpy_helper.from_array(np.zeros(classes, np.float32), "b"),
+    ]
+    conv: dict[str, Any] = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
+    nodes = [
+        helper.make_node("Conv", ["x", "k1"], ["c1"], **conv),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "k2"], ["c2"], **conv),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("GlobalAveragePool", ["r2"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("Gemm", ["f", "w", "b"], ["y"], transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "cnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, "height", "width"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", classes])],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+
+
 class ScaleAndSum(torch.nn.Module):
     """Two inputs, two outputs: ``a * 2`` and the row sums of ``a + b``."""
 
