@@ -15,7 +15,6 @@ must be the same in both.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import platform
 import statistics
 import sys
@@ -56,8 +55,7 @@ def build(folder: Path) -> LoadedLM:
 
 def one_pool(lm: LoadedLM, config: EngineConfig) -> Engine:
     """``engine_for``'s CPU engine with every layer in one pool (as before hybrid pools)."""
-    budget = config.step_budget_on("cpu")
-    config = dataclasses.replace(config, max_num_batched_tokens=budget)
+    config = config.for_device("cpu")
     memory = config.kv_cache_bytes
     assert memory is not None
     blocks = ModelRunner.blocks_for_memory(lm, memory, config.block_size)

@@ -50,6 +50,7 @@ class NullRunner:
         self.num_blocks = num_blocks
         self.paths: tuple[PathTaken, ...] = ()
         self.multi_step = False
+        self.device_type = "cpu"  # the CPU's defaults (step budget), as the benchmarks ran
         self.device_s = device_s
         self.words = [tokenizer.convert_tokens_to_ids(tokenizer.tokenize(w))[0] for w in WORDS]
         self.host_s = 0.0  # the runner's own time, device excluded

@@ -61,6 +61,7 @@ class InstantRunner:
         self.num_blocks = real.num_blocks
         self.paths = real.paths
         self.multi_step = False
+        self.device_type = real.device_type
         self.tokens = tokens
         self.device_s = device_s
         self.device_free_at = 0.0  # when the simulated device has run what it was given

@@ -139,12 +139,11 @@ class RuntimeConfig:
         default=None,
     )
 
-    @property
-    def engine_process_on(self) -> bool:
-        """``engine_process``, unset resolved for ``device``."""
+    def resolved(self) -> RuntimeConfig:
+        """This config with ``engine_process`` resolved for ``device``."""
         if self.engine_process is not None:
-            return self.engine_process
-        return self.device != "cpu"
+            return self
+        return dataclasses.replace(self, engine_process=self.device != "cpu")
 
     def __post_init__(self) -> None:
         _require(self.switch_interval_ms > 0, "switch_interval_ms must be > 0")
@@ -389,24 +388,22 @@ class EngineConfig:
         cache holds (as vLLM: a longer sequence could never run)."""
         return min(self.max_model_len or context, kv_tokens)
 
-    def step_budget_on(self, device: str) -> int:
-        """``max_num_batched_tokens``, 0 resolved for ``device`` (cpu or cuda)."""
-        if self.max_num_batched_tokens:
-            return self.max_num_batched_tokens
-        return 192 if device == "cpu" else 2048
-
-    def async_scheduling_on(self, device: str) -> bool:
-        """``async_scheduling``, unset resolved for ``device`` (cpu or cuda)."""
-        if self.async_scheduling is not None:
-            return self.async_scheduling
+    def for_device(self, device: str) -> EngineConfig:
+        """This config with what depends on the device (cpu or cuda) resolved: the
+        step budget (0), asynchronous scheduling (unset) and the dtype (auto). The one
+        place those defaults are decided; resolving twice changes nothing."""
         drafts = bool(self.speculative_config) or self.num_scheduler_steps > 1
-        return device != "cpu" and not drafts
-
-    def dtype_on(self, device: str) -> str:
-        """The dtype the models load in on ``device`` (auto resolved)."""
-        if self.dtype != "auto":
-            return self.dtype
-        return "float32" if device == "cpu" else "bfloat16"
+        cpu = device == "cpu"
+        return dataclasses.replace(
+            self,
+            max_num_batched_tokens=self.max_num_batched_tokens or (192 if cpu else 2048),
+            async_scheduling=(
+                self.async_scheduling
+                if self.async_scheduling is not None
+                else not cpu and not drafts
+            ),
+            dtype=self.dtype if self.dtype != "auto" else ("float32" if cpu else "bfloat16"),
+        )
 
 
 @dataclass(frozen=True)
@@ -634,6 +631,16 @@ class CarpoolConfig:
     replicas: ReplicasConfig = field(default_factory=ReplicasConfig)
     repository: RepositoryConfig = field(default_factory=RepositoryConfig)
     model_batching: Mapping[str, BatchingConfig] = field(default_factory=dict)
+
+    def resolved(self) -> CarpoolConfig:
+        """This config with every device-dependent default decided for
+        ``runtime.device`` (``EngineConfig.for_device``, ``RuntimeConfig.resolved``):
+        what ``build_server`` hands on, so nothing downstream resolves again."""
+        return dataclasses.replace(
+            self,
+            runtime=self.runtime.resolved(),
+            engine=self.engine.for_device(self.runtime.device),
+        )
 
     def batching_for(self, model: str) -> BatchingConfig:
         """The batching config of ``model``: its own section, else the shared one."""

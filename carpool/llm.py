@@ -45,10 +45,10 @@ class LLM:
         if source.task is not Task.GENERATE:
             raise InvalidRequest(f"{model!r} is a {source.task.value} model, not a generator")
         engine.setdefault("max_num_batched_tokens", OFFLINE_MAX_NUM_BATCHED_TOKENS)
-        config = EngineConfig(**engine)  # type: ignore[arg-type]
+        config = EngineConfig(**engine).for_device(device)  # type: ignore[arg-type]
         options = LoadOptions(
             device=device,
-            dtype=config.dtype_on(device),
+            dtype=config.dtype,
             cache_dir=None if cache_dir is None else Path(cache_dir),
             weight_kernel=config.weight_kernel,
         )

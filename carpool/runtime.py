@@ -2,7 +2,7 @@
 
 After hivemind's Runtime. Workers (a dynamic batcher, a generation engine) register
 with the runtime. On every turn the runtime polls each worker; among those with work
-ready it runs the one with the best (lowest) priority value, and among equals the one
+ready it runs the one of the best (lowest) rank, and among equals the one
 whose work has been ready longest. With nothing ready it sleeps until the earliest
 time a worker asked to be polled again, or until a worker calls ``notify()``.
 
@@ -54,7 +54,9 @@ class Worker(Protocol):
     """A model frontend the runtime can drive."""
 
     name: str
-    priority: int
+    # Its place in the runtime's order among the workers with work ready (lower runs
+    # first): not a request's priority, which orders requests inside one worker.
+    rank: int
 
     def attach(self, notify: Callable[[], None]) -> None:
         """Receive the function that wakes the runtime; call it when work arrives."""
@@ -209,7 +211,7 @@ class DeviceRuntime:
                 self._drop(worker)
                 continue
             if state.ready_since is not None:
-                key = (worker.priority, state.ready_since)
+                key = (worker.rank, state.ready_since)
                 if best is None or key < best[:2]:
                     best = (*key, worker)
             if state.wake_at is not None:

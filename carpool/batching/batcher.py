@@ -109,12 +109,12 @@ class DynamicBatcher:
         model: BatchModel,
         config: BatchingConfig,
         *,
-        priority: int = 0,
+        rank: int = 0,
         clock: Clock | None = None,
         instances: InstancePool | None = None,
     ) -> None:
         self.name = name
-        self.priority = priority
+        self.rank = rank
         self.model = model
         self.config = config
         self.stats = BatcherStats()

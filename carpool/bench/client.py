@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from carpool.bench.metrics import Outcome
+from carpool.bench.metrics import ClientRecord
 from carpool.bench.workload import BenchRequest
 
 
@@ -56,7 +56,7 @@ async def send(
     model: str,
     request: BenchRequest,
     extra: dict[str, Any],
-) -> Outcome:
+) -> ClientRecord:
     """Send ``request`` to ``url + endpoint``; its outcome (never raises for HTTP or
     connection errors, or the session's timeout)."""
     body = body_for(endpoint, model, request, extra)
@@ -64,7 +64,7 @@ async def send(
     try:
         if endpoint == "/v1/embeddings":
             async with session.post(url + endpoint, json=body) as response:
-                outcome = Outcome(response.status, sent=started)
+                outcome = ClientRecord(response.status, sent=started)
                 answer = await response.read()
             if response.status == 200:
                 outcome.prompt_tokens = int(
@@ -74,14 +74,14 @@ async def send(
             return outcome
         return await _stream(session, url + endpoint, body, started)
     except (TimeoutError, aiohttp.ClientError):
-        return Outcome(None, latency=time.perf_counter() - started, sent=started)
+        return ClientRecord(None, latency=time.perf_counter() - started, sent=started)
 
 
 async def _stream(
     session: aiohttp.ClientSession, url: str, body: dict[str, Any], started: float
-) -> Outcome:
+) -> ClientRecord:
     async with session.post(url, json=body) as response:
-        outcome = Outcome(response.status, sent=started)
+        outcome = ClientRecord(response.status, sent=started)
         if response.status != 200:
             await response.read()
             outcome.latency = time.perf_counter() - started

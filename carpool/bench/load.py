@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from carpool.bench.client import send
 from carpool.bench.config import BenchConfig
-from carpool.bench.metrics import Outcome
+from carpool.bench.metrics import ClientRecord
 from carpool.bench.workload import BenchRequest
 
 
@@ -44,7 +44,7 @@ async def drive(
     rate: float,
     concurrency: int,
     progress: bool = True,
-) -> tuple[list[Outcome], float]:
+) -> tuple[list[ClientRecord], float]:
     """Send ``warmups`` (untimed) then ``requests``: closed loop when ``concurrency``
     > 0, else open loop at ``rate`` (capped at ``config.max_concurrency`` in
     flight). Each outcome, in request order, with ``sent`` counted from the start of
@@ -61,7 +61,7 @@ async def drive(
     ) as client:
         for request in warmups:
             await send(client, url, config.endpoint, config.model, request, extra)
-        outcomes: list[Outcome | None] = [None] * len(requests)
+        outcomes: list[ClientRecord | None] = [None] * len(requests)
         bar = tqdm(total=len(requests), disable=not progress, unit="req", leave=False)
 
         async def one(i: int) -> None:
@@ -78,7 +78,7 @@ async def drive(
             )
         duration = time.perf_counter() - started
         bar.close()
-    done = [o or Outcome(None, sent=started) for o in outcomes]
+    done = [o or ClientRecord(None, sent=started) for o in outcomes]
     for o in done:
         o.sent -= started
     return done, duration

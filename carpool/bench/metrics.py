@@ -18,7 +18,7 @@ METRICS = ("ttft", "tpot", "itl", "e2el")
 
 
 @dataclass
-class Outcome:
+class ClientRecord:
     """One request as the client saw it (times in seconds). ``status``: the HTTP
     status, or None when the connection failed; tokens from the server's usage;
     ``sent``: when it was sent."""
@@ -53,7 +53,7 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def samples(outcomes: Sequence[Outcome], metric: str) -> list[float]:
+def samples(outcomes: Sequence[ClientRecord], metric: str) -> list[float]:
     """``metric``'s values in seconds over the successful requests."""
     good = [o for o in outcomes if o.ok]
     if metric == "ttft":
@@ -65,7 +65,9 @@ def samples(outcomes: Sequence[Outcome], metric: str) -> list[float]:
     return [o.latency for o in good]
 
 
-def timeline(outcomes: Sequence[Outcome], duration_s: float, bin_s: float = 1.0) -> list[float]:
+def timeline(
+    outcomes: Sequence[ClientRecord], duration_s: float, bin_s: float = 1.0
+) -> list[float]:
     """Output tokens per second in each ``bin_s`` of the run (``sent`` counted from
     its start). A streamed request's tokens are spread evenly over the pieces it
     arrived in; a request that did not stream counts them when it ended."""
@@ -83,7 +85,7 @@ def timeline(outcomes: Sequence[Outcome], duration_s: float, bin_s: float = 1.0)
     return bins
 
 
-def meets(outcome: Outcome, slos_ms: dict[str, float]) -> bool:
+def meets(outcome: ClientRecord, slos_ms: dict[str, float]) -> bool:
     """Whether a successful request met every SLO (in ms) in ``slos_ms``."""
     if not outcome.ok:
         return False
@@ -96,7 +98,7 @@ def meets(outcome: Outcome, slos_ms: dict[str, float]) -> bool:
 
 
 def summarize(
-    outcomes: Sequence[Outcome],
+    outcomes: Sequence[ClientRecord],
     duration_s: float,
     percentiles: Sequence[float] = (50, 90, 99),
     goodput_ms: dict[str, float] | None = None,

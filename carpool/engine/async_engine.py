@@ -173,12 +173,12 @@ class EngineWorker:
         self,
         engine: Engine,
         name: str,
-        priority: int = 0,
+        rank: int = 0,
         clock: Clock | None = None,
     ) -> None:
         self.engine = engine
         self.name = name
-        self.priority = priority
+        self.rank = rank
         self.clock = clock or MonotonicClock()
         self._inbox: queue.SimpleQueue[_Add | _Abort] = queue.SimpleQueue()
         self._notify: Callable[[], None] = lambda: None

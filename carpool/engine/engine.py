@@ -71,11 +71,11 @@ class Engine:
         ``speculative_config`` whose method needs one (``draft_model``)."""
         self.runner = runner
         self.spec = runner.spec
-        self.config = config or EngineConfig()
+        # Resolved for the runner's device (``engine_for`` hands it resolved already).
+        self.config = (config or EngineConfig()).for_device(runner.device_type)
         self.clock = clock or MonotonicClock()
         self.blocks = self._blocks(runner)
-        # ``engine_for`` resolves the budget for its device; a bare engine takes the CPU's.
-        budget = self.config.step_budget_on("cpu")
+        budget = self.config.max_num_batched_tokens
         self.max_model_len = self.config.model_len(
             self.spec.max_position_embeddings, self._kv_tokens_per_sequence(budget)
         )
@@ -89,8 +89,7 @@ class Engine:
         multi = runner.multi_step and self.speculator is None
         self.lookahead = steps - 1 if multi else 0
         # Asynchronous scheduling, where the runner launches steps; the config refuses
-        # it beside speculation and multi-step decoding. Unset counts as off here:
-        # ``engine_for`` resolves it for the device.
+        # it beside speculation and multi-step decoding.
         launches = bool(self.config.async_scheduling) and isinstance(runner, LaunchingRunner)
         self._launcher = runner if launches else None
         self._flight: _Flight | None = None

@@ -211,12 +211,12 @@ class EngineClient:
         build: Build,
         name: str,
         *,
-        priority: int = 0,
+        rank: int = 0,
         log_level: str = "INFO",
         on_death: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.name = name
-        self.priority = priority
+        self.rank = rank
         self._on_death = on_death
         context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
         self._conn, child = context.Pipe()

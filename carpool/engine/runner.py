@@ -130,6 +130,9 @@ class Runner(Protocol):
     spec: EngineModelSpec
     num_blocks: int
     paths: tuple[PathTaken, ...]  # which code runs each part of a step
+    # "cpu" or "cuda": what the engine config's device-dependent defaults are
+    # resolved for (``EngineConfig.for_device``).
+    device_type: str
     # Whether a decode step may run several forward passes, each fed the last one's
     # greedy token on the device (``EngineConfig.num_scheduler_steps``).
     multi_step: bool

@@ -173,7 +173,9 @@ async def _stop_grpc(grpc_server: Any, server: ServerConfig) -> None:
 
 def build_server(config: CarpoolConfig, functions: Sequence[InProcessModel] = ()) -> ServerBundle:
     """Load every model (and ``functions``, from ``carpool.serve``) and register it
-    with a fresh (started) device runtime."""
+    with a fresh (started) device runtime. ``config``'s device-dependent defaults are
+    decided here, once (``CarpoolConfig.resolved``)."""
+    config = config.resolved()
     _set_torch_threads(config)
     bundles: list[ServerBundle] = []  # the one below, once built
 
@@ -240,7 +242,7 @@ def _loader(
     model loads in its engine's process; ``on_engine_death`` hears if that dies."""
 
     def load() -> Builtin:
-        if source.task is Task.GENERATE and config.runtime.engine_process_on:
+        if source.task is Task.GENERATE and config.runtime.engine_process:
             build = functools.partial(build_engine, source, config)
             client = EngineClient(
                 build, source.name, log_level=config.server.log_level, on_death=on_engine_death
@@ -268,6 +270,7 @@ def _repository_llm(
     try:
         source = dataclasses.replace(registry.resolve(vllm.model), name=name)
         engine = dataclasses.replace(config.engine, **vllm.engine)
+        engine = engine.for_device(config.runtime.device)
     except (CarpoolError, ConfigError, ValueError, OSError) as exc:
         raise RepositoryError(f"model '{name}': {exc}") from None
     if source.task is not Task.GENERATE:
@@ -291,7 +294,7 @@ def load_model(source: registry.ModelSource, config: CarpoolConfig) -> Any:
     process or a replica): the reliability tests wrap it (``tests/faults.py``)."""
     options = LoadOptions(
         device=config.runtime.device,
-        dtype=config.engine.dtype_on(config.runtime.device),
+        dtype=config.engine.dtype,
         cache_dir=Path(config.runtime.cache_dir) if config.runtime.cache_dir else None,
         weight_kernel=config.engine.weight_kernel,
     )

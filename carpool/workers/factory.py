@@ -34,12 +34,7 @@ def engine_for(
     ``draft_model`` speculative config loads its draft model (GGUF conversions under
     ``cache_dir``) onto an engine of its own; raises ValueError if its vocabulary is
     not the target's."""
-    config = config or EngineConfig()
-    config = dataclasses.replace(
-        config,
-        max_num_batched_tokens=config.step_budget_on(lm.device.type),
-        async_scheduling=config.async_scheduling_on(lm.device.type),
-    )
+    config = (config or EngineConfig()).for_device(lm.device.type)
     bs = config.block_size
     memory = _kv_cache_bytes(lm, config)
     blocks = num_blocks or ModelRunner.blocks_for_memory(lm, memory, bs)

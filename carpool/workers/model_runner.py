@@ -103,6 +103,7 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.paths = paths
         self.multi_step = False  # the GPU's runner may (``CudaModelRunner``)
+        self.device_type = lm.device.type
         self.grammars = Grammars(lm.tokenizer, cfg.vocab_size, sorted(lm.eos_token_ids))
         self.block_size = block_size
         self.decode_kernel = decode_kernel

@@ -11,6 +11,7 @@ from carpool import cli
 from carpool.cli import build_config, parser
 from carpool.config import (
     BatchingConfig,
+    CarpoolConfig,
     ConfigError,
     EngineConfig,
     QueuePolicy,
@@ -102,14 +103,28 @@ def test_per_model_config_file_overrides_the_shared_batching(tmp_path: Path) -> 
 def test_async_scheduling_unset_is_on_for_a_gpu_unless_drafts_are_asked_for() -> None:
     unset = EngineConfig()
     assert unset.async_scheduling is None
-    assert unset.async_scheduling_on("cuda") and not unset.async_scheduling_on("cpu")
-    assert not EngineConfig(num_scheduler_steps=8).async_scheduling_on("cuda")
+    assert unset.for_device("cuda").async_scheduling is True
+    assert unset.for_device("cpu").async_scheduling is False
+    assert EngineConfig(num_scheduler_steps=8).for_device("cuda").async_scheduling is False
     ngram = EngineConfig(speculative_config='{"method": "ngram", "num_speculative_tokens": 4}')
-    assert not ngram.async_scheduling_on("cuda")
-    assert EngineConfig(async_scheduling=True).async_scheduling_on("cpu")
-    assert not EngineConfig(async_scheduling=False).async_scheduling_on("cuda")
+    assert ngram.for_device("cuda").async_scheduling is False
+    assert EngineConfig(async_scheduling=True).for_device("cpu").async_scheduling is True
+    assert EngineConfig(async_scheduling=False).for_device("cuda").async_scheduling is False
     with pytest.raises(ConfigError, match="does not combine"):
         EngineConfig(async_scheduling=True, num_scheduler_steps=8)
+
+
+def test_a_config_resolved_for_its_device_keeps_no_sentinel_and_resolves_once() -> None:
+    cpu = EngineConfig().for_device("cpu")
+    assert (cpu.max_num_batched_tokens, cpu.dtype, cpu.async_scheduling) == (192, "float32", False)
+    gpu = EngineConfig().for_device("cuda")
+    assert (gpu.max_num_batched_tokens, gpu.dtype, gpu.async_scheduling) == (2048, "bfloat16", True)
+    asked = EngineConfig(max_num_batched_tokens=512, dtype="float16").for_device("cuda")
+    assert (asked.max_num_batched_tokens, asked.dtype) == (512, "float16")
+    assert gpu.for_device("cpu") == gpu  # a resolved config stays as it was resolved
+    whole = CarpoolConfig(runtime=RuntimeConfig(device="cuda")).resolved()
+    assert whole.engine == gpu and whole.runtime.engine_process is True
+    assert CarpoolConfig().resolved().runtime.engine_process is False
 
 
 @pytest.mark.parametrize(
@@ -147,9 +162,9 @@ def test_every_commands_help_prints(
 
 
 def test_engine_process_unset_is_on_for_a_gpu_only() -> None:
-    assert RuntimeConfig(device="cuda").engine_process_on
-    assert not RuntimeConfig().engine_process_on
-    assert RuntimeConfig(engine_process=True).engine_process_on
-    assert not RuntimeConfig(device="cuda", engine_process=False).engine_process_on
+    assert RuntimeConfig(device="cuda").resolved().engine_process is True
+    assert RuntimeConfig().resolved().engine_process is False
+    assert RuntimeConfig(engine_process=True).resolved().engine_process is True
+    assert RuntimeConfig(device="cuda", engine_process=False).resolved().engine_process is False
     args = parser().parse_args(["serve", "--device", "cuda", "--no-engine-process"])
     assert build_config(args).runtime.engine_process is False

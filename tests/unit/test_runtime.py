@@ -1,4 +1,4 @@
-"""The device runtime picks work by priority then age, contains a worker's failure,
+"""The device runtime picks work by rank then age, contains a worker's failure,
 and fails loudly if it dies."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ class ScriptedWorker:
     """Reports ready with a fixed ``ready_since`` for ``units`` turns, logging runs."""
 
     def __init__(
-        self, name: str, priority: int, ready_since: float, units: int, log: list[str]
+        self, name: str, rank: int, ready_since: float, units: int, log: list[str]
     ) -> None:
         self.name = name
-        self.priority = priority
+        self.rank = rank
         self.ready_since = ready_since
         self.units = units
         self.log = log
@@ -45,7 +45,7 @@ class ScriptedWorker:
         self.recovered_with.append(error)
 
 
-def test_best_priority_runs_first_then_the_longest_waiting() -> None:
+def test_best_rank_runs_first_then_the_longest_waiting() -> None:
     log: list[str] = []
     runtime = DeviceRuntime()
     workers = [

@@ -12,17 +12,18 @@ import pytest
 
 from carpool.bench.config import BenchConfig
 from carpool.bench.load import gaps
-from carpool.bench.metrics import Outcome, percentile, summarize, timeline
+from carpool.bench.metrics import ClientRecord as Record
+from carpool.bench.metrics import percentile, summarize, timeline
 from carpool.bench.run import points, requests_for
 from carpool.config import ConfigError
 
 
 def test_the_metrics_of_known_records() -> None:
     outcomes = [
-        Outcome(200, prompt_tokens=10, output_tokens=5, ttft=0.1, itl=[0.02] * 4, latency=0.18),
-        Outcome(200, prompt_tokens=20, output_tokens=3, ttft=0.3, itl=[0.05, 0.05], latency=0.4),
-        Outcome(503, latency=0.01),
-        Outcome(None, latency=1.0),
+        Record(200, prompt_tokens=10, output_tokens=5, ttft=0.1, itl=[0.02] * 4, latency=0.18),
+        Record(200, prompt_tokens=20, output_tokens=3, ttft=0.3, itl=[0.05, 0.05], latency=0.4),
+        Record(503, latency=0.01),
+        Record(None, latency=1.0),
     ]
     s = summarize(outcomes, 2.0, (50, 99), {"ttft": 200, "tpot": 40})
     assert s["completed"] == 2 and s["failed"] == 2
@@ -40,9 +41,9 @@ def test_the_metrics_of_known_records() -> None:
 def test_the_timeline_counts_tokens_in_the_second_they_arrived() -> None:
     outcomes = [
         # 4 tokens in 2 pieces, at 0.5 s and 1.5 s; 3 tokens in one response at 2.2 s.
-        Outcome(200, output_tokens=4, ttft=0.3, itl=[1.0], latency=1.5, sent=0.2),
-        Outcome(200, output_tokens=3, latency=2.0, sent=0.2),
-        Outcome(503, output_tokens=9, latency=0.1, sent=0.0),  # failed: not counted
+        Record(200, output_tokens=4, ttft=0.3, itl=[1.0], latency=1.5, sent=0.2),
+        Record(200, output_tokens=3, latency=2.0, sent=0.2),
+        Record(503, output_tokens=9, latency=0.1, sent=0.0),  # failed: not counted
     ]
     assert timeline(outcomes, 3.0) == [2.0, 2.0, 3.0]
     assert timeline(outcomes, 3.0, bin_s=2.0) == [2.0, 1.5]  # per second, in 2-s bins

@@ -49,6 +49,7 @@ class FakeRunner:
         self.num_blocks = num_blocks
         self.paths = ()
         self.multi_step = False
+        self.device_type = "cpu"
         self.replies = {tuple(ids(k)): ids(v) for k, v in replies.items()}
         self.fail_on = fail_on
         self.tokens_run = 0

@@ -83,7 +83,7 @@ def gpu_engine(lm: LoadedLM, graphs: bool = CUDA, window_blocks: int = 0, **conf
         max_passes=engine_config.num_scheduler_steps,
         window_blocks=window_blocks,
         prompt_graphs=engine_config.cuda_graph_prompts,
-        max_num_batched_tokens=engine_config.step_budget_on("cpu"),
+        max_num_batched_tokens=engine_config.for_device("cpu").max_num_batched_tokens,
     )
     return Engine(runner, engine_config)
 
@@ -259,8 +259,9 @@ def test_asking_for_a_gpu_that_is_not_there_is_a_configuration_error() -> None:
 
 def test_dtype_and_kv_cache_memory_auto_resolve_per_device() -> None:
     config = EngineConfig()
-    assert config.dtype_on("cpu") == "float32" and config.dtype_on("cuda") == "bfloat16"
-    assert EngineConfig(dtype="float32").dtype_on("cuda") == "float32"
+    assert config.for_device("cpu").dtype == "float32"
+    assert config.for_device("cuda").dtype == "bfloat16"
+    assert EngineConfig(dtype="float32").for_device("cuda").dtype == "float32"
     assert (
         config.kv_cache_bytes is None
         and EngineConfig(kv_cache_memory="1GiB").kv_cache_bytes == 1 << 30
