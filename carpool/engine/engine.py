@@ -1,41 +1,36 @@
 """The generation engine: requests in, one step at a time, outputs out.
 
 ``step`` reads as three verbs over plain data: the scheduler plans the step, the
-model runner runs it and samples, and ``_postprocess`` feeds the tokens back to the
+model runner runs it and samples, and ``postprocess`` feeds the tokens back to the
 scheduler and hands each to the output processor (``output_processor``: requests'
-state, detokenizing, stop strings, grammars, reports). With asynchronous scheduling
-the middle verb splits in two: step N + 1 is launched, then step N lands and is
-reported while the device runs N + 1 (``_overlapped``). Single-threaded: the device
-runtime's thread calls ``add_request``, ``abort`` and ``step`` (``AsyncEngine`` posts
-them there).
+state, detokenizing, stop strings, grammars, reports). Before planning, the engine's
+drafter (``drafting``, one chosen at construction: none, lookahead or speculation)
+gives decoding sequences their extra tokens. With asynchronous scheduling the middle
+verb splits in two: step N + 1 is launched, then step N lands and is reported while
+the device runs N + 1 (``overlap``). Single-threaded: the device runtime's thread
+calls ``add_request``, ``abort`` and ``step`` (``AsyncEngine`` posts them there).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from carpool.clock import Clock, MonotonicClock
-from carpool.config import EngineConfig, SpeculativeConfig
+from carpool.config import EngineConfig
 from carpool.engine.block_manager import BlockManager, Blocks, HybridBlockManager
 from carpool.engine.detokenizer import IncrementalDetokenizer
+from carpool.engine.drafting import drafter_for, speculable
 from carpool.engine.output_processor import EngineRequest, OutputProcessor
-from carpool.engine.outputs import LOOKAHEAD, SchedulerOutput, pending
+from carpool.engine.outputs import SchedulerOutput
+from carpool.engine.overlap import Overlap
 from carpool.engine.request_output import CompletionOutput, RequestOutput
-from carpool.engine.runner import (
-    Launch,
-    LaunchingRunner,
-    Runner,
-    Sampled,
-    SamplingRow,
-    StepResult,
-)
+from carpool.engine.runner import LaunchingRunner, Runner, Sampled, SamplingRow, StepResult
 from carpool.engine.sampling_params import SamplingParams
 from carpool.engine.scheduler import Scheduler, SchedulerConfig
-from carpool.engine.sequence import FinishReason, Sequence, SequenceStatus
-from carpool.engine.speculative import Proposer, Speculator
+from carpool.engine.sequence import Sequence
+from carpool.engine.speculative import Proposer
 from carpool.errors import InvalidRequest
 from carpool.stats import EngineStats
 
@@ -43,16 +38,6 @@ if TYPE_CHECKING:
     from carpool.paths import PathTaken
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Flight:
-    """A step launched and not landed: its plan, the runner's launch, and where each
-    sampling sequence's ``pending`` token sits in its ``token_ids``."""
-
-    plan: SchedulerOutput
-    launch: Launch
-    at: dict[str, int]
 
 
 class Engine:
@@ -81,18 +66,12 @@ class Engine:
         )
         self.scheduler = Scheduler(SchedulerConfig(budget, self.config.max_num_seqs), self.blocks)
         self.stats = EngineStats()
-        spec = self.config.speculative_config
-        self.speculator = Speculator(SpeculativeConfig.parse(spec), proposer) if spec else None
-        # Multi-step decoding, where the runner can (``Runner.multi_step``) and no
-        # speculation claims the drafts.
-        steps = self.config.num_scheduler_steps
-        multi = runner.multi_step and self.speculator is None
-        self.lookahead = steps - 1 if multi else 0
+        self.drafter = drafter_for(self.config, runner, proposer)
         # Asynchronous scheduling, where the runner launches steps; the config refuses
         # it beside speculation and multi-step decoding.
-        launches = bool(self.config.async_scheduling) and isinstance(runner, LaunchingRunner)
-        self._launcher = runner if launches else None
-        self._flight: _Flight | None = None
+        self.overlap: Overlap | None = None
+        if self.config.async_scheduling and isinstance(runner, LaunchingRunner):
+            self.overlap = Overlap(self, runner)
         self.outputs = OutputProcessor(
             self.spec.eos_token_ids, self.stats, self.clock, self.scheduler.finish, self._forget
         )
@@ -161,9 +140,8 @@ class Engine:
             frozenset() if params.ignore_eos else self.spec.eos_token_ids
         )
         req = EngineRequest(request_id, params, prompt, arrival, [], [], [], [])
-        req.speculate = self.speculator is not None and speculable(params)
-        req.lookahead = self.lookahead > 0 and params.greedy and speculable(params)
-        req.overlap = self._launcher is not None and speculable(params)
+        req.drafts = self.drafter.allows(params)
+        req.overlap = self.overlap is not None and speculable(params)
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None] * len(prompt)
         for i in range(params.n):
@@ -205,12 +183,18 @@ class Engine:
         """End every request with the error ``message`` and free its blocks: the
         engine's state can no longer be trusted (a step raised out of ``step``).
         Returns each request's final output."""
-        self._flight = None
+        if self.overlap is not None:
+            self.overlap.flight = None
         return self.outputs.reset(message)
 
     @property
+    def in_flight(self) -> bool:
+        """Whether a step is launched and not landed (asynchronous scheduling)."""
+        return self.overlap is not None and self.overlap.flight is not None
+
+    @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work or self._flight is not None
+        return self.scheduler.has_work or self.in_flight
 
     @property
     def num_unfinished(self) -> int:
@@ -221,156 +205,34 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Schedule, run, postprocess; the outputs of every request that changed."""
         now = self.clock.now()
-        self._draft()
+        self.drafter.draft(self.scheduler.running, self._drafts_wanted, self._draft_room)
         plan = self.scheduler.schedule(now)
-        overlaps = self._overlaps(plan)
-        if self._flight is None and not overlaps:
-            return self._postprocess(plan, self._run(plan), now)
-        return self._overlapped(plan, now, overlaps)
+        if self.overlap is None:
+            return self.postprocess(plan, self.run(plan), now)
+        overlaps = self.overlap.allows(plan)
+        if self.overlap.flight is None and not overlaps:
+            return self.postprocess(plan, self.run(plan), now)
+        return self.overlap.step(plan, now, overlaps)
 
-    # -- asynchronous scheduling -------------------------------------------------------
-
-    def _overlaps(self, plan: SchedulerOutput) -> bool:
-        """Whether ``plan`` may be launched before the step in flight lands and stay
-        in flight itself: every sampling chunk plain, of a request that allows it."""
-        return (
-            self._launcher is not None
-            and bool(plan.chunks)
-            and all(
-                not c.draft and self.outputs.by_seq[c.seq.request_id][0].overlap
-                for c in plan.chunks
-                if c.samples
-            )
-            and not self._prompt_logprobs_wanted(plan)
-        )
-
-    def _overlapped(self, plan: SchedulerOutput, now: float, overlaps: bool) -> list[RequestOutput]:
-        """Launch ``plan`` (reading the tokens of the step in flight on the device),
-        then land that step and report it; ``plan`` stays in flight, its sequences
-        advanced with ``pending`` tokens. A plan that may not overlap (``overlaps``
-        false) runs once the step in flight has landed, as a step without overlap does."""
-        flight, self._flight = self._flight, None
-        launcher = cast(LaunchingRunner, self._launcher)  # a flight or overlap needs one
-        launch = self._launch(launcher, plan, flight) if overlaps else None
-        if flight is not None:
-            self._land(launcher, flight)
-        if launch is None:
-            # The flight's stops are known now: its finished sequences run no more.
-            plan.chunks[:] = [c for c in plan.chunks if c.seq.status is SequenceStatus.RUNNING]
-            return self._postprocess(plan, self._run(plan), now)
-        for seq in plan.finished:  # aborted or timed out while planning
-            self.outputs.by_seq[seq.request_id][0].touched = True
-        outputs = self.outputs.collect()
-        # After the report: a sequence this advance ends by its length must not be
-        # reported finished before its last token lands.
-        self._flight = self._advance(plan, launch, now)
-        return outputs
-
-    def _launch(
-        self, launcher: LaunchingRunner, plan: SchedulerOutput, flight: _Flight | None
-    ) -> Launch | None:
-        rows = self._rows(plan)
-        try:
-            return launcher.launch(plan, rows, None if flight is None else flight.launch)
-        except Exception:
-            log.exception("launching an engine step failed; running it step by step")
-            return None
-
-    def _advance(self, plan: SchedulerOutput, launch: Launch, now: float) -> _Flight:
-        """Move ``plan``'s sequences on as if its tokens were known: each sampling one
-        takes ``pending(row)`` in its token's place (a length ends it now; a stop
-        token or string when the token lands)."""
-        at: dict[str, int] = {}
-        tokens: dict[str, list[int]] = {}
-        for chunk in plan.chunks:
-            seq = chunk.seq
-            if chunk.samples and seq.status is SequenceStatus.RUNNING:
-                at[seq.request_id] = seq.num_tokens
-                tokens[seq.request_id] = [pending(launch.rows[seq.request_id])]
-        self.scheduler.update(plan, tokens)
-        self.outputs.started(plan, now)
-        self._record_step(plan, now, 0)
-        with self.stats.update() as s:
-            s.launched_steps += 1
-        return _Flight(plan, launch, at)
-
-    def _land(self, launcher: LaunchingRunner, flight: _Flight) -> None:
-        """Wait for the step in flight; put each token in its ``pending`` place
-        (``Scheduler.land``) and emit it (a stop token or string ends its sequence now)."""
-        try:
-            result = launcher.land(flight.launch)
-        except Exception:
-            # The step's sequences have moved past it: it cannot be re-run chunk by
-            # chunk as a launch that failed is, so every sequence in it fails.
-            log.exception("an engine step failed on the device")
-            for rid, at in flight.at.items():
-                req, i = self.outputs.by_seq[rid]
-                del req.seqs[i].token_ids[at:]
-                self.outputs.fail(req.seqs[i], "the model failed on this request")
-            return
-        generated, landed = 0, self.clock.now()
-        for chunk in flight.plan.chunks:
-            seq, rid = chunk.seq, chunk.seq.request_id
-            if rid not in flight.at:
-                continue
-            token = result.sampled[rid].token_id
-            self.scheduler.land(seq, flight.at[rid], token)
-            if seq.finish_reason in (FinishReason.ABORT, FinishReason.TIMEOUT):
-                continue
-            req, i = self.outputs.by_seq[rid]
-            req.touched = True
-            generated += 1
-            try:
-                self.outputs.emit(req, i, token, None, landed)
-            except Exception:
-                log.exception("processing %s's output failed", rid)
-                self.outputs.fail(seq, "processing this request's output failed")
-        with self.stats.update() as s:
-            s.generation_tokens += generated
-
-    def _draft(self) -> None:
-        """Give the decoding sequences that may speculate their drafts (or, with
-        multi-step decoding, their ``LOOKAHEAD`` placeholders)."""
-        if self.lookahead:
-            self._lookahead()
-        if self.speculator is None:
-            return
-        running = self.scheduler.running
-        for seq in running:
-            seq.draft = []  # a draft not scheduled last step is not carried over
-        if not self.speculator.drafting(len(running)):
-            return
-        decoding = {
-            s.request_id: s
-            for s in running
-            if s.num_uncomputed == 1 and self.outputs.by_seq[s.request_id][0].speculate
-        }
-        limits = [(rid, s.token_ids, self._draft_room(s)) for rid, s in decoding.items()]
-        for rid, draft in self.speculator.drafts(limits).items():
-            decoding[rid].draft = draft
-
-    def _lookahead(self) -> None:
-        for s in self.scheduler.running:
-            if s.num_uncomputed != 1 or not self.outputs.by_seq[s.request_id][0].lookahead:
-                s.draft = []
-                continue
-            s.draft = [LOOKAHEAD] * max(0, min(self.lookahead, self._draft_room(s)))
+    def _drafts_wanted(self, seq: Sequence) -> bool:
+        return self.outputs.by_seq[seq.request_id][0].drafts
 
     def _draft_room(self, seq: Sequence) -> int:
-        """How many draft tokens (or placeholders) ``seq`` may take: they and the one
-        sampled with them must fit its ``max_tokens`` and the model's length."""
+        """How many draft tokens (or lookahead passes) ``seq`` may take: they and the
+        one sampled with them must fit its ``max_tokens`` and the model's length."""
         return min(seq.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens) - 1
 
     def _forget(self, seq_id: str) -> None:
         """A retired sequence's drafting state goes with it."""
-        if self.speculator is not None:
-            self.speculator.forget(seq_id)
+        self.drafter.forget(seq_id)
 
-    def _run(self, plan: SchedulerOutput) -> StepResult:
+    def run(self, plan: SchedulerOutput) -> StepResult:
+        """Run ``plan`` on the runner; a step that raises is run again chunk by chunk,
+        so the chunks that fail fail alone."""
         if not plan.chunks:
             return StepResult()
-        rows = self._rows(plan)
-        wanted = self._prompt_logprobs_wanted(plan)
+        rows = self.sampling_rows(plan)
+        wanted = self.prompt_logprobs_wanted(plan)
         try:
             return self.runner.execute(plan, rows, wanted)
         except Exception:
@@ -386,7 +248,7 @@ class Engine:
                 self.outputs.fail(chunk.seq, "the model failed on this request")
         return result
 
-    def _prompt_logprobs_wanted(self, plan: SchedulerOutput) -> dict[str, int]:
+    def prompt_logprobs_wanted(self, plan: SchedulerOutput) -> dict[str, int]:
         """The step's sequences whose prompt log-probabilities are wanted (the first
         of a request's sequences speaks for its prompt)."""
         wanted: dict[str, int] = {}
@@ -400,7 +262,7 @@ class Engine:
                 wanted[seq.request_id] = k
         return wanted
 
-    def _rows(self, plan: SchedulerOutput) -> dict[str, SamplingRow]:
+    def sampling_rows(self, plan: SchedulerOutput) -> dict[str, SamplingRow]:
         """The sampling row of each sampling chunk's sequence, by its id."""
         by_seq, rows = self.outputs.by_seq, {}
         for chunk in plan.chunks:
@@ -409,9 +271,11 @@ class Engine:
                 rows[chunk.seq.request_id] = req.rows[i]
         return rows
 
-    def _postprocess(
+    def postprocess(
         self, plan: SchedulerOutput, result: StepResult, now: float
     ) -> list[RequestOutput]:
+        """Feed ``result``'s tokens to the scheduler and each to its request's output
+        processing; the outputs of every request that changed."""
         sampled = result.sampled
         for seq_id, found in result.prompt_logprobs.items():
             req = self.outputs.by_seq[seq_id][0]
@@ -420,7 +284,7 @@ class Engine:
                 req.prompt_logprobs[at : at + len(found.entries)] = found.entries
         for seq in plan.finished:  # aborted or timed out while planning
             self.outputs.by_seq[seq.request_id][0].touched = True
-        before = {c.seq.request_id: c.seq.num_tokens for c in plan.chunks if c.samples}
+        before = {c.seq.request_id: len(c.seq.token_ids) for c in plan.chunks if c.samples}
         self.scheduler.update(plan, {rid: s.tokens for rid, s in sampled.items()})
         self.outputs.started(plan, now)
         generated, landed = 0, self.clock.now()
@@ -443,19 +307,17 @@ class Engine:
             except Exception:
                 log.exception("processing %s's output failed", rid)
                 self.outputs.fail(chunk.seq, "processing this request's output failed")
-        self._record_step(plan, now, generated)
+        self.record_step(plan, now, generated)
         return self.outputs.collect()
 
     def _speculated(self, seq: Sequence, draft: tuple[int, ...], sampled: Sampled) -> None:
-        if not draft or self.speculator is None:
-            return
-        self.speculator.accepted(seq.request_id, len(draft), len(sampled.accepted))
+        self.drafter.accepted(seq.request_id, len(draft), len(sampled.accepted))
         with self.stats.update() as s:
             s.spec_drafts += 1
             s.spec_draft_tokens += len(draft)
             s.spec_accepted_tokens += len(sampled.accepted)
 
-    def _record_step(self, plan: SchedulerOutput, now: float, generated: int) -> None:
+    def record_step(self, plan: SchedulerOutput, now: float, generated: int) -> None:
         with self.stats.update() as s:
             if plan.chunks:
                 s.steps += 1
@@ -502,18 +364,3 @@ def check_request(
             param="max_tokens",
         )
     return prompt
-
-
-def speculable(params: SamplingParams) -> bool:
-    """Whether drafts may be verified for ``params``: greedy or plain sampling
-    (temperature, top-k, top-p, min-p), with nothing that depends on each token
-    emitted before it (penalties, min_tokens, a grammar) and no log-probabilities."""
-    return (
-        params.repetition_penalty == 1.0
-        and not params.frequency_penalty
-        and not params.presence_penalty
-        and not params.min_tokens
-        and not params.logit_bias
-        and params.grammar is None
-        and params.logprobs is None
-    )

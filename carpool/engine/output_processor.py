@@ -41,9 +41,8 @@ class EngineRequest:
     error: str | None = None
     touched: bool = False
     num_cached_tokens: int = 0
-    speculate: bool = False  # its sampling allows drafts to be verified
+    drafts: bool = False  # it may take drafts or lookahead (the engine's drafter allows)
     overlap: bool = False  # its steps may be launched before the last one lands
-    lookahead: bool = False  # its tokens may be generated several per step
     # With params.prompt_logprobs: one entry per prompt token, the first None.
     prompt_logprobs: list[TokenLogprobs | None] | None = None
 

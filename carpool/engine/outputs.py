@@ -7,24 +7,16 @@ from typing import NamedTuple
 
 from carpool.engine.sequence import Sequence
 
-# A draft of these is no guess to verify: the runner generates the tokens itself,
-# each pass feeding the last's token back, before the host sees any (multi-step
-# decoding, ``EngineConfig.num_scheduler_steps``).
-LOOKAHEAD = -1
-
-
-def pending(row: int) -> int:
-    """The id standing, until its step lands, for the token sampled in ``row`` of the
-    step in flight (asynchronous scheduling): the runner reads it on the device."""
-    return -2 - row
-
 
 class ScheduledChunk(NamedTuple):
     """Run ``num_tokens`` tokens of ``seq`` starting at ``seq.num_computed``: its
-    own next tokens, then ``draft`` (speculated tokens to verify, after its last).
+    own next tokens, then ``draft`` (speculated tokens to verify, after its last),
+    then ``lookahead`` more passes (multi-step decoding: each fed the last pass's
+    greedy token on the device).
 
     ``samples`` is true when the chunk reaches the sequence's last token, so the
-    step produces its next token (and, with a draft, the draft tokens it accepts).
+    step produces its next token (and, with a draft, the draft tokens it accepts;
+    with lookahead, the tokens of the later passes).
     A named tuple, not a frozen dataclass: one is made per sequence per step, and a
     frozen dataclass takes ~1.3 us to make against ~0.5 (issue 48)."""
 
@@ -32,25 +24,37 @@ class ScheduledChunk(NamedTuple):
     num_tokens: int
     samples: bool
     draft: tuple[int, ...] = ()
+    lookahead: int = 0
 
     @classmethod
-    def of(cls, seq: Sequence, num_tokens: int, draft: tuple[int, ...] = ()) -> ScheduledChunk:
-        """A chunk of ``seq``'s next ``num_tokens`` and ``draft``, fixed at scheduling
-        time (the sequence moves on; the message must not)."""
+    def of(
+        cls, seq: Sequence, num_tokens: int, draft: tuple[int, ...] = (), lookahead: int = 0
+    ) -> ScheduledChunk:
+        """A chunk of ``seq``'s next ``num_tokens`` and ``draft`` or ``lookahead``,
+        fixed at scheduling time (the sequence moves on; the message must not)."""
         samples = seq.num_computed + num_tokens == seq.num_tokens
-        return cls(seq, num_tokens + len(draft), samples, draft)
+        return cls(seq, num_tokens + len(draft) + lookahead, samples, draft, lookahead)
 
     @property
-    def lookahead(self) -> bool:
-        """Whether the draft is ``LOOKAHEAD`` placeholders, not tokens to verify."""
-        return self.draft[:1] == (LOOKAHEAD,)
+    def num_own(self) -> int:
+        """The sequence's own tokens this chunk runs (no draft, no lookahead)."""
+        return self.num_tokens - len(self.draft) - self.lookahead
+
+    @property
+    def pending(self) -> bool:
+        """Whether its last own token is still in flight (sampled by the step before,
+        not landed: asynchronous scheduling): ``input_ids`` lacks it and the runner
+        reads it on the device."""
+        seq = self.seq
+        return seq.num_pending > 0 and seq.num_computed + self.num_own == seq.num_tokens
 
     @property
     def input_ids(self) -> list[int]:
-        """The token ids this chunk runs."""
+        """The known token ids this chunk runs: its own (less the last if ``pending``),
+        then its draft."""
         start = self.seq.num_computed
-        own = self.num_tokens - len(self.draft)
-        return [*self.seq.token_ids[start : start + own], *self.draft]
+        own = self.seq.token_ids[start : start + self.num_own]
+        return [*own, *self.draft] if self.draft else own
 
 
 @dataclass
@@ -69,4 +73,4 @@ class SchedulerOutput:
     def has_prompt(self) -> bool:
         """Whether a chunk runs more than one token of its own (a prompt's, or a
         preempted sequence's recomputation): a step that is not decodes alone."""
-        return any(c.num_tokens - len(c.draft) > 1 for c in self.chunks)
+        return any(c.num_own > 1 for c in self.chunks)

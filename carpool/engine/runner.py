@@ -95,8 +95,8 @@ class StepResult:
 @dataclass(frozen=True)
 class Launch:
     """A step sent to the device and not yet landed (``LaunchingRunner.launch``): the row of
-    each sampling sequence's token among the step's sampled tokens (what
-    ``outputs.pending(row)`` stands for), and the runner's own handle."""
+    each sampling sequence's token among the step's sampled tokens (where the next
+    launch finds a pending token), and the runner's own handle."""
 
     rows: dict[str, int]
     handle: Any
@@ -168,13 +168,14 @@ class LaunchingRunner(Protocol):
     """What a ``Runner`` adds whose steps can be in flight while the host plans the next
     (``EngineConfig.async_scheduling``): the engine launches step N + 1, then lands
     step N. Only steps whose sampling chunks have no draft and whose rows need no
-    history on the host (``engine.speculable``) are launched."""
+    history on the host (``drafting.speculable``) are launched."""
 
     def launch(
         self, step: SchedulerOutput, rows: Mapping[str, SamplingRow], after: Launch | None
     ) -> Launch:
-        """Start ``step``; its input ids may hold ``pending(row)`` for the tokens of
-        ``after``, the step still in flight, which the runner reads on the device."""
+        """Start ``step``. A chunk whose last own token is ``pending`` (sampled by
+        ``after``, the step still in flight) takes it from the row ``after.rows`` gives
+        its sequence, read on the device."""
         ...
 
     def land(self, launch: Launch) -> StepResult:

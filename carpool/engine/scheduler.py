@@ -76,10 +76,15 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
             n = min(seq.num_uncomputed, budget)
-            draft = self._take_draft(seq, budget) if seq.draft else ()
-            if draft or self._grow_or_preempt(seq, n, out):
-                out.chunks.append(ScheduledChunk.of(seq, n, draft))
-                budget -= n + len(draft)
+            if seq.draft or seq.lookahead:
+                chunk = self._take_draft(seq, budget)
+                if chunk is not None:
+                    out.chunks.append(chunk)
+                    budget -= chunk.num_tokens
+                    continue
+            if self._grow_or_preempt(seq, n, out):
+                out.chunks.append(ScheduledChunk.of(seq, n))
+                budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             # Waiting sequences hold no blocks (preemption frees them): start from
@@ -103,33 +108,47 @@ class Scheduler:
         self._expire_waiting(now, out)
         return out
 
-    def _take_draft(self, seq: Sequence, budget: int) -> tuple[int, ...]:
-        """A decoding sequence's draft, as much of it as the budget and free blocks
-        allow (a draft never preempts anybody); () when it has none."""
-        draft, seq.draft = seq.draft[: budget - 1], []
-        if seq.num_uncomputed != 1 or not draft:
-            return ()
-        if not self.blocks.allocate(seq.block_table, seq.num_tokens + len(draft)):
-            return ()
-        return tuple(draft)
+    def _take_draft(self, seq: Sequence, budget: int) -> ScheduledChunk | None:
+        """A decoding sequence's chunk with its draft (or lookahead), as much of it as
+        the budget and free blocks allow (a draft never preempts anybody); None when
+        nothing of it fits: the sequence is then scheduled without."""
+        draft, seq.draft = tuple(seq.draft[: budget - 1]), []
+        lookahead, seq.lookahead = min(seq.lookahead, budget - 1), 0
+        if seq.num_uncomputed != 1 or not (draft or lookahead):
+            return None
+        if not self.blocks.allocate(seq.block_table, seq.num_tokens + len(draft) + lookahead):
+            return None
+        return ScheduledChunk.of(seq, 1, draft, lookahead)
 
     def update(
-        self, output: SchedulerOutput, sampled: Mapping[str, Sequence_[int]]
+        self, output: SchedulerOutput, sampled: Mapping[str, Sequence_[int]] | None
     ) -> list[Sequence]:
         """Record a step's results: advance each chunk, append each sampling chunk's
         tokens (its accepted draft tokens, then the one sampled), finish what hit a
-        stop or length (dropping any tokens after it). Returns the sequences
-        finished now."""
+        stop or length (dropping any tokens after it). ``sampled`` None: the step is
+        in flight, and each sampling chunk's token is pending until ``land``. Returns
+        the sequences finished now."""
         finished: list[Sequence] = []
         for chunk in output.chunks:
             seq = chunk.seq
             if seq.status is not SequenceStatus.RUNNING:
                 continue
-            own = chunk.num_tokens - len(chunk.draft)
+            own = chunk.num_own
             if not chunk.samples:
                 seq.num_computed += own
                 self.blocks.commit(seq.block_table, seq.token_ids, seq.num_computed)
                 self.blocks.release_behind(seq.block_table, seq.num_computed)
+                continue
+            if sampled is None:
+                # Its token is in flight: one pending (a length ends it now; a stop
+                # token when it lands).
+                seq.num_pending += 1
+                seq.num_computed += own
+                self.blocks.commit(seq.block_table, seq.token_ids, seq.num_computed)
+                self.blocks.release_behind(seq.block_table, seq.num_computed)
+                if seq.num_output_tokens >= seq.max_tokens:
+                    self._finish(seq, FinishReason.LENGTH)
+                    finished.append(seq)
                 continue
             new = sampled[seq.request_id]
             tokens = self._until_end(seq, new)
@@ -163,12 +182,11 @@ class Scheduler:
         """End ``seq`` now (a stop string matched by the detokenizer, say)."""
         self._finish(seq, reason)
 
-    def land(self, seq: Sequence, index: int, token: int) -> None:
-        """Put ``token``, sampled by a step the host ran ahead of (asynchronous
-        scheduling), in its pending place ``token_ids[index]``; a stop token ends
-        ``seq`` as ``update`` would have, STOP even over the length that ended it when
-        the step was planned."""
-        seq.token_ids[index] = token
+    def land(self, seq: Sequence, token: int) -> None:
+        """``seq``'s pending token is ``token`` (sampled by a step the host ran ahead
+        of: asynchronous scheduling); a stop token ends ``seq`` as ``update`` would
+        have, STOP even over the length that ended it when the step was planned."""
+        seq.land(token)
         if token not in seq.stop_token_ids:
             return
         if seq.finish_reason is FinishReason.LENGTH:
@@ -193,6 +211,7 @@ class Scheduler:
         self.blocks.free(seq.block_table)
         seq.num_computed = 0
         seq.draft = []
+        seq.lookahead = 0
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.running.remove(seq)

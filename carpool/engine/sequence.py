@@ -36,6 +36,10 @@ class Sequence:
     prefill while more than one token is uncomputed, and decoding when exactly the
     last sampled token is. Preemption frees its blocks and sets ``num_computed`` to
     0: it is recomputed (prompt and output so far) when it runs again.
+
+    ``num_pending`` counts tokens sampled by a step still in flight (asynchronous
+    scheduling): they count in ``num_tokens`` (the sequence is planned as if they were
+    known) but are not in ``token_ids`` until they land (``land``).
     """
 
     request_id: str
@@ -54,6 +58,10 @@ class Sequence:
     # Tokens proposed for the next step to verify (speculative decoding); the
     # scheduler takes them when it schedules the sequence.
     draft: list[int] = field(default_factory=list)
+    # Forward passes the next decode step may run after its own (multi-step
+    # decoding), each fed the last one's greedy token on the device.
+    lookahead: int = 0
+    num_pending: int = 0
     num_prompt_tokens: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -63,6 +71,11 @@ class Sequence:
     def extend(self, token_ids: Seq[int]) -> None:
         """Add generated tokens, in order."""
         self.token_ids.extend(token_ids)
+
+    def land(self, token_id: int) -> None:
+        """The oldest pending token is known: ``token_id``."""
+        self.token_ids.append(token_id)
+        self.num_pending -= 1
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -81,11 +94,12 @@ class Sequence:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.token_ids)
+        """Its tokens, pending ones included."""
+        return len(self.token_ids) + self.num_pending
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.token_ids) - self.num_prompt_tokens
+        return len(self.token_ids) + self.num_pending - self.num_prompt_tokens
 
     @property
     def num_uncomputed(self) -> int:

@@ -33,6 +33,7 @@ from carpool.workers.step_tensors import (
     Chosen,
     StepInputs,
     check_ids,
+    chunk_ids,
     pending_tokens,
     resolve_pending,
 )
@@ -109,11 +110,10 @@ class CudaModelRunner(ModelRunner):
     ) -> StepResult:
         if not prompt_logprobs and self.decode.fits(step.chunks):
             return self._decode(step, rows)
-        # A mixed step runs eagerly, one token for a chunk with ``LOOKAHEAD``
-        # placeholders (its extra slots stay allocated to it for later steps).
+        # A mixed step runs eagerly, one token for a chunk with lookahead (its extra
+        # slots stay allocated to it for later steps).
         plain = [
-            ScheduledChunk(c.seq, c.num_tokens - len(c.draft), c.samples) if c.lookahead else c
-            for c in step.chunks
+            ScheduledChunk(c.seq, c.num_own, c.samples) if c.lookahead else c for c in step.chunks
         ]
         if not prompt_logprobs and self.prompts is not None and self.prompts.fits(plain):
             return self._prompt(SchedulerOutput(plain), rows)
@@ -141,7 +141,7 @@ class CudaModelRunner(ModelRunner):
 
     def _decode(self, step: SchedulerOutput, rows: Mapping[str, SamplingRow]) -> StepResult:
         """A decode step on the persistent buffers: each chunk's sampled token, and
-        for a chunk with ``LOOKAHEAD`` placeholders the greedy tokens after it."""
+        for a chunk with lookahead the greedy tokens of its later passes."""
         chunks = step.chunks
         self.decode.stage(chunks)
         self._begin()
@@ -152,7 +152,7 @@ class CudaModelRunner(ModelRunner):
         for i, (chunk, token, logprobs) in enumerate(
             zip(chunks, out.token_ids, out.logprobs, strict=True)
         ):
-            tokens = [token, *(more[j][i] for j in range(len(chunk.draft)))]
+            tokens = [token, *(more[j][i] for j in range(chunk.lookahead))]
             result.sampled[chunk.seq.request_id] = Sampled(tokens[-1], logprobs, tuple(tokens[:-1]))
         return result
 
@@ -161,8 +161,7 @@ class CudaModelRunner(ModelRunner):
     ) -> tuple[torch.Tensor, list[ScheduledChunk]]:
         self._begun = None
         if self.decode.fits(step.chunks):
-            check_ids([c.seq.token_ids[c.seq.num_computed] for c in step.chunks], after)
-            self.decode.stage(step.chunks)
+            self.decode.stage(step.chunks, after)
             self._begin()
             logits, _ = self.decode.run(step.chunks, pending_tokens(after))
             return logits, list(step.chunks)
@@ -224,7 +223,7 @@ class CudaModelRunner(ModelRunner):
                 windowed = windowed_blocks(seq)
                 window_slots.extend(slot_of(windowed, p, bs) for p in range(start, start + n))
                 window_tables.append(windowed[: self._blocks_covering(chunk)])
-            ids.extend(chunk.input_ids)
+            ids.extend(chunk_ids(chunk, after))
             positions.extend(range(start, start + n))
             if chunk.samples:
                 # The last own token's row, then one row per draft token.

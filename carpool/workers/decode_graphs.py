@@ -24,11 +24,12 @@ import torch
 
 from carpool.engine.block_manager import slot_of
 from carpool.engine.outputs import ScheduledChunk
+from carpool.engine.runner import Launch
 from carpool.models.attention import AttentionMetadata
 from carpool.models.causal_lm import LoadedLM
 from carpool.models.triton_attention import PagedMetadata
 from carpool.workers.model_runner import windowed_blocks
-from carpool.workers.step_tensors import resolve_pending
+from carpool.workers.step_tensors import check_ids, first_id, resolve_pending
 
 log = logging.getLogger(__name__)
 
@@ -141,11 +142,12 @@ class DecodeGraphs:
 
     def fits(self, chunks: Sequence[ScheduledChunk]) -> bool:
         """Whether a step of ``chunks`` can run here: one own token each, sampling,
-        with no draft to verify (``LOOKAHEAD`` placeholders are fine)."""
+        with no draft to verify (lookahead is fine, up to ``max_passes``)."""
         return 0 < len(chunks) <= self.max_batch and all(
             c.samples
-            and c.num_tokens == 1 + len(c.draft)
-            and (not c.draft or (c.lookahead and len(c.draft) < self.max_passes))
+            and not c.draft
+            and c.num_own == 1
+            and c.lookahead < self.max_passes
             and len(c.seq.block_table.blocks) <= self.max_blocks
             for c in chunks
         )
@@ -163,12 +165,12 @@ class DecodeGraphs:
             "batch sizes",
         )
 
-    def stage(self, chunks: Sequence[ScheduledChunk]) -> None:
+    def stage(self, chunks: Sequence[ScheduledChunk], after: Launch | None = None) -> None:
         """The host's half of the step of ``chunks`` (``fits``): its rows into host
         memory, the device's work not started (``run`` starts it)."""
         n = len(chunks)
         self._staged()
-        self._fill(chunks)
+        self._fill(chunks, after)
         self._pad(n, self._bucket(n))
 
     def run(
@@ -178,11 +180,11 @@ class DecodeGraphs:
         vocab] (row i for chunk i), and the greedy tokens of the later passes
         [passes - 1, n] (row j - 1 for pass j; None when every chunk has no
         lookahead). A chunk's tokens past its own lookahead are padding's, to be
-        ignored. ``pending``: the tokens of the step in flight, which an input id
-        ``pending(row)`` stands for."""
+        ignored. ``pending``: the tokens of the step in flight, which a pending id
+        (``step_tensors.pending_id``) stands for."""
         n = len(chunks)
         size = self._bucket(n)
-        lookahead = [len(c.draft) for c in chunks]
+        lookahead = [c.lookahead for c in chunks]
         passes = 1 + max(lookahead)
         self._upload(size)
         if pending is not None:
@@ -220,15 +222,18 @@ class DecodeGraphs:
         end = start + self.max_batch * self.max_blocks
         return buffer[start:end].view(self.max_batch, self.max_blocks)
 
-    def _fill(self, chunks: Sequence[ScheduledChunk]) -> None:
-        """Stage the step's rows: ids, positions, slots and lengths a row of the
-        buffer each (one copy from a list: element by element cost ~0.5 us a
-        sequence), then each sequence's block table."""
+    def _fill(self, chunks: Sequence[ScheduledChunk], after: Launch | None) -> None:
+        """Stage the step's rows: ids (a pending token's as its ``pending_id`` in
+        ``after``), positions, slots and lengths a row of the buffer each (one copy
+        from a list: element by element cost ~0.5 us a sequence), then each
+        sequence's block table."""
         seqs = [c.seq for c in chunks]
         n, bs = len(seqs), self.block_size
         positions = [s.num_computed for s in seqs]
+        ids = [first_id(c, after) for c in chunks]
+        check_ids(ids, after)
         i64 = self.host_i64.numpy()
-        i64[0, :n] = [s.token_ids[p] for s, p in zip(seqs, positions, strict=True)]
+        i64[0, :n] = ids
         i64[1, :n] = positions
         i64[2, :n] = [
             slot_of(s.block_table.blocks, p, bs) for s, p in zip(seqs, positions, strict=True)

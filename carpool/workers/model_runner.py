@@ -43,6 +43,7 @@ from carpool.workers.step_tensors import (
     Chosen,
     StepInputs,
     check_ids,
+    chunk_ids,
     pending_tokens,
     resolve_pending,
 )
@@ -289,7 +290,7 @@ class ModelRunner:
 
     def prepare(self, step: SchedulerOutput, after: Launch | None = None) -> StepInputs:
         """The step's tensors; its input ids may hold pending ids of ``after``
-        (``check_ids``), which the caller resolves on the device."""
+        (``chunk_ids``), which the caller resolves on the device."""
         singles = sorted(
             (c for c in step.chunks if c.num_tokens == 1), key=lambda c: c.seq.num_computed
         )
@@ -302,7 +303,7 @@ class ModelRunner:
         for chunk in chunks:
             start, n = chunk.seq.num_computed, chunk.num_tokens
             first_row[id(chunk)] = len(ids)
-            ids.extend(chunk.input_ids)
+            ids.extend(chunk_ids(chunk, after))
             positions.extend(range(start, start + n))
             if chunk.samples:
                 # The last own token's row, then one row per draft token.

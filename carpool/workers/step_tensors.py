@@ -40,9 +40,34 @@ def pending_tokens(after: Launch | None) -> torch.Tensor | None:
     return None if after is None else cast(Chosen, after.handle).tokens
 
 
+def pending_id(chunk: ScheduledChunk, after: Launch | None) -> int:
+    """The id standing, in a step's ids until ``resolve_pending`` replaces it on the
+    device, for ``chunk``'s pending token: ``-2 - row``, its row of ``after``'s
+    tokens. Raises ValueError if ``after`` sampled no token for it."""
+    row = None if after is None else after.rows.get(chunk.seq.request_id)
+    if row is None:
+        raise ValueError("a pending token with no step in flight that samples it")
+    return -2 - row
+
+
+def chunk_ids(chunk: ScheduledChunk, after: Launch | None) -> list[int]:
+    """``chunk``'s input ids, its pending token (if any) as its ``pending_id``."""
+    ids = chunk.input_ids
+    if chunk.pending:
+        ids.insert(chunk.num_own - 1, pending_id(chunk, after))
+    return ids
+
+
+def first_id(chunk: ScheduledChunk, after: Launch | None) -> int:
+    """The input id of a chunk of one own token (a decode step's row)."""
+    if chunk.pending:
+        return pending_id(chunk, after)
+    return chunk.seq.token_ids[chunk.seq.num_computed]
+
+
 def resolve_pending(ids: torch.Tensor, tokens: torch.Tensor) -> None:
     """Put, in place and on the device, row r of ``tokens`` wherever ``ids`` holds
-    ``outputs.pending(r)`` (``check_ids`` has seen every such r < len(tokens))."""
+    ``-2 - r`` (``pending_id``; ``check_ids`` has seen every such r < len(tokens))."""
     if len(tokens) == 0:
         return
     refs = (-2 - ids).clamp(0, len(tokens) - 1)
@@ -50,9 +75,9 @@ def resolve_pending(ids: torch.Tensor, tokens: torch.Tensor) -> None:
 
 
 def check_ids(ids: list[int], after: Launch | None) -> None:
-    """Refuse, as an exception of this step, an id the model may not see: a
-    ``LOOKAHEAD`` placeholder, or a pending id not of a row of ``after``. On a GPU
-    either would be a device-side assert that ends the process."""
+    """Refuse, as an exception of this step, an id the model may not see: a negative
+    one that is not the ``pending_id`` of a row of ``after``. On a GPU it would be a
+    device-side assert that ends the process."""
     if min(ids, default=0) >= 0:
         return
     rows = 0 if after is None else len(after.rows)

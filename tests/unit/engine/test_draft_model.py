@@ -13,6 +13,7 @@ import pytest
 
 from carpool.config import EngineConfig
 from carpool.engine.draft_model import DraftModelProposer
+from carpool.engine.drafting import Speculation
 from carpool.engine.engine import Engine
 from carpool.engine.sampling_params import SamplingParams
 from carpool.models.causal_lm import LoadedLM, load_causal_lm
@@ -54,8 +55,8 @@ def with_draft(lm: LoadedLM, draft: Path, k: int = 4) -> Engine:
 
 
 def draft_engine(engine: Engine) -> Engine:
-    assert engine.speculator is not None
-    proposer = engine.speculator.proposer
+    assert isinstance(engine.drafter, Speculation)
+    proposer = engine.drafter.speculator.proposer
     assert isinstance(proposer, DraftModelProposer)
     return proposer.engine
 

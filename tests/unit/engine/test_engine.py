@@ -15,7 +15,7 @@ from carpool.config import EngineConfig
 from carpool.engine.engine import Engine
 from carpool.engine.request_output import RequestOutput
 from carpool.engine.sampling_params import SamplingParams
-from carpool.engine.sequence import FinishReason
+from carpool.engine.sequence import FinishReason, Sequence
 from carpool.errors import InvalidRequest
 from carpool.models.causal_lm import LoadedLM, load_causal_lm
 from carpool.workers.factory import engine_for
@@ -232,18 +232,26 @@ def test_a_model_failure_fails_only_its_request(tiny: LoadedLM) -> None:
 
 
 def test_ids_the_model_may_not_see_are_refused_before_it_runs() -> None:
-    from carpool.engine.outputs import LOOKAHEAD, pending
+    from carpool.engine.outputs import ScheduledChunk
     from carpool.engine.runner import Launch
-    from carpool.workers.step_tensors import check_ids
+    from carpool.workers.step_tensors import check_ids, chunk_ids
 
     in_flight = Launch({"a": 0, "b": 1}, None)
     check_ids([5, 6, 7], None)
-    check_ids([5, pending(0), pending(1)], in_flight)
+    check_ids([5, -2, -3], in_flight)  # the pending ids of rows 0 and 1
     for ids, after in (
-        ([5, LOOKAHEAD], in_flight),
-        ([5, pending(2)], in_flight),
-        ([pending(0)], None),
+        ([5, -1], in_flight),
+        ([5, -4], in_flight),  # row 2: not one of the flight's
+        ([-2], None),
         ([-(2**40)], in_flight),
     ):
         with pytest.raises(ValueError, match="placeholder"):
             check_ids(ids, after)
+    # A sequence whose last token is pending runs it as the flight's row for it.
+    b = Sequence("b", [7, 8, 9], max_tokens=4, arrival=0.0)
+    b.num_computed, b.num_pending = 2, 1
+    chunk = ScheduledChunk.of(b, 2)
+    assert chunk.pending and chunk.input_ids == [9]
+    assert chunk_ids(chunk, in_flight) == [9, -3]
+    with pytest.raises(ValueError, match="no step in flight"):
+        chunk_ids(chunk, Launch({"a": 0}, None))

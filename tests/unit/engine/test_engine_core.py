@@ -72,28 +72,31 @@ class FakeRunner:
         for chunk in step.chunks:
             if chunk.samples:
                 row = rows[chunk.seq.request_id]
+                # Its outputs so far, a pending one (asynchronous scheduling) included.
+                done = chunk.seq.num_output_tokens
                 # A draft is verified as a model would: kept while it matches.
                 accepted: list[int] = []
                 for token in chunk.draft:
-                    if self._next(row, len(accepted)) != token:
+                    if self._next(row, done + len(accepted)) != token:
                         break
                     accepted.append(token)
-                next_token = self._next(row, len(accepted))
+                next_token = self._next(row, done + len(accepted))
                 result.sampled[chunk.seq.request_id] = Sampled(next_token, None, tuple(accepted))
         return result
 
-    def _next(self, row: SamplingRow, ahead: int = 0) -> int:
+    def _next(self, row: SamplingRow, done: int) -> int:
+        """The reply's token after its first ``done``."""
         if row.generator is not None:
             return int(row.generator.randrange(len(ALPHABET)))
         reply = self.replies.get(tuple(row.prompt_ids), [])
-        done = len(row.output_ids) + ahead
         return reply[done] if done < len(reply) else EOS
 
 
 class LaunchingFakeRunner(FakeRunner):
     """A ``FakeRunner`` whose steps are launched and landed (asynchronous
-    scheduling). It reads each pending id from the step it names, and records every
-    (position, id) it ran per sequence so a test can check they were the real ones."""
+    scheduling). It reads each pending token from the step in flight, and records
+    every (position, id) it ran per sequence so a test can check they were the real
+    ones."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
@@ -106,11 +109,14 @@ class LaunchingFakeRunner(FakeRunner):
     ) -> Launch:
         tokens: list[int] = [] if after is None else after.handle
         for chunk in step.chunks:
-            seen = self.ran.setdefault(chunk.seq.request_id, {})
-            for pos, token in enumerate(chunk.input_ids, chunk.seq.num_computed):
-                if token < 0:
-                    assert 0 <= -2 - token < len(tokens), "a pending id of no step in flight"
-                    token = tokens[-2 - token]
+            rid = chunk.seq.request_id
+            seen = self.ran.setdefault(rid, {})
+            ids = chunk.input_ids
+            if chunk.pending:
+                assert after is not None and rid in after.rows, "a pending token of no flight"
+                ids.insert(chunk.num_own - 1, tokens[after.rows[rid]])
+            for pos, token in enumerate(ids, chunk.seq.num_computed):
+                assert token >= 0, "a placeholder reached the model"
                 seen[pos] = token
         result = self.execute(step, rows)
         self.launched += 1
@@ -142,7 +148,7 @@ def run(engine: Engine, abort_after: Mapping[str, int] | None = None) -> dict[st
                 engine.abort(rid)
         engine.scheduler.check(every)
     assert engine.blocks.num_free == engine.blocks.num_usable, "blocks leaked"
-    assert all(t >= 0 for s in every for t in s.token_ids), "a pending id never landed"
+    assert all(s.num_pending == 0 for s in every), "a pending token never landed"
     return finals
 
 

@@ -235,3 +235,36 @@ def test_a_draft_never_preempts_and_shrinks_to_the_budget() -> None:
     a.draft = [1, 2, 3, 4, 5]
     [chunk] = h.s.schedule(h.now).chunks
     assert chunk.draft == (1, 2) and chunk.num_tokens == 3  # the budget is 3 tokens
+
+
+def test_lookahead_is_counted_not_written_and_shrinks_to_the_budget() -> None:
+    h = Harness(tokens=3, blocks=8, block_size=4)
+    a = h.add("a", 3, max_tokens=10)
+    h.step()  # prefill: a has 4 tokens, 3 computed
+    a.lookahead = 5
+    [chunk] = h.s.schedule(h.now).chunks
+    # Two passes more fit the budget of 3 tokens; the model runs only a's own token.
+    assert (chunk.lookahead, chunk.num_tokens, chunk.num_own) == (2, 3, 1)
+    assert chunk.input_ids == [7] and chunk.draft == () and a.lookahead == 0
+
+
+def test_a_step_in_flight_leaves_its_tokens_pending_until_they_land() -> None:
+    h = Harness(tokens=16, block_size=4)
+    a = h.add("a", 3, max_tokens=2)
+    h.step()  # prefill: a's first token
+    out = h.s.schedule(h.now)
+    h.s.update(out, None)  # launched, not landed: its token is pending
+    assert a.num_pending == 1 and a.num_tokens == 5 and len(a.token_ids) == 4
+    # Its length is reached when its last token is planned, not when it lands.
+    assert a.status is SequenceStatus.FINISHED and a.finish_reason is FinishReason.LENGTH
+    h.s.land(a, 2)  # EOS-free token lands
+    assert a.output_ids == [7, 2] and a.num_pending == 0
+    b = h.add("b", 3, max_tokens=8)
+    h.step()
+    out = h.s.schedule(h.now)
+    h.s.update(out, None)
+    [chunk] = h.s.schedule(h.now).chunks  # the next step, planned before b's token lands
+    assert chunk.pending and chunk.input_ids == [] and chunk.num_own == 1
+    h.s.land(b, 9)
+    assert chunk.input_ids == [9] and not chunk.pending
+    h.s.check(h.all)

@@ -16,5 +16,7 @@ def test_the_outputs_view_reads_the_tokens_generated_so_far() -> None:
     assert list(view) == [11, 12, 13] == seq.output_ids
     assert view[0] == 11 and view[-1] == 13 and view[1:] == [12, 13]
     assert {*seq.prompt_ids, *view} == {5, 6, 7, 11, 12, 13}
-    seq.token_ids[4] = 99  # a pending token landing in its place
-    assert list(view) == [11, 99, 13]
+    seq.num_pending = 1  # a token in flight (asynchronous scheduling): not in the view
+    assert len(view) == 3 and seq.num_output_tokens == 4 and seq.num_tokens == 7
+    seq.land(99)
+    assert list(view) == [11, 12, 13, 99] and seq.num_pending == 0 and seq.num_tokens == 7
