@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 
-from carpool.errors import RequestTooLarge
+from carpool.errors import Overloaded, RequestTooLarge
 
 
 def per_request(limit: int) -> int:
@@ -53,3 +53,44 @@ class Room:
         """``count`` inputs left the queue (started, finished, or failed first)."""
         with self._lock:
             self._count -= count
+
+
+RETRY_AFTER_S = 1.0  # what an overloaded queue's 503 asks a client to wait
+
+
+class Gate:
+    """The admission of one queue: ``taker`` takes ``what`` (named by ``param`` in a
+    request). ``admit`` lets a request's inputs in all together or raises, with nothing
+    admitted: ``RequestTooLarge`` for more than one request may bring (half the
+    limit, or what the caller says), ``Overloaded`` (503, Retry-After) when the queue
+    has no room for all of them. Any thread."""
+
+    def __init__(self, taker: str, what: str, param: str) -> None:
+        self.taker = taker
+        self.what = what
+        self.param = param
+        self._room = Room()
+
+    @property
+    def count(self) -> int:
+        """Inputs admitted and not yet gone."""
+        return self._room.count
+
+    def admit(self, count: int, limit: int | None, most: int | None = None, why: str = "") -> None:
+        """Take ``count`` inputs in under ``limit`` (None: no limit); ``most``: the
+        most one request may bring (None: half of ``limit``), ``why`` its origin."""
+        if most is None and limit is not None:
+            most = per_request(limit)
+        if most is not None:
+            refuse_oversized(
+                count, most, what=self.what, taker=self.taker, param=self.param, why=why
+            )
+        if not self._room.take(count, limit):
+            raise Overloaded(
+                f"{self._room.count} {self.what} are already waiting for {self.taker}",
+                retry_after_s=RETRY_AFTER_S,
+            )
+
+    def leave(self, count: int = 1) -> None:
+        """``count`` inputs left the queue (started, finished, or failed first)."""
+        self._room.leave(count)

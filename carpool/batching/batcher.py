@@ -24,7 +24,7 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from carpool.admission import Room, per_request, refuse_oversized
+from carpool.admission import Gate, per_request
 from carpool.batching.instances import Forward, InstancePool
 from carpool.batching.policy import Decision, SendBatch, WaitUntil, decide, slots
 from carpool.batching.queue import PriorityQueues
@@ -66,24 +66,25 @@ class BatchModel(Protocol):
 
 
 class _Admission:
-    """The queued inputs of each priority level, each level a ``Room`` under its
-    ``max_queue_size`` (``carpool.admission``: all of a request's inputs or none)."""
+    """The queued inputs of each priority level, each level's queue admitted under its
+    ``max_queue_size`` (``carpool.admission.Gate``)."""
 
-    def __init__(self, config: BatchingConfig) -> None:
+    def __init__(self, name: str, config: BatchingConfig) -> None:
         self._limits = {
             lvl: config.policy_for(lvl).max_queue_size
             for lvl in range(1, config.priority_levels + 1)
         }
-        self._rooms = {lvl: Room() for lvl in self._limits}
+        self._gates = {lvl: Gate(f"model {name!r}", "inputs", "input") for lvl in self._limits}
 
-    def try_acquire(self, level: int, count: int = 1) -> bool:
-        return self._rooms[level].take(count, self._limits[level])
+    def admit(self, level: int, count: int) -> None:
+        """``Gate.admit``: all ``count`` inputs or an error, nothing admitted."""
+        self._gates[level].admit(count, self._limits[level])
 
     def release(self, level: int) -> None:
-        self._rooms[level].leave()
+        self._gates[level].leave()
 
     def total(self) -> int:
-        return sum(room.count for room in self._rooms.values())
+        return sum(gate.count for gate in self._gates.values())
 
 
 # A request's answer, computed but not yet given: (request, result, error, when).
@@ -119,7 +120,7 @@ class DynamicBatcher:
         self.config = config
         self.stats = BatcherStats()
         self._clock = clock or MonotonicClock()
-        self._admission = _Admission(config)
+        self._admission = _Admission(name, config)
         self._inbox: queue.SimpleQueue[BatchRequest] = queue.SimpleQueue()
         self._queues = PriorityQueues(config.priority_levels)
         self._notify: Callable[[], None] = lambda: None
@@ -192,17 +193,15 @@ class DynamicBatcher:
                     "this model does not accept a per-request timeout", param="timeout"
                 )
             timeout = min(timeout, timeout_s)
-        most, taker = self.max_request_inputs(level), f"model {self.name!r}"
-        refuse_oversized(len(inputs), most, what="inputs", taker=taker, param="input")
         with self._entry:
             if self._closed is not None:
                 raise ModelNotFound(self._closed, param="model")
-            if not self._admission.try_acquire(level, len(inputs)):
+            try:
+                self._admission.admit(level, len(inputs))
+            except Overloaded:
                 for _ in inputs:
                     self.stats.record_outcome(Outcome.REJECTED, 0.0)
-                raise Overloaded(
-                    f"model {self.name!r} has too many requests waiting", retry_after_s=1.0
-                )
+                raise
             now = self._clock.now()
             requests = [
                 BatchRequest(

@@ -17,11 +17,12 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from carpool.admission import Room, per_request, refuse_oversized
+from carpool.admission import RETRY_AFTER_S, Gate
 from carpool.clock import Clock, MonotonicClock
 from carpool.engine.engine import Engine
 from carpool.engine.request_output import RequestOutput
@@ -121,33 +122,36 @@ class Entry:
                 self._refusal = lambda: ServerShuttingDown(f"{name} is not running")
 
 
-class WaitingRoom:
-    """How many requests are accepted and not yet started or finished, bounded by
-    ``--max-waiting-requests`` at admission (``carpool.admission``). Any thread."""
+class EngineFront:
+    """What both engine front ends (``EngineWorker`` here, ``EngineClient`` before an
+    engine process) share on the requests' side: their ids, the entry that closes, and
+    the waiting room's admission (``carpool.admission.Gate``: at most
+    ``--max-waiting-requests`` accepted and not started, half of it per request).
+    Any thread."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, rank: int) -> None:
         self.name = name
-        self._room = Room()
+        self.rank = rank
+        self._ids = itertools.count()
+        self._room = Gate(name, "prompts", "prompt")
+        self._entry = Entry(name)
 
     @property
-    def count(self) -> int:
+    def num_waiting(self) -> int:
         return self._room.count
 
-    def admit(self, count: int, max_waiting: int | None) -> None:
-        """Take ``count`` requests in, or raise ``RequestTooLarge`` (more than half of
-        ``max_waiting`` at once) or ``Overloaded`` (no room for all of them)."""
-        if max_waiting is not None:
-            most = per_request(max_waiting)
-            refuse_oversized(count, most, what="prompts", taker=self.name, param="prompt", why=HALF)
-        if not self._room.take(count, max_waiting):
-            raise Overloaded(
-                f"{self._room.count} requests are already waiting for {self.name}",
-                retry_after_s=1.0,
-            )
+    def new_request_id(self) -> str:
+        return f"{self.name}-{next(self._ids)}"
 
-    def leave(self, count: int = 1) -> None:
-        """``count`` requests started, finished or failed before starting."""
-        self._room.leave(count)
+    @contextmanager
+    def _admitting(self, count: int, max_waiting: int | None) -> Iterator[None]:
+        """Admit ``count`` requests (or raise the entry's refusal, ``RequestTooLarge``
+        or ``Overloaded``, nothing admitted) and hold the entry for the ``with`` body,
+        the hand-over: nothing lands after closing."""
+        with self._entry.lock:
+            self._entry.check()
+            self._room.admit(count, max_waiting, why=HALF)
+            yield
 
 
 @dataclass(frozen=True)
@@ -166,7 +170,7 @@ class _Abort:
     request_id: str
 
 
-class EngineWorker:
+class EngineWorker(EngineFront):
     """A generation engine as a device-runtime worker."""
 
     def __init__(
@@ -176,24 +180,16 @@ class EngineWorker:
         rank: int = 0,
         clock: Clock | None = None,
     ) -> None:
+        super().__init__(name, rank)
         self.engine = engine
-        self.name = name
-        self.rank = rank
         self.clock = clock or MonotonicClock()
         self._inbox: queue.SimpleQueue[_Add | _Abort] = queue.SimpleQueue()
         self._notify: Callable[[], None] = lambda: None
         self._sinks: dict[str, Sink] = {}  # runtime thread only
         self._ready_since: float | None = None
-        self._room = WaitingRoom(name)
         self._started: set[str] = set()  # runtime thread only
-        self._ids = itertools.count()
-        self._entry = Entry(name)
 
     # -- any thread -------------------------------------------------------------------
-
-    @property
-    def num_waiting(self) -> int:
-        return self._room.count
 
     @property
     def paths(self) -> tuple[PathTaken, ...]:
@@ -213,9 +209,6 @@ class EngineWorker:
 
     def compile_grammar(self, grammar: Grammar, param: str) -> None:
         self.engine.runner.compile_grammar(grammar, param)
-
-    def new_request_id(self) -> str:
-        return f"{self.name}-{next(self._ids)}"
 
     def submit(
         self,
@@ -250,9 +243,7 @@ class EngineWorker:
         room has no space for all of them. Returns the prompts as they will run (after
         truncation)."""
         prompts = [self.engine.check_request(p, params) for _, p, params, _ in requests]
-        with self._entry.lock:
-            self._entry.check()
-            self._room.admit(len(requests), max_waiting)
+        with self._admitting(len(requests), max_waiting):
             now = self.clock.now()
             deadline = None if timeout_s is None else now + timeout_s
             for (request_id, _, params, sink), prompt in zip(requests, prompts, strict=True):
@@ -490,7 +481,8 @@ class GenerationStream:
                         raise ModelExecutionError(item.error)
                     if _timed_out(item):
                         raise Overloaded(
-                            "the request could not start before its deadline", retry_after_s=1.0
+                            "the request could not start before its deadline",
+                            retry_after_s=RETRY_AFTER_S,
                         )
                 yield item
         finally:

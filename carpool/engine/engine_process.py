@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import logging
 import multiprocessing
 import queue
@@ -39,10 +38,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from carpool.clock import Clock, MonotonicClock
 from carpool.engine.async_engine import (
+    EngineFront,
     EngineWorker,
-    Entry,
     Sink,
-    WaitingRoom,
     as_carpool_error,
     deliver_all,
 )
@@ -199,7 +197,7 @@ class _Held:
         )
 
 
-class EngineClient:
+class EngineClient(EngineFront):
     """A generation engine running in a spawned process, as a runtime worker of this
     one. Construction starts the process and waits until its model is loaded
     (raising ``RuntimeError`` with the reason if it cannot load). The runtime never
@@ -215,8 +213,7 @@ class EngineClient:
         log_level: str = "INFO",
         on_death: Callable[[BaseException], None] | None = None,
     ) -> None:
-        self.name = name
-        self.rank = rank
+        super().__init__(name, rank)
         self._on_death = on_death
         context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
         self._conn, child = context.Pipe()
@@ -235,10 +232,7 @@ class EngineClient:
             self.facts.vocab_size,
             sorted(self.facts.model.eos_token_ids),
         )
-        self._ids = itertools.count()
-        self._room = WaitingRoom(name)
         self._notify: Callable[[], None] = lambda: None
-        self._entry = Entry(name)
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()  # guards the two below (event loop and reader)
         self._held: dict[str, _Held] = {}
@@ -266,10 +260,6 @@ class EngineClient:
     # -- any thread -------------------------------------------------------------------
 
     @property
-    def num_waiting(self) -> int:
-        return self._room.count
-
-    @property
     def paths(self) -> tuple[PathTaken, ...]:
         return self.facts.paths
 
@@ -284,9 +274,6 @@ class EngineClient:
     def compile_grammar(self, grammar: Grammar, param: str) -> None:
         # Checked here so a bad grammar is the request's 400; the engine compiles its own.
         self._grammars.compile(grammar, param)
-
-    def new_request_id(self) -> str:
-        return f"{self.name}-{next(self._ids)}"
 
     def submit_many(
         self,
@@ -303,9 +290,7 @@ class EngineClient:
             for _, p, params, _ in requests
         ]
         ids = [request_id for request_id, *_ in requests]
-        with self._entry.lock:
-            self._entry.check()
-            self._room.admit(len(requests), max_waiting)
+        with self._admitting(len(requests), max_waiting):
             with self._lock:
                 for (request_id, _, _, sink), prompt in zip(requests, prompts, strict=True):
                     self._held[request_id] = _Held(sink, prompt)

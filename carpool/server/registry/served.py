@@ -11,6 +11,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 from starlette.requests import Request
 
+from carpool.admission import RETRY_AFTER_S
 from carpool.batching import DynamicBatcher
 from carpool.engine.async_engine import AsyncEngine
 from carpool.engine.sampling_params import Grammar
@@ -264,7 +265,7 @@ class ServedModels:
 
     def _refuse_closing(self, name: str) -> None:
         if name in self._closing:
-            raise ModelUnavailable(f"model '{name}' is unloading", retry_after_s=1.0)
+            raise ModelUnavailable(f"model '{name}' is unloading", retry_after_s=RETRY_AFTER_S)
 
     def any(
         self, name: str

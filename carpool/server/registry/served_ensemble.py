@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from starlette.requests import Request
 
+from carpool.admission import RETRY_AFTER_S
 from carpool.errors import CarpoolError, ModelNotFound, ModelUnavailable
 from carpool.repository.ensemble import EnsembleStep
 from carpool.repository.payload import TensorPayload
@@ -69,7 +70,7 @@ class ServedEnsemble:
         """The ensemble's outputs for one request whose inputs ``checked`` holds; a
         step's failure fails it with that step's error, its message naming the step."""
         if self.state is not ModelState.READY:
-            raise ModelUnavailable(f"model '{self.name}' is unloading", retry_after_s=1.0)
+            raise ModelUnavailable(f"model '{self.name}' is unloading", retry_after_s=RETRY_AFTER_S)
         started = time.perf_counter()
         tensors: Arrays = dict(checked.arrays)
         try:
@@ -105,7 +106,7 @@ class ServedEnsemble:
                 target = self.models.user(step.model)
             except ModelNotFound:
                 raise ModelUnavailable(
-                    f"model '{step.model}' is not loaded", retry_after_s=1.0
+                    f"model '{step.model}' is not loaded", retry_after_s=RETRY_AFTER_S
                 ) from None
             version = target.version(step.version)
             checked = check_inputs(version.spec, {k: tensors[v] for k, v in step.inputs.items()})

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from starlette.requests import Request
 
+from carpool.admission import RETRY_AFTER_S
 from carpool.batching import DynamicBatcher
 from carpool.errors import InvalidRequest, ModelNotFound, ModelUnavailable
 from carpool.repository.decoupled import ResponseStream
@@ -145,10 +146,10 @@ class ServedUserModel:
         """The batch's answer to one request: its outputs, or a decoupled model's
         stream of responses."""
         if self.state is not ModelState.READY:
-            raise ModelUnavailable(f"model '{self.name}' is unloading", retry_after_s=1.0)
+            raise ModelUnavailable(f"model '{self.name}' is unloading", retry_after_s=RETRY_AFTER_S)
         lost = served.model.lost_reason
         if lost:
-            raise ModelUnavailable(lost, retry_after_s=1.0)
+            raise ModelUnavailable(lost, retry_after_s=RETRY_AFTER_S)
         future = served.batcher.submit(
             payload,
             checked.cost,
