@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Protocol
 
 from carpool.clock import Clock, MonotonicClock
@@ -50,6 +51,22 @@ class WorkState:
 IDLE = WorkState()
 
 
+class Venue(StrEnum):
+    """Where a worker's model code runs."""
+
+    RUNTIME_THREAD = "runtime thread"
+    """On the runtime's thread, in ``run_once``: carpool's own models, one unit at a
+    time, so two never fight for the cores."""
+    INSTANCES = "instances"
+    """On the model's instances (a thread each, or a worker process behind it): user
+    code. ``run_once`` hands a batch to a free instance and returns; the worker is
+    ``busy`` while batches run there (``carpool.batching.instances``)."""
+    ENGINE_PROCESS = "engine process"
+    """In a process of its own (a generation engine; the GPU's default): the worker is
+    ``busy`` while it holds requests and never ready here, so ``run_once`` is never
+    called; the runtime only retires it once idle and fails it with the rest."""
+
+
 class Worker(Protocol):
     """A model frontend the runtime can drive."""
 
@@ -57,6 +74,7 @@ class Worker(Protocol):
     # Its place in the runtime's order among the workers with work ready (lower runs
     # first): not a request's priority, which orders requests inside one worker.
     rank: int
+    venue: Venue
 
     def attach(self, notify: Callable[[], None]) -> None:
         """Receive the function that wakes the runtime; call it when work arrives."""
@@ -107,12 +125,14 @@ class DeviceRuntime:
         """Add a worker; only before ``start``."""
         if self._thread.is_alive():
             raise RuntimeError("register workers before starting the runtime")
+        log.info("%s runs on the %s", worker.name, worker.venue)
         worker.attach(self.notify)
         self._workers.append(worker)
 
     def add(self, worker: Worker) -> None:
         """Add a worker while running (a model loaded at runtime); any thread. It is
         polled from the runtime's next turn on."""
+        log.info("%s runs on the %s", worker.name, worker.venue)
         worker.attach(self.notify)
         self._changes.put((worker, None, False))
         self.notify()

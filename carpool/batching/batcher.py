@@ -40,7 +40,7 @@ from carpool.errors import (
     Overloaded,
     QueueTimeout,
 )
-from carpool.runtime import IDLE, WorkState
+from carpool.runtime import IDLE, Venue, WorkState
 from carpool.stats import BatcherStats, Outcome
 
 log = logging.getLogger(__name__)
@@ -130,6 +130,7 @@ class DynamicBatcher:
         self._entry = threading.Lock()
         self._closed: str | None = None
         self.instances = instances
+        self.venue = Venue.RUNTIME_THREAD if instances is None else Venue.INSTANCES
         self._flights: dict[int, _Flight] = {}  # by instance (runtime thread only)
         self._landed: queue.SimpleQueue[_Flight] = queue.SimpleQueue()
 

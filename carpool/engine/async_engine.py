@@ -35,7 +35,7 @@ from carpool.errors import (
     Overloaded,
     ServerShuttingDown,
 )
-from carpool.runtime import IDLE, Worker, WorkState
+from carpool.runtime import IDLE, Venue, Worker, WorkState
 from carpool.stats import EngineStats
 
 if TYPE_CHECKING:
@@ -181,6 +181,7 @@ class EngineWorker(EngineFront):
         clock: Clock | None = None,
     ) -> None:
         super().__init__(name, rank)
+        self.venue = Venue.RUNTIME_THREAD
         self.engine = engine
         self.clock = clock or MonotonicClock()
         self._inbox: queue.SimpleQueue[_Add | _Abort] = queue.SimpleQueue()

@@ -55,7 +55,7 @@ from carpool.errors import (
     ModelNotFound,
     RuntimeDead,
 )
-from carpool.runtime import IDLE, WorkState
+from carpool.runtime import IDLE, Venue, WorkState
 from carpool.stats import EngineStats, EngineStatsData
 
 if TYPE_CHECKING:
@@ -214,6 +214,7 @@ class EngineClient(EngineFront):
         on_death: Callable[[BaseException], None] | None = None,
     ) -> None:
         super().__init__(name, rank)
+        self.venue = Venue.ENGINE_PROCESS
         self._on_death = on_death
         context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
         self._conn, child = context.Pipe()
@@ -333,7 +334,7 @@ class EngineClient(EngineFront):
         return WorkState(busy=True) if self._held else IDLE
 
     def run_once(self, now: float) -> None:
-        raise RuntimeError("an engine process is never run by the runtime")
+        raise RuntimeError("a worker whose venue is its engine process is never run here")
 
     def recover(self, error: Exception) -> None:
         self._fail_held(as_carpool_error(error))

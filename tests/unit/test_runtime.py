@@ -10,7 +10,7 @@ import pytest
 
 from carpool.clock import FakeClock
 from carpool.errors import ModelExecutionError, RuntimeDead
-from carpool.runtime import IDLE, DeviceRuntime, WorkState
+from carpool.runtime import IDLE, DeviceRuntime, Venue, WorkState
 
 
 class ScriptedWorker:
@@ -21,6 +21,7 @@ class ScriptedWorker:
     ) -> None:
         self.name = name
         self.rank = rank
+        self.venue = Venue.RUNTIME_THREAD
         self.ready_since = ready_since
         self.units = units
         self.log = log

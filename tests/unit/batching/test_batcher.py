@@ -22,7 +22,7 @@ from carpool.errors import (
     Overloaded,
     QueueTimeout,
 )
-from carpool.runtime import IDLE, WorkState
+from carpool.runtime import IDLE, Venue, WorkState
 from carpool.stats import Outcome
 from tests.unit.batching.fakes import EchoModel, ThreadPool
 
@@ -331,6 +331,8 @@ def test_a_batcher_on_instances_is_busy_while_a_batch_runs_with_none_waiting() -
     batcher = DynamicBatcher(
         "gated", model, BatchingConfig(), clock=clock, instances=ThreadPool(2, model.forward)
     )
+    assert batcher.venue is Venue.INSTANCES
+    assert DynamicBatcher("own", model, BatchingConfig()).venue is Venue.RUNTIME_THREAD
     next_state = stepper(batcher, clock)
     future = batcher.submit(1, 1)
     assert batcher.poll(0.0).ready_since is not None
