@@ -192,3 +192,19 @@ def test_with_tools_and_a_reasoning_parser_the_thinking_is_split_off_first() -> 
     plain = shaper(tool_form="generic", reasoning="qwen3")
     (answer,) = plain.full([whole('<think>no</think>{"response":"hi"}')])["choices"]
     assert answer["message"]["content"] == "hi" and answer["message"]["reasoning_content"] == "no"
+
+
+def test_a_streamed_tool_reply_carries_its_logprobs_as_plain_text_does() -> None:
+    # One folding for every chat choice: the log-probabilities asked for come with the
+    # tool-call deltas too, and a piece that completes nothing sends nothing.
+    reply = '{"tool_calls":[{"name":"f","arguments":{"a":"b"}}]}'
+    for tool_form in ("generic", None):
+        chat = shaper(tool_form=tool_form)
+        request = RequestOutput("r", ids("hi"), [])
+        lp = TokenLogprobs(-0.5, [(0, -0.5)])
+        out = CompletionOutput(0, new_text=reply[:20], new_token_ids=[0], new_logprobs=[lp])
+        choice = chat.delta(0, request, out, set())
+        assert choice is not None
+        assert choice["logprobs"]["content"][0]["logprob"] == -0.5
+    quiet = shaper(tool_form="generic", reasoning="qwen3")
+    assert quiet.delta(0, request, CompletionOutput(0, new_text="<thi"), set()) is None

@@ -15,7 +15,7 @@ from carpool.engine.async_engine import GenerationStream
 from carpool.engine.request_output import RequestOutput
 from carpool.errors import CarpoolError
 from carpool.server.generation.reasoning import ReasoningSplitter, Split
-from carpool.server.generation.reply_reader import ReplyEvent, ReplyReader, TextDelta
+from carpool.server.generation.reply_reader import ReadCall, ReplyEvent, ReplyReader, TextDelta
 from carpool.server.http.awaiting import unless_disconnected
 
 
@@ -36,34 +36,57 @@ class Finished:
 StreamEvent = ReplyEvent | ReasoningDelta | Finished
 
 
+class ReplyFolder:
+    """One reply's text, piece by piece, as neutral events: its thinking split off by
+    the ``reasoning`` parser (``ReasoningDelta``), then its answer, read for calls in
+    ``tool_form`` when tools were offered (``ReplyReader``'s events) or else as
+    ``TextDelta``. Every protocol's shaper folds these, streamed or whole."""
+
+    def __init__(self, tool_form: str | None, reasoning: str | None = None) -> None:
+        self.reader = None if tool_form is None else ReplyReader(tool_form)
+        self.splitter = None if reasoning is None else ReasoningSplitter(reasoning)
+
+    def feed(self, piece: str, last: bool) -> list[ReplyEvent | ReasoningDelta]:
+        """The events ``piece`` completes; on the ``last``, what was held back too."""
+        split = Split(content=piece)
+        if self.splitter is not None:
+            split = self.splitter.feed(piece)
+            if last:
+                rest = self.splitter.finish()
+                split = Split(split.reasoning + rest.reasoning, split.content + rest.content)
+        events: list[ReplyEvent | ReasoningDelta] = []
+        if split.reasoning:
+            events.append(ReasoningDelta(split.reasoning))
+        if self.reader is None:
+            if split.content:
+                events.append(TextDelta(split.content))
+            return events
+        events += self.reader.feed(split.content)
+        if last:
+            events += self.reader.finish()
+        return events
+
+    @property
+    def called(self) -> bool:
+        """Whether the reply has started any call."""
+        return self.reader is not None and bool(self.reader.calls)
+
+    def complete_calls(self) -> list[ReadCall]:
+        """The calls read whole (``ReplyReader.complete_calls``); none without tools."""
+        return [] if self.reader is None else self.reader.complete_calls()
+
+
 async def reply_events(
     stream: GenerationStream, tool_form: str | None, reasoning: str | None = None
 ) -> AsyncIterator[StreamEvent]:
-    """The events of ``stream``'s one sequence (read in ``tool_form`` when tools were
-    offered; its thinking split off by the ``reasoning`` parser), ending with
+    """The events of ``stream``'s one sequence (``ReplyFolder``), ending with
     ``Finished``. Leaving early closes (aborts) the stream."""
-    reader = None if tool_form is None else ReplyReader(tool_form)
-    splitter = None if reasoning is None else ReasoningSplitter(reasoning)
+    folder = ReplyFolder(tool_form, reasoning)
     try:
         async for out in stream:
-            piece = out.outputs[0].new_text
-            split = Split(content=piece)
-            if splitter is not None:
-                split = splitter.feed(piece)
-                if out.finished:
-                    rest = splitter.finish()
-                    split = Split(split.reasoning + rest.reasoning, split.content + rest.content)
-            if split.reasoning:
-                yield ReasoningDelta(split.reasoning)
-            if reader is None:
-                if split.content:
-                    yield TextDelta(split.content)
-            else:
-                for event in reader.feed(split.content):
-                    yield event
+            for event in folder.feed(out.outputs[0].new_text, out.finished):
+                yield event
             if out.finished:
-                for event in [] if reader is None else reader.finish():
-                    yield event
                 yield Finished(out)
                 return
     finally:

@@ -11,15 +11,13 @@ from typing import Any
 from carpool.engine.request_output import CompletionOutput, RequestOutput
 from carpool.engine.runner import TokenLogprobs
 from carpool.engine.sequence import FinishReason
-from carpool.server.generation.reasoning import ReasoningSplitter, Split
 from carpool.server.generation.reply_reader import (
     ArgumentsDelta,
     CallStarted,
     ReplyEvent,
-    ReplyReader,
     TextDelta,
 )
-from carpool.server.generation.tools import GENERIC
+from carpool.server.generation.reply_stream import ReasoningDelta, ReplyFolder
 from carpool.server.http.sse import sse_event
 
 _FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
@@ -31,8 +29,10 @@ class Shaper:
     in that form (``carpool.server.generation.tools``) are read back; ``reasoning``: a
     ``--reasoning-parser`` that splits a chat reply's thinking into
     ``reasoning_content``; ``echoed``: request fields the response repeats, such as
-    ``service_tier``). Chat messages and deltas always carry ``reasoning_content``
-    and ``reasoning`` (vLLM's older and newer names), null when there is none: vLLM's
+    ``service_tier``). A chat choice's reply is folded from the same neutral events
+    as the Responses and Messages APIs' (``reply_stream.ReplyFolder``), one folder per
+    choice. Chat messages and deltas always carry ``reasoning_content`` and
+    ``reasoning`` (vLLM's older and newer names), null when there is none: vLLM's
     clients read them unconditionally."""
 
     def __init__(
@@ -61,8 +61,7 @@ class Shaper:
         self.echoed = echoed or {}
         self.object = "chat.completion" if chat else "text_completion"
         self._sent: dict[int, int] = {}  # characters of text streamed per choice
-        self._readers: dict[int, ReplyReader] = {}  # with tools: each choice's reply
-        self._splitters: dict[int, ReasoningSplitter] = {}  # with a reasoning parser
+        self._folders: dict[int, ReplyFolder] = {}  # each chat choice's reply so far
 
     def full(self, finals: list[RequestOutput]) -> dict[str, Any]:
         """The whole response for the finished outputs of each prompt, in order."""
@@ -116,79 +115,40 @@ class Shaper:
         if out.finish_reason is not None and index not in done:
             done.add(index)
             reason = _finish(out.finish_reason)
-        if self.chat and self.tool_form is not None:
-            return self._tool_delta(index, out, reason)
+        if self.chat:
+            return self._chat_delta(index, out, reason)
         if not out.new_text and not out.new_logprobs and reason is None:
             return None
-        if self.chat:
-            delta = self._text_delta(index, out.new_text, reason is not None)
-            choice = choice_delta(index, delta)
-            choice["logprobs"] = self._chat_logprobs(out.new_logprobs, out.new_token_ids)
-        else:
-            echoed: tuple[str, dict[str, Any] | None] = ("", None)
-            if self.echo and index not in self._sent:
-                echoed = self._echo(request)
-            sent = self._sent.get(index, 0) + len(echoed[0])
-            choice = {
-                "index": index,
-                "text": echoed[0] + out.new_text,
-                "logprobs": _joined(
-                    echoed[1],
-                    self._completion_logprobs(out.new_logprobs, out.new_token_ids, sent),
-                ),
-                "finish_reason": None,
-            }
-            self._sent[index] = sent + len(out.new_text)
-        choice["finish_reason"] = reason
-        return choice
+        echoed: tuple[str, dict[str, Any] | None] = ("", None)
+        if self.echo and index not in self._sent:
+            echoed = self._echo(request)
+        sent = self._sent.get(index, 0) + len(echoed[0])
+        self._sent[index] = sent + len(out.new_text)
+        return {
+            "index": index,
+            "text": echoed[0] + out.new_text,
+            "logprobs": _joined(
+                echoed[1], self._completion_logprobs(out.new_logprobs, out.new_token_ids, sent)
+            ),
+            "finish_reason": reason,
+        }
 
-    def _tool_delta(
+    def _chat_delta(
         self, index: int, out: CompletionOutput, reason: str | None
     ) -> dict[str, Any] | None:
-        """A chat choice's delta when tools were offered: the reply read as it comes
-        (``ReplyReader``), so a call's name arrives first and its arguments' JSON
-        text in pieces; ``finish_reason`` is ``tool_calls`` once it called any. With
-        a reasoning parser, the thinking is split off first and the answer read."""
-        reader = self._readers.setdefault(index, ReplyReader(self.tool_form or GENERIC))
-        split = self._split(index, out.new_text, reason is not None)
-        events = reader.feed(split.content)
-        if reason is not None:
-            events += reader.finish()
-            if reader.calls and reason != "length":  # a reply cut short says so
-                reason = "tool_calls"
-        if not events and not split.reasoning and reason is None:
+        """A chat choice's delta: the events its new text completes (its thinking as
+        ``reasoning_content``; with tools, a call's name first and its arguments' JSON
+        text in pieces); ``finish_reason`` is ``tool_calls`` once it called any."""
+        folder = self._folders.setdefault(index, ReplyFolder(self.tool_form, self.reasoning))
+        events = folder.feed(out.new_text, reason is not None)
+        if reason is not None and folder.called and reason != "length":  # cut short: says so
+            reason = "tool_calls"
+        if not events and not out.new_logprobs and reason is None:
             return None
-        delta = chat_tool_delta(events)
-        if split.reasoning:
-            delta["reasoning_content"] = split.reasoning
-        choice = choice_delta(index, delta)
+        choice = choice_delta(index, chat_delta(events))
+        choice["logprobs"] = self._chat_logprobs(out.new_logprobs, out.new_token_ids)
         choice["finish_reason"] = reason
         return choice
-
-    def _split(self, index: int, text: str, last: bool) -> Split:
-        """A choice's next piece split into thinking and answer (all answer without
-        a reasoning parser); on the ``last`` piece, held-back text is flushed."""
-        if self.reasoning is None:
-            return Split("", text)
-        splitter = self._splitters.setdefault(index, ReasoningSplitter(self.reasoning))
-        split = splitter.feed(text)
-        if last:
-            rest = splitter.finish()
-            split = Split(split.reasoning + rest.reasoning, split.content + rest.content)
-        return split
-
-    def _text_delta(self, index: int, text: str, last: bool) -> dict[str, Any]:
-        """A chat delta's text: ``content``, or with a reasoning parser the piece's
-        ``reasoning_content`` and ``content`` (held-back text flushed on the last)."""
-        if self.reasoning is None:
-            return {"content": text} if text else {}
-        split = self._split(index, text, last)
-        delta = {}
-        if split.reasoning:
-            delta["reasoning_content"] = split.reasoning
-        if split.content:
-            delta["content"] = split.content
-        return delta
 
     def _message(self, out: CompletionOutput) -> tuple[dict[str, Any], str | None]:
         """A finished chat choice's message fields and finish reason: with a
@@ -196,26 +156,21 @@ class Shaper:
         tools, the answer read back (``tool_calls`` and ``finish_reason:
         tool_calls``, or the answer's text)."""
         reason = _finish(out.finish_reason)
-        text, thinking = out.text, None
-        if self.reasoning is not None:
-            splitter = ReasoningSplitter(self.reasoning)
-            splitter.feed(out.text)
-            splitter.finish()
-            text, thinking = splitter.content, splitter.reasoning or None
+        folder = ReplyFolder(self.tool_form, self.reasoning)
+        events = folder.feed(out.text, True)
+        answer = "".join(e.text for e in events if isinstance(e, TextDelta))
+        thinking = "".join(e.text for e in events if isinstance(e, ReasoningDelta)) or None
         if self.tool_form is None:
             if self.reasoning is None:
-                return {"content": text}, reason
-            return {"content": text or None, "reasoning_content": thinking}, reason
-        reader = ReplyReader(self.tool_form)
-        events = reader.feed(text) + reader.finish()
-        answer = "".join(e.text for e in events if isinstance(e, TextDelta))
+                return {"content": answer}, reason
+            return {"content": answer or None, "reasoning_content": thinking}, reason
         calls = [
             {
                 "id": call.id,
                 "type": "function",
                 "function": {"name": call.name, "arguments": call.arguments},
             }
-            for call in reader.complete_calls()
+            for call in folder.complete_calls()
         ]
         if not calls:
             return {"content": answer, "reasoning_content": thinking}, reason
@@ -302,11 +257,15 @@ def _finish(reason: FinishReason | None) -> str | None:
     return None if reason is None else _FINISH.get(reason)
 
 
-def chat_tool_delta(events: list[ReplyEvent]) -> dict[str, Any]:
-    """One chat delta for a reply's events: their text as ``content``, and one
-    ``tool_calls`` entry per call they touch (a call's first entry carries its id,
-    type and name; each its arguments' text so far unsent)."""
+def chat_delta(events: Sequence[ReplyEvent | ReasoningDelta]) -> dict[str, Any]:
+    """One chat delta for a reply's events: their thinking as ``reasoning_content``,
+    their text as ``content``, and one ``tool_calls`` entry per call they touch (a
+    call's first entry carries its id, type and name; each its arguments' text so far
+    unsent)."""
     delta: dict[str, Any] = {}
+    thinking = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+    if thinking:
+        delta["reasoning_content"] = thinking
     text = "".join(e.text for e in events if isinstance(e, TextDelta))
     if text:
         delta["content"] = text
