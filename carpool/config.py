@@ -429,8 +429,7 @@ class ServerConfig:
     )
     log_level: str = _help("Log level: debug, info, warning or error.", default="info")
     max_body_bytes: int = _help(
-        "Largest request body accepted; a larger one is refused with 413 (the default "
-        "is TGI's).",
+        "Largest request body accepted; a larger one is refused with 413 (the default is TGI's).",
         # Parsing a body holds the event loop ~0.1 s per million JSON values (token
         # ids): the default keeps that under ~0.1 s.
         default=2 * 1024 * 1024,

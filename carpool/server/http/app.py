@@ -58,11 +58,8 @@ def create_app(
         **_no_telemetry(),
     )
     errors.install(app)
-    # Added before the guards, so that they run first.
-    app.add_middleware(
-        v2_routes.InferPath, models=models, is_ready=is_ready, handlers=app.exception_handlers
-    )
     guard(app, max_body_bytes=max_body_bytes, api_key=api_key)
+    app.router.routes[:0] = v2_routes.infer_routes(models, is_ready)  # first: matched at once
     app.include_router(openai_routes.router(models))
     app.include_router(generation_routes.router(models))
     app.include_router(tokens_routes.router(models))

@@ -17,12 +17,11 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -221,20 +220,6 @@ def _body_not_an_object(exc: RequestValidationError) -> bool:
     """FastAPI reads a body without a JSON content type as raw bytes, which then fail
     as 'not an object' at the body itself."""
     return any(tuple(e.get("loc", ())) == ("body",) for e in exc.errors())
-
-
-async def handled(
-    handlers: Mapping[Any, Callable[..., Any]], request: Request, exc: Exception
-) -> Response:
-    """The response the app's exception ``handlers`` give ``exc`` (the handler of its
-    nearest class, as Starlette picks one), for a path answered in front of the app's
-    own exception layers."""
-    for kind in type(exc).__mro__:
-        handler = handlers.get(kind)
-        if handler is not None:
-            response: Response = await handler(request, exc)
-            return response
-    raise exc
 
 
 def install(app: FastAPI) -> None:

@@ -1,13 +1,12 @@
-"""``errors.handled``: a path answered in front of the app's exception layers gets the
-response of the handler registered for the exception's nearest class."""
+"""``errors.install``: a route's exception gets the response of the handler registered
+for its nearest class, in the shape of the protocol the path speaks."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 from fastapi import FastAPI
-from starlette.requests import Request
+from fastapi.testclient import TestClient
 
 from carpool.errors import InvalidRequest, ModelNotFound
 from carpool.server.http import errors
@@ -16,10 +15,13 @@ from carpool.server.http import errors
 def answer(exc: Exception) -> tuple[int, dict[str, object]]:
     app = FastAPI()
     errors.install(app)
-    path = "/v2/models/m/infer"
-    request = Request({"type": "http", "method": "POST", "path": path, "headers": []})
-    response = asyncio.run(errors.handled(app.exception_handlers, request, exc))
-    return response.status_code, json.loads(bytes(response.body))
+
+    @app.post("/v2/models/m/infer")
+    async def infer() -> None:
+        raise exc
+
+    response = TestClient(app, raise_server_exceptions=False).post("/v2/models/m/infer")
+    return response.status_code, json.loads(response.content)
 
 
 def test_a_carpool_error_gets_its_status_and_the_protocols_shape() -> None:
