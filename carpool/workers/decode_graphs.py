@@ -29,7 +29,7 @@ from carpool.models.attention import AttentionMetadata
 from carpool.models.causal_lm import LoadedLM
 from carpool.models.triton_attention import PagedMetadata
 from carpool.workers.model_runner import windowed_blocks
-from carpool.workers.step_tensors import check_ids, first_id, resolve_pending
+from carpool.workers.step_tensors import first_ids, resolve_pending
 
 log = logging.getLogger(__name__)
 
@@ -230,10 +230,8 @@ class DecodeGraphs:
         seqs = [c.seq for c in chunks]
         n, bs = len(seqs), self.block_size
         positions = [s.num_computed for s in seqs]
-        ids = [first_id(c, after) for c in chunks]
-        check_ids(ids, after)
         i64 = self.host_i64.numpy()
-        i64[0, :n] = ids
+        i64[0, :n] = first_ids(chunks, after)
         i64[1, :n] = positions
         i64[2, :n] = [
             slot_of(s.block_table.blocks, p, bs) for s, p in zip(seqs, positions, strict=True)

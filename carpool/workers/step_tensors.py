@@ -4,6 +4,7 @@ scheduling (checked on the host, resolved on the device)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -58,11 +59,25 @@ def chunk_ids(chunk: ScheduledChunk, after: Launch | None) -> list[int]:
     return ids
 
 
-def first_id(chunk: ScheduledChunk, after: Launch | None) -> int:
-    """The input id of a chunk of one own token (a decode step's row)."""
-    if chunk.pending:
-        return pending_id(chunk, after)
-    return chunk.seq.token_ids[chunk.seq.num_computed]
+def first_ids(chunks: Sequence[ScheduledChunk], after: Launch | None) -> list[int]:
+    """The input id of each chunk of one own token (a decode step's rows), a pending
+    one as its ``pending_id``: every id valid for the model, so none needs
+    ``check_ids``. Raises ValueError as ``pending_id`` does. Per step and sequence on a
+    GPU's hot path: the token is pending exactly when its position is past the known
+    ones, read without the chunk's properties."""
+    rows = {} if after is None else after.rows
+    ids = []
+    for chunk in chunks:
+        seq = chunk.seq
+        token_ids, at = seq.token_ids, seq.num_computed
+        if at < len(token_ids):
+            ids.append(token_ids[at])
+            continue
+        row = rows.get(seq.request_id)
+        if row is None:
+            raise ValueError("a pending token with no step in flight that samples it")
+        ids.append(-2 - row)
+    return ids
 
 
 def resolve_pending(ids: torch.Tensor, tokens: torch.Tensor) -> None:

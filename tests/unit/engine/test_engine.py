@@ -234,7 +234,7 @@ def test_a_model_failure_fails_only_its_request(tiny: LoadedLM) -> None:
 def test_ids_the_model_may_not_see_are_refused_before_it_runs() -> None:
     from carpool.engine.outputs import ScheduledChunk
     from carpool.engine.runner import Launch
-    from carpool.workers.step_tensors import check_ids, chunk_ids
+    from carpool.workers.step_tensors import check_ids, chunk_ids, first_ids
 
     in_flight = Launch({"a": 0, "b": 1}, None)
     check_ids([5, 6, 7], None)
@@ -255,3 +255,11 @@ def test_ids_the_model_may_not_see_are_refused_before_it_runs() -> None:
     assert chunk_ids(chunk, in_flight) == [9, -3]
     with pytest.raises(ValueError, match="no step in flight"):
         chunk_ids(chunk, Launch({"a": 0}, None))
+    # A decode step's rows: a known token as itself, a pending one as its flight's row.
+    a = Sequence("a", [4, 5], max_tokens=4, arrival=0.0)
+    a.num_computed = 1
+    b.num_computed = 3
+    decodes = [ScheduledChunk.of(a, 1), ScheduledChunk.of(b, 1)]
+    assert first_ids(decodes, in_flight) == [5, -3]
+    with pytest.raises(ValueError, match="no step in flight"):
+        first_ids(decodes, None)
