@@ -173,6 +173,8 @@ class _Abort:
 class EngineWorker(EngineFront):
     """A generation engine as a device-runtime worker."""
 
+    venue = Venue.RUNTIME_THREAD
+
     def __init__(
         self,
         engine: Engine,
@@ -181,7 +183,6 @@ class EngineWorker(EngineFront):
         clock: Clock | None = None,
     ) -> None:
         super().__init__(name, rank)
-        self.venue = Venue.RUNTIME_THREAD
         self.engine = engine
         self.clock = clock or MonotonicClock()
         self._inbox: queue.SimpleQueue[_Add | _Abort] = queue.SimpleQueue()

@@ -204,6 +204,8 @@ class EngineClient(EngineFront):
     runs it (``poll`` reports it busy while requests are held, so retiring it waits
     for them); ``close`` and ``fail_all`` stop the process."""
 
+    venue = Venue.ENGINE_PROCESS
+
     def __init__(
         self,
         build: Build,
@@ -214,7 +216,6 @@ class EngineClient(EngineFront):
         on_death: Callable[[BaseException], None] | None = None,
     ) -> None:
         super().__init__(name, rank)
-        self.venue = Venue.ENGINE_PROCESS
         self._on_death = on_death
         context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
         self._conn, child = context.Pipe()

@@ -43,10 +43,10 @@ class ScheduledChunk(NamedTuple):
     @property
     def pending(self) -> bool:
         """Whether its last own token is still in flight (sampled by the step before,
-        not landed: asynchronous scheduling): ``input_ids`` lacks it and the runner
-        reads it on the device."""
+        not landed: asynchronous scheduling), which is when its position is past the
+        known tokens: ``input_ids`` lacks it and the runner reads it on the device."""
         seq = self.seq
-        return seq.num_pending > 0 and seq.num_computed + self.num_own == seq.num_tokens
+        return seq.num_computed + self.num_own > len(seq.token_ids)
 
     @property
     def input_ids(self) -> list[int]:

@@ -63,20 +63,12 @@ def first_ids(chunks: Sequence[ScheduledChunk], after: Launch | None) -> list[in
     """The input id of each chunk of one own token (a decode step's rows), a pending
     one as its ``pending_id``: every id valid for the model, so none needs
     ``check_ids``. Raises ValueError as ``pending_id`` does. Per step and sequence on a
-    GPU's hot path: the token is pending exactly when its position is past the known
-    ones, read without the chunk's properties."""
-    rows = {} if after is None else after.rows
+    GPU's hot path: ``ScheduledChunk.pending``'s test (the position past the known
+    tokens) made without the chunk's properties."""
     ids = []
     for chunk in chunks:
-        seq = chunk.seq
-        token_ids, at = seq.token_ids, seq.num_computed
-        if at < len(token_ids):
-            ids.append(token_ids[at])
-            continue
-        row = rows.get(seq.request_id)
-        if row is None:
-            raise ValueError("a pending token with no step in flight that samples it")
-        ids.append(-2 - row)
+        token_ids, at = chunk.seq.token_ids, chunk.seq.num_computed
+        ids.append(token_ids[at] if at < len(token_ids) else pending_id(chunk, after))
     return ids
 
 
