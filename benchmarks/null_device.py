@@ -25,14 +25,14 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from transformers import AutoTokenizer
 
 from carpool.config import EngineConfig, default_cache_dir
 from carpool.engine.engine import Engine
 from carpool.engine.outputs import SchedulerOutput
-from carpool.engine.runner import EngineModelSpec, Sampled, SamplingRow, StepResult
+from carpool.engine.runner import EngineModelSpec, Launch, Sampled, SamplingRow, StepResult
 from carpool.engine.sampling_params import SamplingParams
 from carpool.models.causal_lm import convert_gguf
 from carpool.models.registry import BUILTIN_MODELS
@@ -42,7 +42,12 @@ WORDS = [" the", " a", " of", " and", " to", " in", " is", " that", " it", " was
 
 
 class NullRunner:
-    """A device that takes ``device_s`` a step and answers common words."""
+    """A device that takes ``device_s`` a step and answers common words.
+
+    Run as a plain step (``execute``), the host sleeps the device time. Launched
+    (``launch`` and ``land``: asynchronous scheduling, a GPU's default), a step queues
+    on the device behind the one before it, as on a CUDA stream, and ``land`` sleeps
+    only what is left of it: the host's work between them overlaps the device's."""
 
     def __init__(self, tokenizer: Any, device_s: float, num_blocks: int) -> None:
         eos = tokenizer.eos_token_id
@@ -54,7 +59,9 @@ class NullRunner:
         self.device_s = device_s
         self.words = [tokenizer.convert_tokens_to_ids(tokenizer.tokenize(w))[0] for w in WORDS]
         self.host_s = 0.0  # the runner's own time, device excluded
-        self.device_total_s = 0.0  # the time actually slept (a sleep overshoots)
+        self.device_total_s = 0.0  # the time the host waited on the device (a sleep overshoots)
+        self.device_steps = 0  # steps the device ran: device_steps * device_s of it busy
+        self._device_free_at = 0.0  # when the device ends the last step launched
 
     def make_generator(self, seed: int) -> None:
         return None
@@ -66,17 +73,44 @@ class NullRunner:
         prompt_logprobs: Mapping[str, int] | None = None,
     ) -> StepResult:
         start = time.perf_counter()
-        result = StepResult()
-        for chunk in step.chunks:
-            if chunk.samples:
-                row = rows[chunk.seq.request_id]
-                token = self.words[len(row.output_ids) % len(self.words)]
-                result.sampled[chunk.seq.request_id] = Sampled(token, None)
+        result = self._answer(step)
         slept = time.perf_counter()
         self.host_s += slept - start
+        self.device_steps += 1
         if self.device_s:
             time.sleep(self.device_s)
         self.device_total_s += time.perf_counter() - slept
+        return result
+
+    def launch(
+        self, step: SchedulerOutput, rows: Mapping[str, SamplingRow], after: Launch | None
+    ) -> Launch:
+        start = time.perf_counter()
+        result = self._answer(step)
+        now = time.perf_counter()
+        self.host_s += now - start
+        self.device_steps += 1
+        self._device_free_at = max(now, self._device_free_at) + self.device_s
+        order = {request_id: j for j, request_id in enumerate(result.sampled)}
+        return Launch(order, (self._device_free_at, result))
+
+    def land(self, launch: Launch) -> StepResult:
+        done_at, result = launch.handle
+        start = time.perf_counter()
+        if done_at > start:
+            time.sleep(done_at - start)
+        self.device_total_s += time.perf_counter() - start
+        return cast(StepResult, result)
+
+    def _answer(self, step: SchedulerOutput) -> StepResult:
+        """A word for each sampling chunk, chosen by the position it samples (so the
+        same whether the sequence's last token has landed or is still in flight)."""
+        result = StepResult()
+        for chunk in step.chunks:
+            if chunk.samples:
+                position = chunk.seq.num_computed + chunk.num_tokens
+                token = self.words[position % len(self.words)]
+                result.sampled[chunk.seq.request_id] = Sampled(token, None)
         return result
 
 

@@ -61,7 +61,11 @@ def install_null_device(device_ms: float) -> None:
 
 
 def offline(
-    device_ms: float, concurrency: int, requests: int, tokenizer_dir: str | None
+    device_ms: float,
+    concurrency: int,
+    requests: int,
+    tokenizer_dir: str | None,
+    async_scheduling: bool,
 ) -> tuple[float, float]:
     """The engine alone (``requests`` added at once, ``concurrency`` running at a time):
     tokens/s and its host CPU microseconds a token."""
@@ -71,7 +75,10 @@ def offline(
 
     tokenizer = builtin_tokenizer(tokenizer_dir)
     runner = NullRunner(tokenizer, device_ms / 1000, num_blocks=8192)
-    engine = Engine(runner, EngineConfig(max_num_seqs=concurrency, kv_cache_memory="1GiB"))
+    config = EngineConfig(
+        max_num_seqs=concurrency, kv_cache_memory="1GiB", async_scheduling=async_scheduling
+    )
+    engine = Engine(runner, config)
     params = SamplingParams(max_tokens=TOKENS, ignore_eos=True, temperature=0.0)
     for i, prompt in enumerate(token_prompts(requests, 32, 256, len(tokenizer), seed=3)):
         engine.add_request(f"r{i}", prompt, params)
@@ -89,11 +96,13 @@ def over_http(
     requests: int,
     clients: int,
     engine_process: bool,
+    async_scheduling: bool,
     model: str,
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
     """The same workload streamed through the server (its engine in the server's
-    process or in its own), ``concurrency`` streams at a time: tokens/s and the
-    server's CPU microseconds a token, the engine process's included."""
+    process or in its own), ``concurrency`` streams at a time: tokens/s, the
+    server's CPU microseconds a token (the engine process's included) and the
+    clients' (on the same cores: what they take, the server cannot have)."""
     from carpool.testing import spawn
 
     command = [
@@ -101,6 +110,7 @@ def over_http(
         "--model", model, "--served-model-name", MODEL, "--device", "cpu",
         "--max-num-seqs", str(concurrency), "--kv-cache-memory", "256MiB",
         "--engine-process" if engine_process else "--no-engine-process",
+        "--async-scheduling" if async_scheduling else "--no-async-scheduling",
     ]  # fmt: skip
     path = os.pathsep.join([SITE, ROOT, os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONPATH": path, "CARPOOL_BENCH_NULL_DEVICE_MS": str(device_ms)}
@@ -117,7 +127,8 @@ def over_http(
     tokens = result.completed * TOKENS
     if result.failed:
         sys.exit(f"{result.failed} requests failed")
-    return result.tokens_per_s, cpu_s / max(1, tokens) * 1e6
+    per_token = 1e6 / max(1, tokens)
+    return result.tokens_per_s, cpu_s * per_token, result.client_cpu_s * per_token
 
 
 def main() -> None:
@@ -145,23 +156,35 @@ def main() -> None:
         action="store_true",
         help="the server's engine in its own process (the GPU default)",
     )
+    parser.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="each step launched before the last one's tokens are back, offline and over "
+        "HTTP alike (the GPU default): the host's work overlaps the null device's time",
+    )
     args = parser.parse_args()
     requests = args.requests or args.concurrency
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores")
     for device_ms in args.device_ms:
         rows: dict[str, list[tuple[float, float]]] = {"offline": [], "http": []}
+        client_cpu: list[float] = []
         for _ in range(args.rounds):  # interleaved: this CPU drifts within minutes
-            rows["offline"].append(offline(device_ms, args.concurrency, requests, args.tokenizer))
-            rows["http"].append(
-                over_http(
-                    device_ms,
-                    args.concurrency,
-                    requests,
-                    args.client_processes,
-                    args.engine_process,
-                    args.model,
+            rows["offline"].append(
+                offline(
+                    device_ms, args.concurrency, requests, args.tokenizer, args.async_scheduling
                 )
             )
+            rate, server_cpu, clients = over_http(
+                device_ms,
+                args.concurrency,
+                requests,
+                args.client_processes,
+                args.engine_process,
+                args.async_scheduling,
+                args.model,
+            )
+            rows["http"].append((rate, server_cpu))
+            client_cpu.append(clients)
         for name, runs in rows.items():
             rates = ", ".join(f"{r:.0f}" for r, _ in runs)
             cpu = ", ".join(f"{c:.1f}" for _, c in runs)
@@ -172,6 +195,10 @@ def main() -> None:
             )
         ratio = statistics.median(r for r, _ in rows["http"]) / statistics.median(
             r for r, _ in rows["offline"]
+        )
+        print(
+            f"device {device_ms:g} ms  c={args.concurrency}  clients' CPU us a token "
+            f"{statistics.median(client_cpu):6.1f} ({', '.join(f'{c:.1f}' for c in client_cpu)})"
         )
         print(f"device {device_ms:g} ms  c={args.concurrency}  http / offline {ratio:.2f}x")
     print("reproduce: python -m benchmarks.null_http " + " ".join(sys.argv[1:]))

@@ -10,12 +10,13 @@ here (the engine's own checks, the same waiting room), then sent; each engine st
 outputs come back as one message, which a reader thread hands to the requests' sinks
 with one wake-up per event loop.
 
-``serve_engine`` is the engine's side: one thread that takes requests and aborts from
-the pipe, steps the engine while it has work and hands each step's outputs to a
-sender thread (as vLLM v1's engine core's output thread: pickling and the pipe's
-write overlap the next step), with a snapshot of its statistics whenever a request
-finished (and at most every ``STATS_EVERY_S`` otherwise), so /metrics lags by no
-finished request.
+``serve_engine`` is the engine's side, three threads as vLLM v1's engine core: a
+receiver reads requests and aborts off the pipe into a queue; the step loop takes
+them from it, steps the engine while it has work and hands each step's outputs to a
+sender, which pickles and writes them while the next step runs, with a snapshot of
+the engine's statistics whenever a request finished (and at most every
+``STATS_EVERY_S`` otherwise), so /metrics lags by no finished request. The step loop
+itself makes no system call while it has work, but to wait on its device.
 
 When the engine process dies, every request it held fails and ``on_death`` is called
 (the server exits non-zero, as when its device runtime dies); when the server's
@@ -488,18 +489,48 @@ class _Sender:
                 return
 
 
+class _PipeClosed:
+    """Put in the inbox last when the server's end of the pipe is gone."""
+
+
+_Inbox = queue.SimpleQueue[_Submit | _Abort | _Stop | _PipeClosed]
+
+
+class _Receiver:
+    """Reads the server's messages off the pipe on a thread of its own (as vLLM v1's
+    engine core's input thread), so the step loop takes them from a queue without a
+    system call a step: on a busy host each call into the kernel was a point where
+    the loop lost its core (an engine process at 64 streams on two shared cores)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.inbox: _Inbox = queue.SimpleQueue()
+        self._conn = conn
+        self._thread = threading.Thread(
+            target=self._main, name="carpool-engine-receiver", daemon=True
+        )
+        self._thread.start()
+
+    def _main(self) -> None:
+        try:
+            while True:
+                self.inbox.put(self._conn.recv())
+        except (EOFError, OSError):
+            self.inbox.put(_PipeClosed())
+
+
 def serve_engine(conn: Connection, worker: EngineWorker, clock: Clock | None = None) -> None:
     """Serve ``worker``'s engine over ``conn`` until told to stop or the pipe closes:
     take what came, run a step if there is work, hand its outputs to the sender."""
+    receiver = _Receiver(conn)
     sender = _Sender(conn)
     stopped = False
     try:
-        stopped = _serve(conn, worker, sender, clock or MonotonicClock())
+        stopped = _serve(receiver.inbox, worker, sender, clock or MonotonicClock())
     finally:
         sender.close(stopped)
 
 
-def _serve(conn: Connection, worker: EngineWorker, sender: _Sender, clock: Clock) -> bool:
+def _serve(inbox: _Inbox, worker: EngineWorker, sender: _Sender, clock: Clock) -> bool:
     """True once told to stop; False when the server's process is gone."""
     outputs: list[_Wire] = []
     errors: list[tuple[str, CarpoolError]] = []
@@ -516,9 +547,8 @@ def _serve(conn: Connection, worker: EngineWorker, sender: _Sender, clock: Clock
             ended = True
 
     while not sender.gone.is_set():
-        try:
-            stop = _take(conn, worker, collect, wait=not worker.engine.has_work)
-        except (EOFError, OSError):
+        stop = _take(inbox, worker, collect, wait=not worker.engine.has_work)
+        if isinstance(stop, _PipeClosed):
             return False
         now = clock.now()
         if stop is None:
@@ -542,24 +572,27 @@ def _serve(conn: Connection, worker: EngineWorker, sender: _Sender, clock: Clock
 
 
 def _take(
-    conn: Connection,
+    inbox: _Inbox,
     worker: EngineWorker,
     collect: Callable[[str, RequestOutput | CarpoolError], None],
     wait: bool,
-) -> _Stop | None:
-    """Apply every message waiting on ``conn`` (waiting for one if ``wait``); the stop
-    message if one came."""
-    if not conn.poll(None if wait else 0):
+) -> _Stop | _PipeClosed | None:
+    """Apply every message waiting in ``inbox`` (waiting for one if ``wait``); the stop
+    message, or the pipe's end, if one came."""
+    try:
+        message = inbox.get() if wait else inbox.get_nowait()
+    except queue.Empty:
         return None
     while True:
-        message = conn.recv()
-        if isinstance(message, _Stop):
+        if isinstance(message, _Stop | _PipeClosed):
             return message
         if isinstance(message, _Abort):
             worker.abort(message.request_id)
         else:
             _submit(worker, message, collect)
-        if not conn.poll(0):
+        try:
+            message = inbox.get_nowait()
+        except queue.Empty:
             return None
 
 

@@ -2,20 +2,32 @@
 step added, rebuilt on the server's side into exactly the outputs the engine made
 (text, tokens, finish and stop reasons, ``n`` sequences, stop strings held back);
 errors keep their fields when pickled; the sender thread keeps the order, ends a clean
-stop with the stop marker and a dying engine without one. Torch-free, with the core
-tests' fake runner."""
+stop with the stop marker and a dying engine without one; the step loop takes what its
+receiver thread read off the pipe, and ends on a stop or when the server's end closes.
+Torch-free, with the core tests' fake runner."""
 
 from __future__ import annotations
 
 import multiprocessing
 import pickle
+import threading
 
 from carpool.config import EngineConfig
 from carpool.engine.engine import Engine
-from carpool.engine.engine_process import SENDS_AHEAD, _Held, _Outputs, _Sender, _to_wire
+from carpool.engine.async_engine import EngineWorker
+from carpool.engine.engine_process import (
+    SENDS_AHEAD,
+    _Held,
+    _Outputs,
+    _Sender,
+    _Stop,
+    _Submit,
+    _to_wire,
+    serve_engine,
+)
 from carpool.engine.request_output import RequestOutput
 from carpool.engine.sampling_params import SamplingParams
-from carpool.errors import InvalidRequest, Overloaded
+from carpool.errors import InvalidRequest, Overloaded, RuntimeDead
 from tests.unit.engine.test_engine_core import FakeRunner, ids
 
 
@@ -88,3 +100,39 @@ def test_a_sender_whose_reader_is_gone_says_so_and_lets_the_step_loop_go_on() ->
         sender.send(news(i))
     assert sender.gone.wait(10)
     sender.close(stopped=True)
+
+
+def _serving() -> tuple[multiprocessing.connection.Connection, threading.Thread]:
+    """An engine served on a thread over a real pipe; the server's end of it."""
+    server, engine_end = multiprocessing.Pipe()
+    worker = EngineWorker(Engine(FakeRunner({"hi": "hello there"}), EngineConfig()), "fake")
+    loop = threading.Thread(target=serve_engine, args=(engine_end, worker), daemon=True)
+    loop.start()
+    return server, loop
+
+
+def test_the_step_loop_answers_what_its_receiver_read_and_ends_on_a_stop() -> None:
+    server, loop = _serving()
+    params = SamplingParams(max_tokens=8, temperature=0.0)
+    server.send(_Submit([("a", ids("hi"), params), ("b", ids("hi"), params)], 0, None))
+    text: dict[str, str] = {"a": "", "b": ""}
+    finished: set[str] = set()
+    while finished != {"a", "b"}:
+        news = server.recv()
+        for request_id, done, _, _, _, completions in news.outputs:
+            text[request_id] += "".join(c[1] for c in completions)
+            if done:
+                finished.add(request_id)
+    assert text["a"] == text["b"] and text["a"].startswith("hello")
+    server.send(_Stop(RuntimeDead("stopping")))
+    while (last := server.recv()) is not None:  # news up to the stop marker
+        assert isinstance(last, _Outputs)
+    loop.join(10)
+    assert not loop.is_alive()
+
+
+def test_the_step_loop_ends_when_the_servers_end_of_the_pipe_closes() -> None:
+    server, loop = _serving()
+    server.close()
+    loop.join(10)
+    assert not loop.is_alive()
