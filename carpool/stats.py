@@ -47,6 +47,9 @@ class Histogram:
     def count(self) -> int:
         return sum(self.counts)
 
+    def copy(self) -> Histogram:
+        return Histogram(self.bounds, list(self.counts), self.total)
+
 
 # Numbers each statistics holder (a model's load), so readers tell one from the next.
 _SERIALS = itertools.count()
@@ -214,6 +217,17 @@ class EngineStatsData:
     queue_time: Histogram = field(default_factory=lambda: Histogram(LATENCY_BOUNDS_S))
     tokens_per_step: Histogram = field(default_factory=lambda: Histogram(TOKEN_BOUNDS))
 
+    def copy(self) -> EngineStatsData:
+        """A copy sharing nothing mutable with this one: an engine process snapshots
+        its statistics whenever a request finishes, and ``copy.deepcopy`` took ~70 us."""
+        twin = copy.copy(self)
+        for name, value in vars(self).items():
+            if isinstance(value, Histogram):
+                setattr(twin, name, value.copy())
+            elif isinstance(value, dict):
+                setattr(twin, name, dict(value))
+        return twin
+
 
 class EngineStats:
     """Thread-safe holder of ``EngineStatsData``: the engine's thread writes through
@@ -226,7 +240,7 @@ class EngineStats:
 
     def snapshot(self) -> EngineStatsData:
         with self._lock:
-            return copy.deepcopy(self._data)
+            return self._data.copy()
 
     @contextmanager
     def update(self) -> Iterator[EngineStatsData]:
