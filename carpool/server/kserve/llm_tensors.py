@@ -27,7 +27,7 @@ from carpool.engine.request_output import RequestOutput
 from carpool.errors import InvalidRequest
 from carpool.repository.spec import ModelSpec, Source, check_inputs
 from carpool.repository.vllm_model import INPUTS, OUTPUTS
-from carpool.server.generation.generation_inputs import sampling_params, tokenize_prompts
+from carpool.server.generation.generation_inputs import prompt_token_ids, sampling_params
 from carpool.server.generation.schemas import CompletionRequest
 
 Arrays = dict[str, np.ndarray[Any, Any]]
@@ -173,7 +173,7 @@ async def responses(served: Any, models: Any, request: LlmRequest) -> AsyncGener
     """Each response's outputs: one for the whole text, or one per step when
     streaming. ``served`` is a ``ServedGenerator``, ``models`` its ``ServedModels``."""
     completion = as_completion(served.name, request)
-    prompts = await models.preprocess.run(tokenize_prompts, served, completion.prompt, completion)
+    prompts = await prompt_token_ids(models, served, completion.prompt, completion)
     params = sampling_params(served, completion, len(prompts[0]), completion.max_tokens, None)
     stream = served.engine.start_many(
         prompts, [params], priority=completion.priority, timeout_s=served.timeout(None)

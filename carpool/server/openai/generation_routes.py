@@ -29,8 +29,8 @@ from carpool.server.generation.generation_inputs import (
     detokenize_ids,
     encode_prompts,
     prepare_chat,
+    prompt_token_ids,
     sampling_params,
-    tokenize_prompts,
 )
 from carpool.server.generation.schemas import (
     BatchChatCompletionRequest,
@@ -93,7 +93,7 @@ def router(models: ServedModels) -> APIRouter:
         served = models.generator(body.model)
         if isinstance(body.prompt, list) and body.prompt and not isinstance(body.prompt[0], int):
             check_prompt_count(served, len(body.prompt))
-        prompts = await models.preprocess.run(tokenize_prompts, served, body.prompt, body)
+        prompts = await prompt_token_ids(models, served, body.prompt, body)
         grammar = await compile_grammar(models, served, body)
         params = [
             sampling_params(

@@ -22,8 +22,8 @@ from carpool.engine.sampling_params import SamplingParams
 from carpool.errors import CarpoolError, InvalidRequest
 from carpool.server.generation.generation_inputs import (
     compile_grammar,
+    prompt_token_ids,
     sampling_params,
-    tokenize_prompts,
 )
 from carpool.server.generation.schemas import CompletionRequest, StructuredOutputs
 from carpool.server.http.errors import status_of
@@ -118,9 +118,7 @@ class _Call:
         p = self.params
         _refuse_unsupported(p)
         completion = as_completion(self.served.name, self.body)
-        prompts = await self.models.preprocess.run(
-            tokenize_prompts, self.served, completion.prompt, completion
-        )
+        prompts = await prompt_token_ids(self.models, self.served, completion.prompt, completion)
         try:
             grammar = await compile_grammar(self.models, self.served, completion)
         except InvalidRequest as exc:
