@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from carpool import event_loop
 from carpool.bench.client import send
 from carpool.bench.workload import BenchRequest
 
@@ -99,7 +100,7 @@ def run_streams_split(
     set here, after their imports); the result is their sum over the span from the
     first start to the last end."""
     if processes <= 1:
-        return asyncio.run(run_streams(url, model, workload, concurrency))
+        return event_loop.run(run_streams(url, model, workload, concurrency))
     shares = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
     start_at = time.time() + 5.0  # spawned interpreters import carpool's client first
     context = multiprocessing.get_context("spawn")
@@ -126,5 +127,5 @@ def _part(
     """One client process's share: its result and its wall-clock start and end."""
     time.sleep(max(0.0, start_at - time.time()))
     begin = time.time()
-    result = asyncio.run(run_streams(url, model, workload, max(1, concurrency)))
+    result = event_loop.run(run_streams(url, model, workload, max(1, concurrency)))
     return result, begin, time.time()

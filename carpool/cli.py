@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +33,7 @@ from carpool.config import (
     from_dict,
     load_model_batching,
 )
+from carpool.event_loop import loop_factory
 
 if TYPE_CHECKING:
     from carpool.repository.function_model import InProcessModel
@@ -412,7 +413,7 @@ def serve(config: CarpoolConfig, functions: Sequence[InProcessModel] = ()) -> in
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: None)
     try:
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
             runner.run(bundle.run(sock, ready_line, metrics_sock))
     finally:
         bundle.close()
@@ -428,17 +429,6 @@ def _serve_replicas(config: CarpoolConfig) -> int:
     except LaunchError as exc:
         print(f"carpool: {exc}", file=sys.stderr)
         return 2
-
-
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's event loop where it is installed (uvicorn only picks it itself when it
-    owns the loop, which it does not here)."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory
 
 
 if __name__ == "__main__":

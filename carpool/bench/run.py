@@ -4,7 +4,6 @@ a table on the terminal, optionally a JSON file and PNG figures."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import random
@@ -12,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from carpool import event_loop
 from carpool.bench.config import BenchConfig
 from carpool.bench.load import drive
 from carpool.bench.metrics import samples, summarize, timeline
@@ -65,7 +65,7 @@ def run(config: BenchConfig, progress: bool = True) -> list[dict[str, Any]]:
         else:
             warm = requests_for(config, config.num_warmups, random.Random(-1 - n))
             timed = requests_for(config, config.num_prompts, rng)
-        outcomes, duration = asyncio.run(
+        outcomes, duration = event_loop.run(
             drive(config, timed, warm, rate=rate, concurrency=concurrency, progress=progress)
         )
         summary = summarize(outcomes, duration, config.percentiles, config.slos_ms())

@@ -13,8 +13,8 @@ import pickle
 import threading
 
 from carpool.config import EngineConfig
-from carpool.engine.engine import Engine
 from carpool.engine.async_engine import EngineWorker
+from carpool.engine.engine import Engine
 from carpool.engine.engine_process import (
     SENDS_AHEAD,
     _Held,
