@@ -17,6 +17,7 @@ import itertools
 import logging
 import queue
 import threading
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -416,10 +417,10 @@ class AsyncEngine:
         """Admit one call's prompts all together (raising, with none admitted, if
         refused) and return their output streams in order."""
         loop = asyncio.get_running_loop()
-        queues: list[asyncio.Queue[RequestOutput | CarpoolError]] = []
+        queues: list[Mailbox] = []
         requests: list[tuple[str, list[int], SamplingParams, Sink]] = []
         for prompt, p in zip(prompts, params, strict=True):
-            outputs: asyncio.Queue[RequestOutput | CarpoolError] = asyncio.Queue()
+            outputs = Mailbox()
             queues.append(outputs)
             requests.append((self.worker.new_request_id(), prompt, p, QueueSink(loop, outputs)))
         admitted = self.worker.submit_many(
@@ -431,13 +432,50 @@ class AsyncEngine:
         ]
 
 
+class Mailbox:
+    """A request's outputs on their way to its stream: the part of an ``asyncio.Queue``
+    a stream uses (one reader; the event loop's thread only) without the rest of its
+    bookkeeping, since a step of 64 streams puts 64 outputs and wakes 64 readers."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: deque[RequestOutput | CarpoolError] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, item: RequestOutput | CarpoolError) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self) -> RequestOutput | CarpoolError:
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
+
+    def get_nowait(self) -> RequestOutput | CarpoolError:
+        """The oldest output; ``IndexError`` when there is none."""
+        return self._items.popleft()
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+
 @dataclass(frozen=True)
 class QueueSink:
-    """A sink into an asyncio queue of ``loop`` (any thread may call it); the engine
+    """A sink into a ``Mailbox`` of ``loop`` (any thread may call it); the engine
     worker hands a step's outputs for one loop over in one call."""
 
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[RequestOutput | CarpoolError]
+    queue: Mailbox
 
     def __call__(self, item: RequestOutput | CarpoolError) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
@@ -458,7 +496,7 @@ class GenerationStream:
         worker: GenerationWorker,
         request_id: str,
         prompt_ids: list[int],
-        outputs: asyncio.Queue[RequestOutput | CarpoolError],
+        outputs: Mailbox,
     ) -> None:
         self.worker = worker
         self.request_id = request_id

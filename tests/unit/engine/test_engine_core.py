@@ -469,9 +469,8 @@ def test_no_drafts_for_sampling_that_depends_on_each_token() -> None:
 def test_a_steps_outputs_reach_their_event_loop_in_one_call() -> None:
     """The runtime thread wakes an event loop once per step, whatever the number
     of streams; each stream's queue still gets its own outputs, in order."""
-    import asyncio
 
-    from carpool.engine.async_engine import EngineWorker, QueueSink
+    from carpool.engine.async_engine import EngineWorker, Mailbox, QueueSink
 
     class CountingLoop:
         calls = 0
@@ -482,7 +481,7 @@ def test_a_steps_outputs_reach_their_event_loop_in_one_call() -> None:
 
     loop = CountingLoop()
     worker = EngineWorker(Engine(FakeRunner({"ab": "xyz", "cd": "uvw", "ef": "st"})), "w")
-    queues: list[asyncio.Queue[object]] = [asyncio.Queue() for _ in range(3)]
+    queues = [Mailbox() for _ in range(3)]
     for i, (prompt, q) in enumerate(zip(["ab", "cd", "ef"], queues, strict=True)):
         worker.submit(f"r{i}", ids(prompt), greedy(), QueueSink(loop, q))  # type: ignore[arg-type]
     steps = 0
@@ -505,7 +504,7 @@ def test_outputs_waiting_in_a_stream_join_into_one_and_an_error_still_follows() 
 
     import pytest
 
-    from carpool.engine.async_engine import GenerationStream
+    from carpool.engine.async_engine import GenerationStream, Mailbox
     from carpool.engine.request_output import CompletionOutput
     from carpool.errors import ModelExecutionError
 
@@ -516,9 +515,9 @@ def test_outputs_waiting_in_a_stream_join_into_one_and_an_error_still_follows() 
         return RequestOutput("r", [1], [completion], finished)
 
     async def read(items: list[object]) -> list[RequestOutput]:
-        queue: asyncio.Queue[object] = asyncio.Queue()
+        queue = Mailbox()
         for item in items:
-            queue.put_nowait(item)
+            queue.put_nowait(item)  # type: ignore[arg-type]
         stream = GenerationStream(None, "r", [1], queue)  # type: ignore[arg-type]
         return [out async for out in stream]
 
@@ -530,7 +529,7 @@ def test_outputs_waiting_in_a_stream_join_into_one_and_an_error_still_follows() 
     seen: list[RequestOutput] = []
 
     async def read_until_error() -> None:
-        queue: asyncio.Queue[object] = asyncio.Queue()
+        queue = Mailbox()
         for item in (step("a", "a"), step("ab", "b"), ModelExecutionError("boom")):
             queue.put_nowait(item)
         async for out in GenerationStream(None, "r", [1], queue):  # type: ignore[arg-type]
