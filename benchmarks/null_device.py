@@ -1,19 +1,22 @@
-"""The engine's own time per step, with a null device (issue 48, a first cut).
+"""The engine's own time per step, with a null device (issue 48).
 
 The real ``Engine`` (scheduler, block manager, output processing, the real SmolLM2
 tokenizer's incremental detokenizing, stop checks) drives a runner whose forward
-pass costs a fixed device time (``--device-ms``: a sleep, so the host does nothing
-meanwhile, as a synchronous step waits on a GPU) and samples plausible tokens (a
-cycle of common words, never end-of-text). Each workload runs to its end; printed:
-host time per decode step (step wall time less the device time) as a median, per
-sequence-step, split into schedule / run (the runner's host part) / postprocess,
-and the device-idle share a synchronous engine implies at that device time.
+pass costs a fixed device time (``--device-ms``) and samples plausible tokens (a
+cycle of common words, never end-of-text). A plain step sleeps that time, as a
+synchronous step waits on a GPU; with ``--async-scheduling`` (a GPU's default) each
+step is launched onto a device timeline behind the one before it and landed later,
+so the host's work overlaps the device's. Each workload runs to its end; printed:
+host time per decode step (step wall time less the time the host waited on the
+device) as a median, per sequence-step, split into schedule / run (the runner's host
+part) / the rest (output processing: emit, detokenize, stop checks; with overlap,
+landing and advancing), and the device-idle share (1 - device time / step time).
 
-Not yet here (issue 48): async scheduling's overlap, the engine process and its
-pipe, stream delivery over HTTP.
+The engine process, its pipe and the HTTP stream path: ``benchmarks.null_http``.
 
     python -m benchmarks.null_device [--device-ms 0 2] [--workloads 64x128 256x128] [--rounds 3]
                                      [--output-kind cumulative|delta|final_only] [--tokenizer DIR]
+                                     [--async-scheduling]
 """
 
 from __future__ import annotations
@@ -173,19 +176,26 @@ def _time_module_function(record: dict[str, list[float]], module: str, name: str
 
 
 def run(
-    tokenizer: Any, sequences: int, tokens: int, device_ms: float, output_kind: str = "cumulative"
+    tokenizer: Any,
+    sequences: int,
+    tokens: int,
+    device_ms: float,
+    output_kind: str = "cumulative",
+    async_scheduling: bool = False,
 ) -> dict[str, float]:
     runner = NullRunner(tokenizer, device_ms / 1000, num_blocks=sequences * 32)
     # A step budget that admits every prompt within a few steps (a GPU's is larger than
     # the CPU's 192), so every sequence decodes together before the first one ends.
     config = EngineConfig(
-        block_size=16, max_num_seqs=sequences, max_num_batched_tokens=8192, kv_cache_memory="1GiB"
+        block_size=16,
+        max_num_seqs=sequences,
+        max_num_batched_tokens=8192,
+        kv_cache_memory="1GiB",
+        async_scheduling=async_scheduling,
     )
     engine = Engine(runner, config)
     schedule: list[float] = []
-    post: list[float] = []
     engine.scheduler.schedule = timed(schedule, engine.scheduler.schedule)  # type: ignore[method-assign]
-    engine.postprocess = timed(post, engine.postprocess)  # type: ignore[method-assign]
     # Named only when not the default: so the benchmark runs on a tree before it.
     kind = {} if output_kind == "cumulative" else {"output_kind": output_kind}
     params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0.0, **kind)  # type: ignore[arg-type]
@@ -193,27 +203,29 @@ def run(
     for i in range(sequences):
         # Varied in the first token: a last token + 1 is a byte of a character cut in two.
         engine.add_request(f"r{i}", [prompt[0] + i % 7, *prompt[1:]], params)
-    steps: list[tuple[float, int]] = []
-    runs: list[float] = []
+    steps: list[tuple[float, float, float, int]] = []  # wall, waited, runner host, running
     while engine.has_work:
-        before, slept = runner.host_s, runner.device_total_s
+        host, waited = runner.host_s, runner.device_total_s
         start = time.perf_counter()
         engine.step()
         wall = time.perf_counter() - start
-        steps.append((wall - (runner.device_total_s - slept), len(engine.scheduler.running)))
-        runs.append(runner.host_s - before)
+        waited = runner.device_total_s - waited
+        steps.append((wall, waited, runner.host_s - host, len(engine.scheduler.running)))
     # Decode steps with every sequence running (prefill steps and the tail left out).
-    full = [i for i, (_, running) in enumerate(steps) if running == sequences and i >= 1]
+    full = [i for i, step in enumerate(steps) if step[3] == sequences and i >= 1]
+    host_s = [steps[i][0] - steps[i][1] for i in full]
+    rest = [host_s[j] - steps[i][2] - schedule[i] for j, i in enumerate(full)]
+    step_host = statistics.median(host_s)
     device_s = device_ms / 1000
-    step_host = statistics.median(steps[i][0] for i in full)
+    wall_s = statistics.median(steps[i][0] for i in full)
     return {
         "steps": len(full),
         "host_ms": step_host * 1000,
         "per_seq_us": step_host / sequences * 1e6,
         "schedule_ms": statistics.median(schedule[i] for i in full) * 1000,
-        "run_ms": statistics.median(runs[i] for i in full) * 1000,
-        "post_ms": statistics.median(post[i] for i in full) * 1000,
-        "idle": step_host / (step_host + device_s) if device_s else 1.0,
+        "run_ms": statistics.median(steps[i][2] for i in full) * 1000,
+        "post_ms": statistics.median(rest) * 1000,
+        "idle": max(0.0, 1 - device_s / wall_s) if device_s else 1.0,
     }
 
 
@@ -242,13 +254,19 @@ def main() -> None:
         default=None,
         help="a folder with the built-in model's tokenizer.json (default: convert the built-in)",
     )
+    parser.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="launch each step before the last one lands (a GPU's default): the host's "
+        "work overlaps the device's, and the host time a step is what it does not hide",
+    )
     args = parser.parse_args()
     tokenizer = builtin_tokenizer(args.tokenizer)
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
           f"python {sys.version.split()[0]}")  # fmt: skip
     print(f"command: python -m benchmarks.null_device {' '.join(sys.argv[1:])}")
     print("| sequences x tokens | device ms | decode steps | host ms/step (median; each round) | "
-          "host us/sequence-step | schedule ms | run (host) ms | postprocess ms | "
+          "host us/sequence-step | schedule ms | run (host) ms | the rest ms | "
           "device idle |")  # fmt: skip
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     rows: dict[tuple[str, float], list[dict[str, float]]] = {}
@@ -256,7 +274,9 @@ def main() -> None:
         for workload in args.workloads:
             sequences, tokens = (int(x) for x in workload.split("x"))
             for device_ms in args.device_ms:
-                result = run(tokenizer, sequences, tokens, device_ms, args.output_kind)
+                result = run(
+                    tokenizer, sequences, tokens, device_ms, args.output_kind, args.async_scheduling
+                )
                 rows.setdefault((workload, device_ms), []).append(result)
     for (workload, device_ms), results in rows.items():
         r = {k: statistics.median(x[k] for x in results) for k in results[0]}
