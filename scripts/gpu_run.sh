@@ -33,6 +33,7 @@
 #   bash scripts/gpu_run.sh host_ab    # issue 48: offline before/after, HTTP c=64 after
 #   bash scripts/gpu_run.sh host_profile  # issue 48: the 135M step's host time, cProfile
 #   bash scripts/gpu_run.sh host_http  # issue 48: the null device over HTTP on this host
+#                                      # (the GPU's defaults: engine process, async steps)
 #   bash scripts/gpu_run.sh http_rows  # issue 48: HTTP c=64 and offline, the engine's steps
 #   bash scripts/gpu_run.sh prompt_graphs  # issue 48: HTTP c=64 with prompt steps from graphs
 #
@@ -271,8 +272,8 @@ host_profile() {
 # own process as on a GPU, beside the real HTTP rows (`serving`, `ratio`).
 host_http() {
     step host_http 300 python3 -m benchmarks.null_http --device-ms 0 2 --rounds 1 \
-        --engine-process --client-processes 4 --model "$MODELS/smollm2-135m" \
-        --tokenizer .gpu/tokenizer
+        --engine-process --async-scheduling --client-processes 4 \
+        --model "$MODELS/smollm2-135m" --tokenizer .gpu/tokenizer
 }
 
 # Issue 48: HTTP at c=64 against offline: an offline row, two measured levels on one
