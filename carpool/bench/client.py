@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 import aiohttp
+import orjson
 
 from carpool.bench.metrics import ClientRecord
 from carpool.bench.workload import BenchRequest
@@ -77,6 +78,18 @@ async def send(
         return ClientRecord(None, latency=time.perf_counter() - started, sent=started)
 
 
+def sse_data(pending: bytes, data: bytes) -> tuple[list[bytes], bytes]:
+    """The ``data:`` payloads of the complete lines of a server-sent event stream in
+    ``pending + data`` (not ``[DONE]``), and what is left of a line cut off at the end."""
+    *lines, rest = (pending + data).split(b"\n")
+    payloads = []
+    for raw in lines:
+        line = raw.rstrip(b"\r")
+        if line.startswith(b"data: ") and line != b"data: [DONE]":
+            payloads.append(line[6:])
+    return payloads, rest
+
+
 async def _stream(
     session: aiohttp.ClientSession, url: str, body: dict[str, Any], started: float
 ) -> ClientRecord:
@@ -87,22 +100,26 @@ async def _stream(
             outcome.latency = time.perf_counter() - started
             return outcome
         last: float | None = None
-        async for raw in response.content:
-            line = raw.rstrip(b"\r\n")
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
+        pending = b""
+        # The body as it arrives, split into lines here: a read often holds several
+        # events, and awaiting each line (two an event) cost this client ~3 us of CPU a
+        # token on cores it shares with the server it measures. The events of one read
+        # arrived together: they share its time.
+        async for data in response.content.iter_any():
             now = time.perf_counter()
-            if chunk.get("error"):
-                outcome.status = int(chunk["error"].get("code") or 500)
-            if chunk.get("usage"):
-                outcome.prompt_tokens = int(chunk["usage"].get("prompt_tokens", 0))
-                outcome.output_tokens = int(chunk["usage"].get("completion_tokens", 0))
-            if _text(chunk):
-                if last is None:
-                    outcome.ttft = now - started
-                else:
-                    outcome.itl.append(now - last)
-                last = now
+            payloads, pending = sse_data(pending, data)
+            for payload in payloads:
+                chunk = orjson.loads(payload)
+                if chunk.get("error"):
+                    outcome.status = int(chunk["error"].get("code") or 500)
+                if chunk.get("usage"):
+                    outcome.prompt_tokens = int(chunk["usage"].get("prompt_tokens", 0))
+                    outcome.output_tokens = int(chunk["usage"].get("completion_tokens", 0))
+                if _text(chunk):
+                    if last is None:
+                        outcome.ttft = now - started
+                    else:
+                        outcome.itl.append(now - last)
+                    last = now
         outcome.latency = time.perf_counter() - started
         return outcome

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from carpool.bench.client import sse_data
 from carpool.bench.config import BenchConfig
 from carpool.bench.load import gaps
 from carpool.bench.metrics import ClientRecord as Record
@@ -110,3 +111,12 @@ def test_runs_and_refusals() -> None:
     ):
         with pytest.raises(ConfigError):
             BenchConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_event_payloads_come_whole_however_the_reads_cut_the_stream() -> None:
+    stream = b'data: {"a": 1}\r\n\r\ndata: {"b": 2}\n\n: ping\n\ndata: [DONE]\n\n'
+    for cut in range(len(stream) + 1):
+        payloads, pending = sse_data(b"", stream[:cut])
+        more, pending = sse_data(pending, stream[cut:])
+        assert payloads + more == [b'{"a": 1}', b'{"b": 2}']
+        assert pending == b""
