@@ -1,8 +1,9 @@
-"""The stream delivery path with a null device (issue 48, item 3, a first cut): what a
-streamed token costs the server beyond what it costs the engine.
+"""The stream delivery path with a null device (issue 48, item 3): what a streamed
+token costs the server beyond what it costs the engine.
 
 The same null device as ``benchmarks.null_device`` (the real ``Engine``; a runner that
-answers common words and sleeps ``--device-ms`` a step) runs twice on one workload
+answers common words and takes ``--device-ms`` a step; with ``--async-scheduling``, a
+GPU's default, steps are launched onto its timeline and landed later) runs twice on one workload
 (``--requests``, 128 tokens each, EOS ignored, ``--concurrency`` at a time; by default
 one wave, whose time over HTTP includes the 64 streams' start and end): offline, the
 engine stepped in this process; then behind a real ``carpool serve`` (the built-in
@@ -11,7 +12,7 @@ OpenAI completions route, SSE) driven by streaming clients at that concurrency.
 Printed for each: tokens/s, and the server's CPU time per token (the engine's host
 time alone offline; the whole server process over HTTP, from /proc), so the HTTP
 path's own cost per token is their difference, steadier than the rates on a shared
-CPU (the clients run on the same cores).
+CPU; and the clients' CPU time per token (they run on the same cores).
 
 The swap is made by ``null_device_site/sitecustomize.py``, which every Python process
 started with that folder on its path runs first: the server's, and with
@@ -19,7 +20,7 @@ started with that folder on its path runs first: the server's, and with
 counts as the server's.
 
     python -m benchmarks.null_http [--device-ms 0 2] [--concurrency 64] [--requests N] [--rounds 2]
-                                   [--client-processes 1] [--engine-process]
+                                   [--client-processes 1] [--engine-process] [--async-scheduling]
                                    [--model FOLDER] [--tokenizer DIR]
 """
 
