@@ -538,3 +538,31 @@ def test_outputs_waiting_in_a_stream_join_into_one_and_an_error_still_follows() 
     with pytest.raises(ModelExecutionError):
         asyncio.run(read_until_error())
     assert [o.outputs[0].new_text for o in seen] == ["ab"]
+
+
+def test_a_mailbox_hands_outputs_over_in_order_and_survives_a_cancelled_reader() -> None:
+    """A reader waiting on an empty mailbox wakes on the next put; one cancelled while
+    waiting leaves the mailbox usable, the outputs put later still there, in order."""
+    import asyncio
+    import contextlib
+
+    from carpool.engine.async_engine import Mailbox
+    from carpool.errors import ModelExecutionError
+
+    async def scenario() -> list[object]:
+        box = Mailbox()
+        waiting = asyncio.ensure_future(box.get())
+        await asyncio.sleep(0)
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        box.put_nowait(ModelExecutionError("a"))  # no reader waits now
+        got: list[object] = [await box.get()]
+        reader = asyncio.ensure_future(box.get())
+        await asyncio.sleep(0)
+        box.put_nowait(ModelExecutionError("b"))
+        got.append(await reader)
+        assert box.empty() and box.qsize() == 0
+        return got
+
+    assert [str(e) for e in asyncio.run(scenario())] == ["a", "b"]
