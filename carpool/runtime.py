@@ -125,17 +125,20 @@ class DeviceRuntime:
         """Add a worker; only before ``start``."""
         if self._thread.is_alive():
             raise RuntimeError("register workers before starting the runtime")
-        log.info("%s runs on the %s", worker.name, worker.venue)
-        worker.attach(self.notify)
+        self._attach(worker)
         self._workers.append(worker)
 
     def add(self, worker: Worker) -> None:
         """Add a worker while running (a model loaded at runtime); any thread. It is
         polled from the runtime's next turn on."""
-        log.info("%s runs on the %s", worker.name, worker.venue)
-        worker.attach(self.notify)
+        self._attach(worker)
         self._changes.put((worker, None, False))
         self.notify()
+
+    def _attach(self, worker: Worker) -> None:
+        """Say where ``worker`` runs its model code; hand it the runtime's wake-up."""
+        log.info("%s runs on the %s", worker.name, worker.venue)
+        worker.attach(self.notify)
 
     def remove(self, worker: Worker) -> Future[None]:
         """Stop driving ``worker`` (a model unloaded); any thread. The returned future

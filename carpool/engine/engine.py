@@ -207,12 +207,11 @@ class Engine:
         now = self.clock.now()
         self.drafter.draft(self.scheduler.running, self._drafts_wanted, self._draft_room)
         plan = self.scheduler.schedule(now)
-        if self.overlap is None:
+        overlap = self.overlap
+        overlaps = overlap is not None and overlap.allows(plan)
+        if overlap is None or (overlap.flight is None and not overlaps):
             return self.postprocess(plan, self.run(plan), now)
-        overlaps = self.overlap.allows(plan)
-        if self.overlap.flight is None and not overlaps:
-            return self.postprocess(plan, self.run(plan), now)
-        return self.overlap.step(plan, now, overlaps)
+        return overlap.step(plan, now, overlaps)
 
     def _drafts_wanted(self, seq: Sequence) -> bool:
         return self.outputs.by_seq[seq.request_id][0].drafts

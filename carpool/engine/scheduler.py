@@ -135,17 +135,13 @@ class Scheduler:
                 continue
             own = chunk.num_own
             if not chunk.samples:
-                seq.num_computed += own
-                self.blocks.commit(seq.block_table, seq.token_ids, seq.num_computed)
-                self.blocks.release_behind(seq.block_table, seq.num_computed)
+                self._computed(seq, seq.num_computed + own)
                 continue
             if sampled is None:
                 # Its token is in flight: one pending (a length ends it now; a stop
                 # token when it lands).
                 seq.num_pending += 1
-                seq.num_computed += own
-                self.blocks.commit(seq.block_table, seq.token_ids, seq.num_computed)
-                self.blocks.release_behind(seq.block_table, seq.num_computed)
+                self._computed(seq, seq.num_computed + own)
                 if seq.num_output_tokens >= seq.max_tokens:
                     self._finish(seq, FinishReason.LENGTH)
                     finished.append(seq)
@@ -156,9 +152,7 @@ class Scheduler:
             seq.extend(tokens)
             # The draft tokens accepted have their KV in the cache; the last token
             # appended never has.
-            seq.num_computed = min(computed, seq.num_tokens - 1)
-            self.blocks.commit(seq.block_table, seq.token_ids, seq.num_computed)
-            self.blocks.release_behind(seq.block_table, seq.num_computed)
+            self._computed(seq, min(computed, seq.num_tokens - 1))
             if tokens[-1] in seq.stop_token_ids:
                 self._finish(seq, FinishReason.STOP)
             elif seq.num_output_tokens >= seq.max_tokens:
@@ -166,6 +160,13 @@ class Scheduler:
             if seq.status is SequenceStatus.FINISHED:
                 finished.append(seq)
         return finished
+
+    def _computed(self, seq: Sequence, num_computed: int) -> None:
+        """``seq``'s KV is in the cache up to ``num_computed``: its full blocks are
+        committed (for prefix reuse), those behind its window freed."""
+        seq.num_computed = num_computed
+        self.blocks.commit(seq.block_table, seq.token_ids, num_computed)
+        self.blocks.release_behind(seq.block_table, num_computed)
 
     @staticmethod
     def _until_end(seq: Sequence, tokens: Sequence_[int]) -> Sequence_[int]:
