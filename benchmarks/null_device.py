@@ -75,11 +75,7 @@ class NullRunner:
         rows: Mapping[str, SamplingRow],
         prompt_logprobs: Mapping[str, int] | None = None,
     ) -> StepResult:
-        start = time.perf_counter()
-        result = self._answer(step)
-        slept = time.perf_counter()
-        self.host_s += slept - start
-        self.device_steps += 1
+        result, slept = self._answered(step)
         if self.device_s:
             time.sleep(self.device_s)
         self.device_total_s += time.perf_counter() - slept
@@ -88,11 +84,7 @@ class NullRunner:
     def launch(
         self, step: SchedulerOutput, rows: Mapping[str, SamplingRow], after: Launch | None
     ) -> Launch:
-        start = time.perf_counter()
-        result = self._answer(step)
-        now = time.perf_counter()
-        self.host_s += now - start
-        self.device_steps += 1
+        result, now = self._answered(step)
         self._device_free_at = max(now, self._device_free_at) + self.device_s
         order = {request_id: j for j, request_id in enumerate(result.sampled)}
         return Launch(order, (self._device_free_at, result))
@@ -104,6 +96,16 @@ class NullRunner:
             time.sleep(done_at - start)
         self.device_total_s += time.perf_counter() - start
         return cast(StepResult, result)
+
+    def _answered(self, step: SchedulerOutput) -> tuple[StepResult, float]:
+        """``step``'s answer, its host time counted and one more step for the device,
+        and when the answer was ready."""
+        start = time.perf_counter()
+        result = self._answer(step)
+        ready = time.perf_counter()
+        self.host_s += ready - start
+        self.device_steps += 1
+        return result, ready
 
     def _answer(self, step: SchedulerOutput) -> StepResult:
         """A word for each sampling chunk, chosen by the position it samples (so the
