@@ -28,7 +28,6 @@ from carpool.models.packed_linear import (
     PackedWeight,
     QuantizedLinearKernel,
     drop_float,
-    without_k_scales,
 )
 from carpool.models.rope import RotaryEmbedding
 
@@ -330,7 +329,7 @@ class LlamaForCausalLM(nn.Module):
             usable = kernel is not None and len(parts) == len(hf)
             if isinstance(module, Embedding):
                 kept = usable and not module.weight.numel()
-                module.packed = without_k_scales(parts[0]) if kept else None
+                module.packed = parts[0].lean() if kept else None
                 module.interleaved = None
             elif usable:
                 module.attach_parts(parts, kernel)  # type: ignore[operator]

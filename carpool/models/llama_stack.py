@@ -50,6 +50,8 @@ class _Matrix(ctypes.Structure):
         ("quants", ctypes.c_void_p),
         ("scales", ctypes.c_void_p),
         ("mins", ctypes.c_void_p),
+        ("k_supers", ctypes.c_void_p),
+        ("k_factors", ctypes.c_void_p),
         ("bias", ctypes.c_void_p),
         ("n", ctypes.c_int64),
         ("k", ctypes.c_int64),
@@ -143,12 +145,15 @@ def _matrix(linear: Linear, int8_dots: bool) -> _Matrix:
     else:
         QuantizedLinearKernel.check_blocks(packed)
         kind, (n, k) = packed.kind, packed.shape
+    k_scales = None if packed is None or packed.scales is not None else packed.k_scales
     matrix = _Matrix(
         KIND_CODES[kind],
         None if packed is None else packed.quants.data_ptr(),
-        None if packed is None else packed.scales.data_ptr(),
-        None if packed is None or packed.mins is None else packed.mins.data_ptr(),
-        None if linear.bias is None else linear.bias.detach().data_ptr(),
+        _pointer(None if packed is None else packed.scales),
+        _pointer(None if packed is None else packed.mins),
+        _pointer(None if k_scales is None else k_scales.supers),
+        _pointer(None if k_scales is None else k_scales.factors),
+        _pointer(None if linear.bias is None else linear.bias.detach()),
         n,
         k,
         len(parts),

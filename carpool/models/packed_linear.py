@@ -104,15 +104,45 @@ class PackedWeight:
     # Q4_1: [n, k/32, 16] uint8 (two per byte); Q8_*: [n, k/32, 32] int8; Q5_*: [n, k/32,
     # 20] uint8, Q4_1's 16 bytes then 4 (little-endian) whose bit j is weight j's fifth
     quants: torch.Tensor
-    scales: torch.Tensor  # [n, k/32] float32; Q8_16: [n, k/16]
-    mins: torch.Tensor | None  # like scales; Q4_1, Q5_1 always, Q8_16 optionally, else never
+    # [n, k/32] float32; Q8_16: [n, k/16]; None where k_scales make them (``lean``)
+    scales: torch.Tensor | None
+    # like scales; Q4_1, Q5_1 always (None where k_scales make them), Q8_16 optionally
+    mins: torch.Tensor | None
     # Q4_1's, Q5_1's and Q8_16's made from Q4_K, Q5_K and Q6_K: the file's scales, which
-    # make scales and mins exactly (the interleaved copy keeps these instead)
+    # make scales and mins exactly (the interleaved copy keeps these instead, and so
+    # does a ``lean`` weight)
     k_scales: KScales | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
         return self.quants.shape[0], self.quants.shape[1] * BLOCK
+
+    @property
+    def is_lean(self) -> bool:
+        """Whether the K-quant's own scales alone hold the scales (``lean``)."""
+        return self.scales is None
+
+    def float_scales(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The float32 scales and mins: held, or made from the K-quant's own."""
+        if self.scales is not None:
+            return self.scales, self.mins
+        if self.k_scales is None:
+            raise ValueError("blocks without scales need their K-quant scales")
+        return self.k_scales.scales_and_mins()
+
+    def lean(self) -> PackedWeight:
+        """The same weight holding only the K-quant's own scales (Q4_K in 4.75 bits a
+        weight instead of 6, Q5_K in 5.75 instead of 7, Q6_K's Q8_16 in 8.625 instead
+        of 10), which the native kernels make the float32 scales and mins from as they
+        read them; itself where it has none, or where it is not such a matrix (a
+        Q8_16 of other parts, a k not whole super-blocks). ValueError where the K-quant
+        scales do not make the held ones."""
+        if self.k_scales is None or self.scales is None or not _k_scaled(self):
+            return self
+        scales, mins = self.k_scales.scales_and_mins()
+        if not (_same(scales, self.scales) and _same(mins, self.mins)):
+            raise ValueError("the K-quant scales do not make the blocks' scales and mins")
+        return replace(self, scales=None, mins=None)
 
     @staticmethod
     def stack(parts: list[PackedWeight]) -> PackedWeight:
@@ -137,14 +167,14 @@ class PackedWeight:
             parts, kind = [p.as_q8_0() for p in parts], BlockType.Q8_0
         elif any(p.kind is not kind for p in parts):
             parts, kind = [p.as_q8_16() for p in parts], BlockType.Q8_16
+        made = [p.float_scales() for p in parts]
         mins = None
-        if any(p.mins is not None for p in parts):
-            zeros = torch.zeros_like
-            mins = torch.cat([zeros(p.scales) if p.mins is None else p.mins for p in parts])
+        if any(m is not None for _, m in made):
+            mins = torch.cat([torch.zeros_like(s) if m is None else m for s, m in made])
         return PackedWeight(
             kind,
             torch.cat([p.quants for p in parts]),
-            torch.cat([p.scales for p in parts]),
+            torch.cat([s for s, _ in made]),
             mins,
             k_scales,
         )
@@ -155,7 +185,7 @@ class PackedWeight:
             return self
         if self.kind is not BlockType.Q5_0:
             raise ValueError(f"{self.kind.value} blocks have no Q8_0 form")
-        return PackedWeight(BlockType.Q8_0, self.signed_quants(), self.scales, None)
+        return PackedWeight(BlockType.Q8_0, self.signed_quants(), self.float_scales()[0], None)
 
     def as_q8_16(self) -> PackedWeight:
         """The same weights in the Q8_16 layout (each scale and min given twice)."""
@@ -166,26 +196,28 @@ class PackedWeight:
             quants = self.signed_quants()
         elif self.kind in NIBBLES:
             quants = self.integer_quants().to(torch.int8)
-        mins = None if self.mins is None else self.mins.repeat_interleave(2, dim=-1)
-        return PackedWeight(BlockType.Q8_16, quants, self.scales.repeat_interleave(2, dim=-1), mins)
+        scales, mins = self.float_scales()
+        twice = None if mins is None else mins.repeat_interleave(2, dim=-1)
+        return PackedWeight(BlockType.Q8_16, quants, scales.repeat_interleave(2, dim=-1), twice)
 
     def permute_rows(self, order: torch.Tensor) -> PackedWeight:
-        mins = None if self.mins is None else self.mins[order].contiguous()
-        return PackedWeight(
-            self.kind,
-            self.quants[order].contiguous(),
-            self.scales[order].contiguous(),
-            mins,
-            None if self.k_scales is None else self.k_scales.rows(order),
-        )
+        return self._picked(order)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """The float32 rows ``ids`` of the weight, [*ids.shape, k] (an embedding's
         lookup, dequantizing those rows only)."""
-        flat = ids.reshape(-1)
-        mins = None if self.mins is None else self.mins[flat]
-        picked = PackedWeight(self.kind, self.quants[flat], self.scales[flat], mins)
-        return picked.dequantize().view(*ids.shape, -1)
+        return self._picked(ids.reshape(-1)).dequantize().view(*ids.shape, -1)
+
+    def _picked(self, order: torch.Tensor) -> PackedWeight:
+        """The rows ``order`` (indices) alone, with their scales, mins and K-quant
+        scales, each a tensor of its own."""
+
+        def pick(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[order].contiguous()
+
+        k_scales = None if self.k_scales is None else self.k_scales.rows(order)
+        quants = self.quants[order].contiguous()
+        return PackedWeight(self.kind, quants, pick(self.scales), pick(self.mins), k_scales)
 
     def integer_quants(self) -> torch.Tensor:
         """Q4_1's, Q5_1's and Q5_0's stored quants one a weight (0-15 or 0-31),
@@ -206,18 +238,19 @@ class PackedWeight:
     def dequantize(self) -> torch.Tensor:
         """The float32 weight [n, k], computed as the gguf package does."""
         n, k = self.shape
+        scales, mins = self.float_scales()
         if self.kind is BlockType.Q5_0:
-            return (self.scales[..., None] * self.signed_quants().float()).view(n, k)
+            return (scales[..., None] * self.signed_quants().float()).view(n, k)
         if self.kind in (BlockType.Q4_1, BlockType.Q5_1):
-            assert self.mins is not None
+            assert mins is not None
             q = self.integer_quants().float()
-            return (self.scales[..., None] * q + self.mins[..., None]).view(n, k)
+            return (scales[..., None] * q + mins[..., None]).view(n, k)
         if self.kind is BlockType.Q8_16:
-            w = self.scales[..., None] * self.quants.float().view(n, -1, HALF)
-            if self.mins is not None:
-                w = w + self.mins[..., None]
+            w = scales[..., None] * self.quants.float().view(n, -1, HALF)
+            if mins is not None:
+                w = w + mins[..., None]
             return w.view(n, k)
-        return (self.scales[..., None] * self.quants.float()).view(n, k)
+        return (scales[..., None] * self.quants.float()).view(n, k)
 
 
 FEATURES = 16  # kernels/interleaved.h: output features interleaved together
@@ -233,6 +266,15 @@ INTERLEAVED_KINDS = (BlockType.Q4_1, BlockType.Q8_0, BlockType.Q5_1, BlockType.Q
 # kernels/interleaved.h's Q4_K, Q5_K and Q6_K: Q4_1's, Q5_1's and Q8_16's quants with
 # KScales (Q8_16 is interleaved only with Q6_K's: 6-bit quants, no mins)
 K_SCALE_CODES = {BlockType.Q4_1: 5, BlockType.Q5_1: 6, BlockType.Q8_16: 7}
+
+
+def _k_scaled(packed: PackedWeight) -> bool:
+    """Whether ``packed``'s K-quant scales alone can give the kernels its scales: Q4_K's
+    and Q5_K's for Q4_1 and Q5_1 blocks, Q6_K's for Q8_16 blocks without mins."""
+    if packed.k_scales is None or packed.kind not in K_SCALE_CODES:
+        return False
+    six_bit = packed.kind is BlockType.Q8_16
+    return packed.k_scales.six_bit == six_bit and not (six_bit and packed.mins is not None)
 
 
 @dataclass(frozen=True)
@@ -280,9 +322,10 @@ class Interleaved:
         def by_strip(t: torch.Tensor) -> torch.Tensor:
             return t.view(strips, FEATURES, groups).permute(0, 2, 1).contiguous()
 
+        held_scales, held_mins = packed.float_scales()
         if packed.k_scales is not None and packed.kind in K_SCALE_CODES:
-            (scales, mins), held = packed.k_scales.scales_and_mins(), packed.mins
-            if not (_same(scales, packed.scales) and _same(mins, held)):
+            scales, mins = packed.k_scales.scales_and_mins()
+            if not (_same(scales, held_scales) and _same(mins, held_mins)):
                 raise ValueError("the K-quant scales do not make the blocks' scales and mins")
 
             def by_strip_pairs(t: torch.Tensor) -> torch.Tensor:
@@ -300,8 +343,8 @@ class Interleaved:
             )
         extra: torch.Tensor | None = None
         if packed.kind in (BlockType.Q4_1, BlockType.Q5_1):
-            assert packed.mins is not None
-            extra = by_strip(packed.mins)
+            assert held_mins is not None
+            extra = by_strip(held_mins)
         elif packed.kind is BlockType.Q8_0:
             sums = torch.empty(n, groups, dtype=torch.int32)
             for i in range(0, n, INTERLEAVE_ROWS):  # summed as int32: 4 bytes a weight at once
@@ -309,7 +352,7 @@ class Interleaved:
                     -1, dtype=torch.int32
                 )
             extra = by_strip(128 * sums)
-        return Interleaved(packed.kind, quants, by_strip(packed.scales), extra, (n, k))
+        return Interleaved(packed.kind, quants, by_strip(held_scales), extra, (n, k))
 
     def strips(self, chosen: torch.Tensor) -> Interleaved:
         """The strips ``chosen`` (indices) of 16 output features alone."""
@@ -500,9 +543,10 @@ def save_packed(weights: dict[str, PackedWeight], path: Path) -> None:
     K-quants' ``:supers`` and ``:factors``) per weight, its block type in the metadata."""
     tensors: dict[str, torch.Tensor] = {}
     for name, w in weights.items():
-        tensors[f"{name}:quants"], tensors[f"{name}:scales"] = w.quants, w.scales
-        if w.mins is not None:
-            tensors[f"{name}:mins"] = w.mins
+        scales, mins = w.float_scales()
+        tensors[f"{name}:quants"], tensors[f"{name}:scales"] = w.quants, scales
+        if mins is not None:
+            tensors[f"{name}:mins"] = mins
         if w.k_scales is not None:
             tensors[f"{name}:supers"] = w.k_scales.supers
             tensors[f"{name}:factors"] = w.k_scales.factors
@@ -600,6 +644,11 @@ class QuantizedLinearKernel:
         self._q5_0 = library.q5_0_linear
         self._q5_0.restype = ctypes.c_int
         self._q5_0.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_int]
+        self._k_quant = library.k_quant_linear
+        self._k_quant.restype = ctypes.c_int
+        self._k_quant.argtypes = (
+            [ctypes.c_int64] + [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4 + [ctypes.c_int]
+        )
 
     def __call__(
         self,
@@ -623,37 +672,35 @@ class QuantizedLinearKernel:
             )
         n, k = weight.shape
         x = _rows_of(x, k)
-        check_tensors(scales=(weight.scales, torch.float32))
         self.check_blocks(weight)
         y = torch.empty(x.shape[0], n, dtype=torch.float32)
         threads = torch.get_num_threads()
-        if weight.kind in (BlockType.Q4_1, BlockType.Q5_1):
-            assert weight.mins is not None
-            function = self._q4_1 if weight.kind is BlockType.Q4_1 else self._q5_1
-            failed = function(
+        shape = (x.shape[0], n, k, self.int8_dots, threads)
+        if weight.scales is None:
+            assert weight.k_scales is not None  # check_blocks
+            supers, factors = weight.k_scales.supers, weight.k_scales.factors
+            failed = self._k_quant(
+                KIND_CODES[weight.kind],
                 x.data_ptr(),
                 weight.quants.data_ptr(),
-                weight.scales.data_ptr(),
-                weight.mins.data_ptr(),
+                supers.data_ptr(),
+                factors.data_ptr(),
                 y.data_ptr(),
-                x.shape[0],
-                n,
-                k,
-                self.int8_dots,
-                threads,
+                *shape,
             )
-        elif weight.kind is BlockType.Q8_16:
-            failed = self._q8_16(
+        elif weight.kind in (BlockType.Q4_1, BlockType.Q5_1, BlockType.Q8_16):
+            function = {
+                BlockType.Q4_1: self._q4_1,
+                BlockType.Q5_1: self._q5_1,
+                BlockType.Q8_16: self._q8_16,
+            }[weight.kind]
+            failed = function(
                 x.data_ptr(),
                 weight.quants.data_ptr(),
                 weight.scales.data_ptr(),
                 None if weight.mins is None else weight.mins.data_ptr(),
                 y.data_ptr(),
-                x.shape[0],
-                n,
-                k,
-                self.int8_dots,
-                threads,
+                *shape,
             )
         else:
             failed = (self._q5_0 if weight.kind is BlockType.Q5_0 else self._q8_0)(
@@ -661,11 +708,7 @@ class QuantizedLinearKernel:
                 weight.quants.data_ptr(),
                 weight.scales.data_ptr(),
                 y.data_ptr(),
-                x.shape[0],
-                n,
-                k,
-                self.int8_dots,
-                threads,
+                *shape,
             )
         if failed:
             raise MemoryError("quantized linear could not allocate its block sums")
@@ -702,6 +745,10 @@ class QuantizedLinearKernel:
         check_tensors(quants=(weight.quants, torch.uint8 if bit_fields else torch.int8))
         width = Q5_BYTES if weight.kind in FIVE_BITS else 16 if bit_fields else 32
         check_shape("quants", weight.quants, n, k // 32, width)
+        if weight.scales is None:
+            _check_k_scales(weight)
+            return
+        check_tensors(scales=(weight.scales, torch.float32))
         per_scale = HALF if weight.kind is BlockType.Q8_16 else BLOCK
         check_shape("scales", weight.scales, n, k // per_scale)
         with_mins = weight.kind in (BlockType.Q4_1, BlockType.Q5_1)
@@ -712,6 +759,23 @@ class QuantizedLinearKernel:
         if weight.mins is not None:
             check_tensors(mins=(weight.mins, torch.float32))
             check_shape("mins", weight.mins, n, k // per_scale)
+
+
+def _check_k_scales(weight: PackedWeight) -> None:
+    """Raise ValueError unless a ``lean`` weight's K-quant scales are laid out as the
+    C side reads them (quantized_dot.h's KScaleRows)."""
+    n, k = weight.shape
+    if weight.k_scales is None or not _k_scaled(weight) or weight.mins is not None:
+        raise ValueError(f"{weight.kind.value} blocks without scales need a K-quant's own")
+    if k % (SUPER * BLOCK):
+        raise ValueError(f"k = {k} is not a whole number of 256-weight super-blocks")
+    six_bit = weight.k_scales.six_bit
+    check_tensors(
+        supers=(weight.k_scales.supers, torch.float32),
+        factors=(weight.k_scales.factors, torch.int8 if six_bit else torch.uint8),
+    )
+    check_shape("supers", weight.k_scales.supers, n, k // (SUPER * BLOCK), 1 if six_bit else 2)
+    check_shape("factors", weight.k_scales.factors, n, k // BLOCK, 2)
 
 
 class InterleavedWeightStruct(ctypes.Structure):
@@ -864,8 +928,9 @@ class Linear(nn.Linear):
             elif packed is not None:
                 interleaved = Interleaved.of(packed)
         self.interleaved = interleaved
-        # the K-quants' scales are for the interleaved copy; the file's layout has its own
-        self.packed, self.kernel = without_k_scales(packed), kernel
+        # a K-quant's file layout keeps only its own scales (``lean``): the kernels
+        # make the float32 ones from them as they read them
+        self.packed, self.kernel = None if packed is None else packed.lean(), kernel
         if self.interleaved is not None and not self.weight.numel():
             # the interleaved copy holds the same weights (``deinterleave``) and runs
             # every row: the file's layout would only double their memory

@@ -39,8 +39,13 @@ typedef struct {
     /* the file's layout; NULL where the interleaved blocks alone hold the weights
        (then Dims.int8_dots is 1: the caller checks) */
     const void *quants;
-    const float *scales;
-    const float *mins; /* Q4_1's; Q8_16's where it has them; else NULL */
+    const float *scales; /* NULL where k_supers and k_factors make them */
+    const float *mins;   /* Q4_1's; Q8_16's where it has them; else NULL */
+    /* a K-quant's own scales (quantized_dot.h's KScaleRows: Q4_K's and Q5_K's for Q4_1
+       and Q5_1 blocks, Q6_K's for Q8_16), from which scales and mins are made; NULL:
+       scales and mins are given */
+    const float *k_supers;
+    const void *k_factors;
     const float *bias; /* NULL: none */
     int64_t n, k;
     /* the blocks interleaved (interleaved.h): iparts parts (0: none), each in its own
@@ -80,10 +85,12 @@ int64_t llama_stack_struct_size(int64_t which) {
 
 static int linear(const Matrix *w, const float *x, float *y, int64_t rows, int64_t int8_dots,
                   int threads) {
+    const KScaleRows ks = {w->k_supers, w->k_factors};
     const int failed =
         int8_dots && w->iparts > 0
             ? interleaved_linear(w->interleaved, w->iparts, x, y, rows, w->k, threads)
-            : quantized_linear(w->kind, x, w->quants, w->scales, w->mins, y, rows, w->n, w->k,
+            : quantized_linear(w->kind, x, w->quants, w->scales, w->mins,
+                               w->k_supers == NULL ? NULL : &ks, y, rows, w->n, w->k,
                                int8_dots, threads);
     if (!failed && w->bias != NULL)
         for (int64_t r = 0; r < rows; r++)

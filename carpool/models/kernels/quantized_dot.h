@@ -678,6 +678,66 @@ static void q8_16_dot_int8_rows(const int8_t *q, const float *scales, const int8
 }
 
 #define CHUNK 16 /* output features a thread claims at a time */
+#define SUPER_BLOCK 8 /* a K-quant's blocks of 32 per super-block (256 weights) */
+
+/* A K-quant matrix's scales as its file holds them (packed_linear.py's KScales), from
+   which its float32 scales and mins are made a few features at a time as a step
+   reads them, instead of held beside the quants (4.75 bits a weight for Q4_K in Q4_1
+   blocks instead of 6). Q4_K and Q5_K (Q4_1 and Q5_1 blocks): supers float32 [n, k /
+   256, 2] (d, -dmin), factors uint8 [n, k / 32, 2] (sc, m): block g's scale is d * sc
+   and its min -dmin * m. Q6_K (Q8_16 blocks, no mins): supers [n, k / 256, 1] (d),
+   factors int8 [n, k / 16] (sc): half h's scale is d * sc. Each product is exact in
+   float32 (a float16 times an integer below 128): the floats the file defines. */
+typedef struct {
+    const float *supers;
+    const void *factors;
+} KScaleRows;
+
+/* scales (and mins: Q4_K's and Q5_K's) [count, per_feature] of features o0 ... o0 +
+   count - 1 from ks; six_bit: Q6_K's (a scale per 16, no mins) */
+static void k_scales_of(const KScaleRows *ks, int six_bit, int64_t o0, int64_t count,
+                        int64_t k, float *scales, float *mins) {
+    const int64_t groups = k / BLOCK, supers = groups / SUPER_BLOCK;
+    for (int64_t i = 0; i < count; i++) {
+        const int64_t o = o0 + i;
+        if (six_bit) {
+            const float *d = ks->supers + o * supers;
+            const int8_t *sc = (const int8_t *)ks->factors + o * 2 * groups;
+            for (int64_t h = 0; h < 2 * groups; h++)
+                scales[i * 2 * groups + h] = d[h / (2 * SUPER_BLOCK)] * (float)sc[h];
+            continue;
+        }
+        const float *dm = ks->supers + o * supers * 2;
+        const uint8_t *f = (const uint8_t *)ks->factors + o * groups * 2;
+        for (int64_t g = 0; g < groups; g++) {
+            scales[i * groups + g] = dm[g / SUPER_BLOCK * 2] * (float)f[2 * g];
+            mins[i * groups + g] = dm[g / SUPER_BLOCK * 2 + 1] * (float)f[2 * g + 1];
+        }
+    }
+}
+
+/* The scales, mins and quants a chunk of features [o0, o0 + count) is read with,
+   indexed from its first feature: the caller's own arrays (ks NULL), or, for a
+   K-quant matrix, scales and mins made from ks into buffer (2 * count *
+   per_feature floats). */
+typedef struct {
+    const float *scales, *mins;
+    const uint8_t *quants;
+} ChunkScales;
+
+static ChunkScales chunk_scales(const KScaleRows *ks, int six_bit, const void *quants,
+                                const float *scales, const float *mins, int64_t row_bytes,
+                                int64_t per_feature, int64_t o0, int64_t count, int64_t k,
+                                float *buffer) {
+    const uint8_t *q = (const uint8_t *)quants + o0 * row_bytes;
+    if (ks == NULL) {
+        const float *m = mins == NULL ? NULL : mins + o0 * per_feature;
+        return (ChunkScales){scales + o0 * per_feature, m, q};
+    }
+    float *made_mins = six_bit ? NULL : buffer + count * per_feature;
+    k_scales_of(ks, six_bit, o0, count, k, buffer, made_mins);
+    return (ChunkScales){buffer, made_mins, q};
+}
 
 /* x's rows with each block of 32 as int8 steps: quants [rows, k], scales and sums
    [rows, k / 32] (sums: the block's float32 sum, for Q4_1's mins) */
@@ -813,10 +873,12 @@ static void nibble_features_one_row(const uint8_t *quants, int five_bits, int in
         dot_features(q, 1, 0, bytes, s, m, xq->sums, x, groups, y);
 }
 
-/* Q4_1 blocks, or with five_bits Q5_1's (both a scale and a min per 32) */
+/* Q4_1 blocks, or with five_bits Q5_1's (both a scale and a min per 32): scales and
+   mins given, or made from ks (Q4_K's and Q5_K's own; then scales and mins are NULL) */
 static int nibble_few_rows(const float *x, const uint8_t *quants, const float *scales,
-                         const float *mins, float *y, int64_t rows, int64_t n, int64_t k,
-                         int int8_dots, int five_bits, int num_threads) {
+                           const float *mins, const KScaleRows *ks, float *y, int64_t rows,
+                           int64_t n, int64_t k, int int8_dots, int five_bits,
+                           int num_threads) {
     const int64_t groups = k / BLOCK, chunks = (n + CHUNK - 1) / CHUNK;
     const int64_t block_size = NIBBLE_BLOCK_BYTES(five_bits);
     QuantizedRows xq;
@@ -826,38 +888,48 @@ static int nibble_few_rows(const float *x, const uint8_t *quants, const float *s
         free_rows(&xq);
         return 1;
     }
+    int failed = 0;
 #pragma omp parallel num_threads(num_threads)
     {
+        float *buffer = ks == NULL ? NULL : malloc(sizeof(float) * (size_t)(2 * CHUNK * groups));
+        if (ks != NULL && buffer == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
         int victim = 0;
-        for (int64_t c; (c = next_chunk(shares, num_threads, omp_get_thread_num(), &victim)) >= 0;) {
-            int64_t o = c * CHUNK;
-            const int64_t end = n < (c + 1) * CHUNK ? n : (c + 1) * CHUNK;
+        int64_t c;
+        while ((ks == NULL || buffer != NULL) &&
+               (c = next_chunk(shares, num_threads, omp_get_thread_num(), &victim)) >= 0) {
+            const int64_t o0 = c * CHUNK, end = n < o0 + CHUNK ? n : o0 + CHUNK;
+            const ChunkScales cs = chunk_scales(ks, 0, quants, scales, mins, groups * block_size,
+                                                groups, o0, end - o0, k, buffer);
+            int64_t o = o0;
             if (rows == 1)
                 for (; o + FEATURE_GROUP <= end; o += FEATURE_GROUP)
-                    nibble_features_one_row(quants, five_bits, int8_dots, o, scales, mins, x, &xq,
-                                            groups, y + o);
+                    nibble_features_one_row(cs.quants, five_bits, int8_dots, o - o0, cs.scales,
+                                            cs.mins, x, &xq, groups, y + o);
             for (; o < end; o++) {
-                const uint8_t *qo = quants + o * groups * block_size;
-                const float *mo = mins + o * groups;
+                const uint8_t *qo = cs.quants + (o - o0) * groups * block_size;
+                const float *so = cs.scales + (o - o0) * groups, *mo = cs.mins + (o - o0) * groups;
                 for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
                     const int64_t count = rows - r0 < ROWS ? rows - r0 : ROWS;
                     float dots[ROWS];
                     const float *sums = xq.sums + r0 * groups;
                     if (int8_dots)
-                        nibble_dot_int8_rows(qo, five_bits, scales + o * groups, mo, sums,
-                                             xq.quants + r0 * k, xq.scales + r0 * groups, k,
-                                             count, groups, dots);
+                        nibble_dot_int8_rows(qo, five_bits, so, mo, sums, xq.quants + r0 * k,
+                                             xq.scales + r0 * groups, k, count, groups, dots);
                     else
-                        nibble_dot_rows(qo, five_bits, scales + o * groups, mo, sums, x + r0 * k,
-                                        k, count, groups, dots);
+                        nibble_dot_rows(qo, five_bits, so, mo, sums, x + r0 * k, k, count,
+                                        groups, dots);
                     for (int64_t r = 0; r < count; r++) y[(r0 + r) * n + o] = dots[r];
                 }
             }
         }
+        free(buffer);
     }
     free_rows(&xq);
     free(shares);
-    return 0;
+    return failed;
 }
 
 /* y[0..FEATURE_GROUP) = features o ... of one row x (or its int8 rows xq) against Q8_0
@@ -910,12 +982,15 @@ static inline float half_min_share(const float *mins, const float *sums, int64_t
 
 /* Q8_0 blocks (a scale per 32), with five_bits Q5_0's (the same, the signed quants
    read from five bits), or with per_16 Q8_16's (a scale per 16, and mins where they
-   are not NULL) */
+   are not NULL); Q8_16's scales may instead be made from ks (Q6_K's own: then scales
+   and mins are NULL) */
 static int q8_few_rows(const float *x, const void *quants, const float *scales,
-                       const float *mins, float *y, int64_t rows, int64_t n, int64_t k,
-                       int int8_dots, int per_16, int five_bits, int num_threads) {
+                       const float *mins, const KScaleRows *ks, float *y, int64_t rows,
+                       int64_t n, int64_t k, int int8_dots, int per_16, int five_bits,
+                       int num_threads) {
     const int64_t groups = k / BLOCK, halves = k / HALF, chunks = (n + CHUNK - 1) / CHUNK;
     const int64_t per_feature = per_16 ? halves : groups; /* scales a feature has */
+    const int64_t row_bytes = groups * SIGNED_BLOCK_BYTES(five_bits);
     QuantizedRows xq = {NULL, NULL, NULL};
     if (int8_dots && quantize_rows(x, rows, k, 1, &xq)) return 1;
     float *sums = mins != NULL ? half_sums(x, rows, k) : NULL;
@@ -926,25 +1001,35 @@ static int q8_few_rows(const float *x, const void *quants, const float *scales,
         free(shares);
         return 1;
     }
+    int failed = 0;
 #pragma omp parallel num_threads(num_threads)
     {
+        float *buffer = ks == NULL ? NULL : malloc(sizeof(float) * (size_t)(CHUNK * per_feature));
+        if (ks != NULL && buffer == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
         int victim = 0;
-        for (int64_t c; (c = next_chunk(shares, num_threads, omp_get_thread_num(), &victim)) >= 0;) {
-            int64_t o = c * CHUNK;
-            const int64_t end = n < (c + 1) * CHUNK ? n : (c + 1) * CHUNK;
+        int64_t c;
+        while ((ks == NULL || buffer != NULL) &&
+               (c = next_chunk(shares, num_threads, omp_get_thread_num(), &victim)) >= 0) {
+            const int64_t o0 = c * CHUNK, end = n < o0 + CHUNK ? n : o0 + CHUNK;
+            const ChunkScales cs = chunk_scales(ks, 1, quants, scales, mins, row_bytes,
+                                                per_feature, o0, end - o0, k, buffer);
+            int64_t o = o0;
             if (rows == 1)
                 for (; o + FEATURE_GROUP <= end; o += FEATURE_GROUP) {
-                    q8_features_one_row((const uint8_t *)quants, five_bits, per_16, int8_dots, o,
-                                        scales, x, &xq, groups, y + o);
-                    if (mins != NULL)
+                    q8_features_one_row(cs.quants, five_bits, per_16, int8_dots, o - o0,
+                                        cs.scales, x, &xq, groups, y + o);
+                    if (cs.mins != NULL)
                         for (int f = 0; f < FEATURE_GROUP; f++)
-                            y[o + f] += half_min_share(mins + (o + f) * halves, sums, halves);
+                            y[o + f] +=
+                                half_min_share(cs.mins + (o - o0 + f) * halves, sums, halves);
                 }
             for (; o < end; o++) {
-                const uint8_t *qo =
-                    (const uint8_t *)quants + o * groups * SIGNED_BLOCK_BYTES(five_bits);
+                const uint8_t *qo = cs.quants + (o - o0) * row_bytes;
                 const int8_t *q8o = (const int8_t *)qo;
-                const float *so = scales + o * per_feature;
+                const float *so = cs.scales + (o - o0) * per_feature;
                 for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
                     const int64_t count = rows - r0 < ROWS ? rows - r0 : ROWS;
                     const int8_t *xq0 = xq.quants + r0 * k;
@@ -960,18 +1045,19 @@ static int q8_few_rows(const float *x, const void *quants, const float *scales,
                         q8_0_dot_rows(qo, five_bits, so, x + r0 * k, k, count, groups, dots);
                     for (int64_t r = 0; r < count; r++)
                         y[(r0 + r) * n + o] =
-                            mins == NULL ? dots[r]
-                                         : dots[r] + half_min_share(mins + o * halves,
-                                                                    sums + (r0 + r) * halves,
-                                                                    halves);
+                            cs.mins == NULL
+                                ? dots[r]
+                                : dots[r] + half_min_share(cs.mins + (o - o0) * halves,
+                                                           sums + (r0 + r) * halves, halves);
                 }
             }
         }
+        free(buffer);
     }
     free_rows(&xq);
     free(sums);
     free(shares);
-    return 0;
+    return failed;
 }
 
 #endif

@@ -91,14 +91,14 @@ static void dequantize_block(int64_t kind, const void *quants, const float *scal
 #endif
 }
 
-/* out[i * k + j] = weight (o0 + i, j) for i < count, as float32; zeros past count */
+/* out[i * k + j] = weight (i, j) for i < count, as float32 (quants, scales and mins
+   from the strip's first feature); zeros past count */
 static void dequantize_strip(int64_t kind, const void *quants, const float *scales,
-                             const float *mins, int64_t o0, int64_t count, int64_t k,
-                             float *out) {
+                             const float *mins, int64_t count, int64_t k, float *out) {
     const int64_t groups = k / GEMM_BLOCK;
     for (int64_t i = 0; i < count; i++)
         for (int64_t g = 0; g < groups; g++)
-            dequantize_block(kind, quants, scales, mins, (o0 + i) * groups + g,
+            dequantize_block(kind, quants, scales, mins, i * groups + g,
                              out + i * k + g * GEMM_BLOCK);
     memset(out + count * k, 0, sizeof(float) * (size_t)((STRIP - count) * k));
 }
@@ -131,10 +131,20 @@ static void strip_times_rows(const float *w, const float *xt, int64_t k, float *
 #endif
 }
 
+/* A block's bytes in kind's layout (quantized_dot.h) */
+static int64_t kind_block_bytes(int64_t kind) {
+    if (kind == KIND_Q4_1) return BLOCK / 2;
+    return kind == KIND_Q5_1 || kind == KIND_Q5_0 ? Q5_BYTES : BLOCK;
+}
+
+/* ks: Q4_1's, Q5_1's or Q8_16's scales (and mins) made from a K-quant's own
+   (quantized_dot.h's KScaleRows; then scales and mins are NULL), or NULL */
 static int quantized_gemm(int64_t kind, const float *x, const void *quants,
-                          const float *scales, const float *mins, float *y, int64_t rows,
-                          int64_t n, int64_t k, int num_threads) {
+                          const float *scales, const float *mins, const KScaleRows *ks,
+                          float *y, int64_t rows, int64_t n, int64_t k, int num_threads) {
     const int64_t tiles = (rows + LANES - 1) / LANES, strips = (n + STRIP - 1) / STRIP;
+    const int six_bit = kind == KIND_Q8_16;
+    const int64_t per_feature = k / (six_bit ? HALF : GEMM_BLOCK);
     /* xt[t][j][r]: row t * LANES + r of x at column j, zero past the last row */
     float *xt = malloc(sizeof(float) * (size_t)(tiles * k * LANES));
     if (xt == NULL) return 1;
@@ -149,16 +159,20 @@ static int quantized_gemm(int64_t kind, const float *x, const void *quants,
                     xt[(t * k + j) * LANES + r] = row < rows ? x[row * k + j] : 0.f;
                 }
         float *w = malloc(sizeof(float) * (size_t)(STRIP * k));
+        float *made = ks == NULL ? NULL : malloc(sizeof(float) * (size_t)(2 * STRIP * per_feature));
         float tile[STRIP * LANES];
-        if (w == NULL) {
+        if (w == NULL || (ks != NULL && made == NULL)) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for schedule(static)
         for (int64_t s = 0; s < strips; s++) {
-            if (w == NULL) continue;
+            if (w == NULL || (ks != NULL && made == NULL)) continue;
             const int64_t o0 = s * STRIP, count = n - o0 < STRIP ? n - o0 : STRIP;
-            dequantize_strip(kind, quants, scales, mins, o0, count, k, w);
+            const ChunkScales cs = chunk_scales(ks, six_bit, quants, scales, mins,
+                                                k / GEMM_BLOCK * kind_block_bytes(kind), per_feature,
+                                                o0, count, k, made);
+            dequantize_strip(kind, cs.quants, cs.scales, cs.mins, count, k, w);
             for (int64_t t = 0; t < tiles; t++) {
                 strip_times_rows(w, xt + t * k * LANES, k, tile);
                 const int64_t r0 = t * LANES, valid = rows - r0 < LANES ? rows - r0 : LANES;
@@ -167,6 +181,7 @@ static int quantized_gemm(int64_t kind, const float *x, const void *quants,
             }
         }
         free(w);
+        free(made);
     }
     free(xt);
     return failed;

@@ -9,13 +9,13 @@
 int q4_1_linear(const float *x, const uint8_t *quants, const float *scales, const float *mins,
                 float *y, int64_t rows, int64_t n, int64_t k, int64_t int8_dots,
                 int num_threads) {
-    return quantized_linear(KIND_Q4_1, x, quants, scales, mins, y, rows, n, k, int8_dots,
+    return quantized_linear(KIND_Q4_1, x, quants, scales, mins, NULL, y, rows, n, k, int8_dots,
                             num_threads);
 }
 
 int q8_0_linear(const float *x, const int8_t *quants, const float *scales, float *y,
                 int64_t rows, int64_t n, int64_t k, int64_t int8_dots, int num_threads) {
-    return quantized_linear(KIND_Q8_0, x, quants, scales, NULL, y, rows, n, k, int8_dots,
+    return quantized_linear(KIND_Q8_0, x, quants, scales, NULL, NULL, y, rows, n, k, int8_dots,
                             num_threads);
 }
 
@@ -23,14 +23,14 @@ int q8_0_linear(const float *x, const int8_t *quants, const float *scales, float
 int q5_1_linear(const float *x, const uint8_t *quants, const float *scales, const float *mins,
                 float *y, int64_t rows, int64_t n, int64_t k, int64_t int8_dots,
                 int num_threads) {
-    return quantized_linear(KIND_Q5_1, x, quants, scales, mins, y, rows, n, k, int8_dots,
+    return quantized_linear(KIND_Q5_1, x, quants, scales, mins, NULL, y, rows, n, k, int8_dots,
                             num_threads);
 }
 
 /* quants: [n, k / 32, 20] (quantized_dot.h's q5_0: Q5_1's bytes, no mins) */
 int q5_0_linear(const float *x, const uint8_t *quants, const float *scales, float *y,
                 int64_t rows, int64_t n, int64_t k, int64_t int8_dots, int num_threads) {
-    return quantized_linear(KIND_Q5_0, x, quants, scales, NULL, y, rows, n, k, int8_dots,
+    return quantized_linear(KIND_Q5_0, x, quants, scales, NULL, NULL, y, rows, n, k, int8_dots,
                             num_threads);
 }
 
@@ -38,7 +38,21 @@ int q5_0_linear(const float *x, const uint8_t *quants, const float *scales, floa
 int q8_16_linear(const float *x, const int8_t *quants, const float *scales, const float *mins,
                  float *y, int64_t rows, int64_t n, int64_t k, int64_t int8_dots,
                  int num_threads) {
-    return quantized_linear(KIND_Q8_16, x, quants, scales, mins, y, rows, n, k, int8_dots,
+    return quantized_linear(KIND_Q8_16, x, quants, scales, mins, NULL, y, rows, n, k, int8_dots,
+                            num_threads);
+}
+
+/* Q4_1 or Q5_1 blocks with Q4_K's or Q5_K's own scales, or Q8_16 blocks with Q6_K's
+   (kind: KIND_Q4_1, KIND_Q5_1 or KIND_Q8_16; supers and factors: quantized_dot.h's
+   KScaleRows; k a multiple of 256, which the caller checks) */
+int k_quant_linear(int64_t kind, const float *x, const void *quants, const float *supers,
+                   const void *factors, float *y, int64_t rows, int64_t n, int64_t k,
+                   int64_t int8_dots, int num_threads) {
+    if ((kind != KIND_Q4_1 && kind != KIND_Q5_1 && kind != KIND_Q8_16) ||
+        k % (SUPER_BLOCK * BLOCK))
+        return 2;
+    const KScaleRows ks = {supers, factors};
+    return quantized_linear(kind, x, quants, NULL, NULL, &ks, y, rows, n, k, int8_dots,
                             num_threads);
 }
 
@@ -47,7 +61,7 @@ int q8_16_linear(const float *x, const int8_t *quants, const float *scales, cons
 int quantized_gemm_rows(int64_t kind, const float *x, const void *quants, const float *scales,
                         const float *mins, float *y, int64_t rows, int64_t n, int64_t k,
                         int num_threads) {
-    return quantized_gemm(kind, x, quants, scales, mins, y, rows, n, k, num_threads);
+    return quantized_gemm(kind, x, quants, scales, mins, NULL, y, rows, n, k, num_threads);
 }
 
 /* Blocks interleaved (interleaved.h), int8 dot products, any number of rows: y [rows,

@@ -199,6 +199,57 @@ def test_interleaving_in_pieces_gives_the_whole_matrixs_layout(
     assert torch.equal(back.quants, packed.quants) and torch.equal(back.scales, packed.scales)
 
 
+@pytest.mark.parametrize(
+    ("kind", "bits"), [(T.Q4_K, 4.75), (T.Q5_K, 5.75), (T.Q6_K, 8.625)], ids=lambda v: str(v)
+)
+@pytest.mark.parametrize("int8_dots", [False, True], ids=["float", "int8"])
+def test_a_lean_k_quant_keeps_only_its_own_scales_and_computes_the_same_bits(
+    kind: gguf.GGMLQuantizationType, bits: float, int8_dots: bool
+) -> None:
+    """Held in the file's layout, a K-quant matrix keeps its file's d, dmin, sc and m
+    (Q4_K in 4.75 bits a weight, not 6; Q6_K's int8 quants with theirs in 8.625, not
+    10); the kernels make the float32 scales and mins from them as they read them:
+    the same floats, so the same bits as the float32 scales give, on the few-rows
+    path and the strips', and the same rows looked up."""
+    n, k = 40, 768
+    packed = to_packed(kind, random_blocks(kind, n, k, seed=int(kind) + 40))
+    assert packed is not None and packed.k_scales is not None
+    floats, lean = without_k_scales(packed), packed.lean()
+    assert floats is not None and lean.is_lean and lean.scales is None and lean.mins is None
+    assert lean.k_scales is not None
+    held = (lean.quants, lean.k_scales.supers, lean.k_scales.factors)
+    assert sum(t.numel() * t.element_size() for t in held) * 8 == n * k * bits
+    assert torch.equal(lean.dequantize(), packed.dequantize())
+    ids = torch.tensor([[3, 0], [39, 3]])
+    assert torch.equal(lean.rows(ids), packed.rows(ids))
+    kernel = quantized_linear_kernel(int8_dots=int8_dots)
+    for rows in (1, 3, 8, 20):  # more than 8: the strips (exact, int8 or not)
+        x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+        assert torch.equal(kernel(x, lean), kernel(x, floats)), rows
+
+
+def test_lean_blocks_the_kernels_cannot_read_are_refused() -> None:
+    packed = to_packed(T.Q6_K, random_blocks(T.Q6_K, 16, 256, seed=5))
+    assert packed is not None and packed.k_scales is not None
+    lean = packed.lean()
+    kernel = quantized_linear_kernel()
+    x = torch.randn(1, 256)
+    with pytest.raises(ValueError, match="supers"):
+        kernel(x, replace(lean, k_scales=KScales(lean.k_scales.supers[:, :0], lean.k_scales.factors)))
+    with pytest.raises(ValueError, match="factors"):
+        wrong = KScales(lean.k_scales.supers, lean.k_scales.factors[:, :1])
+        kernel(x, replace(lean, k_scales=wrong))
+    with pytest.raises(ValueError, match="need a K-quant's own"):
+        kernel(x, replace(lean, k_scales=None))
+    q4 = to_packed(T.Q4_K, random_blocks(T.Q4_K, 16, 256, seed=6))
+    assert q4 is not None and q4.k_scales is not None
+    wrong = KScales(q4.k_scales.supers * 2, q4.k_scales.factors)
+    with pytest.raises(ValueError, match="do not make the blocks"):
+        replace(q4, k_scales=wrong).lean()
+    stacked = PackedWeight.stack([q4, packed])  # Q8_16 with mins: no K-quant's own scales
+    assert stacked.lean() is stacked
+
+
 def test_k_quant_scales_that_do_not_make_the_blocks_are_refused() -> None:
     packed = to_packed(T.Q4_K, random_blocks(T.Q4_K, 16, 256, seed=3))
     assert packed is not None and packed.k_scales is not None
@@ -338,9 +389,14 @@ def test_a_k_quant_model_runs_on_its_blocks_with_its_float32_tokens(
     plain = load_causal_lm(folder, progress=False, weight_kernel="torch")
     assert native.packed_layers == 4 * 2 + 1  # qkv, o, gate_up, down per layer; the head
     assert native.model.stack is not None  # the fused stack runs K-quant layers too
-    fallback = native.model.layers[1]
+    first, fallback = native.model.layers
     assert fallback.self_attn.qkv_proj.packed.kind is BlockType.Q8_0  # Q5_0 beside Q8_0
     assert fallback.mlp.gate_up_proj.packed.kind is BlockType.Q5_0
+    # Q4_K, Q5_K and Q6_K matrices keep only their own scales; a fused Q4_K query and
+    # key beside a Q6_K value are one Q8_16 with float32 scales and mins
+    lean = [first.mlp.gate_up_proj, first.self_attn.o_proj, first.mlp.down_proj]
+    assert all(linear.packed.is_lean for linear in [*lean, native.model.lm_head])
+    assert not first.self_attn.qkv_proj.packed.is_lean
     # The blocks alone hold the matrices and the embedding table: the float32
     # parameters left are the norms.
     assert float_bytes(native) == 4 * 256 * (2 * 2 + 1)
