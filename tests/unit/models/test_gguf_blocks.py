@@ -234,11 +234,11 @@ def test_lean_blocks_the_kernels_cannot_read_are_refused() -> None:
     lean = packed.lean()
     kernel = quantized_linear_kernel()
     x = torch.randn(1, 256)
+    supers, factors = lean.k_scales.supers, lean.k_scales.factors
     with pytest.raises(ValueError, match="supers"):
-        kernel(x, replace(lean, k_scales=KScales(lean.k_scales.supers[:, :0], lean.k_scales.factors)))
+        kernel(x, replace(lean, k_scales=KScales(supers[:, :0], factors)))
     with pytest.raises(ValueError, match="factors"):
-        wrong = KScales(lean.k_scales.supers, lean.k_scales.factors[:, :1])
-        kernel(x, replace(lean, k_scales=wrong))
+        kernel(x, replace(lean, k_scales=KScales(supers, factors[:, :1])))
     with pytest.raises(ValueError, match="need a K-quant's own"):
         kernel(x, replace(lean, k_scales=None))
     q4 = to_packed(T.Q4_K, random_blocks(T.Q4_K, 16, 256, seed=6))
