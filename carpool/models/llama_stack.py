@@ -37,14 +37,15 @@ from carpool.models.packed_linear import (
     MAX_PARTS,
     InterleavedWeightStruct,
     Linear,
+    PackedWeight,
     QuantizedLinearKernel,
-    interleaved_parts,
     interleaved_structs,
+    packed_parts,
 )
 from carpool.models.rope import RotaryEmbedding
 
 
-class _Matrix(ctypes.Structure):
+class _FilePart(ctypes.Structure):
     _fields_ = [
         ("kind", ctypes.c_int64),
         ("quants", ctypes.c_void_p),
@@ -52,6 +53,14 @@ class _Matrix(ctypes.Structure):
         ("mins", ctypes.c_void_p),
         ("k_supers", ctypes.c_void_p),
         ("k_factors", ctypes.c_void_p),
+        ("n", ctypes.c_int64),
+    ]
+
+
+class _Matrix(ctypes.Structure):
+    _fields_ = [
+        ("fparts", ctypes.c_int64),
+        ("file", _FilePart * MAX_PARTS),
         ("bias", ctypes.c_void_p),
         ("n", ctypes.c_int64),
         ("k", ctypes.c_int64),
@@ -141,26 +150,38 @@ def _matrix(linear: Linear, int8_dots: bool) -> _Matrix:
     if packed is None:
         if interleaved is None or not int8_dots:
             raise ValueError("a layer with only interleaved blocks needs int8 dot products")
-        kind, (n, k) = interleaved_parts(interleaved)[0].kind, interleaved.shape
+        file_parts: tuple[PackedWeight, ...] = ()
+        shape = interleaved.shape
     else:
-        QuantizedLinearKernel.check_blocks(packed)
-        kind, (n, k) = packed.kind, packed.shape
-    k_scales = None if packed is None or packed.scales is not None else packed.k_scales
-    matrix = _Matrix(
-        KIND_CODES[kind],
-        None if packed is None else packed.quants.data_ptr(),
-        _pointer(None if packed is None else packed.scales),
-        _pointer(None if packed is None else packed.mins),
+        file_parts, shape = packed_parts(packed), packed.shape
+        if not 1 <= len(file_parts) <= MAX_PARTS or len({p.shape[1] for p in file_parts}) != 1:
+            raise ValueError(f"1 to {MAX_PARTS} parts of one k are needed")
+        for part in file_parts:
+            QuantizedLinearKernel.check_blocks(part)
+    n, k = shape
+    matrix = _Matrix(len(file_parts))
+    for i, part in enumerate(file_parts):
+        matrix.file[i] = _file_part(part)
+    matrix.bias = _pointer(None if linear.bias is None else linear.bias.detach())
+    matrix.n, matrix.k, matrix.iparts = n, k, len(parts)
+    for i, iparts in enumerate(parts):
+        matrix.interleaved[i] = iparts
+    return matrix
+
+
+def _file_part(packed: PackedWeight) -> _FilePart:
+    """One part in the file's layout for the C side (checked by the caller): its
+    float32 scales, or a ``lean`` weight's K-quant scales."""
+    k_scales = packed.k_scales if packed.is_lean else None
+    return _FilePart(
+        KIND_CODES[packed.kind],
+        packed.quants.data_ptr(),
+        _pointer(packed.scales),
+        _pointer(packed.mins),
         _pointer(None if k_scales is None else k_scales.supers),
         _pointer(None if k_scales is None else k_scales.factors),
-        _pointer(None if linear.bias is None else linear.bias.detach()),
-        n,
-        k,
-        len(parts),
+        packed.shape[0],
     )
-    for i, part in enumerate(parts):
-        matrix.interleaved[i] = part
-    return matrix
 
 
 @dataclass(frozen=True)

@@ -445,6 +445,32 @@ def interleaved_parts(weight: Interleaved | FusedInterleaved) -> tuple[Interleav
     return weight.parts if isinstance(weight, FusedInterleaved) else (weight,)
 
 
+@dataclass(frozen=True)
+class FusedPacked:
+    """A fused projection whose parts' layouts differ, in the file's layout part by
+    part (a Q4_K_M file's Q4_K query and key beside its Q6_K value: 4.75 and 8.625
+    bits a weight, where stacked in one layout they would take Q8_16 with float32
+    scales and mins, 12; Q5_0 beside Q8_0: 6 and 9, stacked 9): their output features
+    one after another."""
+
+    parts: tuple[PackedWeight, ...]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return sum(p.shape[0] for p in self.parts), self.parts[0].shape[1]
+
+    def dequantize(self) -> torch.Tensor:
+        return torch.cat([p.dequantize() for p in self.parts])
+
+    def lean(self) -> FusedPacked:
+        """Each part ``PackedWeight.lean``."""
+        return FusedPacked(tuple(p.lean() for p in self.parts))
+
+
+def packed_parts(weight: PackedWeight | FusedPacked) -> tuple[PackedWeight, ...]:
+    return weight.parts if isinstance(weight, FusedPacked) else (weight,)
+
+
 INTERLEAVE_ROWS = 4096  # rows converted at a time (of FEATURES): a head's temporaries stay small
 
 
@@ -653,16 +679,20 @@ class QuantizedLinearKernel:
     def __call__(
         self,
         x: torch.Tensor,
-        weight: PackedWeight | None,
+        weight: PackedWeight | FusedPacked | None,
         interleaved: Interleaved | FusedInterleaved | None = None,
     ) -> torch.Tensor:
-        """``weight`` in the file's layout and/or ``interleaved``, its interleaved
-        copy (or its parts'), which int8 dot products use for any number of rows (a
-        layer that keeps only that copy needs them)."""
+        """``weight`` in the file's layout (or its parts') and/or ``interleaved``, its
+        interleaved copy (or its parts'), which int8 dot products use for any number
+        of rows (a layer that keeps only that copy needs them)."""
         if self.int8_dots and interleaved is not None:
             if weight is not None and (
                 interleaved.shape != weight.shape
-                or (isinstance(interleaved, Interleaved) and interleaved.kind is not weight.kind)
+                or (
+                    isinstance(interleaved, Interleaved)
+                    and isinstance(weight, PackedWeight)
+                    and interleaved.kind is not weight.kind
+                )
             ):
                 raise ValueError("the interleaved blocks are not this weight's")
             return self._run_interleaved(_rows_of(x, interleaved.shape[1]), interleaved)
@@ -670,6 +700,8 @@ class QuantizedLinearKernel:
             raise ValueError(
                 "without int8 dot products on interleaved blocks, the file's are needed"
             )
+        if isinstance(weight, FusedPacked):
+            return torch.cat([self(x, part) for part in weight.parts], dim=1)
         n, k = weight.shape
         x = _rows_of(x, k)
         self.check_blocks(weight)
@@ -878,7 +910,7 @@ class Linear(nn.Linear):
     packed blocks when it has them (``attach``); with no float32 weight beside them
     (``drop_float``: a GGUF model loaded blocks only), every input."""
 
-    packed: PackedWeight | None = None
+    packed: PackedWeight | FusedPacked | None = None
     interleaved: Interleaved | FusedInterleaved | None = None
     kernel: QuantizedLinearKernel | None = None
 
@@ -888,19 +920,20 @@ class Linear(nn.Linear):
 
     def attach_parts(self, parts: list[PackedWeight], kernel: QuantizedLinearKernel | None) -> None:
         """``attach`` the rows of ``parts`` one after another (a fused projection);
-        where their layouts differ, the interleaved copy keeps each part's
-        (``FusedInterleaved``)."""
+        where their layouts differ, the file's layout and the interleaved copy keep
+        each part's (``FusedPacked``, ``FusedInterleaved``)."""
         layouts = {(p.kind, p.k_scales is not None and p.k_scales.six_bit) for p in parts}
-        fused = None
-        if len(layouts) > 1 and _interleaves(kernel):
-            fused = FusedInterleaved.of(parts)
-        # where the parts alone will hold the weight, their stack would go unused
+        if len(layouts) == 1 or len(parts) > MAX_PARTS:
+            self.attach(PackedWeight.stack(parts), kernel)
+            return
+        fused = FusedInterleaved.of(parts) if _interleaves(kernel) else None
+        # where the interleaved parts alone will hold the weight, the file's would go unused
         alone = fused is not None and not self.weight.numel()
-        self.attach(None if alone else PackedWeight.stack(parts), kernel, fused)
+        self.attach(None if alone else FusedPacked(tuple(parts)), kernel, fused)
 
     def attach(
         self,
-        packed: PackedWeight | None,
+        packed: PackedWeight | FusedPacked | None,
         kernel: QuantizedLinearKernel | None,
         fused: FusedInterleaved | None = None,
     ) -> None:
@@ -925,7 +958,7 @@ class Linear(nn.Linear):
                 if fused.shape != shape:
                     raise ValueError(f"interleaved parts {fused.shape} for weight {shape}")
                 interleaved = fused
-            elif packed is not None:
+            elif isinstance(packed, PackedWeight):
                 interleaved = Interleaved.of(packed)
         self.interleaved = interleaved
         # a K-quant's file layout keeps only its own scales (``lean``): the kernels

@@ -28,16 +28,16 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "interleaved.h"
 #include "prefill_attention.h"
 #include "quantized_linear.h"
 #include "vector_math.h"
 
+/* One part of a matrix in the file's layout: its rows, n of them */
 typedef struct {
     int64_t kind; /* KIND_Q4_1, KIND_Q8_0, KIND_Q8_16, KIND_Q5_1 or KIND_Q5_0 (quantized_dot.h) */
-    /* the file's layout; NULL where the interleaved blocks alone hold the weights
-       (then Dims.int8_dots is 1: the caller checks) */
     const void *quants;
     const float *scales; /* NULL where k_supers and k_factors make them */
     const float *mins;   /* Q4_1's; Q8_16's where it has them; else NULL */
@@ -46,6 +46,16 @@ typedef struct {
        scales and mins are given */
     const float *k_supers;
     const void *k_factors;
+    int64_t n;
+} FilePart;
+
+typedef struct {
+    /* the file's layout: fparts parts (0 where the interleaved blocks alone hold the
+       weights; then Dims.int8_dots is 1: the caller checks), each in its own layout
+       (a fused projection whose parts differ: a Q4_K query and key beside a Q6_K
+       value), their rows one after another */
+    int64_t fparts;
+    FilePart file[MAX_PARTS];
     const float *bias; /* NULL: none */
     int64_t n, k;
     /* the blocks interleaved (interleaved.h): iparts parts (0: none), each in its own
@@ -83,15 +93,38 @@ int64_t llama_stack_struct_size(int64_t which) {
     }
 }
 
+static int file_part_linear(const FilePart *part, const float *x, float *y, int64_t rows,
+                            int64_t k, int64_t int8_dots, int threads) {
+    const KScaleRows ks = {part->k_supers, part->k_factors};
+    return quantized_linear(part->kind, x, part->quants, part->scales, part->mins,
+                            part->k_supers == NULL ? NULL : &ks, y, rows, part->n, k, int8_dots,
+                            threads);
+}
+
+/* y [rows, w->n] = x @ w^T (+ bias): on the interleaved blocks with int8_dots, else on
+   the file's layout, part by part (each into a scratch [rows, its n], then into its
+   columns of y). Non-zero when out of memory. */
 static int linear(const Matrix *w, const float *x, float *y, int64_t rows, int64_t int8_dots,
                   int threads) {
-    const KScaleRows ks = {w->k_supers, w->k_factors};
-    const int failed =
-        int8_dots && w->iparts > 0
-            ? interleaved_linear(w->interleaved, w->iparts, x, y, rows, w->k, threads)
-            : quantized_linear(w->kind, x, w->quants, w->scales, w->mins,
-                               w->k_supers == NULL ? NULL : &ks, y, rows, w->n, w->k,
-                               int8_dots, threads);
+    int failed = 0;
+    if (int8_dots && w->iparts > 0)
+        failed = interleaved_linear(w->interleaved, w->iparts, x, y, rows, w->k, threads);
+    else if (w->fparts == 1)
+        failed = file_part_linear(&w->file[0], x, y, rows, w->k, int8_dots, threads);
+    else {
+        int64_t widest = 0;
+        for (int64_t p = 0; p < w->fparts; p++)
+            widest = w->file[p].n > widest ? w->file[p].n : widest;
+        float *part_y = malloc(sizeof(float) * (size_t)(rows * widest));
+        if (part_y == NULL) return 1;
+        for (int64_t p = 0, column = 0; p < w->fparts && !failed; column += w->file[p].n, p++) {
+            const int64_t n = w->file[p].n;
+            failed = file_part_linear(&w->file[p], x, part_y, rows, w->k, int8_dots, threads);
+            for (int64_t r = 0; r < rows && !failed; r++)
+                memcpy(y + r * w->n + column, part_y + r * n, sizeof(float) * (size_t)n);
+        }
+        free(part_y);
+    }
     if (!failed && w->bias != NULL)
         for (int64_t r = 0; r < rows; r++)
             for (int64_t o = 0; o < w->n; o++) y[r * w->n + o] += w->bias[o];

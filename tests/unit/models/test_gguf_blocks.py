@@ -26,6 +26,7 @@ from carpool.models.packed_linear import (
     BlocksFile,
     BlockType,
     FusedInterleaved,
+    FusedPacked,
     Interleaved,
     KScales,
     Linear,
@@ -178,6 +179,29 @@ def test_a_fused_projection_of_mixed_layouts_keeps_each_parts_own_bits(rows: int
     expected = rounded_rows_product(x, PackedWeight.stack(parts))
     tolerance = 1e-5 * expected.abs().max().item()
     torch.testing.assert_close(together.double(), expected, rtol=1e-5, atol=tolerance)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 20])
+def test_a_fused_projection_of_mixed_layouts_keeps_each_parts_file_layout(rows: int) -> None:
+    """On the float32 kernels, a Q4_K query and key beside a Q6_K value stay part by
+    part in the file's layout, each lean (not one Q8_16 with float32 scales and mins:
+    12 bits a weight): each output feature the bits its part alone gives."""
+    kinds, sizes = [T.Q4_K, T.Q4_K, T.Q6_K], (64, 32, 32)
+    parts = [
+        to_packed(t, random_blocks(t, n, 512, seed=n)) for t, n in zip(kinds, sizes, strict=True)
+    ]
+    assert all(p is not None for p in parts)
+    kernel = quantized_linear_kernel()
+    layer = Linear(512, 128, bias=False)
+    drop_float(layer)
+    layer.attach_parts(parts, kernel)
+    held = layer.packed
+    assert isinstance(held, FusedPacked) and layer.interleaved is None
+    assert all(p.is_lean for p in held.parts)
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
+    alone = [kernel(x, part) for part in parts]
+    assert torch.equal(layer(x), torch.cat(alone, dim=1))
+    assert torch.equal(held.dequantize(), PackedWeight.stack(parts).dequantize())
 
 
 @pytest.mark.parametrize("kind", [T.Q4_K, T.Q5_0, T.Q5_1, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
@@ -390,13 +414,20 @@ def test_a_k_quant_model_runs_on_its_blocks_with_its_float32_tokens(
     assert native.packed_layers == 4 * 2 + 1  # qkv, o, gate_up, down per layer; the head
     assert native.model.stack is not None  # the fused stack runs K-quant layers too
     first, fallback = native.model.layers
-    assert fallback.self_attn.qkv_proj.packed.kind is BlockType.Q8_0  # Q5_0 beside Q8_0
+    # a fused projection whose parts differ keeps each part in its own layout: Q5_0
+    # query and key beside a Q8_0 value, Q4_K beside Q6_K
+    second_qkv, first_qkv = fallback.self_attn.qkv_proj.packed, first.self_attn.qkv_proj.packed
+    assert isinstance(second_qkv, FusedPacked) and isinstance(first_qkv, FusedPacked)
+    assert [p.kind for p in second_qkv.parts] == [BlockType.Q5_0, BlockType.Q5_0, BlockType.Q8_0]
+    assert [(p.kind, p.is_lean) for p in first_qkv.parts] == [
+        (BlockType.Q4_1, True),
+        (BlockType.Q4_1, True),
+        (BlockType.Q8_16, True),
+    ]
     assert fallback.mlp.gate_up_proj.packed.kind is BlockType.Q5_0
-    # Q4_K, Q5_K and Q6_K matrices keep only their own scales; a fused Q4_K query and
-    # key beside a Q6_K value are one Q8_16 with float32 scales and mins
+    # Q4_K, Q5_K and Q6_K matrices keep only their own scales
     lean = [first.mlp.gate_up_proj, first.self_attn.o_proj, first.mlp.down_proj]
     assert all(linear.packed.is_lean for linear in [*lean, native.model.lm_head])
-    assert not first.self_attn.qkv_proj.packed.is_lean
     # The blocks alone hold the matrices and the embedding table: the float32
     # parameters left are the norms.
     assert float_bytes(native) == 4 * 256 * (2 * 2 + 1)
