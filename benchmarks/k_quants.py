@@ -91,12 +91,70 @@ import sys
 from pathlib import Path
 import torch, transformers, carpool.cli, carpool.server.bootstrap, carpool.server.http.app
 from carpool.models.causal_lm import load_causal_lm
+from benchmarks.k_quants import bytes_per_token
 def status(key):
     return int(Path("/proc/self/status").read_text().split(key + ":")[1].split()[0]) / 1024
 before = status("VmRSS")
 lm = load_causal_lm(Path(sys.argv[1]), progress=False, weight_kernel=sys.argv[2])
-print(before, status("VmRSS"), status("VmHWM"))
+print(before, status("VmRSS"), status("VmHWM"), bytes_per_token(lm.model) / 2**20)
 """
+
+
+def bytes_per_token(model: Any) -> int:
+    """The bytes of weights a decode step of one row reads: every linear layer's
+    blocks as the model holds them (interleaved, or the file's layout), or its float32
+    weight (an embedding looks up one row: not counted)."""
+    from carpool.models.packed_linear import Linear, interleaved_parts, packed_parts
+
+    seen: set[int] = set()
+
+    def size(*tensors: Any) -> int:
+        fresh = [t for t in tensors if t is not None and t.data_ptr() not in seen]
+        seen.update(t.data_ptr() for t in fresh)
+        return sum(t.numel() * t.element_size() for t in fresh)
+
+    total = 0
+    for module in model.modules():
+        if not isinstance(module, Linear):
+            continue
+        if module.interleaved is not None:
+            for i in interleaved_parts(module.interleaved):
+                total += size(i.quants, i.scales, i.extra)
+        elif module.packed is not None:
+            for p in packed_parts(module.packed):
+                k = p.k_scales
+                total += size(p.quants, p.scales, p.mins, k and k.supers, k and k.factors)
+        else:
+            total += size(module.weight)
+    return total
+
+
+def llama_bytes_per_token(gguf: Path) -> int:
+    """The bytes of the file a llama.cpp decode step of one row reads: every tensor
+    but the token table, which it looks a row up in (unless the output is tied to it)."""
+    from gguf import GGUFReader
+
+    tensors = GGUFReader(str(gguf)).tensors
+    tied = not any(t.name == "output.weight" for t in tensors)
+    return sum(int(t.n_bytes) for t in tensors if tied or t.name != "token_embd.weight")
+
+
+def read_ceiling_gib_s(threads: int, gib: int = 1) -> float:
+    """What this machine reads from memory, GiB/s: the best of 5 sums of a ``gib``
+    GiB float32 tensor on ``threads`` torch threads (a one-row decode step that
+    streams its weights at this rate is bound by memory)."""
+    import time
+
+    import torch
+
+    torch.set_num_threads(threads)
+    data = torch.ones(gib * 2**28)
+    rates = []
+    for _ in range(5):
+        started = time.perf_counter()
+        data.sum()
+        rates.append(gib / (time.perf_counter() - started))
+    return max(rates)
 
 
 def kv_cache_for(folder: Path, streams: int) -> str:
@@ -109,15 +167,15 @@ def kv_cache_for(folder: Path, streams: int) -> str:
     return f"{-(-blocks * BLOCK * per_token // 2**20)}MiB"
 
 
-def model_memory(gguf: Path, weight_kernel: str) -> tuple[float, float, float]:
+def model_memory(gguf: Path, weight_kernel: str) -> tuple[float, float, float, float]:
     """In a fresh process with the server's modules imported (what ``carpool serve``
     imports before it loads a model): RSS before loading the model, after, and the
-    peak (MiB). The file is converted beforehand, so the
-    conversion's own memory is not counted."""
+    peak, and the weights a one-row step reads (``bytes_per_token``), MiB. The file
+    is converted beforehand, so the conversion's own memory is not counted."""
     command = [sys.executable, "-c", MEMORY_PROBE, str(gguf), weight_kernel]
     out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-    before, after, peak = (float(v) for v in out.split()[-3:])
-    return before, after, peak
+    before, after, peak, read = (float(v) for v in out.split()[-4:])
+    return before, after, peak, read
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -239,6 +297,7 @@ def main() -> None:
     kernels = dict.fromkeys((args.weight_kernel, "native", "torch"))
     memory = {kernel: model_memory(args.gguf, kernel) for kernel in kernels}
     rounds = [one_stream_round(args, bin_dir, i) for i in range(args.rounds)]
+    ceiling = read_ceiling_gib_s(args.threads)
     carpool = concurrent("carpool", args)
     llama = concurrent("llama-server", args)
 
@@ -251,6 +310,16 @@ def main() -> None:
         )
     ratio = statistics.median(own / bench for bench, own in rounds)
     print(f"one stream: median ratio {ratio:.2f} over {len(rounds)} rounds (target >= 1.1)")
+    theirs, ours = llama_bytes_per_token(args.gguf) / 2**30, memory[args.weight_kernel][3] / 1024
+    best_bench = max(bench for bench, _ in rounds)
+    print(
+        f"  bound by memory: this machine reads {ceiling:.1f} GiB/s (a float32 sum, "
+        f"{args.threads} threads); a token reads {theirs * 1024:.0f} MiB in llama.cpp, "
+        f"{ours * 1024:.0f} in carpool; llama-bench's best round {best_bench:.1f} tok/s "
+        f"streamed {best_bench * theirs:.1f} GiB/s ({best_bench * theirs / ceiling:.0%} of "
+        f"it); carpool at that rate: {ceiling / ours:.1f} tok/s, "
+        f"{ceiling / ours / best_bench:.2f}x that round"
+    )
     print(
         f"c={args.concurrency}: output tok/s carpool {carpool['output_throughput']:.1f} | "
         f"llama-server {llama['output_throughput']:.1f} | ratio "
@@ -270,7 +339,7 @@ def main() -> None:
         f"any model ({before:.0f} MiB) + 1.3 x the file ({1.3 * file_mib:.0f} MiB) + its KV "
         f"cache ({kv:.0f} MiB) = {bound:.0f} MiB"
     )
-    for kernel, (before, after, peak) in memory.items():
+    for kernel, (before, after, peak, _) in memory.items():
         print(
             f"  loading the model alone, weight kernel {kernel}: RSS {before:.0f} MiB before "
             f"(the server's modules), +{after - before:.0f} MiB after (model and tokenizer), "

@@ -5,19 +5,20 @@ The file's block types map onto five layouts:
 
 - ``Q4_1`` (4-bit quants, a scale and a min per 32): Q4_1 itself, Q4_0 (min -8
   scale) and Q4_K (each sub-block of 32 its own scale ``d * sc`` and min
-  ``-dmin * m``): Q4_K_M's bulk at 6 bits a weight in memory (float32 scales and
-  mins; the file's 4.5), 4.75 in the interleaved copy (``--weight-kernel
-  native-int8``), which keeps the file's ``d``, ``dmin``, ``sc`` and ``m``
-  (``KScales``) instead;
+  ``-dmin * m``): Q4_K_M's bulk, held in 4.75 bits a weight (the file's 4.5) with the
+  file's ``d``, ``dmin``, ``sc`` and ``m`` (``KScales``, ``PackedWeight.lean``; the
+  interleaved copy of ``--weight-kernel native-int8`` keeps them too), Q4_0 and Q4_1
+  in 6 (float32 scales and mins);
 - ``Q5_1`` (5-bit quants, a scale and a min per 32): Q5_1 itself and Q5_K (as Q4_K),
-  7 bits a weight (the files' 6; 5.75 interleaved);
+  7 bits a weight and 5.75 (the files' 6 and 5.5);
 - ``Q5_0`` (Q5_1's quants, a scale per 32, no min: w = scale * (q - 16)): Q5_0, 6
   bits a weight (the file's 5.5);
 - ``Q8_0`` (int8 quants, a scale per 32): Q8_0 itself, 9 bits;
 - ``Q8_16`` (int8 quants, a scale and optionally a min per 16): Q6_K (quants ``q -
-  32``, scales ``d * sc``), 10 bits a weight against the file's 6.56, 6.625 in the
-  interleaved copy, which keeps the file's ``d`` and ``sc`` (``KScales``); also a fused
-  projection whose parts differ (``PackedWeight.stack``), with mins.
+  32``, scales ``d * sc``), 8.625 bits a weight with the file's ``d`` and ``sc``
+  against the file's 6.56, 6.625 in the interleaved copy (its 6-bit quants); also a
+  fused projection's parts stacked where they differ and cannot be held part by
+  part (``PackedWeight.stack``), with mins.
 
 The bit fields are unpacked by the ``gguf`` package itself where it can be made to
 (its dequantization of the blocks with unit scales gives the integer quants), so

@@ -5,7 +5,9 @@ blocks alone hold the weight) with the C kernel ``kernels/quantized_linear.c``.
 
 A decode step of one or a few streams is bound by reading the weights; the blocks
 are 6 (Q4_1, Q5_0), 7 (Q5_1), 9 (Q8_0) or 10-12 (Q8_16) bits a weight instead of
-float32's 32. A step of tens of
+float32's 32, and a K-quant's (Q4_K, Q5_K, Q6_K) 4.75, 5.75 and 8.625 with its
+file's own scales (``PackedWeight.lean``; a fused projection whose parts differ,
+part by part: ``FusedPacked``). A step of tens of
 streams is bound by arithmetic; the kernel then dequantizes strips of the weight
 once per step and runs its own register-tiled GEMM. Each weight the kernel uses is
 the float32 the file defines, the same value the float32 matrix holds (checked
