@@ -328,7 +328,8 @@ class EngineConfig:
         "of a fused one) in its file's bits, "
         "else steps of up to 8 rows; faster, not "
         "exact; its perplexity is in BENCHMARKS.md), "
-        "torch (float32 GEMM only), or auto (native where it can run).",
+        "torch (float32 GEMM only), or auto (native where it can run; native-int8 for a "
+        "K-quant file such as Q4_K_M, as llama.cpp runs it, where the CPU has AVX2).",
         default="auto",
     )
 

@@ -219,12 +219,25 @@ def _blocks_for(
     elif not hasattr(model, "attach_packed"):
         why = f"{type(model).__name__} has no packed layers"
     else:
+        blocks = BlocksFile(folder / PACKED)
         try:
-            kernel = quantized_linear_kernel(int8_dots=choice == "native-int8")
+            kernel = quantized_linear_kernel(int8_dots=_int8_dots(choice, blocks))
         except KernelUnavailable as exc:
             return _Blocks(None, None, str(exc), True)
-        return _Blocks(BlocksFile(folder / PACKED), kernel)
+        return _Blocks(blocks, kernel)
     return _Blocks(None, None, why)
+
+
+def _int8_dots(choice: str, blocks: BlocksFile) -> bool:
+    """Whether the linear layers use int8 dot products: with native-int8, and with
+    auto for a K-quant file (Q4_K_M, Q5_K_M, Q6_K: a quality its maker, llama.cpp,
+    measures with each layer's input rounded to int8) where the interleaved kernel
+    has its vector code (AVX2 or AVX-512 VNNI); other files run exact (native)."""
+    if choice == "native-int8":
+        return True
+    if choice != "auto" or not blocks.has_k_quants:
+        return False
+    return quantized_linear_kernel(int8_dots=True).interleaved_vectorized > 0
 
 
 def _attach_packed(model: nn.Module, blocks: _Blocks, choice: str) -> tuple[int, PathTaken]:
@@ -243,6 +256,8 @@ def _attach_packed(model: nn.Module, blocks: _Blocks, choice: str) -> tuple[int,
             if kernel.int8_dots and kernel.interleaved_vectorized:
                 isa = "AVX-512 VNNI" if kernel.interleaved_vectorized == 2 else "AVX2"
                 detail += f", int8 dot products on interleaved blocks ({isa})"
+                if choice == "auto":
+                    detail += " (auto: a K-quant file, run as llama.cpp runs it)"
             elif kernel.int8_dots:
                 detail += ", int8 dot products for up to 8 rows (no AVX2 here)"
             log.info("%d linear layers run on the file's blocks", count)

@@ -618,6 +618,11 @@ class BlocksFile(MutableMapping[str, PackedWeight]):
     def __contains__(self, name: object) -> bool:
         return name in self._kinds  # the mixin's would read the weight
 
+    @property
+    def has_k_quants(self) -> bool:
+        """Whether any of its weights came from K-quant blocks (Q4_K, Q5_K, Q6_K)."""
+        return any(key.endswith(":supers") for key in self._tensors)
+
     def __iter__(self) -> Iterator[str]:
         return iter(list(self._kinds))
 

@@ -441,6 +441,24 @@ def test_a_k_quant_model_runs_on_its_blocks_with_its_float32_tokens(
     assert generate(native, prompts, 16, max_num_batched_tokens=32) == expected
 
 
+def test_auto_runs_a_k_quant_file_as_llama_cpp_does_and_other_files_exactly(
+    tmp_path: Path, smollm_folder: Path
+) -> None:
+    """``auto`` gives a K-quant file (Q4_K_M) int8 dot products where the interleaved
+    kernel has its vector code, as llama.cpp runs the files it makes, and says so in
+    the path taken; the built-in Q4_1 file (no K-quants) runs exact."""
+    vectorized = quantized_linear_kernel(int8_dots=True).interleaved_vectorized > 0
+    folder = k_quant_model(tmp_path / "k", smollm_folder)
+    auto = load_causal_lm(folder, progress=False, weight_kernel="auto")
+    kernel = auto.model.lm_head.kernel
+    assert kernel is not None and kernel.int8_dots == vectorized
+    assert ("auto: a K-quant file" in auto.paths[0].detail) == vectorized
+    builtin = load_causal_lm(smollm_folder, progress=False, weight_kernel="auto")
+    assert builtin.model.lm_head.kernel is not None
+    assert not builtin.model.lm_head.kernel.int8_dots
+    assert "int8" not in builtin.paths[0].detail
+
+
 def test_int8_dots_keep_each_interleaved_matrix_once_and_run_it_fused(
     tmp_path: Path, smollm_folder: Path
 ) -> None:
