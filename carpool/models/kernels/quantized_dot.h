@@ -770,6 +770,26 @@ static ChunkScales chunk_scales(const KScaleRows *ks, int six_bit, const void *q
     return (ChunkScales){buffer, made_mins, q};
 }
 
+/* A thread's buffer for the scales chunk_scales makes from ks (floats of them), or
+   NULL where ks is NULL; sets *failed when out of memory */
+static float *scale_buffer(const KScaleRows *ks, int64_t floats, int *failed) {
+    if (ks == NULL) return NULL;
+    float *buffer = malloc(sizeof(float) * (size_t)floats);
+    if (buffer == NULL) {
+#pragma omp atomic write
+        *failed = 1;
+    }
+    return buffer;
+}
+
+/* The next chunk of features for this thread (next_chunk's), or -1 when none is left
+   or the thread has no buffer for the scales it must make */
+static inline int64_t next_scaled_chunk(Share *shares, int count, int *victim,
+                                        const KScaleRows *ks, const float *buffer) {
+    if (ks != NULL && buffer == NULL) return -1;
+    return next_chunk(shares, count, omp_get_thread_num(), victim);
+}
+
 /* x's rows with each block of 32 as int8 steps: quants [rows, k], scales and sums
    [rows, k / 32] (sums: the block's float32 sum, for Q4_1's mins) */
 typedef struct {
@@ -922,15 +942,9 @@ static int nibble_few_rows(const float *x, const uint8_t *quants, const float *s
     int failed = 0;
 #pragma omp parallel num_threads(num_threads)
     {
-        float *buffer = ks == NULL ? NULL : malloc(sizeof(float) * (size_t)(2 * CHUNK * groups));
-        if (ks != NULL && buffer == NULL) {
-#pragma omp atomic write
-            failed = 1;
-        }
+        float *buffer = scale_buffer(ks, 2 * CHUNK * groups, &failed);
         int victim = 0;
-        int64_t c;
-        while ((ks == NULL || buffer != NULL) &&
-               (c = next_chunk(shares, num_threads, omp_get_thread_num(), &victim)) >= 0) {
+        for (int64_t c; (c = next_scaled_chunk(shares, num_threads, &victim, ks, buffer)) >= 0;) {
             const int64_t o0 = c * CHUNK, end = n < o0 + CHUNK ? n : o0 + CHUNK;
             const ChunkScales cs = chunk_scales(ks, 0, quants, scales, mins, groups * block_size,
                                                 groups, o0, end - o0, k, buffer);
@@ -1035,15 +1049,9 @@ static int q8_few_rows(const float *x, const void *quants, const float *scales,
     int failed = 0;
 #pragma omp parallel num_threads(num_threads)
     {
-        float *buffer = ks == NULL ? NULL : malloc(sizeof(float) * (size_t)(CHUNK * per_feature));
-        if (ks != NULL && buffer == NULL) {
-#pragma omp atomic write
-            failed = 1;
-        }
+        float *buffer = scale_buffer(ks, CHUNK * per_feature, &failed);
         int victim = 0;
-        int64_t c;
-        while ((ks == NULL || buffer != NULL) &&
-               (c = next_chunk(shares, num_threads, omp_get_thread_num(), &victim)) >= 0) {
+        for (int64_t c; (c = next_scaled_chunk(shares, num_threads, &victim, ks, buffer)) >= 0;) {
             const int64_t o0 = c * CHUNK, end = n < o0 + CHUNK ? n : o0 + CHUNK;
             const ChunkScales cs = chunk_scales(ks, 1, quants, scales, mins, row_bytes,
                                                 per_feature, o0, end - o0, k, buffer);
