@@ -4,9 +4,12 @@ tg128 against carpool's offline engine, back to back in ``--rounds`` rounds), 64
 concurrent streams over HTTP (``carpool bench``, the same random prompts for ``carpool
 serve`` and ``llama-server``: output tok/s, TTFT, inter-token p99), and carpool's peak
 resident memory against the bound of issue 49: the process before any model + 1.3x
-the file + the KV cache. carpool's KV cache is sized to hold every stream at once
-(``--concurrency`` x the prompt and output tokens, float32) unless ``--kv-cache`` says
-otherwise: a smaller one preempts streams and recomputes them (the count is printed).
+the file + the KV cache. Beside the one-stream rounds it prints whether they are bound
+by memory: what this machine reads (``read_ceiling_gib_s``), the bytes a token reads
+in llama.cpp and in carpool, and what carpool would reach at that rate. carpool's KV
+cache is sized to hold every stream at once (``--concurrency`` x the prompt and output
+tokens, float32) unless ``--kv-cache`` says otherwise: a smaller one preempts streams
+and recomputes them (the count is printed).
 
     python -m benchmarks.k_quants --llama-bin /path/to/llama.cpp/build/bin [--gguf F]
 
