@@ -139,12 +139,19 @@ class PackedWeight:
         read them; itself where it has none, or where it is not such a matrix (a
         Q8_16 of other parts, a k not whole super-blocks). ValueError where the K-quant
         scales do not make the held ones."""
-        if self.k_scales is None or self.scales is None or not _k_scaled(self):
+        if self.scales is None or not _k_scaled(self):
             return self
+        self.check_k_scales()
+        return replace(self, scales=None, mins=None)
+
+    def check_k_scales(self) -> None:
+        """Raise ValueError where the K-quant scales do not make the held float32
+        scales and mins, bit for bit (nothing to compare where either is missing)."""
+        if self.k_scales is None or self.scales is None:
+            return
         scales, mins = self.k_scales.scales_and_mins()
         if not (_same(scales, self.scales) and _same(mins, self.mins)):
             raise ValueError("the K-quant scales do not make the blocks' scales and mins")
-        return replace(self, scales=None, mins=None)
 
     @staticmethod
     def stack(parts: list[PackedWeight]) -> PackedWeight:
@@ -324,11 +331,8 @@ class Interleaved:
         def by_strip(t: torch.Tensor) -> torch.Tensor:
             return t.view(strips, FEATURES, groups).permute(0, 2, 1).contiguous()
 
-        held_scales, held_mins = packed.float_scales()
         if packed.k_scales is not None and packed.kind in K_SCALE_CODES:
-            scales, mins = packed.k_scales.scales_and_mins()
-            if not (_same(scales, held_scales) and _same(mins, held_mins)):
-                raise ValueError("the K-quant scales do not make the blocks' scales and mins")
+            packed.check_k_scales()
 
             def by_strip_pairs(t: torch.Tensor) -> torch.Tensor:
                 shape = (strips, FEATURES, *t.shape[1:])
@@ -343,6 +347,7 @@ class Interleaved:
                 (n, k),
                 True,
             )
+        held_scales, held_mins = packed.float_scales()
         extra: torch.Tensor | None = None
         if packed.kind in (BlockType.Q4_1, BlockType.Q5_1):
             assert held_mins is not None

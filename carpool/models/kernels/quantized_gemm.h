@@ -133,8 +133,8 @@ static void strip_times_rows(const float *w, const float *xt, int64_t k, float *
 
 /* A block's bytes in kind's layout (quantized_dot.h) */
 static int64_t kind_block_bytes(int64_t kind) {
-    if (kind == KIND_Q4_1) return BLOCK / 2;
-    return kind == KIND_Q5_1 || kind == KIND_Q5_0 ? Q5_BYTES : BLOCK;
+    if (kind == KIND_Q4_1 || kind == KIND_Q5_1) return NIBBLE_BLOCK_BYTES(kind == KIND_Q5_1);
+    return SIGNED_BLOCK_BYTES(kind == KIND_Q5_0);
 }
 
 /* ks: Q4_1's, Q5_1's or Q8_16's scales (and mins) made from a K-quant's own
@@ -159,9 +159,9 @@ static int quantized_gemm(int64_t kind, const float *x, const void *quants,
                     xt[(t * k + j) * LANES + r] = row < rows ? x[row * k + j] : 0.f;
                 }
         float *w = malloc(sizeof(float) * (size_t)(STRIP * k));
-        float *made = ks == NULL ? NULL : malloc(sizeof(float) * (size_t)(2 * STRIP * per_feature));
+        float *made = scale_buffer(ks, 2 * STRIP * per_feature, &failed);
         float tile[STRIP * LANES];
-        if (w == NULL || (ks != NULL && made == NULL)) {
+        if (w == NULL) {
 #pragma omp atomic write
             failed = 1;
         }
