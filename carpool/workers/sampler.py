@@ -23,6 +23,8 @@ import torch
 from carpool.engine.runner import SamplingRow, TokenLogprobs
 from carpool.engine.structured import GrammarConstraint, fill_bitmasks
 
+DRAW_BYTES = 1 << 20
+
 
 @dataclass(frozen=True)
 class SampleOutput:
@@ -67,10 +69,23 @@ def choose(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         _mask_grammar(logits, rows, constrained)
     chosen = logits.argmax(dim=-1)
     drawn = [i for i, r in enumerate(rows) if not r.params.greedy]
-    if drawn:
-        index = _upload(drawn, torch.long, logits.device)
-        chosen[index] = _draw(logits[index], [rows[i] for i in drawn])
+    step = _draw_rows(logits) or len(drawn)
+    for at in range(0, len(drawn), step):
+        part = drawn[at : at + step]
+        index = _upload(part, torch.long, logits.device)
+        chosen[index] = _draw(logits[index], [rows[i] for i in part])
     return chosen
+
+
+def _draw_rows(logits: torch.Tensor) -> int:
+    """How many rows to draw at a time; 0 for all at once. On the CPU, enough rows
+    for about ``DRAW_BYTES`` of logits: the draw copies its rows and, filtered, sorts
+    them, so 64 rows of a 49,152-token vocabulary drawn at once would hold 12-60 MiB
+    more at a step's peak (the process's peak memory). A GPU draws all rows at once:
+    the copies come from its own pool, and each part would be a dozen launches."""
+    if logits.device.type != "cpu":
+        return 0
+    return max(1, DRAW_BYTES // (logits.shape[1] * logits.element_size()))
 
 
 def _upload(

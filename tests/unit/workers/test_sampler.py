@@ -9,6 +9,7 @@ import torch
 
 from carpool.engine.sampling_params import SamplingParams
 from carpool.errors import InvalidRequest
+from carpool.workers import sampler
 from carpool.workers.sampler import SamplingRow, _probs, make_generator, sample, verify
 
 VOCAB = 50
@@ -135,6 +136,33 @@ def test_drawing_leaves_the_callers_logits_as_they_were() -> None:
     tokens = sample(logits, rows).token_ids
     assert torch.equal(logits, before)
     assert tokens[3] == int(before[3].argmax())
+
+
+def test_rows_drawn_a_few_at_a_time_get_the_tokens_drawn_all_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On the CPU the drawn rows go a few at a time (their copy stays small); each
+    seeded row's token is the one it draws in a single pass, whatever part it falls in."""
+
+    def tokens() -> list[int]:
+        rows = [
+            row(temperature=0.0)
+            if i % 3 == 0
+            else SamplingRow(
+                SamplingParams(temperature=1.3, top_k=i, seed=i),
+                [],
+                [],
+                generator=make_generator(i),
+            )
+            for i in range(7)
+        ]
+        return sample(logits_for(7, seed=11), rows).token_ids
+
+    monkeypatch.setattr(sampler, "DRAW_BYTES", 1 << 30)
+    whole = tokens()
+    monkeypatch.setattr(sampler, "DRAW_BYTES", 2 * VOCAB * 4)
+    assert sampler._draw_rows(logits_for(7)) == 2
+    assert tokens() == whole
 
 
 def test_a_row_without_any_weight_still_gets_a_token_of_the_vocabulary() -> None:
