@@ -298,10 +298,10 @@ class Interleaved:
     # of nibbles, uint8; Q5_*: those 4 and a lane of fifth bits, uint8; Q8_0: 8, int8;
     # Q6_K (Q8_16 with k_scales): 4 of nibbles and 2 of bits 4-5, uint8
     quants: torch.Tensor
-    # [n/16, k/32, 16] float32; with k_scales [n/16, k/32, 2, 16] uint8 (KScales.factors;
-    # Q6_K's int8)
+    # [n/16, k/32, 16] float16 (the file's: each a float32 exactly); with k_scales
+    # [n/16, k/32, 2, 16] uint8 (KScales.factors; Q6_K's int8)
     scales: torch.Tensor
-    # Q4_1, Q5_1: the mins, like scales; Q8_0: 128 * each block's quant sum, int32; Q5_0:
+    # Q4_1, Q5_1: the mins, like scales; Q8_0: each block's quant sum, int16; Q5_0:
     # None; with k_scales [n/16, k/256, 2, 16] float32 (KScales.supers; Q6_K's [.., 1, 16])
     extra: torch.Tensor | None
     shape: tuple[int, int]
@@ -318,7 +318,9 @@ class Interleaved:
         Q4_1, Q8_0, Q5_1, Q5_0 or Q6_K's Q8_16 (another Q8_16 has no interleaved
         kernel: its int8 dot products run on the few-rows kernels, more rows exact).
         Blocks with the K-quants' scales keep those (``KScales``) instead of float32
-        scales and mins; ValueError if they do not make them."""
+        scales and mins, ValueError if they do not make them; the others keep their
+        scales and mins as float16, a file's own: None where they are not (a K-quant's
+        products without its ``KScales``), which the few-rows kernels then run."""
         n, k = packed.shape
         six_bit = packed.k_scales is not None and packed.k_scales.six_bit
         if n % FEATURES or (packed.kind not in INTERLEAVED_KINDS and not six_bit):
@@ -348,18 +350,21 @@ class Interleaved:
                 True,
             )
         held_scales, held_mins = packed.float_scales()
+        if not _halves_hold(held_scales) or (held_mins is not None and not _halves_hold(held_mins)):
+            return None
         extra: torch.Tensor | None = None
         if packed.kind in (BlockType.Q4_1, BlockType.Q5_1):
             assert held_mins is not None
-            extra = by_strip(held_mins)
+            extra = by_strip(held_mins.to(torch.float16))
         elif packed.kind is BlockType.Q8_0:
-            sums = torch.empty(n, groups, dtype=torch.int32)
+            sums = torch.empty(n, groups, dtype=torch.int16)  # 32 int8: within +-4,096
             for i in range(0, n, INTERLEAVE_ROWS):  # summed as int32: 4 bytes a weight at once
                 sums[i : i + INTERLEAVE_ROWS] = packed.quants[i : i + INTERLEAVE_ROWS].sum(
                     -1, dtype=torch.int32
                 )
-            extra = by_strip(128 * sums)
-        return Interleaved(packed.kind, quants, by_strip(held_scales), extra, (n, k))
+            extra = by_strip(sums)
+        scales = by_strip(held_scales.to(torch.float16))
+        return Interleaved(packed.kind, quants, scales, extra, (n, k))
 
     def strips(self, chosen: torch.Tensor) -> Interleaved:
         """The strips ``chosen`` (indices) of 16 output features alone."""
@@ -402,8 +407,8 @@ class Interleaved:
                 q = _six_bit_quants(quants)
                 return PackedWeight(self.kind, q, scales, None, k_scales)
         else:
-            scales = by_feature(self.scales)
-            mins = by_feature(self.extra) if with_mins and self.extra is not None else None
+            scales = by_feature(self.scales).float()
+            mins = by_feature(self.extra).float() if with_mins and self.extra is not None else None
         if self.kind in FIVE_BITS:
             nibbles, lane = quants[..., :16], quants[..., 16:].to(torch.int64)
             # byte b's bit j is weight 4j + b's fifth bit
@@ -479,6 +484,12 @@ def packed_parts(weight: PackedWeight | FusedPacked) -> tuple[PackedWeight, ...]
 
 
 INTERLEAVE_ROWS = 4096  # rows converted at a time (of FEATURES): a head's temporaries stay small
+
+
+def _halves_hold(values: torch.Tensor) -> bool:
+    """Whether float16 holds each of ``values`` (float32) exactly, as a file's scales
+    and mins: the interleaved copy keeps them in its 2 bytes."""
+    return torch.equal(values.to(torch.float16).to(values.dtype), values)
 
 
 def _interleaved_quants(packed: PackedWeight, six_bit: bool) -> torch.Tensor:
@@ -876,7 +887,7 @@ def check_interleaved(weight: Interleaved) -> None:
     factors = torch.int8 if six_bit else torch.uint8
     check_tensors(
         quants=(weight.quants, torch.int8 if q8 else torch.uint8),
-        scales=(weight.scales, factors if weight.k_scales else torch.float32),
+        scales=(weight.scales, factors if weight.k_scales else torch.float16),
     )
     strips, groups = n // FEATURES, k // BLOCK
     lanes = interleaved_lanes(weight.kind)
@@ -895,7 +906,7 @@ def check_interleaved(weight: Interleaved) -> None:
         return
     if weight.extra is None:
         raise ValueError(f"interleaved {weight.kind.value} blocks need their extra")
-    check_tensors(extra=(weight.extra, torch.int32 if q8 else torch.float32))
+    check_tensors(extra=(weight.extra, torch.int16 if q8 else torch.float16))
     check_shape("extra", weight.extra, strips, groups, FEATURES)
 
 

@@ -16,15 +16,15 @@
    FEATURES, groups = k / 32, per strip of FEATURES features and block:
    Q4_1: quants [4][FEATURES][4] uint8: byte (j, f, b) holds weight 4j + b of feature f's
          block in its low nibble and weight 16 + 4j + b in its high nibble;
-         extra: mins, float32 [FEATURES].
+         extra: mins, float16 [FEATURES].
    Q8_0: quants [8][FEATURES][4] int8: byte (j, f, b) is weight 4j + b of feature f;
-         extra: 128 * the sum of the block's quants, int32 [FEATURES] (vpdpbusd takes
-         x + 128 as its unsigned bytes; this takes the 128s back out).
+         extra: the sum of the block's quants, int16 [FEATURES] (vpdpbusd takes x + 128
+         as its unsigned bytes; 128 times this takes the 128s back out).
    Q5_1, Q5_0: quants [5][FEATURES][4] uint8: lanes 0-3 Q4_1's nibbles of the low four
          bits, then lane 4: byte (f, b)'s bit j is the fifth bit of weight 4j + b (the
          weight nibble lane j holds at byte b: j < 4 low nibbles, then high ones), so
          shifting that bit to bit 4 and or-ing it in gives lane j's quants (0-31);
-         extra: Q5_1's mins, float32 [FEATURES]; Q5_0: none (its quants' 16 is taken
+         extra: Q5_1's mins, float16 [FEATURES]; Q5_0: none (its quants' 16 is taken
          out of the integer sum as 16 * the sum of x's block's int8 steps).
    Q4_K, Q5_K (kinds of this kernel only): Q4_1's and Q5_1's quants with a K-quant's
          scales as its file holds them (k a multiple of 256): scales uint8 [2][FEATURES]
@@ -40,7 +40,9 @@
          lane 5 the same for the high nibbles (weight 16 + 4j + b); scales int8
          [2][FEATURES]: each feature's sc for weights 0-15, then for 16-31; extra float32
          [FEATURES] per super-block (d): 6.625 bits a weight (the file's 6.5625).
-   scales: float32 [FEATURES] (but Q4_K's, Q5_K's and Q6_K's).
+   scales: float16 [FEATURES] (but Q4_K's, Q5_K's and Q6_K's): the file's own, as the mins
+   (each a float32 exactly, so the same floats as the file layout's float32 scales, in
+   2 bytes a block instead of 4: Q4_1 in 5 bits a weight, its file's, instead of 6).
 
    x's rows are rounded per block of 32 to int8 steps first (quantize_rows in
    quantized_dot.h), each step within [-127, 127]. Each feature's result, per row, over
@@ -70,8 +72,8 @@ typedef struct {
        or KIND_Q6_K */
     int64_t kind;
     const void *quants;
-    const void *scales; /* float32, but the K-quants' (uint8; Q6_K's int8) */
-    /* Q4_1, Q5_1: mins (float); Q8_0: 128 * quant sums (int32); Q5_0: NULL; the K-quants:
+    const void *scales; /* float16, but the K-quants' (uint8; Q6_K's int8) */
+    /* Q4_1, Q5_1: mins (float16); Q8_0: quant sums (int16); Q5_0: NULL; the K-quants:
        the super-blocks' d and -dmin (float; Q6_K's d) */
     const void *extra;
     int64_t n; /* output features, a multiple of FEATURES */
@@ -111,12 +113,36 @@ static inline int super_blocked(int64_t kind) { return factored(kind) || kind ==
 
 /* Bytes of scales and of extra per strip of FEATURES features */
 static inline int64_t strip_scale_bytes(int64_t kind, int64_t groups) {
-    return groups * FEATURES * (super_blocked(kind) ? 2 : (int64_t)sizeof(float));
+    (void)kind; /* two bytes a feature and block: a float16, or a K-quant's pair */
+    return groups * FEATURES * 2;
 }
 static inline int64_t strip_extra_bytes(int64_t kind, int64_t groups) {
     if (super_blocked(kind))
         return groups / SUPER_BLOCKS * (kind == KIND_Q6_K ? 1 : 2) * FEATURES * (int64_t)sizeof(float);
-    return groups * FEATURES * (int64_t)(kind == KIND_Q8_0 ? sizeof(int32_t) : sizeof(float));
+    return groups * FEATURES * 2; /* float16 mins, int16 sums */
+}
+
+/* A float16's bits as the float32 it is (every float16 is one exactly) */
+static inline float half_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exponent = (h >> 10) & 31, mantissa = h & 1023, bits;
+    if (exponent == 31) {
+        bits = sign | 0x7f800000u | mantissa << 13;
+    } else if (exponent) {
+        bits = sign | (exponent + 112) << 23 | mantissa << 13;
+    } else if (!mantissa) {
+        bits = sign;
+    } else { /* subnormal: mantissa * 2^-24, normalised */
+        exponent = 113;
+        while (!(mantissa & 1024)) {
+            mantissa <<= 1;
+            exponent--;
+        }
+        bits = sign | exponent << 23 | (mantissa & 1023) << 13;
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
 }
 
 /* Block g's K-quant scale and min of feature f: d * sc and -dmin * m (see Q4_K) */
@@ -166,6 +192,11 @@ static inline __m512i broadcast4(const uint8_t *a) {
 /* FEATURES bytes as floats */
 static inline __m512 u8_floats(const uint8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+
+/* FEATURES float16 as floats */
+static inline __m512 halves_floats(const uint16_t *p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 }
 
 /* The sum over a block of four-byte products of w[j] and x's bytes 4j to 4j + 3
@@ -227,15 +258,17 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
             scale = _mm512_mul_ps(_mm512_loadu_ps(super), u8_floats(sc));
             min = _mm512_mul_ps(_mm512_loadu_ps(super + FEATURES), u8_floats(sc + FEATURES));
         } else {
-            scale = _mm512_loadu_ps((const float *)scales + g * FEATURES);
-            if (with_mins) min = _mm512_loadu_ps((const float *)extra + g * FEATURES);
+            scale = halves_floats((const uint16_t *)scales + g * FEATURES);
+            if (with_mins) min = halves_floats((const uint16_t *)extra + g * FEATURES);
         }
+        const __m512i sums = kind == KIND_Q8_0 ? _mm512_cvtepi16_epi32(_mm256_loadu_si256(
+                                                     (const __m256i *)((const int16_t *)extra + g * FEATURES)))
+                                               : _mm512_setzero_si512();
         for (int64_t r = 0; r < rows; r++) {
             __m512i dot;
             if (kind == KIND_Q8_0) {
                 dot = block_dot(w, x->xu + r * k + g * BLOCK, 1);
-                dot = _mm512_sub_epi32(
-                    dot, _mm512_loadu_si512((const void *)((const int32_t *)extra + g * FEATURES)));
+                dot = _mm512_sub_epi32(dot, _mm512_slli_epi32(sums, 7));
             } else { /* Q4_1, Q5: w[j] holds weights 4j + b, unsigned */
                 dot = block_dot(w, (const uint8_t *)(x->xq + r * k + g * BLOCK), 0);
                 if (kind == KIND_Q5_0)
@@ -249,7 +282,7 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
     }
     for (int64_t r = 0; r < rows; r++) _mm512_storeu_ps(y + r * n, acc[r]);
 }
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define INTERLEAVED_VECTORIZED 1
 
 static inline __m256i broadcast4(const int8_t *a) {
@@ -261,6 +294,11 @@ static inline __m256i broadcast4(const int8_t *a) {
 /* 8 bytes as floats */
 static inline __m256 u8_floats(const uint8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+/* 8 float16 as floats */
+static inline __m256 halves_floats(const uint16_t *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
 
 /* The 8 features of half h: vpmaddubsw multiplies unsigned weights by signed x bytes
@@ -340,8 +378,8 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
                 scale = _mm256_mul_ps(_mm256_loadu_ps(super), u8_floats(sc));
                 min = _mm256_mul_ps(_mm256_loadu_ps(super + FEATURES), u8_floats(sc + FEATURES));
             } else {
-                scale = _mm256_loadu_ps((const float *)scales + at);
-                if (with_mins) min = _mm256_loadu_ps((const float *)extra + at);
+                scale = halves_floats((const uint16_t *)scales + at);
+                if (with_mins) min = halves_floats((const uint16_t *)extra + at);
             }
             for (int64_t r = 0; r < rows; r++) {
                 __m256i dot = half_dot(kind, w, wabs, x->xq + r * k + g * BLOCK);
@@ -393,11 +431,11 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
                 }
                 const float part = (float)dot * x->xscales[r * groups + g];
                 const float scale = factored(kind) ? k_scale(scales, extra, g, f, 0)
-                                                   : ((const float *)scales)[g * FEATURES + f];
+                                                   : half_float(((const uint16_t *)scales)[g * FEATURES + f]);
                 acc = fmaf(part, scale, acc);
                 if (has_mins(kind)) {
                     const float min = factored(kind) ? k_scale(scales, extra, g, f, 1)
-                                                     : ((const float *)extra)[g * FEATURES + f];
+                                                     : half_float(((const uint16_t *)extra)[g * FEATURES + f]);
                     acc = fmaf(x->xsums[r * groups + g], min, acc);
                 }
             }
@@ -459,7 +497,7 @@ ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const float
     }
     for (int64_t r = 0; r < rows; r++) _mm512_storeu_ps(y + r * n, acc[r]);
 }
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif INTERLEAVED_VECTORIZED == 1
 /* 8 features' int8 scales as vpmaddwd's operand: each 32-bit lane the scale twice */
 static inline __m256i q6_scale_pairs(const int8_t *sc) {
     const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)sc));

@@ -41,6 +41,7 @@ from carpool.models.packed_linear import (
 from carpool.workers.factory import engine_for
 from tests import tiny_models
 from tests.unit.models.test_causal_lm import generate, gguf_writer
+from tests.unit.models.test_packed_linear import rounded_rows_product
 
 T = gguf.GGMLQuantizationType
 # Each type's (bytes a block, weights a block, where its float16 scale fields are and
@@ -89,25 +90,26 @@ def test_the_interleaved_copy_keeps_a_k_quants_own_scales_and_computes_the_same_
     kind: gguf.GGMLQuantizationType,
 ) -> None:
     """Interleaved, a Q4_K or Q5_K matrix keeps its file's d, dmin, sc and m (0.75 bits a
-    weight) in place of float32 scales and mins (2): the same floats, so the int8
-    kernel's results are those of the float32 layout, bit for bit, at every row count."""
+    weight) in place of float32 scales and mins (2): the int8 kernel computes the rounded
+    rows' products with the floats they make, each row's the same at every row count.
+    Without them its float32 products (not float16's) have no interleaved copy."""
     packed = to_packed(kind, random_blocks(kind, 48, 768, seed=int(kind)))
     assert packed is not None and packed.k_scales is not None
     kernel = quantized_linear_kernel(int8_dots=True)
     if not kernel.interleaved_vectorized:
         pytest.skip("no AVX2: nothing is interleaved")
     compact = Interleaved.of(packed)
-    floats = Interleaved.of(without_k_scales(packed))
-    assert compact is not None and compact.k_scales and floats is not None
-    assert not floats.k_scales
-    scale_bytes = {
-        name: sum(t.numel() * t.element_size() for t in (w.scales, w.extra) if t is not None)
-        for name, w in (("compact", compact), ("floats", floats))
-    }
-    assert scale_bytes["compact"] * 8 == scale_bytes["floats"] * 3  # 0.75 bits against 2
-    for rows in (1, 3, 9):
-        x = torch.randn(rows, 768, generator=torch.Generator().manual_seed(rows))
-        assert torch.equal(kernel(x, None, compact), kernel(x, None, floats))
+    assert compact is not None and compact.k_scales
+    assert Interleaved.of(without_k_scales(packed)) is None
+    scale_bytes = sum(t.numel() * t.element_size() for t in (compact.scales, compact.extra))
+    assert scale_bytes * 8 == (48 * 768 // 32 * 2 * 4) * 3  # 0.75 bits against 2
+    x = torch.randn(9, 768, generator=torch.Generator().manual_seed(9))
+    nine = kernel(x, None, compact)
+    torch.testing.assert_close(
+        nine.double(), rounded_rows_product(x, without_k_scales(packed)), rtol=1e-5, atol=1e-5
+    )
+    for rows in (1, 3):
+        assert torch.equal(kernel(x[:rows], None, compact), nine[:rows])
     back = compact.deinterleave()
     assert torch.equal(back.quants, packed.quants) and back.k_scales is not None
     assert torch.equal(back.scales, packed.scales) and torch.equal(back.mins, packed.mins)

@@ -180,18 +180,22 @@ def test_the_interleaved_k_quant_scales_compute_the_same_bits_on_every_rung(
     linear_rungs: list[tuple[tuple[str, ...], Path]], kind: GGMLQuantizationType
 ) -> None:
     """The interleaved copy that keeps a K-quant's own scales (d * sc, -dmin * m): one
-    result on every rung, the float32-scaled copy's."""
+    result on every rung, the rounded rows' product. Its float32 products are not
+    float16's: without the K-quant's scales there is no interleaved copy of them."""
     packed = to_packed(kind, random_blocks(kind, 32, 512, seed=5))
     assert packed is not None
-    compact, floats = Interleaved.of(packed), Interleaved.of(without_k_scales(packed))
-    assert compact is not None and compact.k_scales and floats is not None
+    compact = Interleaved.of(packed)
+    assert compact is not None and compact.k_scales
+    assert Interleaved.of(without_k_scales(packed)) is None
     x = torch.randn(9, 512, generator=torch.Generator().manual_seed(5))
     results = []
     for _, path in linear_rungs:
         kernel = QuantizedLinearKernel(ctypes.CDLL(str(path)), int8_dots=True)
         results.append(kernel(x, None, compact))
-        results.append(kernel(x, None, floats))
     assert all(torch.equal(r, results[0]) for r in results[1:])
+    torch.testing.assert_close(
+        results[0].double(), rounded_rows_product(x, packed), rtol=1e-5, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("rows", [1, 3])

@@ -296,9 +296,16 @@ def test_int8_dots_leave_steps_of_more_than_8_rows_exact_without_interleaving(
 
 @pytest.mark.parametrize("kind", INTERLEAVED)
 def test_interleaving_keeps_every_block(kind: str) -> None:
+    """In the file's bits: its float16 scales and mins (Q8_0: an int16 sum a block)."""
     packed, _ = gguf_weight(kind, 48, 96, seed=3)
     interleaved = Interleaved.of(packed)
     assert interleaved is not None
+    held = sum(
+        t.numel() * t.element_size()
+        for t in (interleaved.scales, interleaved.extra)
+        if t is not None
+    )
+    assert held == 48 * 96 // 32 * 2 * (1 if kind == "Q5_0" else 2)
     back = interleaved.deinterleave()
     assert torch.equal(back.quants, packed.quants)
     assert torch.equal(back.scales, packed.scales)
