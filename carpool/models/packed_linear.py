@@ -302,7 +302,7 @@ class Interleaved:
     # [n/16, k/32, 2, 16] uint8 (KScales.factors; Q6_K's int8)
     scales: torch.Tensor
     # Q4_1, Q5_1: the mins, like scales; Q8_0: each block's quant sum, int16; Q5_0:
-    # None; with k_scales [n/16, k/256, 2, 16] float32 (KScales.supers; Q6_K's [.., 1, 16])
+    # None; with k_scales [n/16, k/256, 2, 16] float16 (KScales.supers; Q6_K's [.., 1, 16])
     extra: torch.Tensor | None
     shape: tuple[int, int]
     k_scales: bool = False  # Q4_1, Q5_1 or Q8_16 whose scales are a K-quant's (KScales)
@@ -341,11 +341,13 @@ class Interleaved:
                 return t.view(shape).permute(0, 2, 3, 1).contiguous()
 
             k_scales = packed.k_scales
+            if not _halves_hold(k_scales.supers):
+                return None
             return Interleaved(
                 packed.kind,
                 quants,
                 by_strip_pairs(k_scales.factors),
-                by_strip_pairs(k_scales.supers),
+                by_strip_pairs(k_scales.supers.to(torch.float16)),
                 (n, k),
                 True,
             )
@@ -401,7 +403,7 @@ class Interleaved:
             def pairs(t: torch.Tensor) -> torch.Tensor:
                 return t.permute(0, 3, 1, 2).reshape(n, t.shape[1], t.shape[2])
 
-            k_scales = KScales(pairs(self.extra), pairs(self.scales))
+            k_scales = KScales(pairs(self.extra).float(), pairs(self.scales))
             scales, mins = k_scales.scales_and_mins()
             if k_scales.six_bit:
                 q = _six_bit_quants(quants)
@@ -896,7 +898,7 @@ def check_interleaved(weight: Interleaved) -> None:
         check_shape("scales", weight.scales, strips, groups, 2, FEATURES)
         if weight.extra is None:
             raise ValueError("interleaved blocks with K-quant scales need their super-blocks'")
-        check_tensors(extra=(weight.extra, torch.float32))
+        check_tensors(extra=(weight.extra, torch.float16))
         check_shape("extra", weight.extra, strips, groups // SUPER, 1 if six_bit else 2, FEATURES)
         return
     check_shape("scales", weight.scales, strips, groups, FEATURES)

@@ -28,18 +28,18 @@
          out of the integer sum as 16 * the sum of x's block's int8 steps).
    Q4_K, Q5_K (kinds of this kernel only): Q4_1's and Q5_1's quants with a K-quant's
          scales as its file holds them (k a multiple of 256): scales uint8 [2][FEATURES]
-         (each feature's scale sc, then its min m), extra float32 [2][FEATURES] per
-         super-block of SUPER_BLOCKS blocks (d, then -dmin); a block's scale is d * sc
-         and its min -dmin * m, each exact in float32 (a float16 times an integer below
-         64): the floats Q4_1's and Q5_1's scales and mins hold, in 4.75 and 5.75 bits
-         a weight instead of 6 and 7.
+         (each feature's scale sc, then its min m), extra float16 [2][FEATURES] per
+         super-block of SUPER_BLOCKS blocks (the file's d, then -dmin); a block's scale
+         is d * sc and its min -dmin * m, each exact in float32 (a float16 times an
+         integer below 64): the floats Q4_1's and Q5_1's scales and mins hold, in 4.625
+         and 5.625 bits a weight instead of 6 and 7 (the files' 4.5 and 5.5).
    Q6_K (a kind of this kernel only; k a multiple of 256): quants [6][FEATURES][4]
          uint8 of q = the file's 6-bit quant (w = d * sc * (q - 32)): lanes 0-3 Q4_1's
          nibbles of q's low four bits, lane 4: byte (f, b)'s bits 2j and 2j + 1 are
          bits 4 and 5 of the weight lane j's low nibble holds at byte b (weight 4j + b),
          lane 5 the same for the high nibbles (weight 16 + 4j + b); scales int8
-         [2][FEATURES]: each feature's sc for weights 0-15, then for 16-31; extra float32
-         [FEATURES] per super-block (d): 6.625 bits a weight (the file's 6.5625).
+         [2][FEATURES]: each feature's sc for weights 0-15, then for 16-31; extra float16
+         [FEATURES] per super-block (d): 6.5625 bits a weight, the file's.
    scales: float16 [FEATURES] (but Q4_K's, Q5_K's and Q6_K's): the file's own, as the mins
    (each a float32 exactly, so the same floats as the file layout's float32 scales, in
    2 bytes a block instead of 4: Q4_1 in 5 bits a weight, its file's, instead of 6).
@@ -74,7 +74,7 @@ typedef struct {
     const void *quants;
     const void *scales; /* float16, but the K-quants' (uint8; Q6_K's int8) */
     /* Q4_1, Q5_1: mins (float16); Q8_0: quant sums (int16); Q5_0: NULL; the K-quants:
-       the super-blocks' d and -dmin (float; Q6_K's d) */
+       the super-blocks' d and -dmin (float16; Q6_K's d) */
     const void *extra;
     int64_t n; /* output features, a multiple of FEATURES */
 } InterleavedWeight;
@@ -118,7 +118,7 @@ static inline int64_t strip_scale_bytes(int64_t kind, int64_t groups) {
 }
 static inline int64_t strip_extra_bytes(int64_t kind, int64_t groups) {
     if (super_blocked(kind))
-        return groups / SUPER_BLOCKS * (kind == KIND_Q6_K ? 1 : 2) * FEATURES * (int64_t)sizeof(float);
+        return groups / SUPER_BLOCKS * (kind == KIND_Q6_K ? 1 : 2) * FEATURES * 2; /* float16 */
     return groups * FEATURES * 2; /* float16 mins, int16 sums */
 }
 
@@ -148,8 +148,8 @@ static inline float half_float(uint16_t h) {
 /* Block g's K-quant scale and min of feature f: d * sc and -dmin * m (see Q4_K) */
 static inline float k_scale(const void *scales, const void *extra, int64_t g, int f, int min) {
     const uint8_t *sc = (const uint8_t *)scales + g * 2 * FEATURES + min * FEATURES;
-    const float *super = (const float *)extra + g / SUPER_BLOCKS * 2 * FEATURES + min * FEATURES;
-    return super[f] * (float)sc[f];
+    const uint16_t *super = (const uint16_t *)extra + g / SUPER_BLOCKS * 2 * FEATURES + min * FEATURES;
+    return half_float(super[f]) * (float)sc[f];
 }
 
 /* The x operands of one tile: its rows' int8 steps (xq), Q8_0's xq + 128 under VNNI
@@ -254,9 +254,9 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
         __m512 scale, min = _mm512_setzero_ps();
         if (factored(kind)) {
             const uint8_t *sc = (const uint8_t *)scales + g * 2 * FEATURES;
-            const float *super = (const float *)extra + g / SUPER_BLOCKS * 2 * FEATURES;
-            scale = _mm512_mul_ps(_mm512_loadu_ps(super), u8_floats(sc));
-            min = _mm512_mul_ps(_mm512_loadu_ps(super + FEATURES), u8_floats(sc + FEATURES));
+            const uint16_t *super = (const uint16_t *)extra + g / SUPER_BLOCKS * 2 * FEATURES;
+            scale = _mm512_mul_ps(halves_floats(super), u8_floats(sc));
+            min = _mm512_mul_ps(halves_floats(super + FEATURES), u8_floats(sc + FEATURES));
         } else {
             scale = halves_floats((const uint16_t *)scales + g * FEATURES);
             if (with_mins) min = halves_floats((const uint16_t *)extra + g * FEATURES);
@@ -374,9 +374,9 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
             __m256 scale, min = _mm256_setzero_ps();
             if (factored(kind)) {
                 const uint8_t *sc = (const uint8_t *)scales + g * 2 * FEATURES + 8 * h;
-                const float *super = (const float *)extra + g / SUPER_BLOCKS * 2 * FEATURES + 8 * h;
-                scale = _mm256_mul_ps(_mm256_loadu_ps(super), u8_floats(sc));
-                min = _mm256_mul_ps(_mm256_loadu_ps(super + FEATURES), u8_floats(sc + FEATURES));
+                const uint16_t *super = (const uint16_t *)extra + g / SUPER_BLOCKS * 2 * FEATURES + 8 * h;
+                scale = _mm256_mul_ps(halves_floats(super), u8_floats(sc));
+                min = _mm256_mul_ps(halves_floats(super + FEATURES), u8_floats(sc + FEATURES));
             } else {
                 scale = halves_floats((const uint16_t *)scales + at);
                 if (with_mins) min = halves_floats((const uint16_t *)extra + at);
@@ -452,7 +452,7 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
    mask drops). Each half block's sum q . x (at most 16 * 63 * 127) less 32 times the
    sum of its x steps is (q - 32) . x; times its int8 scale (vpmulld: at most
    16 * 32 * 127 * 128 each) the two add up to the portable code's integer. */
-ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const float *supers,
+ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const uint16_t *supers,
                              const TileRows *x, int64_t k, int64_t groups, int64_t rows,
                              float *y, int64_t n) {
     __m512 acc[TILE_ROWS];
@@ -477,7 +477,7 @@ ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const float
         const __m512i first_scale = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc));
         const __m512i second_scale =
             _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sc + FEATURES)));
-        const __m512 d = _mm512_loadu_ps(supers + g / SUPER_BLOCKS * FEATURES);
+        const __m512 d = halves_floats(supers + g / SUPER_BLOCKS * FEATURES);
         for (int64_t r = 0; r < rows; r++) {
             const uint8_t *a = (const uint8_t *)(x->xq + r * k + g * BLOCK);
             const int32_t *halves = x->xhalfsums + (r * groups + g) * 2;
@@ -509,7 +509,7 @@ static inline __m256i q6_scale_pairs(const int8_t *sc) {
    16-bit sum of four vpmaddubsw (|q - 32| times x, x given q's sign by vpsignb) is at
    most 8 * 32 * 127 and cannot overflow; vpmaddwd by the scale pairs widens the sums
    of 16 weights and scales them. */
-ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const float *supers,
+ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const uint16_t *supers,
                              const TileRows *x, int64_t k, int64_t groups, int64_t rows,
                              float *y, int64_t n) {
     __m256 acc[TILE_ROWS][2];
@@ -536,7 +536,7 @@ ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const float
             for (int j = 0; j < 8; j++) wabs[j] = _mm256_abs_epi8(w[j]);
             const int8_t *sc = scales + g * 2 * FEATURES + 8 * h;
             const __m256i first_scale = q6_scale_pairs(sc), second_scale = q6_scale_pairs(sc + FEATURES);
-            const __m256 d = _mm256_loadu_ps(supers + g / SUPER_BLOCKS * FEATURES + 8 * h);
+            const __m256 d = halves_floats(supers + g / SUPER_BLOCKS * FEATURES + 8 * h);
             for (int64_t r = 0; r < rows; r++) {
                 const int8_t *a = x->xq + r * k + g * BLOCK;
                 __m256i sums[2];
@@ -563,7 +563,7 @@ ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const float
     }
 }
 #else
-ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const float *supers,
+ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const uint16_t *supers,
                              const TileRows *x, int64_t k, int64_t groups, int64_t rows,
                              float *y, int64_t n) {
     for (int64_t r = 0; r < rows; r++)
@@ -585,7 +585,7 @@ ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const float
                 const int8_t *sc = scales + g * 2 * FEATURES;
                 const int32_t dot = dots[0] * sc[f] + dots[1] * sc[FEATURES + f];
                 const float part = (float)dot * x->xscales[r * groups + g];
-                acc = fmaf(part, supers[g / SUPER_BLOCKS * FEATURES + f], acc);
+                acc = fmaf(part, half_float(supers[g / SUPER_BLOCKS * FEATURES + f]), acc);
             }
             y[r * n + f] = acc;
         }

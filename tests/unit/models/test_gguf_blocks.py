@@ -89,8 +89,8 @@ def test_every_type_with_a_layout_holds_the_weights_gguf_reads(
 def test_the_interleaved_copy_keeps_a_k_quants_own_scales_and_computes_the_same_bits(
     kind: gguf.GGMLQuantizationType,
 ) -> None:
-    """Interleaved, a Q4_K or Q5_K matrix keeps its file's d, dmin, sc and m (0.75 bits a
-    weight) in place of float32 scales and mins (2): the int8 kernel computes the rounded
+    """Interleaved, a Q4_K or Q5_K matrix keeps its file's d, dmin (float16), sc and m (0.625
+    bits a weight) in place of float32 scales and mins (2): the int8 kernel computes the rounded
     rows' products with the floats they make, each row's the same at every row count.
     Without them its float32 products (not float16's) have no interleaved copy."""
     packed = to_packed(kind, random_blocks(kind, 48, 768, seed=int(kind)))
@@ -102,7 +102,7 @@ def test_the_interleaved_copy_keeps_a_k_quants_own_scales_and_computes_the_same_
     assert compact is not None and compact.k_scales
     assert Interleaved.of(without_k_scales(packed)) is None
     scale_bytes = sum(t.numel() * t.element_size() for t in (compact.scales, compact.extra))
-    assert scale_bytes * 8 == (48 * 768 // 32 * 2 * 4) * 3  # 0.75 bits against 2
+    assert scale_bytes * 16 == (48 * 768 // 32 * 2 * 4) * 5  # 0.625 bits against 2
     x = torch.randn(9, 768, generator=torch.Generator().manual_seed(9))
     nine = kernel(x, None, compact)
     torch.testing.assert_close(
@@ -118,10 +118,9 @@ def test_the_interleaved_copy_keeps_a_k_quants_own_scales_and_computes_the_same_
 
 def test_q6_k_is_interleaved_in_its_own_bits_and_computes_the_rounded_rows_products() -> None:
     """Interleaved, a Q6_K matrix keeps its 6-bit quants, its int8 scale per 16 weights
-    and its d per 256 (6.625 bits a weight against Q8_16's 10); the int8 kernel gives
-    the rounded rows' integer products, a row's bits the same alone or in a step."""
-    from tests.unit.models.test_packed_linear import rounded_rows_product
-
+    and its float16 d per 256 (6.5625 bits a weight, its file's, against Q8_16's 10); the
+    int8 kernel gives the rounded rows' integer products, a row's bits the same alone or
+    in a step."""
     packed = to_packed(T.Q6_K, random_blocks(T.Q6_K, 48, 768, seed=6))
     assert packed is not None and packed.k_scales is not None and packed.k_scales.six_bit
     kernel = quantized_linear_kernel(int8_dots=True)
@@ -132,7 +131,7 @@ def test_q6_k_is_interleaved_in_its_own_bits_and_computes_the_rounded_rows_produ
     held = sum(
         t.numel() * t.element_size() for t in (compact.quants, compact.scales, compact.extra)
     )
-    assert held * 8 == 48 * 768 * 6.625
+    assert held * 8 == 48 * 768 * 6.5625
     x = torch.randn(9, 768, generator=torch.Generator().manual_seed(6)) * 3
     x[0, 32:64] = 0.0  # a block of zeros: step 0
     together = kernel(x, None, compact)
