@@ -228,6 +228,7 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
     const __m512i low = _mm512_set1_epi8(15);
     const int64_t bytes = tile_bytes(kind);
     const int with_mins = has_mins(kind);
+    __m512 d = _mm512_setzero_ps(), dmin = d; /* a K-quant's super-block's, made once */
     for (int64_t g = 0; g < groups; g++, q += bytes) {
         prefetch_ahead(q, bytes);
         __m512i w[8];
@@ -253,10 +254,14 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
         }
         __m512 scale, min = _mm512_setzero_ps();
         if (factored(kind)) {
+            if (g % SUPER_BLOCKS == 0) {
+                const uint16_t *super = (const uint16_t *)extra + g / SUPER_BLOCKS * 2 * FEATURES;
+                d = halves_floats(super);
+                dmin = halves_floats(super + FEATURES);
+            }
             const uint8_t *sc = (const uint8_t *)scales + g * 2 * FEATURES;
-            const uint16_t *super = (const uint16_t *)extra + g / SUPER_BLOCKS * 2 * FEATURES;
-            scale = _mm512_mul_ps(halves_floats(super), u8_floats(sc));
-            min = _mm512_mul_ps(halves_floats(super + FEATURES), u8_floats(sc + FEATURES));
+            scale = _mm512_mul_ps(d, u8_floats(sc));
+            min = _mm512_mul_ps(dmin, u8_floats(sc + FEATURES));
         } else {
             scale = halves_floats((const uint16_t *)scales + g * FEATURES);
             if (with_mins) min = halves_floats((const uint16_t *)extra + g * FEATURES);
@@ -344,6 +349,8 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
     const __m256i low = _mm256_set1_epi8(15);
     const int64_t bytes = tile_bytes(kind);
     const int with_mins = has_mins(kind);
+    __m256 d[2], dmin[2]; /* a K-quant's super-block's, made once */
+    d[0] = d[1] = dmin[0] = dmin[1] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; g++, q += bytes) {
         prefetch_ahead(q, bytes);
         for (int h = 0; h < 2; h++) {
@@ -373,10 +380,14 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
             const int64_t at = g * FEATURES + 8 * h;
             __m256 scale, min = _mm256_setzero_ps();
             if (factored(kind)) {
+                if (g % SUPER_BLOCKS == 0) {
+                    const uint16_t *super = (const uint16_t *)extra + g / SUPER_BLOCKS * 2 * FEATURES + 8 * h;
+                    d[h] = halves_floats(super);
+                    dmin[h] = halves_floats(super + FEATURES);
+                }
                 const uint8_t *sc = (const uint8_t *)scales + g * 2 * FEATURES + 8 * h;
-                const uint16_t *super = (const uint16_t *)extra + g / SUPER_BLOCKS * 2 * FEATURES + 8 * h;
-                scale = _mm256_mul_ps(halves_floats(super), u8_floats(sc));
-                min = _mm256_mul_ps(halves_floats(super + FEATURES), u8_floats(sc + FEATURES));
+                scale = _mm256_mul_ps(d[h], u8_floats(sc));
+                min = _mm256_mul_ps(dmin[h], u8_floats(sc + FEATURES));
             } else {
                 scale = halves_floats((const uint16_t *)scales + at);
                 if (with_mins) min = halves_floats((const uint16_t *)extra + at);
@@ -458,8 +469,10 @@ ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const uint1
     __m512 acc[TILE_ROWS];
     for (int r = 0; r < TILE_ROWS; r++) acc[r] = _mm512_setzero_ps();
     const __m512i low = _mm512_set1_epi8(15), high = _mm512_set1_epi8(0x30);
+    __m512 d = _mm512_setzero_ps(); /* the super-block's, made once */
     for (int64_t g = 0; g < groups; g++, q += FEATURES * 4 * 6) {
         prefetch_ahead(q, FEATURES * 4 * 6);
+        if (g % SUPER_BLOCKS == 0) d = halves_floats(supers + g / SUPER_BLOCKS * FEATURES);
         __m512i w[8];
         const __m512i bits[2] = {_mm512_loadu_si512((const void *)(q + 256)),
                                  _mm512_loadu_si512((const void *)(q + 320))};
@@ -477,7 +490,6 @@ ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const uint1
         const __m512i first_scale = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc));
         const __m512i second_scale =
             _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sc + FEATURES)));
-        const __m512 d = halves_floats(supers + g / SUPER_BLOCKS * FEATURES);
         for (int64_t r = 0; r < rows; r++) {
             const uint8_t *a = (const uint8_t *)(x->xq + r * k + g * BLOCK);
             const int32_t *halves = x->xhalfsums + (r * groups + g) * 2;
@@ -516,9 +528,11 @@ ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const uint1
     for (int r = 0; r < TILE_ROWS; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     const __m256i low = _mm256_set1_epi8(15), high = _mm256_set1_epi8(0x30);
     const __m256i offset = _mm256_set1_epi8(32);
+    __m256 d[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}; /* the super-block's, made once */
     for (int64_t g = 0; g < groups; g++, q += FEATURES * 4 * 6) {
         prefetch_ahead(q, FEATURES * 4 * 6);
         for (int h = 0; h < 2; h++) {
+            if (g % SUPER_BLOCKS == 0) d[h] = halves_floats(supers + g / SUPER_BLOCKS * FEATURES + 8 * h);
             __m256i w[8], wabs[8];
             const __m256i bits[2] = {_mm256_loadu_si256((const __m256i *)(q + 256 + 32 * h)),
                                      _mm256_loadu_si256((const __m256i *)(q + 320 + 32 * h))};
@@ -536,7 +550,6 @@ ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const uint1
             for (int j = 0; j < 8; j++) wabs[j] = _mm256_abs_epi8(w[j]);
             const int8_t *sc = scales + g * 2 * FEATURES + 8 * h;
             const __m256i first_scale = q6_scale_pairs(sc), second_scale = q6_scale_pairs(sc + FEATURES);
-            const __m256 d = halves_floats(supers + g / SUPER_BLOCKS * FEATURES + 8 * h);
             for (int64_t r = 0; r < rows; r++) {
                 const int8_t *a = x->xq + r * k + g * BLOCK;
                 __m256i sums[2];
@@ -553,7 +566,7 @@ ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const uint1
                                                      _mm256_madd_epi16(sums[1], second_scale));
                 const __m256 part =
                     _mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(x->xscales[r * groups + g]));
-                acc[r][h] = _mm256_fmadd_ps(part, d, acc[r][h]);
+                acc[r][h] = _mm256_fmadd_ps(part, d[h], acc[r][h]);
             }
         }
     }
