@@ -23,7 +23,7 @@ import torch
 from carpool.engine.runner import SamplingRow, TokenLogprobs
 from carpool.engine.structured import GrammarConstraint, fill_bitmasks
 
-DRAW_BYTES = 1 << 20
+DRAW_BYTES = 1 << 20  # about how much of the logits a CPU draw copies at a time (_draw_rows)
 
 
 @dataclass(frozen=True)
