@@ -86,7 +86,7 @@ def test_every_type_with_a_layout_holds_the_weights_gguf_reads(
 
 
 @pytest.mark.parametrize("kind", [T.Q4_K, T.Q5_K], ids=lambda t: t.name)
-def test_the_interleaved_copy_keeps_a_k_quants_own_scales_and_computes_the_same_bits(
+def test_the_interleaved_copy_keeps_a_k_quants_own_scales_and_computes_rounded_products(
     kind: gguf.GGMLQuantizationType,
 ) -> None:
     """Interleaved, a Q4_K or Q5_K matrix keeps its file's d, dmin (float16), sc and m (0.625
