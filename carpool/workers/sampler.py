@@ -69,7 +69,7 @@ def choose(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         _mask_grammar(logits, rows, constrained)
     chosen = logits.argmax(dim=-1)
     drawn = [i for i, r in enumerate(rows) if not r.params.greedy]
-    step = _draw_rows(logits) or len(drawn)
+    step = _draw_rows(logits, len(drawn))
     for at in range(0, len(drawn), step):
         part = drawn[at : at + step]
         index = _upload(part, torch.long, logits.device)
@@ -77,15 +77,15 @@ def choose(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     return chosen
 
 
-def _draw_rows(logits: torch.Tensor) -> int:
-    """How many rows to draw at a time; 0 for all at once. On the CPU, enough rows
+def _draw_rows(logits: torch.Tensor, drawn: int) -> int:
+    """How many of the ``drawn`` rows to draw at a time (at least 1). On the CPU, enough rows
     for about ``DRAW_BYTES`` of logits: the draw copies its rows (and, filtered, sorts
     them), so 64 rows of a 49,152-token vocabulary drawn at once copy 12 MiB at a step's
     peak (64 sampled streams of the 135M model peaked 9.6 MiB higher that way). A GPU
     draws all rows at once: the copies come from its own pool, and each part would be
     a dozen launches."""
     if logits.device.type != "cpu":
-        return 0
+        return max(1, drawn)
     return max(1, DRAW_BYTES // (logits.shape[1] * logits.element_size()))
 
 

@@ -161,7 +161,10 @@ def test_rows_drawn_a_few_at_a_time_get_the_tokens_drawn_all_at_once(
     monkeypatch.setattr(sampler, "DRAW_BYTES", 1 << 30)
     whole = tokens()
     monkeypatch.setattr(sampler, "DRAW_BYTES", 2 * VOCAB * 4)
-    assert sampler._draw_rows(logits_for(7)) == 2
+    assert sampler._draw_rows(logits_for(7), 4) == 2
+    # a GPU's rows go all at once, and a batch with none to draw still gets a step
+    gpu_like = torch.empty(7, VOCAB, device="meta")
+    assert sampler._draw_rows(gpu_like, 4) == 4 and sampler._draw_rows(gpu_like, 0) == 1
     assert tokens() == whole
 
 
