@@ -328,21 +328,26 @@ class Interleaved:
         if six_bit and (packed.kind is not BlockType.Q8_16 or packed.mins is not None):
             raise ValueError("Q6_K's scales belong to Q8_16 blocks without mins")
         strips, groups = n // FEATURES, k // BLOCK
+        k_scales = packed.k_scales if packed.kind in K_SCALE_CODES else None
+        if k_scales is not None:
+            packed.check_k_scales()
+            floats: list[torch.Tensor] = [k_scales.supers]
+        else:
+            held_scales, held_mins = packed.float_scales()
+            floats = [held_scales] + ([] if held_mins is None else [held_mins])
+        if not all(_halves_hold(t) for t in floats):
+            return None  # known before the quants are interleaved for nothing
         quants = _interleaved_quants(packed, six_bit)
 
         def by_strip(t: torch.Tensor) -> torch.Tensor:
             return t.view(strips, FEATURES, groups).permute(0, 2, 1).contiguous()
 
-        if packed.k_scales is not None and packed.kind in K_SCALE_CODES:
-            packed.check_k_scales()
+        if k_scales is not None:
 
             def by_strip_pairs(t: torch.Tensor) -> torch.Tensor:
                 shape = (strips, FEATURES, *t.shape[1:])
                 return t.view(shape).permute(0, 2, 3, 1).contiguous()
 
-            k_scales = packed.k_scales
-            if not _halves_hold(k_scales.supers):
-                return None
             return Interleaved(
                 packed.kind,
                 quants,
@@ -351,9 +356,6 @@ class Interleaved:
                 (n, k),
                 True,
             )
-        held_scales, held_mins = packed.float_scales()
-        if not _halves_hold(held_scales) or (held_mins is not None and not _halves_hold(held_mins)):
-            return None
         extra: torch.Tensor | None = None
         if packed.kind in (BlockType.Q4_1, BlockType.Q5_1):
             assert held_mins is not None

@@ -266,14 +266,17 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
             scale = halves_floats((const uint16_t *)scales + g * FEATURES);
             if (with_mins) min = halves_floats((const uint16_t *)extra + g * FEATURES);
         }
-        const __m512i sums = kind == KIND_Q8_0 ? _mm512_cvtepi16_epi32(_mm256_loadu_si256(
-                                                     (const __m256i *)((const int16_t *)extra + g * FEATURES)))
-                                               : _mm512_setzero_si512();
+        /* Q8_0: 128 times the block's quant sums, which x + 128 added */
+        const __m512i offsets =
+            kind == KIND_Q8_0 ? _mm512_slli_epi32(_mm512_cvtepi16_epi32(_mm256_loadu_si256(
+                                                      (const __m256i *)((const int16_t *)extra + g * FEATURES))),
+                                                  7)
+                              : _mm512_setzero_si512();
         for (int64_t r = 0; r < rows; r++) {
             __m512i dot;
             if (kind == KIND_Q8_0) {
                 dot = block_dot(w, x->xu + r * k + g * BLOCK, 1);
-                dot = _mm512_sub_epi32(dot, _mm512_slli_epi32(sums, 7));
+                dot = _mm512_sub_epi32(dot, offsets);
             } else { /* Q4_1, Q5: w[j] holds weights 4j + b, unsigned */
                 dot = block_dot(w, (const uint8_t *)(x->xq + r * k + g * BLOCK), 0);
                 if (kind == KIND_Q5_0)
