@@ -28,7 +28,7 @@ from carpool.paths import PathTaken
 from carpool.workers.decode_graphs import DecodeGraphs
 from carpool.workers.model_runner import ModelRunner, windowed_blocks
 from carpool.workers.prompt_graphs import PromptGraphs
-from carpool.workers.sampler import sample
+from carpool.workers.sampler import choose, sample
 from carpool.workers.step_tensors import (
     Chosen,
     StepInputs,
@@ -156,19 +156,21 @@ class CudaModelRunner(ModelRunner):
             result.sampled[chunk.seq.request_id] = Sampled(tokens[-1], logprobs, tuple(tokens[:-1]))
         return result
 
-    def _launch_forward(
-        self, step: SchedulerOutput, after: Launch | None
+    def _launch_tokens(
+        self, step: SchedulerOutput, rows: Mapping[str, SamplingRow], after: Launch | None
     ) -> tuple[torch.Tensor, list[ScheduledChunk]]:
         self._begun = None
         if self.decode.fits(step.chunks):
             self.decode.stage(step.chunks, after)
             self._begin()
             logits, _ = self.decode.run(step.chunks, pending_tokens(after))
-            return logits, list(step.chunks)
-        if self.prompts is not None and self.prompts.fits(step.chunks):
+            chunks = list(step.chunks)
+        elif self.prompts is not None and self.prompts.fits(step.chunks):
             inputs = self.prepare(step, after)
-            return self._run_prompt(inputs, after), inputs.sampling_chunks
-        return super()._launch_forward(step, after)
+            logits, chunks = self._run_prompt(inputs, after), inputs.sampling_chunks
+        else:
+            return super()._launch_tokens(step, rows, after)
+        return choose(logits, [rows[c.seq.request_id] for c in chunks]), chunks
 
     def _begin(self) -> None:
         self._begun = self._event()

@@ -49,6 +49,22 @@ from carpool.workers.step_tensors import (
 )
 
 BlocksOf = Callable[[Sequence], list[int]]  # a sequence's blocks in one pool
+HEAD_BYTES = 2 << 20  # about how many bytes of logits a CPU step holds at once (_head_rows)
+
+
+def head_parts(sizes: list[int], limit: int) -> list[tuple[int, int]]:
+    """Split items of ``sizes`` rows each into consecutive parts ``(first, end)`` of
+    at most ``limit`` rows; an item with more rows than that is a part of its own."""
+    parts: list[tuple[int, int]] = []
+    first, rows = 0, 0
+    for i, size in enumerate(sizes):
+        if i > first and rows + size > limit:
+            parts.append((first, i))
+            first, rows = i, 0
+        rows += size
+    if first < len(sizes):
+        parts.append((first, len(sizes)))
+    return parts
 
 
 def _full_blocks(seq: Sequence) -> list[int]:
@@ -182,10 +198,11 @@ class ModelRunner:
             result.prompt_logprobs = self._prompt_logprobs(
                 step, inputs.chunk_starts, hidden, prompt_logprobs
             )
-        if not inputs.sampling_chunks:
-            return result
-        logits = self.lm.model.compute_logits(hidden[inputs.sample_index])
-        result.sampled = self._sample(logits, inputs.sampling_chunks, rows)
+        chunks = inputs.sampling_chunks
+        picked = hidden[inputs.sample_index]
+        for first, end, part in self._head_parts(chunks):
+            logits = self.lm.model.compute_logits(picked[first:end])
+            result.sampled.update(self._sample(logits, part, rows))
         return result
 
     @torch.inference_mode()
@@ -194,11 +211,7 @@ class ModelRunner:
     ) -> Launch:
         """``LaunchingRunner.launch``: the forward pass and the choice of each sampling
         chunk's token are queued (on the CPU they have run when this returns)."""
-        logits, chunks = self._launch_forward(step, after)
-        if not chunks:
-            tokens = torch.empty(0, dtype=torch.long, device=self.device)
-        else:
-            tokens = choose(logits, [rows[c.seq.request_id] for c in chunks])
+        tokens, chunks = self._launch_tokens(step, rows, after)
         order = {c.seq.request_id: j for j, c in enumerate(chunks)}
         return Launch(order, self._hand_off(tokens))
 
@@ -207,20 +220,51 @@ class ModelRunner:
         tokens = self._wait(cast(Chosen, launch.handle))
         return StepResult({rid: Sampled(tokens[j], None) for rid, j in launch.rows.items()})
 
-    def _launch_forward(
-        self, step: SchedulerOutput, after: Launch | None
+    def _launch_tokens(
+        self, step: SchedulerOutput, rows: Mapping[str, SamplingRow], after: Launch | None
     ) -> tuple[torch.Tensor, list[ScheduledChunk]]:
-        """The step's sampling rows' logits, and their chunks in that order."""
+        """The token chosen for each of the step's sampling chunks (on the device,
+        not waited for), and the chunks in that order."""
         inputs = self.prepare(step, after)
         self._begin()
         pending = pending_tokens(after)
         if pending is not None:
             resolve_pending(inputs.input_ids, pending)
         hidden = self.lm.model(inputs.input_ids, inputs.positions, self.caches, inputs.meta)
-        if not inputs.sampling_chunks:
-            return hidden[:0], []
-        logits = self.lm.model.compute_logits(hidden[inputs.sample_index])
-        return logits, inputs.sampling_chunks
+        chunks = inputs.sampling_chunks
+        picked = hidden[inputs.sample_index]
+        tokens = [
+            choose(
+                self.lm.model.compute_logits(picked[first:end]),
+                [rows[c.seq.request_id] for c in part],
+            )
+            for first, end, part in self._head_parts(chunks)
+        ]
+        if not tokens:
+            return torch.empty(0, dtype=torch.long, device=self.device), chunks
+        return (tokens[0] if len(tokens) == 1 else torch.cat(tokens)), chunks
+
+    def _head_parts(
+        self, chunks: list[ScheduledChunk]
+    ) -> list[tuple[int, int, list[ScheduledChunk]]]:
+        """The sampling chunks in consecutive parts whose logits are computed and
+        sampled together, each with its first and end row of the sampling rows."""
+        sizes = [1 + len(c.draft) for c in chunks]
+        starts = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+        return [
+            (starts[first], starts[end], chunks[first:end])
+            for first, end in head_parts(sizes, self._head_rows(starts[-1]))
+        ]
+
+    def _head_rows(self, rows: int) -> int:
+        """How many of ``rows`` logits rows to hold at once: on the CPU about
+        ``HEAD_BYTES`` of float32 (at least one row), since a step's logits are its
+        largest tensor (64 rows of a 49,152-token vocabulary are 12 MiB) and each
+        part re-reads the head's weights (~1% of a 64-stream step on the 135M and
+        1.2B models, 2 Zen 4 cores: the weights stay in the cache); a GPU, all."""
+        if self.device.type != "cpu":
+            return max(1, rows)
+        return max(1, HEAD_BYTES // (4 * self.lm.config.vocab_size))
 
     def _begin(self) -> None:
         """Mark where a step's device work begins, its host preparation done (a GPU
@@ -276,17 +320,24 @@ class ModelRunner:
             last = min(first + chunk.num_tokens, seq.num_prompt_tokens - 1)
             if k is None or last <= first:
                 continue
-            logits = self.lm.model.compute_logits(hidden[row : row + last - first]).float()
-            logprobs = torch.log_softmax(logits, dim=-1)
-            targets = torch.tensor(seq.token_ids[first + 1 : last + 1], device=logits.device)
-            chosen = logprobs.gather(1, targets[:, None])[:, 0].tolist()
-            values, ids = logprobs.topk(k, dim=-1)
-            entries = [
-                TokenLogprobs(lp, list(zip(i, v, strict=True)))
-                for lp, i, v in zip(chosen, ids.tolist(), values.tolist(), strict=True)
-            ]
+            n = last - first
+            entries: list[TokenLogprobs] = []
+            for lo, hi in head_parts([1] * n, self._head_rows(n)):
+                targets = seq.token_ids[first + 1 + lo : first + 1 + hi]
+                entries += self._logprobs_of(hidden[row + lo : row + hi], targets, k)
             found[seq.request_id] = PromptLogprobs(first, entries)
         return found
+
+    def _logprobs_of(self, hidden: torch.Tensor, targets: list[int], k: int) -> list[TokenLogprobs]:
+        """Each row's log-probability of its target token, and its ``k`` most likely."""
+        logprobs = torch.log_softmax(self.lm.model.compute_logits(hidden).float(), dim=-1)
+        index = torch.tensor(targets, device=logprobs.device)
+        chosen = logprobs.gather(1, index[:, None])[:, 0].tolist()
+        values, ids = logprobs.topk(k, dim=-1)
+        return [
+            TokenLogprobs(lp, list(zip(i, v, strict=True)))
+            for lp, i, v in zip(chosen, ids.tolist(), values.tolist(), strict=True)
+        ]
 
     def prepare(self, step: SchedulerOutput, after: Launch | None = None) -> StepInputs:
         """The step's tensors; its input ids may hold pending ids of ``after``
