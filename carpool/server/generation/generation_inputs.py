@@ -33,7 +33,7 @@ from carpool.server.generation.tools import (
     tools_prompt,
     with_tools_prompt,
 )
-from carpool.server.registry.preprocess import Keep, TooManyTokens, encode_within, token_chars
+from carpool.server.registry.preprocess import Keep, TooManyTokens, encode_within
 from carpool.server.registry.served import ServedGenerator, ServedModels
 
 
@@ -314,7 +314,7 @@ def encode_prompts(
             texts,
             limit,
             keep,
-            token_chars(served.tokenizer),
+            served.token_chars,
         )
     except TooManyTokens as exc:
         raise InvalidRequest(

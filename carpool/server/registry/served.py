@@ -20,7 +20,7 @@ from carpool.models.causal_lm import LoadedLM, ModelFacts
 from carpool.models.embedding import EmbeddingModel, TokenStates
 from carpool.paths import PathTaken
 from carpool.server.http.awaiting import gather_or_cancel, unless_disconnected
-from carpool.server.registry.preprocess import Preprocessor
+from carpool.server.registry.preprocess import Preprocessor, token_chars
 from carpool.server.registry.served_ensemble import ServedEnsemble
 from carpool.server.registry.served_user import ServedUserModel
 
@@ -76,6 +76,14 @@ class ServedGenerator:
     reasoning_parser: str | None = None  # splits chat replies' thinking (``reasoning``)
     # Sampling defaults for fields a request leaves unset (``--generation-config``).
     generation_defaults: dict[str, Any] = field(default_factory=dict)
+    # The most characters one token covers (``preprocess.token_chars``).
+    token_chars: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        # Here, while the model loads: it copies the whole vocabulary, and that copy's
+        # memory is returned with the load's (heap.settle). Left to the first request,
+        # a tokenizer thread kept ~7 MiB of it (64 streams of the 135M model).
+        self.token_chars = token_chars(self.tokenizer)
 
     @property
     def tokenizer(self) -> Any:
