@@ -89,11 +89,17 @@ def test_logits_in_parts_give_what_all_rows_at_once_give(
 
     monkeypatch.setattr(ModelRunner, "launch", counted_launch)
 
+    engine = engine_for(smollm, config)
+    runner = engine.runner
+    assert isinstance(runner, ModelRunner)
+    # 2 MiB hold 10 rows of this vocabulary: one whole tile of 8 rows
+    assert runner._head_rows(64) == 8
     monkeypatch.setattr(model_runner, "HEAD_BYTES", 1 << 40)
-    whole = [outcome(o) for o in run(engine_for(smollm, config), prompts, params)]
+    whole = [outcome(o) for o in run(engine, prompts, params)]
 
     row_bytes = 4 * smollm.config.vocab_size
     monkeypatch.setattr(model_runner, "HEAD_BYTES", 2 * row_bytes)
+    monkeypatch.setattr(model_runner, "HEAD_TILE", 1)
     seen: list[int] = []
     compute = smollm.model.compute_logits
 
