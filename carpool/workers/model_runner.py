@@ -8,6 +8,7 @@ multi-token prompt chunks (see ``carpool.models.attention``).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Mapping
 from typing import cast
 
@@ -251,7 +252,7 @@ class ModelRunner:
         """The sampling chunks in consecutive parts whose logits are computed and
         sampled together, each with its first and end row of the sampling rows."""
         sizes = [1 + len(c.draft) for c in chunks]
-        starts = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+        starts = [0, *itertools.accumulate(sizes)]
         return [
             (starts[first], starts[end], chunks[first:end])
             for first, end in head_parts(sizes, self._head_rows(starts[-1]))
