@@ -312,7 +312,9 @@ def test_random_load_with_chunking_preemption_and_aborts_gives_each_its_own_answ
         engine.add_request(prompt, ids(prompt), greedy(max_tokens=30))
     finals = run(engine, abort_after=aborts)
     assert finals.keys() == set(order)
-    if blocks == 8:  # 64 tokens for 12 requests: some must give their blocks back
+    # 64 tokens for 12 requests: some must give their blocks back, unless requests
+    # aborted early freed theirs (3 aborts in speculate mode once ran without one)
+    if blocks == 8 and not aborts:
         assert engine.stats.snapshot().preemptions > 0
     for prompt, out in finals.items():
         if prompt in aborts and out.outputs[0].finish_reason is FinishReason.ABORT:
