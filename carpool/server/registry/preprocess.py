@@ -28,8 +28,6 @@ by a window of it before the whole is tokenized:
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, ParamSpec, TypeVar
@@ -62,19 +60,10 @@ def token_chars(tokenizer: Any) -> int:
     """The most characters of text one of ``tokenizer``'s tokens stands for, bounded
     from above: twice its longest vocabulary entry (a byte-level entry is at least
     as long as the text it stands for; the factor covers normalizers that fold two
-    characters into one). Computed once per tokenizer."""
-    try:
-        return _TOKEN_CHARS[tokenizer]
-    except (KeyError, TypeError):
-        pass
+    characters into one). It copies the whole vocabulary: a served model computes it
+    once, while it loads (``ServedGenerator.token_chars``)."""
     longest = max((len(t) for t in tokenizer.get_vocab()), default=1)
-    bound = 2 * max(1, longest)
-    with contextlib.suppress(TypeError):  # not weakly referable: computed each time
-        _TOKEN_CHARS[tokenizer] = bound
-    return bound
-
-
-_TOKEN_CHARS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+    return 2 * max(1, longest)
 
 
 def encode_within(
