@@ -311,6 +311,15 @@ class EngineConfig:
         "CPU, bfloat16 on a GPU).",
         default="auto",
     )
+    kv_cache_dtype: str = _help(
+        "The KV cache's dtype: auto (the model's, as dtype resolves it), float32, "
+        "float16 or bfloat16 (vLLM's option of the same name; its fp8 kinds are not "
+        "offered). On the CPU float16 holds twice the tokens in kv_cache_memory and "
+        "halves the bytes attention reads a step, keys and values rounded to half "
+        "precision as in llama.cpp's default cache; the native kernels read float32 and "
+        "float16. On a GPU: the model's dtype only.",
+        default="auto",
+    )
     attention_kernel: str = _help(
         "Attention over the paged cache: native (C, compiled at start-up with the "
         "machine's compiler; reads the cache in place; CPU and float32 only; decode rows, "
@@ -369,6 +378,11 @@ class EngineConfig:
         _require(
             self.dtype in ("auto", "float32", "bfloat16", "float16"),
             f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}",
+        )
+        _require(
+            self.kv_cache_dtype in ("auto", "float32", "bfloat16", "float16"),
+            "kv_cache_dtype must be auto, float32, bfloat16 or float16, got "
+            f"{self.kv_cache_dtype!r}",
         )
         drafts = bool(self.speculative_config) or self.num_scheduler_steps > 1
         _require(

@@ -158,8 +158,13 @@ def paged_attention(
         return meta.device.attend(q, k, v, cache, scale, window)
     kv_heads, head_dim = cache.shape[-2:]
     keys, values = cache[0], cache[1]
+    if cache.dtype != k.dtype:
+        # Every row attends keys and values as the cache holds them, its own too (as
+        # the native kernels, which read them back): rounded once, widened for SDPA.
+        k, v = k.to(cache.dtype), v.to(cache.dtype)
     keys.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
     values.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
+    k, v = k.to(q.dtype), v.to(q.dtype)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if meta.native is not None and meta.native.count:
         n = meta.native
@@ -170,6 +175,7 @@ def paged_attention(
         b, rows = group.count, slice(group.start, group.start + group.count)
         kc = keys[group.block_tables].view(b, -1, kv_heads, head_dim).transpose(1, 2)
         vc = values[group.block_tables].view(b, -1, kv_heads, head_dim).transpose(1, 2)
+        kc, vc = kc.to(q.dtype), vc.to(q.dtype)
         attended = F.scaled_dot_product_attention(
             q[rows].unsqueeze(2),
             kc,
@@ -186,8 +192,8 @@ def paged_attention(
             kc, vc = k[rows], v[rows]
         else:
             context = seg.num_cached + seg.num_tokens
-            kc = keys[seg.block_ids].view(-1, kv_heads, head_dim)[:context]
-            vc = values[seg.block_ids].view(-1, kv_heads, head_dim)[:context]
+            kc = keys[seg.block_ids].view(-1, kv_heads, head_dim)[:context].to(q.dtype)
+            vc = values[seg.block_ids].view(-1, kv_heads, head_dim)[:context].to(q.dtype)
         attended = F.scaled_dot_product_attention(
             q[rows].transpose(0, 1).unsqueeze(0),
             kc.transpose(0, 1).unsqueeze(0),

@@ -21,6 +21,10 @@ from carpool.models.native import (
     torch_because,
 )
 
+# The cache dtypes the native kernels read (kernels/kv_cache.h): float32, and float16
+# (half the bytes, rounded as torch rounds).
+NATIVE_KV_DTYPES = (torch.float32, torch.float16)
+
 
 class DecodeKernel:
     """Attention of one query token per sequence over its paged keys and values."""
@@ -39,13 +43,16 @@ class DecodeKernel:
         scale: float,
         window: int | None = None,
     ) -> None:
-        """``q``, ``out``: [S, H, D]; ``keys``, ``values``: [blocks, block_size, Hkv, D];
-        ``block_tables``: [S, max_blocks]; ``context_lens``: [S]; ``window``: a
-        sliding-window layer's (a row attends its last ``window`` tokens). Writes ``out``."""
+        """``q``, ``out``: [S, H, D]; ``keys``, ``values``: [blocks, block_size, Hkv, D],
+        float32 or float16; ``block_tables``: [S, max_blocks]; ``context_lens``: [S];
+        ``window``: a sliding-window layer's (a row attends its last ``window``
+        tokens). Writes ``out``."""
+        if keys.dtype not in NATIVE_KV_DTYPES:
+            raise ValueError(f"a KV cache of {keys.dtype}: the kernel reads float32 or float16")
         check_tensors(
             q=(q, torch.float32),
-            keys=(keys, torch.float32),
-            values=(values, torch.float32),
+            keys=(keys, keys.dtype),
+            values=(values, keys.dtype),
             out=(out, torch.float32),
             block_tables=(block_tables, torch.int64),
             context_lens=(context_lens, torch.int64),
@@ -81,6 +88,7 @@ class DecodeKernel:
             max_blocks,
             window or 0,
             scale,
+            int(keys.dtype == torch.float16),
             torch.get_num_threads(),
         )
         if failed:
@@ -98,24 +106,28 @@ def decode_kernel_in(library: ctypes.CDLL) -> DecodeKernel:
     function = library.paged_decode_attention
     function.restype = ctypes.c_int
     pointers, sizes = [ctypes.c_void_p] * 6, [ctypes.c_int64] * 7
-    function.argtypes = [*pointers, *sizes, ctypes.c_float, ctypes.c_int]
+    function.argtypes = [*pointers, *sizes, ctypes.c_float, ctypes.c_int64, ctypes.c_int]
     return DecodeKernel(function)
 
 
 def select_decode_kernel(
-    choice: str, device: torch.device, dtype: torch.dtype
+    choice: str, device: torch.device, dtype: torch.dtype, kv_dtype: torch.dtype | None = None
 ) -> tuple[DecodeKernel | None, PathTaken]:
     """The kernel ``choice`` (auto, native or torch) asks for (None: the torch path)
-    and the path taken. ``native`` raises ValueError where the kernel cannot run;
-    ``auto`` falls back to torch and logs why."""
+    and the path taken, for a model of ``dtype`` whose KV cache is ``kv_dtype`` (None:
+    ``dtype``). ``native`` raises ValueError where the kernel cannot run; ``auto``
+    falls back to torch and logs why."""
     part = "decode attention"
     if choice == "torch":
         return None, PathTaken(part, False, "attention_kernel is torch")
     unavailable = False
+    kv_dtype = kv_dtype or dtype
     if device.type != "cpu":
         why = f"it runs on the CPU and the model is on {device}"
     elif dtype != torch.float32:
         why = f"it takes float32 and the model is {dtype}"
+    elif kv_dtype not in NATIVE_KV_DTYPES:
+        why = f"it reads a float32 or float16 KV cache, not {kv_dtype}"
     else:
         try:
             return compile_decode_kernel(), PathTaken(part, True, "paged_decode_attention")

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from carpool.models.attention import AttentionMetadata, NativeDecode
+from carpool.models.decode_kernel import NATIVE_KV_DTYPES
 from carpool.models.native import (
     KernelUnavailable,
     check_range,
@@ -100,6 +101,7 @@ class _Dims(ctypes.Structure):
         ("scale", ctypes.c_float),
         ("int8_dots", ctypes.c_int64),
         ("gelu", ctypes.c_int64),
+        ("kv_half", ctypes.c_int64),
     ]
 
 
@@ -298,6 +300,7 @@ class LlamaStack:
             shape.scale,
             int8_dots,
             shape.gelu,
+            0,
         )
         self._caches: Sequence[torch.Tensor] | None = None
         # The fewest blocks a cache holds among every layer, among the layers without
@@ -423,13 +426,17 @@ class LlamaStack:
         if len(shape) != 5 or shape[0] != 2 or shape[3:] != (cfg.num_kv_heads, cfg.head_dim):
             raise ValueError(f"a KV cache of shape {shape} does not fit this model")
         blocks: list[int] = []
+        dtype = caches[0].dtype
+        if dtype not in NATIVE_KV_DTYPES:
+            raise ValueError(f"a KV cache of {dtype}: the fused stack reads float32 or float16")
         for slot, cache in zip(self._layers, caches, strict=True):
-            check_tensors(cache=(cache, torch.float32))
+            check_tensors(cache=(cache, dtype))
             check_shape("cache", cache, 2, cache.shape[1], *shape[2:])
             slot.k_cache = cache[0].data_ptr()
             slot.v_cache = cache[1].data_ptr()
             blocks.append(cache.shape[1])
         self._dims.block_size = shape[2]
+        self._dims.kv_half = int(dtype == torch.float16)
         windows = [layer.window > 0 for layer in self._layers]
         self._least_blocks = (
             min(blocks),

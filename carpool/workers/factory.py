@@ -36,25 +36,47 @@ def engine_for(
     not the target's."""
     config = (config or EngineConfig()).for_device(lm.device.type)
     bs = config.block_size
+    kv_dtype = kv_cache_dtype(lm, config)
     memory = _kv_cache_bytes(lm, config)
-    blocks = num_blocks or ModelRunner.blocks_for_memory(lm, memory, bs)
+    blocks = num_blocks or ModelRunner.blocks_for_memory(lm, memory, bs, kv_dtype)
     if blocks < 1:
         raise ValueError(f"kv_cache_memory {config.kv_cache_memory} holds no block")
-    full, windowed = _pools(lm, config, memory, num_blocks)
+    full, windowed = _pools(lm, config, memory, num_blocks, kv_dtype)
     blocks = full or blocks
     runner: ModelRunner
     if lm.device.type == "cuda":
         runner = _cuda_runner(lm, config, blocks, windowed)
     else:
-        kernel, attention = select_decode_kernel(config.attention_kernel, lm.device, lm.dtype)
+        kernel, attention = select_decode_kernel(
+            config.attention_kernel, lm.device, lm.dtype, kv_dtype
+        )
         # The fused stack needs native attention.
         paths = (*(_without_stack(p) if kernel is None else p for p in lm.paths), attention)
-        runner = ModelRunner(lm, blocks, bs, kernel, paths, windowed)
+        runner = ModelRunner(lm, blocks, bs, kernel, paths, windowed, kv_dtype)
     return Engine(runner, config, clock, _draft_proposer(lm, config, cache_dir))
 
 
+def kv_cache_dtype(lm: LoadedLM, config: EngineConfig) -> torch.dtype:
+    """``config.kv_cache_dtype`` for ``lm``: auto is the model's dtype. Raises
+    ValueError for another dtype on a GPU, whose kernels read the model's."""
+    if config.kv_cache_dtype == "auto":
+        return lm.dtype
+    dtype = getattr(torch, config.kv_cache_dtype)
+    if lm.device.type == "cuda" and dtype != lm.dtype:
+        model = str(lm.dtype).removeprefix("torch.")
+        raise ValueError(
+            f"kv_cache_dtype {config.kv_cache_dtype}: on a GPU the KV cache holds the "
+            f"model's dtype ({model}); use auto"
+        )
+    return dtype
+
+
 def _pools(
-    lm: LoadedLM, config: EngineConfig, memory: int, num_blocks: int | None
+    lm: LoadedLM,
+    config: EngineConfig,
+    memory: int,
+    num_blocks: int | None,
+    kv_dtype: torch.dtype,
 ) -> tuple[int, int]:
     """A hybrid model's two pools (full, windowed), or (0, 0): one pool. ``num_blocks``
     given, each pool has that many. ``config``'s step budget is resolved."""
@@ -63,7 +85,7 @@ def _pools(
     if num_blocks:
         return num_blocks, num_blocks
     pools = ModelRunner.pools_for_memory(
-        lm, memory, config.block_size, config.max_num_seqs, config.max_num_batched_tokens
+        lm, memory, config.block_size, config.max_num_seqs, config.max_num_batched_tokens, kv_dtype
     )
     if min(pools) < 2:
         raise ValueError(

@@ -97,12 +97,14 @@ class ModelRunner:
         decode_kernel: DecodeKernel | None = None,
         paths: tuple[PathTaken, ...] = (),
         window_blocks: int = 0,
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
         """``decode_kernel``: attends the single-token rows; None: torch, in groups.
         ``paths``: which code runs each part of a step, as said to users.
         ``window_blocks``: for a hybrid model (``DecoderConfig.hybrid_window``), the
         blocks of its windowed layers' own pool (``pools_for_memory``), which the
-        engine frees behind the window; 0: every layer keeps ``num_blocks``."""
+        engine frees behind the window; 0: every layer keeps ``num_blocks``.
+        ``kv_dtype``: the KV cache's (None: the model's)."""
         cfg = lm.config
         self.lm = lm
         windows = set(cfg.layer_windows())
@@ -131,8 +133,9 @@ class ModelRunner:
             window_blocks if hybrid is not None and w is not None else num_blocks
             for w in cfg.layer_windows()
         ]
+        self.kv_dtype = kv_dtype or lm.dtype
         self.caches = allocate_kv_cache(
-            layer_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, lm.dtype, lm.device
+            layer_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, self.kv_dtype, lm.device
         )
 
     def make_generator(self, seed: int) -> torch.Generator:
@@ -145,13 +148,22 @@ class ModelRunner:
         return self.grammars.constraint(grammar)
 
     @staticmethod
-    def blocks_for_memory(lm: LoadedLM, memory_bytes: int, block_size: int) -> int:
-        """The blocks ``memory_bytes`` holds where every layer shares one pool."""
-        return memory_bytes // ModelRunner._layer_block_bytes(lm, block_size, lm.config.num_layers)
+    def blocks_for_memory(
+        lm: LoadedLM, memory_bytes: int, block_size: int, kv_dtype: torch.dtype | None = None
+    ) -> int:
+        """The blocks ``memory_bytes`` holds where every layer shares one pool, of
+        ``kv_dtype`` (None: the model's dtype)."""
+        per_block = ModelRunner._layer_block_bytes(lm, block_size, lm.config.num_layers, kv_dtype)
+        return memory_bytes // per_block
 
     @staticmethod
     def pools_for_memory(
-        lm: LoadedLM, memory_bytes: int, block_size: int, max_num_seqs: int, step_tokens: int
+        lm: LoadedLM,
+        memory_bytes: int,
+        block_size: int,
+        max_num_seqs: int,
+        step_tokens: int,
+        kv_dtype: torch.dtype | None = None,
     ) -> tuple[int, int]:
         """A hybrid model's two pools in ``memory_bytes``: (full, windowed) blocks. The
         windowed pool gets what ``max_num_seqs`` sequences' windows hold at once, a
@@ -165,7 +177,7 @@ class ModelRunner:
             return 0, 0
         windowed_layers = sum(w is not None for w in cfg.layer_windows())
         full_layers = cfg.num_layers - windowed_layers
-        per_layer = ModelRunner._layer_block_bytes(lm, block_size, 1)
+        per_layer = ModelRunner._layer_block_bytes(lm, block_size, 1, kv_dtype)
         shared = memory_bytes // (per_layer * cfg.num_layers)
         per_window = -(-window // block_size) + 2
         wanted = max_num_seqs * per_window + -(-step_tokens // block_size) + 1
@@ -174,9 +186,12 @@ class ModelRunner:
         return full, windowed
 
     @staticmethod
-    def _layer_block_bytes(lm: LoadedLM, block_size: int, layers: int) -> int:
+    def _layer_block_bytes(
+        lm: LoadedLM, block_size: int, layers: int, kv_dtype: torch.dtype | None
+    ) -> int:
         cfg = lm.config
-        return kv_bytes_per_block(layers, block_size, cfg.num_kv_heads, cfg.head_dim, lm.dtype)
+        dtype = kv_dtype or lm.dtype
+        return kv_bytes_per_block(layers, block_size, cfg.num_kv_heads, cfg.head_dim, dtype)
 
     @torch.inference_mode()
     def execute(

@@ -2,8 +2,8 @@
    prompt chunks alike are rows of a flat batch. Per layer RMSNorm, the fused QKV
    projection (+ bias), an RMSNorm over each head's query and key where the layer has
    them (Qwen3), rotary embedding, the new keys and values of every row written to
-   their cache slots, then each row attending its sequence's cache up to its own
-   position, within the layer's sliding window if it has one (prefill_attention.h),
+   their cache slots (rounded to halves where the cache holds them), then each row
+   attending its sequence's cache up to its own position, within the layer's sliding window if it has one (prefill_attention.h),
    the output projection (normed where the layer has a norm after attention, Gemma
    3) and residual,
    RMSNorm, the fused gate/up projection, SiLU(gate) * up (GELU's tanh form for
@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "interleaved.h"
+#include "kv_cache.h"
 #include "prefill_attention.h"
 #include "quantized_linear.h"
 #include "vector_math.h"
@@ -70,7 +71,9 @@ typedef struct {
     /* [hidden] each, or NULL: a norm of the attention's and of the MLP's output */
     const float *attn_out_norm, *mlp_out_norm;
     Matrix qkv, o, gate_up, down;
-    float *k_cache, *v_cache; /* [num_blocks, block_size, num_kv_heads, head_dim] */
+    /* [num_blocks, block_size, num_kv_heads, head_dim]: floats, or halves where
+       Dims.kv_half (kv_cache.h) */
+    void *k_cache, *v_cache;
     int64_t window;           /* the sliding window (each row's last this-many keys); 0: none */
     int64_t local_rope;       /* 1: rotary factors from local_cos / local_sin */
 } Layer;
@@ -80,6 +83,7 @@ typedef struct {
     float eps, scale;
     int64_t int8_dots; /* 1: decode rows' dot products in int8 (quantized_dot.h) */
     int64_t gelu;      /* 1: GELU (tanh) gating; 0: SiLU */
+    int64_t kv_half;   /* 1: the KV caches hold IEEE halves; 0: float32 */
 } Dims;
 
 /* The sizes of the structs passed by pointer (0: Matrix, 1: Layer, 2: Dims; else -1),
@@ -190,7 +194,7 @@ int llama_stack(const Layer *layers, int64_t num_layers, const Dims *dims, float
     const int64_t q_size = dims->num_heads * d, kv_size = dims->num_kv_heads * d;
     const int64_t qkv_size = q_size + 2 * kv_size, inter = dims->intermediate;
     const AttentionShape shape = {dims->num_heads, dims->num_kv_heads, d, dims->block_size,
-                                  dims->scale};
+                                  dims->scale, dims->kv_half != 0};
     float *normed = malloc(sizeof(float) * (size_t)(rows * hidden));
     float *qkv = malloc(sizeof(float) * (size_t)(rows * qkv_size));
     float *queries = malloc(sizeof(float) * (size_t)(rows * q_size));
@@ -224,12 +228,9 @@ int llama_stack(const Layer *layers, int64_t num_layers, const Dims *dims, float
             rotate(row, dims->num_heads + dims->num_kv_heads, d, layer_cos + r * d,
                    layer_sin + r * d);
             for (int64_t i = 0; i < q_size; i++) queries[r * q_size + i] = row[i];
-            float *k_slot = layer->k_cache + layer_slots[r] * kv_size;
-            float *v_slot = layer->v_cache + layer_slots[r] * kv_size;
-            for (int64_t i = 0; i < kv_size; i++) {
-                k_slot[i] = row[q_size + i];
-                v_slot[i] = row[q_size + kv_size + i];
-            }
+            const int64_t slot = layer_slots[r] * kv_size;
+            kv_store(layer->k_cache, slot, row + q_size, kv_size, shape.kv_half);
+            kv_store(layer->v_cache, slot, row + q_size + kv_size, kv_size, shape.kv_half);
         }
         failed |= attend_rows(&shape, queries, layer->k_cache, layer->v_cache, tables, width,
                               row_seqs, context_lens, layer->window, rows, attended, num_threads);

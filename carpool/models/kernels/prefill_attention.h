@@ -1,6 +1,8 @@
 /* Attention for every row of an engine step straight off the paged KV cache, as the
    fused stack needs it: single-token rows (decodes) with decode_attention.h, and the
-   rows of each prompt chunk together, since they share their sequence's keys.
+   rows of each prompt chunk together, since they share their sequence's keys. The
+   caches hold floats or halves (kv_cache.h: AttentionShape.kv_half); a chunk's
+   gathered keys and values are floats.
 
    Per (chunk, kv head) the keys up to the chunk's last position are gathered once,
    transposed, so that the scores of one query against KEY_TILE keys are KEY_TILE / 8
@@ -55,15 +57,16 @@ typedef struct {
 
 /* kt[j * width + t] = key start + t of kv head g at dimension j for start + t < len,
    zero up to width; v[t * d + j] = its value */
-static void gather_head(const AttentionShape *a, const float *k_cache, const float *v_cache,
+static void gather_head(const AttentionShape *a, const void *k_cache, const void *v_cache,
                         const int64_t *table, int64_t start, int64_t len, int64_t g,
                         int64_t width, float *kt, float *v) {
     const int64_t d = a->head_dim, stride = a->num_kv_heads * d, bs = a->block_size;
+    const int half = a->kv_half;
     for (int64_t t = start; t < len; t++) {
         const int64_t at = (table[t / bs] * bs + t % bs) * stride + g * d;
         for (int64_t j = 0; j < d; j++) {
-            kt[j * width + t - start] = k_cache[at + j];
-            v[(t - start) * d + j] = v_cache[at + j];
+            kt[j * width + t - start] = kv_value(k_cache, at + j, half);
+            v[(t - start) * d + j] = kv_value(v_cache, at + j, half);
         }
     }
     for (int64_t j = 0; j < d; j++)
@@ -148,8 +151,8 @@ static void attend_chunk_tile(const AttentionShape *a, const float *q, const Chu
             const int64_t len = context_lens[first + r] - c->start;
             const int64_t n = len - t0 < KEY_TILE ? len - t0 : KEY_TILE;
             for (int64_t h = 0; h < group && n > 0; h++)
-                add_weighted_values(scores + (r * group + h) * width + t0, v + t0 * d, d, n, d,
-                                    out + (first + r) * row_size + (g * group + h) * d);
+                add_weighted_values(scores + (r * group + h) * width + t0, v, t0 * d, d, n, d,
+                                    out + (first + r) * row_size + (g * group + h) * d, 0);
         }
     for (int64_t r = 0; r < count; r++)
         for (int64_t h = 0; h < group; h++) {
@@ -164,8 +167,8 @@ static void attend_chunk_tile(const AttentionShape *a, const float *q, const Chu
    attends its first context_lens[r] tokens, the last window of them where window > 0.
    A prompt chunk is a run of rows of one sequence at consecutive positions. Returns
    nonzero when memory ran out. */
-static int attend_rows(const AttentionShape *a, const float *q, const float *k_cache,
-                       const float *v_cache, const int64_t *block_tables, int64_t max_blocks,
+static int attend_rows(const AttentionShape *a, const float *q, const void *k_cache,
+                       const void *v_cache, const int64_t *block_tables, int64_t max_blocks,
                        const int64_t *row_seqs, const int64_t *context_lens, int64_t window,
                        int64_t rows, float *out, int num_threads) {
     const int64_t kv_heads = a->num_kv_heads, d = a->head_dim, row_size = a->num_heads * d;
@@ -230,9 +233,18 @@ static int attend_rows(const AttentionShape *a, const float *q, const float *k_c
             if (it.chunk < 0) {
                 const int64_t *table = block_tables + row_seqs[it.first_row] * max_blocks;
                 const int64_t len = context_lens[it.first_row];
+                /* the row this thread likely takes next, as the threads take turns */
+                const int64_t n = i + omp_get_num_threads();
+                const int ahead = n < count && items[n].chunk < 0;
+                Ahead next;
+                if (ahead) {
+                    const int64_t row = items[n].first_row, next_len = context_lens[row];
+                    ahead_start(&next, a, k_cache, v_cache, block_tables + row_seqs[row] * max_blocks,
+                                window_start(next_len, window), next_len);
+                }
                 attend_sequence(a, q + it.first_row * row_size, k_cache, v_cache, table,
                                 window_start(len, window), len, scores,
-                                out + it.first_row * row_size);
+                                out + it.first_row * row_size, ahead ? &next : NULL);
             } else {
                 attend_chunk_tile(a, q, chunks + it.chunk, context_lens, window, it.first_row,
                                   it.rows, it.kv_head, scores, out);

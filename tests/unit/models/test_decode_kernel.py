@@ -85,6 +85,25 @@ def test_native_matches_torch(heads: int, kv_heads: int, block_size: int, head_d
     torch.testing.assert_close(native_out, torch_out, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (6, 3, 12)])
+def test_a_half_cache_is_read_as_the_floats_it_holds(
+    heads: int, kv_heads: int, head_dim: int
+) -> None:
+    """A float16 cache gives the bits its values widened to float32 give (the vector
+    path, and 12: the scalar one), within a window too; the torch path reads it alike."""
+    contexts = [1, 7, 16, 17, 40, 131]
+    cache, q, tables = paged_inputs(contexts, heads, kv_heads, 16, head_dim=head_dim)
+    half = cache.half()
+    for window in (None, 17):
+        widened = attend(half.float(), q, tables, contexts, native=True, window=window)
+        got = attend(half, q, tables, contexts, native=True, window=window)
+        assert torch.equal(got, widened)
+        torch_out = attend(half, q, tables, contexts, native=False, window=window)
+        torch.testing.assert_close(got, torch_out, rtol=1e-5, atol=1e-5)
+    # the rounding is there to see: a float32 cache of the same draws reads otherwise
+    assert not torch.equal(attend(cache, q, tables, contexts, native=True), got)
+
+
 @pytest.mark.parametrize("head_dim", [16, 12])  # 12: the scalar path
 def test_a_sliding_window_starts_each_row_where_torch_does(head_dim: int) -> None:
     """Windows that start mid-block, on a block edge, and before the context (all of it)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import shutil
+import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -88,17 +89,63 @@ def test_concurrent_builds_leave_one_whole_library(compiler: str, tmp_path: Path
 def test_every_rung_of_the_flag_ladder_matches_torch(
     compiler: str, tmp_path: Path, extra: tuple[str, ...]
 ) -> None:
+    """Over a float32 cache and a float16 one (the plain rungs widen halves bit by bit,
+    the native ones with F16C)."""
     library = ctypes.CDLL(str(build_library(KERNEL, compiler, (*BASE_FLAGS, *extra), tmp_path)))
     kernel = decode_kernel_in(library)
     contexts = [1, 17, 131]
     cache, q, tables = paged_inputs(contexts, 6, 2, 16, head_dim=64)
-    expected = attend(cache, q, tables, contexts, native=False)
-    torch.testing.assert_close(
-        attend(cache, q, tables, contexts, native=True, kernel=kernel),
-        expected,
-        rtol=1e-5,
-        atol=1e-5,
+    for held in (cache, cache.half()):
+        expected = attend(held, q, tables, contexts, native=False)
+        torch.testing.assert_close(
+            attend(held, q, tables, contexts, native=True, kernel=kernel),
+            expected,
+            rtol=1e-5,
+            atol=1e-5,
+        )
+
+
+# Exports kv_cache.h's conversions, for the test below to call.
+CONVERSIONS = """
+#include "kv_cache.h"
+void widen(const uint16_t *in, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = kv_value(in, i, 1);
+}
+void narrow(const float *in, uint16_t *out, int64_t n) { kv_store(out, 0, in, n, 1); }
+"""
+
+
+@pytest.mark.parametrize("extra", [(), ("-mavx2", "-mfma", "-mf16c")], ids=["plain", "f16c"])
+def test_the_half_conversions_round_as_torch_does(
+    compiler: str, tmp_path: Path, extra: tuple[str, ...]
+) -> None:
+    """Every half widens to the float torch gives (its NaNs to NaNs), and floats round
+    to torch's halves: ties to even, subnormals, past the largest half, the extremes."""
+    source = tmp_path / "conversions.c"
+    source.write_text(CONVERSIONS)
+    library_path = tmp_path / "conversions.so"
+    command = [compiler, *BASE_FLAGS, *extra, "-I", str(native.KERNELS)]
+    subprocess.run([*command, str(source), "-o", str(library_path)], check=True)
+    library = ctypes.CDLL(str(library_path))
+    halves = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.float16)
+    widened = torch.empty(halves.shape, dtype=torch.float32)
+    library.widen(
+        ctypes.c_void_p(halves.data_ptr()), ctypes.c_void_p(widened.data_ptr()), halves.numel()
     )
+    expected = halves.float()
+    numbers = ~expected.isnan()
+    assert torch.equal(widened[numbers], expected[numbers]) and widened[~numbers].isnan().all()
+    gen = torch.Generator().manual_seed(0)
+    spread = torch.randn(100_000, generator=gen) * torch.logspace(-9, 6, 100_000).double().float()
+    ordered = expected[numbers & ~expected.isinf()].unique()  # sorted, -0 one with 0
+    halfway = (ordered[:-1] + ordered[1:]) / 2  # ties between neighbours: exact as floats
+    edges = torch.tensor([0.0, -0.0, 65504.0, 65519.99, 65520.0, 1e9, float("inf"), 2**-25, 2**-24])
+    floats = torch.cat([spread, halfway, edges, -edges])
+    narrowed = torch.empty(floats.shape, dtype=torch.float16)
+    library.narrow(
+        ctypes.c_void_p(floats.data_ptr()), ctypes.c_void_p(narrowed.data_ptr()), floats.numel()
+    )
+    assert torch.equal(narrowed.view(torch.int16), floats.half().view(torch.int16))
 
 
 # On an AVX-512 CPU, -march=native builds the AVX-512 code: this rung keeps the AVX2
@@ -240,7 +287,7 @@ def test_a_struct_declared_unlike_its_c_twin_is_refused(monkeypatch: pytest.Monk
         _fields_ = llama_stack._Dims._fields_[:-2]
 
     monkeypatch.setattr(llama_stack, "_Dims", _Dims)
-    with pytest.raises(native.KernelUnavailable, match="Dims is 72 bytes in C and 56"):
+    with pytest.raises(native.KernelUnavailable, match="Dims is 80 bytes in C and 64"):
         llama_stack._function.__wrapped__()
 
 
