@@ -8,8 +8,9 @@ the file + the KV cache. Beside the one-stream rounds it prints whether they are
 by memory: what this machine reads (``read_ceiling_gib_s``), the bytes a token reads
 in llama.cpp and in carpool, and what carpool would reach at that rate. carpool's KV
 cache is sized to hold every stream at once (``--concurrency`` x the prompt and output
-tokens, float32) unless ``--kv-cache`` says otherwise: a smaller one preempts streams
-and recomputes them (the count is printed).
+tokens) unless ``--kv-cache`` says otherwise: a smaller one preempts streams and
+recomputes them (the count is printed). It holds float16 (``--kv-cache-dtype``), as
+llama.cpp's cache does at its defaults.
 
     python -m benchmarks.k_quants --llama-bin /path/to/llama.cpp/build/bin [--gguf F]
 
@@ -161,12 +162,14 @@ def read_ceiling_gib_s(threads: int, gib: int = 1) -> float:
     return statistics.median(rates)
 
 
-def kv_cache_for(folder: Path, streams: int) -> str:
-    """A float32 KV cache that holds ``streams`` sequences of the prompt and output
-    tokens at once (and one block more each), for the model converted into ``folder``."""
+def kv_cache_for(folder: Path, streams: int, dtype: str) -> str:
+    """A KV cache of ``dtype`` (float32 or float16) that holds ``streams`` sequences of
+    the prompt and output tokens at once (and one block more each), for the model
+    converted into ``folder``."""
     config = json.loads((folder / "config.json").read_text())
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    per_token = config["num_hidden_layers"] * 2 * config["num_key_value_heads"] * head_dim * 4
+    element = 2 if dtype == "float16" else 4
+    per_token = config["num_hidden_layers"] * 2 * config["num_key_value_heads"] * head_dim * element
     blocks = streams * (-(-(PROMPT_TOKENS + TOKENS) // BLOCK) + 1)
     return f"{-(-blocks * BLOCK * per_token // 2**20)}MiB"
 
@@ -193,6 +196,7 @@ def serve(name: str, args: argparse.Namespace) -> tuple[subprocess.Popen[str], s
     command = [sys.executable, "-m", "carpool.cli", "serve", "--port", "0", "--model"]
     command += [str(args.gguf), "--served-model-name", CHAT]
     command += ["--threads", str(args.threads), "--kv-cache-memory", args.kv_cache]
+    command += ["--kv-cache-dtype", args.kv_cache_dtype]
     command += ["--weight-kernel", args.weight_kernel]
     process, match, _ = spawn(command, re.compile(r"carpool ready on (http://\S+)"), 300.0)
     return process, match.group(1)
@@ -233,7 +237,12 @@ def one_stream_round(args: argparse.Namespace, bin_dir: Path, index: int) -> tup
     def own() -> float:
         gguf = str(args.gguf)
         seconds = offline(
-            args.threads, args.requests, args.weight_kernel, gguf, kv_cache_memory=args.kv_cache
+            args.threads,
+            args.requests,
+            args.weight_kernel,
+            gguf,
+            kv_cache_memory=args.kv_cache,
+            kv_cache_dtype=args.kv_cache_dtype,
         )
         return 1 / seconds
 
@@ -272,6 +281,12 @@ def main() -> None:
         default="",
         help="carpool's KV cache (default: what --concurrency streams need at once)",
     )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        default="float16",
+        choices=("float16", "float32"),
+        help="carpool's KV cache (float16: llama.cpp's default cache type, which it runs with)",
+    )
     parser.add_argument("--llama-port", type=int, default=8093)
     parser.add_argument(
         "--weight-kernel",
@@ -297,7 +312,7 @@ def main() -> None:
     from carpool.models.causal_lm import convert_gguf
 
     folder = convert_gguf(args.gguf, default_cache_dir(), progress=False)  # not measured
-    args.kv_cache = args.kv_cache or kv_cache_for(folder, args.concurrency)
+    args.kv_cache = args.kv_cache or kv_cache_for(folder, args.concurrency, args.kv_cache_dtype)
     kernels = dict.fromkeys((args.weight_kernel, "native", "torch"))
     memory = {kernel: model_memory(args.gguf, kernel) for kernel in kernels}
     rounds = [one_stream_round(args, bin_dir, i) for i in range(args.rounds)]

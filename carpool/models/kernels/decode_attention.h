@@ -41,9 +41,10 @@ static inline int64_t window_start(int64_t len, int64_t window) {
 
 /* The cache rows of the sequence a thread attends next (its keys, then its values),
    asked for into L2 a few lines at a time while it attends the one before, so that
-   their loads overlap that work: asked for in one burst, they stalled it instead (the
-   L1's misses outstanding are few), and a layer of 64 streams' caches read from
-   memory took twice what it took from cache. */
+   their loads overlap that work. A layer of 64 streams' caches (SmolLM2-135M's heads,
+   64-192 tokens, 2 threads, Zen 4) took 0.84-0.90 ms read from memory and 0.40 from
+   cache; the next sequence asked for in one burst before each: 0.80; a few lines at
+   a time: 0.59-0.62 (float16: 0.72 -> 0.36-0.38). */
 typedef struct {
     const char *cache[2]; /* keys, values */
     const int64_t *table;

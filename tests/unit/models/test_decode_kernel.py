@@ -231,6 +231,27 @@ def test_selection_follows_the_config_and_says_which_path() -> None:
         EngineConfig(attention_kernel="flash")
 
 
+def test_a_cache_dtype_the_kernel_cannot_read_takes_the_torch_path() -> None:
+    cpu = torch.device("cpu")
+    kernel, path = select_decode_kernel("auto", cpu, torch.float32, torch.float16)
+    assert kernel is compile_decode_kernel() and path.native
+    kernel, path = select_decode_kernel("auto", cpu, torch.float32, torch.bfloat16)
+    assert kernel is None and "float32 or float16 KV cache" in path.detail
+    with pytest.raises(ValueError, match=r"not torch\.bfloat16"):
+        select_decode_kernel("native", cpu, torch.float32, torch.bfloat16)
+    cache = torch.zeros(2, 4, 16, 2, 16, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="reads float32 or float16"):
+        compile_decode_kernel()(
+            torch.zeros(1, 2, 16),
+            cache[0],
+            cache[1],
+            torch.zeros(1, 1, dtype=torch.long),
+            torch.ones(1, dtype=torch.long),
+            torch.zeros(1, 2, 16),
+            1.0,
+        )
+
+
 def test_without_a_compiler_auto_falls_back_with_a_warning_and_native_says_why(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
