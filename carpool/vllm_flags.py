@@ -3,8 +3,9 @@ the flags vLLM's users copy that carpool has no flag of its own for. Each is map
 carpool's meaning or refused with what to use instead; the flags carpool shares with
 vLLM (``--served-model-name``, ``--max-model-len``, ``--max-num-seqs``,
 ``--max-num-batched-tokens``, ``--gpu-memory-utilization``, ``--dtype``,
-``--api-key``, ``--chat-template``, ``--reasoning-parser``,
-``--enable-prefix-caching``, ``--generation-config``) are carpool's own.
+``--kv-cache-dtype`` (but its fp8 kinds), ``--api-key``, ``--chat-template``,
+``--reasoning-parser``, ``--enable-prefix-caching``, ``--generation-config``) are
+carpool's own.
 """
 
 from __future__ import annotations
