@@ -6,6 +6,7 @@ runner: no runner builds another."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 
 import torch
@@ -20,6 +21,8 @@ from carpool.models.decode_kernel import select_decode_kernel
 from carpool.models.registry import LoadOptions
 from carpool.paths import PathTaken
 from carpool.workers.model_runner import ModelRunner
+
+log = logging.getLogger(__name__)
 
 
 def engine_for(
@@ -43,6 +46,15 @@ def engine_for(
         raise ValueError(f"kv_cache_memory {config.kv_cache_memory} holds no block")
     full, windowed = _pools(lm, config, memory, num_blocks, kv_dtype)
     blocks = full or blocks
+    log.info(
+        "%s: a KV cache of %d blocks of %d tokens (%d tokens), %s%s",
+        lm.name,
+        blocks,
+        bs,
+        blocks * bs,
+        str(kv_dtype).removeprefix("torch."),
+        f", and {windowed} blocks for its windowed layers" if windowed else "",
+    )
     runner: ModelRunner
     if lm.device.type == "cuda":
         runner = _cuda_runner(lm, config, blocks, windowed)
