@@ -322,9 +322,9 @@ class EngineConfig:
     )
     attention_kernel: str = _help(
         "Attention over the paged cache: native (C, compiled at start-up with the "
-        "machine's compiler; reads the cache in place; CPU and float32 only; decode rows, "
-        "and prompt rows too inside the fused stack), torch, or auto (native where it can "
-        "run, else torch).",
+        "machine's compiler; reads the cache in place; CPU, a float32 model, a float32 or "
+        "float16 cache; decode rows, and prompt rows too inside the fused stack), torch, or "
+        "auto (native where it can run, else torch).",
         default="auto",
     )
     weight_kernel: str = _help(

@@ -3,14 +3,15 @@
    projection (+ bias), an RMSNorm over each head's query and key where the layer has
    them (Qwen3), rotary embedding, the new keys and values of every row written to
    their cache slots (rounded to halves where the cache holds them), then each row
-   attending its sequence's cache up to its own position, within the layer's sliding window if it has one (prefill_attention.h),
-   the output projection (normed where the layer has a norm after attention, Gemma
-   3) and residual,
+   attending its sequence's cache up to its own position, within the layer's sliding
+   window if it has one (prefill_attention.h), the output projection (normed where
+   the layer has a norm after attention, Gemma 3) and residual,
    RMSNorm, the fused gate/up projection, SiLU(gate) * up (GELU's tanh form for
    Gemma 3), the down projection (normed where the layer has a norm after its MLP)
-   and residual. Gemma 3's norms scale by 1 + weight: it hands over that sum. The same arithmetic as the per-operation path (carpool/models/llama.py
-   with the quantized-linear and decode-attention kernels), without several hundred
-   torch calls a step; only summation order may differ.
+   and residual. Gemma 3's norms scale by 1 + weight: it hands over that sum. The
+   same arithmetic as the per-operation path (carpool/models/llama.py with the
+   quantized-linear and decode-attention kernels), without several hundred torch
+   calls a step; only summation order may differ.
 
    x: [rows, hidden] float32, the residual stream, updated in place.
    cos, sin: [rows, head_dim], each row's rotary factors (rotate-half layout);

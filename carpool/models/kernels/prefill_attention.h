@@ -239,7 +239,8 @@ static int attend_rows(const AttentionShape *a, const float *q, const void *k_ca
                 Ahead next;
                 if (ahead) {
                     const int64_t row = items[n].first_row, next_len = context_lens[row];
-                    ahead_start(&next, a, k_cache, v_cache, block_tables + row_seqs[row] * max_blocks,
+                    ahead_start(&next, a, k_cache, v_cache,
+                                block_tables + row_seqs[row] * max_blocks,
                                 window_start(next_len, window), next_len);
                 }
                 attend_sequence(a, q + it.first_row * row_size, k_cache, v_cache, table,
