@@ -195,7 +195,7 @@ static inline __attribute__((always_inline)) void add_weighted_values(
 /* Tokens whose keys (then values) every head reads before the next ones: the span's
    rows of the cache (every kv head's, side by side) are asked for in order first, so
    memory streams them once, and stay in L2 while the heads take turns on them (a
-   span's keys and values: 2 * SPAN * num_kv_heads * head_dim floats) */
+   span's keys and values: 2 * SPAN * num_kv_heads * head_dim elements) */
 #define SPAN 256
 
 #if defined(__AVX2__) && defined(__FMA__)

@@ -61,6 +61,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "half.h"
 #include "quantized_dot.h"
 #include "work_share.h"
 
@@ -122,34 +123,11 @@ static inline int64_t strip_extra_bytes(int64_t kind, int64_t groups) {
     return groups * FEATURES * 2; /* float16 mins, int16 sums */
 }
 
-/* A float16's bits as the float32 it is (every float16 is one exactly) */
-static inline float half_float(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t exponent = (h >> 10) & 31, mantissa = h & 1023, bits;
-    if (exponent == 31) {
-        bits = sign | 0x7f800000u | mantissa << 13;
-    } else if (exponent) {
-        bits = sign | (exponent + 112) << 23 | mantissa << 13;
-    } else if (!mantissa) {
-        bits = sign;
-    } else { /* subnormal: mantissa * 2^-24, normalised */
-        exponent = 113;
-        while (!(mantissa & 1024)) {
-            mantissa <<= 1;
-            exponent--;
-        }
-        bits = sign | exponent << 23 | (mantissa & 1023) << 13;
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
 /* Block g's K-quant scale and min of feature f: d * sc and -dmin * m (see Q4_K) */
 static inline float k_scale(const void *scales, const void *extra, int64_t g, int f, int min) {
     const uint8_t *sc = (const uint8_t *)scales + g * 2 * FEATURES + min * FEATURES;
     const uint16_t *super = (const uint16_t *)extra + g / SUPER_BLOCKS * 2 * FEATURES + min * FEATURES;
-    return half_float(super[f]) * (float)sc[f];
+    return half_to_float(super[f]) * (float)sc[f];
 }
 
 /* The x operands of one tile: its rows' int8 steps (xq), Q8_0's xq + 128 under VNNI
@@ -445,11 +423,11 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
                 }
                 const float part = (float)dot * x->xscales[r * groups + g];
                 const float scale = factored(kind) ? k_scale(scales, extra, g, f, 0)
-                                                   : half_float(((const uint16_t *)scales)[g * FEATURES + f]);
+                                                   : half_to_float(((const uint16_t *)scales)[g * FEATURES + f]);
                 acc = fmaf(part, scale, acc);
                 if (has_mins(kind)) {
                     const float min = factored(kind) ? k_scale(scales, extra, g, f, 1)
-                                                     : half_float(((const uint16_t *)extra)[g * FEATURES + f]);
+                                                     : half_to_float(((const uint16_t *)extra)[g * FEATURES + f]);
                     acc = fmaf(x->xsums[r * groups + g], min, acc);
                 }
             }
@@ -601,7 +579,7 @@ ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const uint1
                 const int8_t *sc = scales + g * 2 * FEATURES;
                 const int32_t dot = dots[0] * sc[f] + dots[1] * sc[FEATURES + f];
                 const float part = (float)dot * x->xscales[r * groups + g];
-                acc = fmaf(part, half_float(supers[g / SUPER_BLOCKS * FEATURES + f]), acc);
+                acc = fmaf(part, half_to_float(supers[g / SUPER_BLOCKS * FEATURES + f]), acc);
             }
             y[r * n + f] = acc;
         }
