@@ -18,8 +18,9 @@ the engine's statistics whenever a request finished (and at most every
 ``STATS_EVERY_S`` otherwise), so /metrics lags by no finished request. The step loop
 itself makes no system call while it has work, but to wait on its device.
 
-When the engine process dies, every request it held fails and ``on_death`` is called
-(the server exits non-zero, as when its device runtime dies); when the server's
+When the engine process dies, ``on_death`` is called (the server is no longer ready
+and exits non-zero, as when its device runtime dies), then every request it held
+fails; when the server's
 process dies, the engine's finds its pipe closed and exits.
 """
 
@@ -390,10 +391,12 @@ class EngineClient(EngineFront):
         self.process.join(5.0)
         message = f"the engine process of {self.name} died (exit code {self.process.exitcode})"
         log.critical("%s; failing its requests", message)
-        self._entry.close(lambda: RuntimeDead(message))
-        self._fail_held(RuntimeDead(message))
+        # The server is told first, as the runtime thread's death is: a client that
+        # has its request's failure must find the server no longer ready.
         if self._on_death is not None:
             self._on_death(RuntimeError(message))
+        self._entry.close(lambda: RuntimeDead(message))
+        self._fail_held(RuntimeDead(message))
 
     # -- helpers ---------------------------------------------------------------------------
 
