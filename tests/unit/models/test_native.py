@@ -129,11 +129,11 @@ def test_the_half_conversions_round_as_torch_does(
     command = [compiler, *BASE_FLAGS, *extra, "-I", str(native.KERNELS)]
     subprocess.run([*command, str(source), "-o", str(library_path)], check=True)
     library = ctypes.CDLL(str(library_path))
+    for function in (library.widen, library.narrow):
+        function.restype, function.argtypes = None, [ctypes.c_void_p] * 2 + [ctypes.c_int64]
     halves = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.float16)
     widened = torch.empty(halves.shape, dtype=torch.float32)
-    library.widen(
-        ctypes.c_void_p(halves.data_ptr()), ctypes.c_void_p(widened.data_ptr()), halves.numel()
-    )
+    library.widen(halves.data_ptr(), widened.data_ptr(), halves.numel())
     expected = halves.float()
     numbers = ~expected.isnan()
     assert torch.equal(widened[numbers], expected[numbers]) and widened[~numbers].isnan().all()
@@ -144,9 +144,7 @@ def test_the_half_conversions_round_as_torch_does(
     edges = torch.tensor([0.0, -0.0, 65504.0, 65519.99, 65520.0, 1e9, float("inf"), 2**-25, 2**-24])
     floats = torch.cat([spread, halfway, edges, -edges])
     narrowed = torch.empty(floats.shape, dtype=torch.float16)
-    library.narrow(
-        ctypes.c_void_p(floats.data_ptr()), ctypes.c_void_p(narrowed.data_ptr()), floats.numel()
-    )
+    library.narrow(floats.data_ptr(), narrowed.data_ptr(), floats.numel())
     assert torch.equal(narrowed.view(torch.int16), floats.half().view(torch.int16))
 
 
