@@ -133,9 +133,13 @@ class ModelRunner:
             window_blocks if hybrid is not None and w is not None else num_blocks
             for w in cfg.layer_windows()
         ]
-        self.kv_dtype = kv_dtype or lm.dtype
         self.caches = allocate_kv_cache(
-            layer_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, self.kv_dtype, lm.device
+            layer_blocks,
+            block_size,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            kv_dtype or lm.dtype,
+            lm.device,
         )
 
     def make_generator(self, seed: int) -> torch.Generator:

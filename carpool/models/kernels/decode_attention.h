@@ -54,19 +54,23 @@ typedef struct {
     int64_t which, pos, offset; /* where it is: keys or values, token, byte of its run */
 } Ahead;
 
-static inline void ahead_start(Ahead *p, const AttentionShape *a, const void *k_cache,
-                               const void *v_cache, const int64_t *table, int64_t first,
-                               int64_t end) {
+/* p set to ask for the rows a sequence (its block table) attends at context len
+   within window (window_start); returns p */
+static inline Ahead *ahead_start(Ahead *p, const AttentionShape *a, const void *k_cache,
+                                 const void *v_cache, const int64_t *table, int64_t len,
+                                 int64_t window) {
+    const int64_t first = window_start(len, window);
     *p = (Ahead){{(const char *)k_cache, (const char *)v_cache},
                  table,
                  first,
-                 end,
+                 len,
                  a->block_size,
                  a->num_kv_heads * a->head_dim * kv_element_size(a->kv_half),
                  0,
                  0,
                  first,
                  0};
+    return p;
 }
 
 /* The lines of the whole sequence, keys and values */
@@ -394,12 +398,13 @@ static int attend_all(const AttentionShape *a, const float *q, const void *k_cac
             /* the sequence this thread likely takes next, as the threads take turns */
             const int64_t n = s + omp_get_num_threads();
             Ahead next;
-            if (n < num_seqs)
-                ahead_start(&next, a, k_cache, v_cache, block_tables + n * max_blocks,
-                            window_start(context_lens[n], window), context_lens[n]);
+            Ahead *ahead = n < num_seqs ? ahead_start(&next, a, k_cache, v_cache,
+                                                      block_tables + n * max_blocks,
+                                                      context_lens[n], window)
+                                        : NULL;
             attend_sequence(a, q + s * seq_size, k_cache, v_cache, block_tables + s * max_blocks,
                             window_start(context_lens[s], window), context_lens[s], scores,
-                            out + s * seq_size, n < num_seqs ? &next : NULL);
+                            out + s * seq_size, ahead);
         }
         free(scores);
     }

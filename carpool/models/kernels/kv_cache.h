@@ -4,10 +4,8 @@
    it as an argument, so where a caller passes a constant the compiler builds each
    kind's loop apart.
 
-   Writing rounds to the nearest half, ties to even (torch's `.to(torch.float16)`,
-   F16C's `vcvtps2ph` with round-to-nearest); reading widens exactly (half.h). Where
-   the compiler targets F16C (every AVX2 CPU has it) eight values convert in one
-   instruction; elsewhere half.h's bit-level conversions give the same bits. */
+   Writing rounds and reading widens as half.h converts, eight values at a time
+   where the compiler targets F16C (every AVX2 CPU has it). */
 
 #ifndef CARPOOL_KV_CACHE_H
 #define CARPOOL_KV_CACHE_H

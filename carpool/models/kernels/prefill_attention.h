@@ -235,17 +235,15 @@ static int attend_rows(const AttentionShape *a, const float *q, const void *k_ca
                 const int64_t len = context_lens[it.first_row];
                 /* the row this thread likely takes next, as the threads take turns */
                 const int64_t n = i + omp_get_num_threads();
-                const int ahead = n < count && items[n].chunk < 0;
+                const int64_t row = n < count && items[n].chunk < 0 ? items[n].first_row : -1;
                 Ahead next;
-                if (ahead) {
-                    const int64_t row = items[n].first_row, next_len = context_lens[row];
-                    ahead_start(&next, a, k_cache, v_cache,
-                                block_tables + row_seqs[row] * max_blocks,
-                                window_start(next_len, window), next_len);
-                }
+                Ahead *ahead = row < 0 ? NULL
+                                       : ahead_start(&next, a, k_cache, v_cache,
+                                                     block_tables + row_seqs[row] * max_blocks,
+                                                     context_lens[row], window);
                 attend_sequence(a, q + it.first_row * row_size, k_cache, v_cache, table,
                                 window_start(len, window), len, scores,
-                                out + it.first_row * row_size, ahead ? &next : NULL);
+                                out + it.first_row * row_size, ahead);
             } else {
                 attend_chunk_tile(a, q, chunks + it.chunk, context_lens, window, it.first_row,
                                   it.rows, it.kv_head, scores, out);
