@@ -95,12 +95,13 @@ import sys
 from pathlib import Path
 import torch, transformers, carpool.cli, carpool.server.bootstrap, carpool.server.http.app
 from carpool.models.causal_lm import load_causal_lm
-from benchmarks.k_quants import bytes_per_token
 def status(key):
     return int(Path("/proc/self/status").read_text().split(key + ":")[1].split()[0]) / 1024
 before = status("VmRSS")
 lm = load_causal_lm(Path(sys.argv[1]), progress=False, weight_kernel=sys.argv[2])
-print(before, status("VmRSS"), status("VmHWM"), bytes_per_token(lm.model) / 2**20)
+after, peak = status("VmRSS"), status("VmHWM")
+from benchmarks.k_quants import bytes_per_token  # last: the server imports none of it
+print(before, after, peak, bytes_per_token(lm.model) / 2**20)
 """
 
 
