@@ -653,7 +653,8 @@ class BlocksFile(MutableMapping[str, PackedWeight]):
 class QuantizedLinearKernel:
     """y = x @ W^T with W in blocks, for float32 rows x [m, k]. With ``int8_dots``
     (opt-in, ``--weight-kernel native-int8``) x is rounded per block of 32 to int8
-    and the dot products are integer (llama.cpp's way): faster, not exact. With a
+    (per 256 for an interleaved K-quant) and the dot products are integer (llama.cpp's
+    way): faster, not exact. With a
     weight's ``Interleaved`` copy (or its parts', ``FusedInterleaved``) that is every
     row count (``kernels/interleaved.h``); without one (no AVX2, a Q8_16 weight not
     Q6_K's, or rows not a multiple of 16), steps of up to 8 rows, larger ones exact."""

@@ -30,9 +30,8 @@
          scales as its file holds them (k a multiple of 256): scales uint8 [2][FEATURES]
          (each feature's scale sc, then its min m), extra float16 [2][FEATURES] per
          super-block of SUPER_BLOCKS blocks (the file's d, then -dmin); a block's scale
-         is d * sc and its min -dmin * m, each exact in float32 (a float16 times an
-         integer below 64): the floats Q4_1's and Q5_1's scales and mins hold, in 4.625
-         and 5.625 bits a weight instead of 6 and 7 (the files' 4.5 and 5.5).
+         is d * sc and its min -dmin * m: in 4.625 and 5.625 bits a weight instead of
+         Q4_1's and Q5_1's 6 and 7 (the files' 4.5 and 5.5).
    Q6_K (a kind of this kernel only; k a multiple of 256): quants [6][FEATURES][4]
          uint8 of q = the file's 6-bit quant (w = d * sc * (q - 32)): lanes 0-3 Q4_1's
          nibbles of q's low four bits, lane 4: byte (f, b)'s bits 2j and 2j + 1 are
@@ -44,15 +43,21 @@
    (each a float32 exactly, so the same floats as the file layout's float32 scales, in
    2 bytes a block instead of 4: Q4_1 in 5 bits a weight, its file's, instead of 6).
 
-   x's rows are rounded per block of 32 to int8 steps first (quantize_rows in
-   quantized_dot.h), each step within [-127, 127]. Each feature's result, per row, over
-   blocks g in order:
+   x's rows are rounded to int8 steps first (quantize_rows_per in quantized_dot.h), each
+   step within [-127, 127]: per block of 32 for Q4_1, Q8_0, Q5_1 and Q5_0, per super-block
+   of 256 (one step, its blocks' largest, as llama.cpp's Q8_K) for the K-quants, so that
+   their integer sub-block scales multiply integer sums; a call whose parts read both
+   roundings makes both. Each feature's result, per row, over blocks g in order:
        acc = fma((float)(q . xq) * xscale, scale, acc)   then for Q4_1 and Q5_1
        acc = fma(xsum, min, acc)
-   with the integer dot product exact (Q5_0's q - 16); Q6_K's per block:
-       acc = fma((float)(sc0 * (q - 32) . xq[0:16] + sc1 * (q - 32) . xq[16:32]) * xscale, d, acc)
-   The portable C path computes the same (fmaf), so a row's result depends neither on the step's other rows, nor on the
-   threads, nor on the instruction set. */
+   with the integer dot product exact (Q5_0's q - 16); the K-quants' per super-block,
+   with 32-bit integer sums over its blocks (at most 8 * 63 * 32 * 31 * 127 < 2^31):
+       Q4_K, Q5_K: acc = fma((float)sum(sc * (q . xq)), d * xscale, acc)
+                   acc = fma((float)sum(m * sum(xq)), -dmin * xscale, acc)
+       Q6_K:       acc = fma((float)sum(sc0 * (q - 32) . xq[0:16] + sc1 * (q - 32) . xq[16:32]),
+                             d * xscale, acc)
+   The portable C path computes the same (fmaf), so a row's result depends neither on
+   the step's other rows, nor on the threads, nor on the instruction set. */
 
 #ifndef CARPOOL_INTERLEAVED_H
 #define CARPOOL_INTERLEAVED_H
@@ -123,13 +128,6 @@ static inline int64_t strip_extra_bytes(int64_t kind, int64_t groups) {
     return groups * FEATURES * 2; /* float16 mins, int16 sums */
 }
 
-/* Block g's K-quant scale and min of feature f: d * sc and -dmin * m (see Q4_K) */
-static inline float k_scale(const void *scales, const void *extra, int64_t g, int f, int min) {
-    const uint8_t *sc = (const uint8_t *)scales + g * 2 * FEATURES + min * FEATURES;
-    const uint16_t *super = (const uint16_t *)extra + g / SUPER_BLOCKS * 2 * FEATURES + min * FEATURES;
-    return half_to_float(super[f]) * (float)sc[f];
-}
-
 /* The x operands of one tile: its rows' int8 steps (xq), Q8_0's xq + 128 under VNNI
    (xu), the sums of each half block's steps (xhalfsums: Q5_0's, and Q6_K's under
    VNNI), and per block the step (xscales) and the float32 sum (xsums); each
@@ -139,6 +137,10 @@ typedef struct {
     const uint8_t *xu;
     const int32_t *xhalfsums;
     const float *xscales, *xsums;
+    /* Q4_K's and Q5_K's: per pair of blocks (2i, 2i + 1) the sums of their steps, the
+       first's in the low 16 bits and the second's in the high (each within 32 * 127),
+       [rows, groups / 2] */
+    const int32_t *xpairsums;
 } TileRows;
 
 /* How far ahead of the block at hand a vector tile asks for its weights, into L2: one
@@ -150,6 +152,12 @@ static inline void prefetch_ahead(const uint8_t *q, int64_t bytes) {
     /* an address, not a pointer: past the matrix's end there is no object to point into */
     const uintptr_t ahead = (uintptr_t)q + TILE_PREFETCH_BYTES;
     for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch((const void *)(ahead + (uintptr_t)b), 0, 2);
+}
+
+/* The sum of row r's steps in block g, from xpairsums */
+static inline int32_t block_steps_sum(const TileRows *x, int64_t groups, int64_t r, int64_t g) {
+    const uint32_t pair = (uint32_t)x->xpairsums[(r * groups + g) / 2];
+    return (int16_t)(uint16_t)(g % 2 == 0 ? pair : pair >> 16);
 }
 
 /* 16 times the sum of row r's steps in block g: Q5_0's quants' 16, taken out */
@@ -165,11 +173,6 @@ static inline __m512i broadcast4(const uint8_t *a) {
     int32_t v;
     memcpy(&v, a, sizeof v);
     return _mm512_set1_epi32(v);
-}
-
-/* FEATURES bytes as floats */
-static inline __m512 u8_floats(const uint8_t *p) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
 
 /* FEATURES float16 as floats */
@@ -195,6 +198,26 @@ ALWAYS_INLINE __m512i block_dot(const __m512i *w, const uint8_t *a, int unsigned
     return _mm512_add_epi32(first, second);
 }
 
+/* A block of Q4_1's or Q5's quants (the layouts above) as each feature's unsigned
+   weights 4j + b in w[j]: the nibbles, and Q5's fifth bits or-ed in */
+ALWAYS_INLINE void unpack_nibbles(int64_t kind, const uint8_t *q, __m512i w[8]) {
+    const __m512i low = _mm512_set1_epi8(15);
+    for (int j = 0; j < 4; j++) {
+        const __m512i packed = _mm512_loadu_si512((const void *)(q + 64 * j));
+        w[j] = _mm512_and_si512(packed, low);
+        w[4 + j] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
+    }
+    if (quant_kind(kind) == KIND_Q4_1) return;
+    const __m512i fifth = _mm512_loadu_si512((const void *)(q + 256));
+    for (int j = 0; j < 8; j++) {
+        /* bit j of each byte to bit 4: the 16-bit shifts move no bit across a byte,
+           since only bit j is left in each */
+        const __m512i bit = _mm512_and_si512(fifth, _mm512_set1_epi8((char)(1 << j)));
+        const __m512i sixteen = j < 4 ? _mm512_slli_epi16(bit, 4 - j) : _mm512_srli_epi16(bit, j - 4);
+        w[j] = _mm512_or_si512(w[j], sixteen);
+    }
+}
+
 /* x's rows as vpdpbusd's unsigned operand: Q4_1's and Q5's weights are the unsigned
    bytes and x the signed ones; Q8_0's signed weights take x + 128 (xu) as the unsigned
    ones */
@@ -203,47 +226,18 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
                                     int64_t groups, int64_t rows, float *y, int64_t n) {
     __m512 acc[TILE_ROWS];
     for (int r = 0; r < TILE_ROWS; r++) acc[r] = _mm512_setzero_ps();
-    const __m512i low = _mm512_set1_epi8(15);
     const int64_t bytes = tile_bytes(kind);
     const int with_mins = has_mins(kind);
-    __m512 d = _mm512_setzero_ps(), dmin = d; /* a K-quant's super-block's, made once */
     for (int64_t g = 0; g < groups; g++, q += bytes) {
         prefetch_ahead(q, bytes);
         __m512i w[8];
         if (kind == KIND_Q8_0) {
             for (int j = 0; j < 8; j++) w[j] = _mm512_loadu_si512((const void *)(q + 64 * j));
         } else {
-            for (int j = 0; j < 4; j++) {
-                const __m512i packed = _mm512_loadu_si512((const void *)(q + 64 * j));
-                w[j] = _mm512_and_si512(packed, low);
-                w[4 + j] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
-            }
-            if (quant_kind(kind) != KIND_Q4_1) {
-                const __m512i fifth = _mm512_loadu_si512((const void *)(q + 256));
-                for (int j = 0; j < 8; j++) {
-                    /* bit j of each byte to bit 4: the 16-bit shifts move no bit across
-                       a byte, since only bit j is left in each */
-                    const __m512i bit = _mm512_and_si512(fifth, _mm512_set1_epi8((char)(1 << j)));
-                    const __m512i sixteen = j < 4 ? _mm512_slli_epi16(bit, 4 - j)
-                                                  : _mm512_srli_epi16(bit, j - 4);
-                    w[j] = _mm512_or_si512(w[j], sixteen);
-                }
-            }
+            unpack_nibbles(kind, q, w);
         }
-        __m512 scale, min = _mm512_setzero_ps();
-        if (factored(kind)) {
-            if (g % SUPER_BLOCKS == 0) {
-                const uint16_t *super = (const uint16_t *)extra + g / SUPER_BLOCKS * 2 * FEATURES;
-                d = halves_floats(super);
-                dmin = halves_floats(super + FEATURES);
-            }
-            const uint8_t *sc = (const uint8_t *)scales + g * 2 * FEATURES;
-            scale = _mm512_mul_ps(d, u8_floats(sc));
-            min = _mm512_mul_ps(dmin, u8_floats(sc + FEATURES));
-        } else {
-            scale = halves_floats((const uint16_t *)scales + g * FEATURES);
-            if (with_mins) min = halves_floats((const uint16_t *)extra + g * FEATURES);
-        }
+        const __m512 scale = halves_floats((const uint16_t *)scales + g * FEATURES);
+        const __m512 min = with_mins ? halves_floats((const uint16_t *)extra + g * FEATURES) : _mm512_setzero_ps();
         /* Q8_0: 128 times the block's quant sums, which x + 128 added */
         const __m512i offsets =
             kind == KIND_Q8_0 ? _mm512_slli_epi32(_mm512_cvtepi16_epi32(_mm256_loadu_si256(
@@ -268,6 +262,57 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
     }
     for (int64_t r = 0; r < rows; r++) _mm512_storeu_ps(y + r * n, acc[r]);
 }
+
+/* Q4_K's and Q5_K's tile (the arithmetic in the header comment): a block's integer
+   dot times its integer scale (vpmulld) adds up over the super-block; at its end the
+   sums of x's steps times the blocks' mins m (vpdpwssd: two blocks of 16-bit pairs at
+   a time) make the other sum, and each is converted once and scaled by d (or -dmin)
+   times x's step. Only the dots are carried from block to block: with the float sums
+   and a block's weights they fill the 32 registers. */
+ALWAYS_INLINE void k_quant_tile(int64_t kind, const uint8_t *q, const uint8_t *scales,
+                                const uint16_t *supers, const TileRows *x, int64_t k,
+                                int64_t groups, int64_t rows, float *y, int64_t n) {
+    __m512 acc[TILE_ROWS];
+    __m512i dots[TILE_ROWS];
+    for (int r = 0; r < TILE_ROWS; r++) {
+        acc[r] = _mm512_setzero_ps();
+        dots[r] = _mm512_setzero_si512();
+    }
+    const int64_t bytes = tile_bytes(kind);
+    for (int64_t g = 0; g < groups; g++, q += bytes) {
+        prefetch_ahead(q, bytes);
+        __m512i w[8];
+        unpack_nibbles(kind, q, w);
+        const uint8_t *sc = scales + g * 2 * FEATURES;
+        const __m512i scale = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sc));
+        for (int64_t r = 0; r < rows; r++) {
+            const __m512i dot = block_dot(w, (const uint8_t *)(x->xq + r * k + g * BLOCK), 0);
+            dots[r] = _mm512_add_epi32(dots[r], _mm512_mullo_epi32(dot, scale));
+        }
+        if (g % SUPER_BLOCKS != SUPER_BLOCKS - 1) continue;
+        const int64_t g0 = g + 1 - SUPER_BLOCKS;
+        __m512i min_pairs[SUPER_BLOCKS / 2]; /* each feature's m of blocks 2i (low 16 bits), 2i + 1 */
+        for (int i = 0; i < SUPER_BLOCKS / 2; i++) {
+            const uint8_t *m = scales + (g0 + 2 * i) * 2 * FEATURES + FEATURES;
+            const __m512i first = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)m));
+            const __m512i second = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(m + 2 * FEATURES)));
+            min_pairs[i] = _mm512_or_si512(first, _mm512_slli_epi32(second, 16));
+        }
+        const uint16_t *super = supers + g / SUPER_BLOCKS * 2 * FEATURES;
+        const __m512 d = halves_floats(super), neg_dmin = halves_floats(super + FEATURES);
+        for (int64_t r = 0; r < rows; r++) {
+            const int32_t *pairs = x->xpairsums + (r * groups + g0) / 2;
+            __m512i mins = _mm512_setzero_si512();
+            for (int i = 0; i < SUPER_BLOCKS / 2; i++)
+                mins = _mm512_dpwssd_epi32(mins, min_pairs[i], _mm512_set1_epi32(pairs[i]));
+            const __m512 step = _mm512_set1_ps(x->xscales[r * groups + g]);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[r]), _mm512_mul_ps(d, step), acc[r]);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(neg_dmin, step), acc[r]);
+            dots[r] = _mm512_setzero_si512();
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) _mm512_storeu_ps(y + r * n, acc[r]);
+}
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define INTERLEAVED_VECTORIZED 1
 
@@ -275,11 +320,6 @@ static inline __m256i broadcast4(const int8_t *a) {
     int32_t v;
     memcpy(&v, a, sizeof v);
     return _mm256_set1_epi32(v);
-}
-
-/* 8 bytes as floats */
-static inline __m256 u8_floats(const uint8_t *p) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 
 /* 8 float16 as floats */
@@ -319,6 +359,25 @@ ALWAYS_INLINE __m256i half_dot(int64_t kind, const __m256i *w, const __m256i *wa
     return _mm256_add_epi32(_mm256_madd_epi16(first, ones), _mm256_madd_epi16(second, ones));
 }
 
+/* Half h's features (8h on) of a block of Q4_1's or Q5's quants as their unsigned
+   weights 4j + b in w[j]: the nibbles, and Q5's fifth bits or-ed in */
+ALWAYS_INLINE void unpack_nibbles(int64_t kind, const uint8_t *q, int h, __m256i w[8]) {
+    const __m256i low = _mm256_set1_epi8(15);
+    for (int j = 0; j < 4; j++) {
+        const __m256i packed = _mm256_loadu_si256((const __m256i *)(q + 64 * j + 32 * h));
+        w[j] = _mm256_and_si256(packed, low);
+        w[4 + j] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+    }
+    if (quant_kind(kind) == KIND_Q4_1) return;
+    const __m256i fifth = _mm256_loadu_si256((const __m256i *)(q + 256 + 32 * h));
+    for (int j = 0; j < 8; j++) {
+        /* bit j of each byte to bit 4 (see the AVX-512 code) */
+        const __m256i bit = _mm256_and_si256(fifth, _mm256_set1_epi8((char)(1 << j)));
+        const __m256i sixteen = j < 4 ? _mm256_slli_epi16(bit, 4 - j) : _mm256_srli_epi16(bit, j - 4);
+        w[j] = _mm256_or_si256(w[j], sixteen);
+    }
+}
+
 /* Half h's weights of a block (its 8 features) are unpacked once into 8 registers
    and then multiplied with every row's block: the sums stay in memory (acc), the
    weights in registers. */
@@ -327,52 +386,23 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
                                     int64_t groups, int64_t rows, float *y, int64_t n) {
     __m256 acc[TILE_ROWS][2];
     for (int r = 0; r < TILE_ROWS; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    const __m256i low = _mm256_set1_epi8(15);
     const int64_t bytes = tile_bytes(kind);
     const int with_mins = has_mins(kind);
-    __m256 d[2], dmin[2]; /* a K-quant's super-block's, made once */
-    d[0] = d[1] = dmin[0] = dmin[1] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; g++, q += bytes) {
         prefetch_ahead(q, bytes);
         for (int h = 0; h < 2; h++) {
             __m256i w[8], wabs[8]; /* features 8h on, bytes 4j on */
             if (kind == KIND_Q8_0) {
-                for (int j = 0; j < 8; j++)
+                for (int j = 0; j < 8; j++) {
                     w[j] = _mm256_loadu_si256((const __m256i *)(q + 64 * j + 32 * h));
+                    wabs[j] = _mm256_abs_epi8(w[j]);
+                }
             } else {
-                for (int j = 0; j < 4; j++) {
-                    const __m256i packed = _mm256_loadu_si256((const __m256i *)(q + 64 * j + 32 * h));
-                    w[j] = _mm256_and_si256(packed, low);
-                    w[4 + j] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
-                }
-                if (quant_kind(kind) != KIND_Q4_1) {
-                    const __m256i fifth = _mm256_loadu_si256((const __m256i *)(q + 256 + 32 * h));
-                    for (int j = 0; j < 8; j++) {
-                        /* bit j of each byte to bit 4 (see the AVX-512 code) */
-                        const __m256i bit = _mm256_and_si256(fifth, _mm256_set1_epi8((char)(1 << j)));
-                        const __m256i sixteen = j < 4 ? _mm256_slli_epi16(bit, 4 - j)
-                                                      : _mm256_srli_epi16(bit, j - 4);
-                        w[j] = _mm256_or_si256(w[j], sixteen);
-                    }
-                }
+                unpack_nibbles(kind, q, h, w);
             }
-            if (kind == KIND_Q8_0)
-                for (int j = 0; j < 8; j++) wabs[j] = _mm256_abs_epi8(w[j]);
             const int64_t at = g * FEATURES + 8 * h;
-            __m256 scale, min = _mm256_setzero_ps();
-            if (factored(kind)) {
-                if (g % SUPER_BLOCKS == 0) {
-                    const uint16_t *super = (const uint16_t *)extra + g / SUPER_BLOCKS * 2 * FEATURES + 8 * h;
-                    d[h] = halves_floats(super);
-                    dmin[h] = halves_floats(super + FEATURES);
-                }
-                const uint8_t *sc = (const uint8_t *)scales + g * 2 * FEATURES + 8 * h;
-                scale = _mm256_mul_ps(d[h], u8_floats(sc));
-                min = _mm256_mul_ps(dmin[h], u8_floats(sc + FEATURES));
-            } else {
-                scale = halves_floats((const uint16_t *)scales + at);
-                if (with_mins) min = halves_floats((const uint16_t *)extra + at);
-            }
+            const __m256 scale = halves_floats((const uint16_t *)scales + at);
+            const __m256 min = with_mins ? halves_floats((const uint16_t *)extra + at) : _mm256_setzero_ps();
             for (int64_t r = 0; r < rows; r++) {
                 __m256i dot = half_dot(kind, w, wabs, x->xq + r * k + g * BLOCK);
                 if (kind == KIND_Q5_0)
@@ -390,8 +420,77 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
         _mm256_storeu_ps(y + r * n + 8, acc[r][1]);
     }
 }
+
+/* Q4_K's and Q5_K's tile, the AVX-512 code's sums per half of 8 features: vpmulld
+   for the scales, vpmaddwd for the mins' pairs at the super-block's end */
+ALWAYS_INLINE void k_quant_tile(int64_t kind, const uint8_t *q, const uint8_t *scales,
+                                const uint16_t *supers, const TileRows *x, int64_t k,
+                                int64_t groups, int64_t rows, float *y, int64_t n) {
+    __m256 acc[TILE_ROWS][2];
+    __m256i dots[TILE_ROWS][2];
+    for (int r = 0; r < TILE_ROWS; r++)
+        for (int h = 0; h < 2; h++) {
+            acc[r][h] = _mm256_setzero_ps();
+            dots[r][h] = _mm256_setzero_si256();
+        }
+    const int64_t bytes = tile_bytes(kind);
+    for (int64_t g = 0; g < groups; g++, q += bytes) {
+        prefetch_ahead(q, bytes);
+        const int end = g % SUPER_BLOCKS == SUPER_BLOCKS - 1;
+        const int64_t g0 = g + 1 - SUPER_BLOCKS;
+        for (int h = 0; h < 2; h++) {
+            __m256i w[8];
+            unpack_nibbles(kind, q, h, w);
+            const uint8_t *sc = scales + g * 2 * FEATURES + 8 * h;
+            const __m256i scale = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sc));
+            for (int64_t r = 0; r < rows; r++) {
+                const __m256i dot = half_dot(quant_kind(kind), w, NULL, x->xq + r * k + g * BLOCK);
+                dots[r][h] = _mm256_add_epi32(dots[r][h], _mm256_mullo_epi32(dot, scale));
+            }
+            if (!end) continue;
+            __m256i min_pairs[SUPER_BLOCKS / 2]; /* as the AVX-512 code's */
+            for (int i = 0; i < SUPER_BLOCKS / 2; i++) {
+                const uint8_t *m = scales + (g0 + 2 * i) * 2 * FEATURES + FEATURES + 8 * h;
+                const __m256i first = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)m));
+                const __m256i second = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(m + 2 * FEATURES)));
+                min_pairs[i] = _mm256_or_si256(first, _mm256_slli_epi32(second, 16));
+            }
+            const uint16_t *super = supers + g / SUPER_BLOCKS * 2 * FEATURES + 8 * h;
+            const __m256 d = halves_floats(super), neg_dmin = halves_floats(super + FEATURES);
+            for (int64_t r = 0; r < rows; r++) {
+                const int32_t *pairs = x->xpairsums + (r * groups + g0) / 2;
+                __m256i mins = _mm256_setzero_si256();
+                for (int i = 0; i < SUPER_BLOCKS / 2; i++)
+                    mins = _mm256_add_epi32(mins, _mm256_madd_epi16(min_pairs[i], _mm256_set1_epi32(pairs[i])));
+                const __m256 step = _mm256_set1_ps(x->xscales[r * groups + g]);
+                acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[r][h]), _mm256_mul_ps(d, step), acc[r][h]);
+                acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_mul_ps(neg_dmin, step), acc[r][h]);
+                dots[r][h] = _mm256_setzero_si256();
+            }
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        _mm256_storeu_ps(y + r * n, acc[r][0]);
+        _mm256_storeu_ps(y + r * n + 8, acc[r][1]);
+    }
+}
 #else
 #define INTERLEAVED_VECTORIZED 0
+
+/* Feature f's integer dot of a block of Q4_1's or Q5's quants t and x's steps a */
+static inline int32_t tile_nibble_dot(int64_t kind, const uint8_t *t, int f, const int8_t *a) {
+    int32_t dot = 0;
+    for (int j = 0; j < 4; j++)
+        for (int b = 0; b < 4; b++) {
+            const uint8_t byte = t[(j * FEATURES + f) * 4 + b];
+            /* Q5: the fifth bits of weights 4j + b and 16 + 4j + b */
+            const uint8_t fifth = quant_kind(kind) == KIND_Q4_1 ? 0 : t[(4 * FEATURES + f) * 4 + b];
+            const int low = (byte & 15) | ((fifth >> j) & 1) << 4;
+            const int high = (byte >> 4) | ((fifth >> (4 + j)) & 1) << 4;
+            dot += low * a[4 * j + b] + high * a[16 + 4 * j + b];
+        }
+    return dot;
+}
 
 ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *scales,
                                     const void *extra, const TileRows *x, int64_t k,
@@ -409,26 +508,37 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
                         for (int b = 0; b < 4; b++)
                             dot += (int8_t)t[(j * FEATURES + f) * 4 + b] * a[4 * j + b];
                 } else {
-                    for (int j = 0; j < 4; j++)
-                        for (int b = 0; b < 4; b++) {
-                            const uint8_t byte = t[(j * FEATURES + f) * 4 + b];
-                            /* Q5: the fifth bits of weights 4j + b and 16 + 4j + b */
-                            const uint8_t fifth =
-                                quant_kind(kind) == KIND_Q4_1 ? 0 : t[(4 * FEATURES + f) * 4 + b];
-                            const int low = (byte & 15) | ((fifth >> j) & 1) << 4;
-                            const int high = (byte >> 4) | ((fifth >> (4 + j)) & 1) << 4;
-                            dot += low * a[4 * j + b] + high * a[16 + 4 * j + b];
-                        }
+                    dot = tile_nibble_dot(kind, t, f, a);
                     if (kind == KIND_Q5_0) dot -= q5_0_offset(x, groups, r, g);
                 }
                 const float part = (float)dot * x->xscales[r * groups + g];
-                const float scale = factored(kind) ? k_scale(scales, extra, g, f, 0)
-                                                   : half_to_float(((const uint16_t *)scales)[g * FEATURES + f]);
-                acc = fmaf(part, scale, acc);
-                if (has_mins(kind)) {
-                    const float min = factored(kind) ? k_scale(scales, extra, g, f, 1)
-                                                     : half_to_float(((const uint16_t *)extra)[g * FEATURES + f]);
-                    acc = fmaf(x->xsums[r * groups + g], min, acc);
+                acc = fmaf(part, half_to_float(((const uint16_t *)scales)[g * FEATURES + f]), acc);
+                if (has_mins(kind))
+                    acc = fmaf(x->xsums[r * groups + g], half_to_float(((const uint16_t *)extra)[g * FEATURES + f]),
+                               acc);
+            }
+            y[r * n + f] = acc;
+        }
+}
+
+ALWAYS_INLINE void k_quant_tile(int64_t kind, const uint8_t *q, const uint8_t *scales,
+                                const uint16_t *supers, const TileRows *x, int64_t k,
+                                int64_t groups, int64_t rows, float *y, int64_t n) {
+    const int64_t bytes = tile_bytes(kind);
+    for (int64_t r = 0; r < rows; r++)
+        for (int f = 0; f < FEATURES; f++) {
+            float acc = 0.f;
+            int32_t dots = 0, mins = 0;
+            for (int64_t g = 0; g < groups; g++) {
+                const uint8_t *sc = scales + g * 2 * FEATURES;
+                dots += tile_nibble_dot(kind, q + g * bytes, f, x->xq + r * k + g * BLOCK) * sc[f];
+                mins += block_steps_sum(x, groups, r, g) * sc[FEATURES + f];
+                if (g % SUPER_BLOCKS == SUPER_BLOCKS - 1) {
+                    const uint16_t *super = supers + g / SUPER_BLOCKS * 2 * FEATURES;
+                    const float step = x->xscales[r * groups + g];
+                    acc = fmaf((float)dots, half_to_float(super[f]) * step, acc);
+                    acc = fmaf((float)mins, half_to_float(super[FEATURES + f]) * step, acc);
+                    dots = mins = 0;
                 }
             }
             y[r * n + f] = acc;
@@ -448,7 +558,8 @@ ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const uint1
                              const TileRows *x, int64_t k, int64_t groups, int64_t rows,
                              float *y, int64_t n) {
     __m512 acc[TILE_ROWS];
-    for (int r = 0; r < TILE_ROWS; r++) acc[r] = _mm512_setzero_ps();
+    __m512i dots[TILE_ROWS];
+    for (int r = 0; r < TILE_ROWS; r++) acc[r] = _mm512_setzero_ps(), dots[r] = _mm512_setzero_si512();
     const __m512i low = _mm512_set1_epi8(15), high = _mm512_set1_epi8(0x30);
     __m512 d = _mm512_setzero_ps(); /* the super-block's, made once */
     for (int64_t g = 0; g < groups; g++, q += FEATURES * 4 * 6) {
@@ -481,11 +592,13 @@ ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const uint1
                     sum = _mm512_dpbusd_epi32(sum, w[4 * part + j], broadcast4(a + 16 * part + 4 * j));
                 sums[part] = sum;
             }
-            const __m512i dot = _mm512_add_epi32(_mm512_mullo_epi32(sums[0], first_scale),
-                                                 _mm512_mullo_epi32(sums[1], second_scale));
-            const __m512 part =
-                _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(x->xscales[r * groups + g]));
-            acc[r] = _mm512_fmadd_ps(part, d, acc[r]);
+            dots[r] = _mm512_add_epi32(dots[r], _mm512_add_epi32(_mm512_mullo_epi32(sums[0], first_scale),
+                                                                 _mm512_mullo_epi32(sums[1], second_scale)));
+            if (g % SUPER_BLOCKS == SUPER_BLOCKS - 1) {
+                const __m512 step = _mm512_set1_ps(x->xscales[r * groups + g]);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[r]), _mm512_mul_ps(d, step), acc[r]);
+                dots[r] = _mm512_setzero_si512();
+            }
         }
     }
     for (int64_t r = 0; r < rows; r++) _mm512_storeu_ps(y + r * n, acc[r]);
@@ -506,7 +619,11 @@ ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const uint1
                              const TileRows *x, int64_t k, int64_t groups, int64_t rows,
                              float *y, int64_t n) {
     __m256 acc[TILE_ROWS][2];
-    for (int r = 0; r < TILE_ROWS; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    __m256i dots[TILE_ROWS][2];
+    for (int r = 0; r < TILE_ROWS; r++) {
+        acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+        dots[r][0] = dots[r][1] = _mm256_setzero_si256();
+    }
     const __m256i low = _mm256_set1_epi8(15), high = _mm256_set1_epi8(0x30);
     const __m256i offset = _mm256_set1_epi8(32);
     __m256 d[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}; /* the super-block's, made once */
@@ -543,11 +660,13 @@ ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const uint1
                     }
                     sums[part] = sum;
                 }
-                const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(sums[0], first_scale),
-                                                     _mm256_madd_epi16(sums[1], second_scale));
-                const __m256 part =
-                    _mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(x->xscales[r * groups + g]));
-                acc[r][h] = _mm256_fmadd_ps(part, d[h], acc[r][h]);
+                dots[r][h] = _mm256_add_epi32(dots[r][h], _mm256_add_epi32(_mm256_madd_epi16(sums[0], first_scale),
+                                                                           _mm256_madd_epi16(sums[1], second_scale)));
+                if (g % SUPER_BLOCKS == SUPER_BLOCKS - 1) {
+                    const __m256 step = _mm256_set1_ps(x->xscales[r * groups + g]);
+                    acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[r][h]), _mm256_mul_ps(d[h], step), acc[r][h]);
+                    dots[r][h] = _mm256_setzero_si256();
+                }
             }
         }
     }
@@ -563,6 +682,7 @@ ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const uint1
     for (int64_t r = 0; r < rows; r++)
         for (int f = 0; f < FEATURES; f++) {
             float acc = 0.f;
+            int32_t super_dot = 0;
             for (int64_t g = 0; g < groups; g++) {
                 const uint8_t *t = q + g * FEATURES * 4 * 6;
                 const int8_t *a = x->xq + r * k + g * BLOCK;
@@ -577,9 +697,12 @@ ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const uint1
                             dots[part] += (value - 32) * a[16 * part + 4 * j + b];
                         }
                 const int8_t *sc = scales + g * 2 * FEATURES;
-                const int32_t dot = dots[0] * sc[f] + dots[1] * sc[FEATURES + f];
-                const float part = (float)dot * x->xscales[r * groups + g];
-                acc = fmaf(part, half_to_float(supers[g / SUPER_BLOCKS * FEATURES + f]), acc);
+                super_dot += dots[0] * sc[f] + dots[1] * sc[FEATURES + f];
+                if (g % SUPER_BLOCKS == SUPER_BLOCKS - 1) {
+                    const float d = half_to_float(supers[g / SUPER_BLOCKS * FEATURES + f]);
+                    acc = fmaf((float)super_dot, d * x->xscales[r * groups + g], acc);
+                    super_dot = 0;
+                }
             }
             y[r * n + f] = acc;
         }
@@ -592,68 +715,116 @@ static void interleaved_rows(int64_t kind, const uint8_t *q, const void *scales,
                              int64_t rows, float *y, int64_t n) {
 #define CALL(kind_code, count) interleaved_tile(kind_code, q, scales, extra, x, k, groups, count, y, n)
 #define CALL_Q6(unused, count) q6_k_tile(q, scales, extra, x, k, groups, count, y, n)
+#define CALL_K(kind_code, count) k_quant_tile(kind_code, q, scales, extra, x, k, groups, count, y, n)
     switch (kind) {
         case KIND_Q6_K: FOR_EACH_ROW_COUNT_WITH(CALL_Q6, 0) break;
         case KIND_Q4_1: FOR_EACH_ROW_COUNT_WITH(CALL, KIND_Q4_1) break;
         case KIND_Q8_0: FOR_EACH_ROW_COUNT_WITH(CALL, KIND_Q8_0) break;
         case KIND_Q5_1: FOR_EACH_ROW_COUNT_WITH(CALL, KIND_Q5_1) break;
-        case KIND_Q4_K: FOR_EACH_ROW_COUNT_WITH(CALL, KIND_Q4_K) break;
-        case KIND_Q5_K: FOR_EACH_ROW_COUNT_WITH(CALL, KIND_Q5_K) break;
+        case KIND_Q4_K: FOR_EACH_ROW_COUNT_WITH(CALL_K, KIND_Q4_K) break;
+        case KIND_Q5_K: FOR_EACH_ROW_COUNT_WITH(CALL_K, KIND_Q5_K) break;
         default: FOR_EACH_ROW_COUNT_WITH(CALL, KIND_Q5_0) break;
     }
 #undef CALL
 #undef CALL_Q6
+#undef CALL_K
 }
 
-/* The per-row operands the tiles read beside xq (see TileRows), for the kinds of the
-   parts; 1 when out of memory (nothing left to free then). */
-static int tile_operands(const InterleavedWeight *parts, int64_t count, const QuantizedRows *xq,
-                         int64_t rows, int64_t k, uint8_t **xu, int32_t **xhalfsums) {
-    int with_xu = 0, with_halves = 0;
+/* x's rows rounded once (per block, or per super-block), with the operands the tiles
+   of the kinds that read this rounding need beside xq (see TileRows) */
+typedef struct {
+    QuantizedRows xq;
+    uint8_t *xu;
+    int32_t *xhalfsums, *xpairsums;
+} RoundedRows;
+
+static void free_rounded(RoundedRows *x) {
+    free_rows(&x->xq);
+    free(x->xu);
+    free(x->xhalfsums);
+    free(x->xpairsums);
+}
+
+/* A kind's tiles read x rounded per super-block (one step for its 8 blocks): the
+   K-quants', whose integer sub-block scales then multiply integer sums */
+static inline int reads_super_blocks(int64_t kind) { return super_blocked(kind); }
+
+/* x rounded for the parts whose reads_super_blocks is super, with their operands;
+   1 when out of memory (nothing left to free then). */
+static int round_rows(const InterleavedWeight *parts, int64_t count, int super, const float *x,
+                      int64_t rows, int64_t k, RoundedRows *out) {
+    int with_xu = 0, with_halves = 0, with_pairs = 0;
     for (int64_t p = 0; p < count; p++) {
-        with_xu |= INTERLEAVED_VECTORIZED == 2 && parts[p].kind == KIND_Q8_0;
-        with_halves |= parts[p].kind == KIND_Q5_0 ||
-                       (INTERLEAVED_VECTORIZED == 2 && parts[p].kind == KIND_Q6_K);
+        const int64_t kind = parts[p].kind;
+        if (reads_super_blocks(kind) != super) continue;
+        with_xu |= INTERLEAVED_VECTORIZED == 2 && kind == KIND_Q8_0;
+        with_halves |= kind == KIND_Q5_0 || (INTERLEAVED_VECTORIZED == 2 && kind == KIND_Q6_K);
+        with_pairs |= factored(kind);
     }
-    const int64_t halves = rows * k / (BLOCK / 2);
-    *xu = with_xu ? malloc((size_t)(rows * k)) : NULL;
-    *xhalfsums = with_halves ? malloc(sizeof(int32_t) * (size_t)halves) : NULL;
-    if ((with_xu && *xu == NULL) || (with_halves && *xhalfsums == NULL)) {
-        free(*xu);
-        free(*xhalfsums);
+    const int64_t halves = rows * k / (BLOCK / 2), pairs = rows * k / (2 * BLOCK);
+    memset(out, 0, sizeof *out);
+    if (quantize_rows_per(x, rows, k, super ? SUPER_BLOCKS : 1, &out->xq)) {
+        memset(out, 0, sizeof *out); /* freed */
         return 1;
     }
-    for (int64_t i = 0; *xu != NULL && i < rows * k; i++) (*xu)[i] = (uint8_t)(xq->quants[i] ^ 0x80);
-    for (int64_t h = 0; *xhalfsums != NULL && h < halves; h++) {
+    out->xu = with_xu ? malloc((size_t)(rows * k)) : NULL;
+    out->xhalfsums = with_halves ? malloc(sizeof(int32_t) * (size_t)halves) : NULL;
+    out->xpairsums = with_pairs ? malloc(sizeof(int32_t) * (size_t)pairs) : NULL;
+    if ((with_xu && out->xu == NULL) || (with_halves && out->xhalfsums == NULL) ||
+        (with_pairs && out->xpairsums == NULL)) {
+        free_rounded(out);
+        return 1;
+    }
+    const int8_t *quants = out->xq.quants;
+    for (int64_t i = 0; out->xu != NULL && i < rows * k; i++) out->xu[i] = (uint8_t)(quants[i] ^ 0x80);
+    for (int64_t h = 0; out->xhalfsums != NULL && h < halves; h++) {
         int32_t sum = 0;
-        for (int j = 0; j < BLOCK / 2; j++) sum += xq->quants[h * (BLOCK / 2) + j];
-        (*xhalfsums)[h] = sum;
+        for (int j = 0; j < BLOCK / 2; j++) sum += quants[h * (BLOCK / 2) + j];
+        out->xhalfsums[h] = sum;
+    }
+    for (int64_t p = 0; out->xpairsums != NULL && p < pairs; p++) {
+        int32_t sums[2] = {0, 0};
+        for (int j = 0; j < 2 * BLOCK; j++) sums[j / BLOCK] += quants[p * 2 * BLOCK + j];
+        out->xpairsums[p] = (int32_t)((uint32_t)(uint16_t)sums[0] | (uint32_t)(uint16_t)sums[1] << 16);
     }
     return 0;
 }
 
-/* y [rows, the parts' n summed] = x @ the parts' rows^T: x rounded once, the strips of
-   every part shared out over the threads together. count is 1 to MAX_PARTS (the caller
-   checks). Returns 1 when out of memory. */
+/* The rows r0 on of x's rounding x */
+static inline TileRows tile_rows(const RoundedRows *x, int64_t r0, int64_t k) {
+    const int64_t groups = k / BLOCK;
+    const TileRows tile = {x->xq.quants + r0 * k,
+                           x->xu == NULL ? NULL : x->xu + r0 * k,
+                           x->xhalfsums == NULL ? NULL : x->xhalfsums + r0 * groups * 2,
+                           x->xq.scales + r0 * groups,
+                           x->xq.sums + r0 * groups,
+                           x->xpairsums == NULL ? NULL : x->xpairsums + r0 * groups / 2};
+    return tile;
+}
+
+/* y [rows, the parts' n summed] = x @ the parts' rows^T: x rounded once for each
+   rounding the parts' kinds read (so each part's features get the bits it alone
+   gives), the strips of every part shared out over the threads together. count is 1
+   to MAX_PARTS (the caller checks). Returns 1 when out of memory. */
 static int interleaved_linear(const InterleavedWeight *parts, int64_t count, const float *x,
                               float *y, int64_t rows, int64_t k, int num_threads) {
     const int64_t groups = k / BLOCK;
     int64_t first[MAX_PARTS + 1] = {0}; /* each part's first strip, then the strips in all */
-    for (int64_t p = 0; p < count; p++) first[p + 1] = first[p] + parts[p].n / FEATURES;
-    const int64_t strips = first[count], n = strips * FEATURES;
-    QuantizedRows xq;
-    if (quantize_rows(x, rows, k, 1, &xq)) return 1;
-    uint8_t *xu;
-    int32_t *xhalfsums;
-    if (tile_operands(parts, count, &xq, rows, k, &xu, &xhalfsums)) {
-        free_rows(&xq);
-        return 1;
+    int reads[2] = {0, 0};              /* whether a part reads x per block, per super-block */
+    for (int64_t p = 0; p < count; p++) {
+        first[p + 1] = first[p] + parts[p].n / FEATURES;
+        reads[reads_super_blocks(parts[p].kind)] = 1;
     }
-    Share *shares = new_shares(strips, num_threads);
+    const int64_t strips = first[count], n = strips * FEATURES;
+    RoundedRows rounded[2];
+    memset(rounded, 0, sizeof rounded);
+    int failed = 0;
+    for (int super = 0; super < 2 && !failed; super++)
+        if (reads[super]) failed = round_rows(parts, count, super, x, rows, k, rounded + super);
+    Share *shares = failed ? NULL : new_shares(strips, num_threads);
     if (shares == NULL) {
-        free_rows(&xq);
-        free(xu);
-        free(xhalfsums);
+        free_rounded(rounded);
+        free_rounded(rounded + 1);
         return 1;
     }
 #pragma omp parallel num_threads(num_threads)
@@ -663,12 +834,10 @@ static int interleaved_linear(const InterleavedWeight *parts, int64_t count, con
             int64_t p = 0;
             while (s >= first[p + 1]) p++;
             const InterleavedWeight *w = parts + p;
+            const RoundedRows *xr = rounded + reads_super_blocks(w->kind);
             const int64_t local = s - first[p];
             for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS) {
-                const TileRows tile = {
-                    xq.quants + r0 * k, xu == NULL ? NULL : xu + r0 * k,
-                    xhalfsums == NULL ? NULL : xhalfsums + r0 * groups * 2, xq.scales + r0 * groups,
-                    xq.sums + r0 * groups};
+                const TileRows tile = tile_rows(xr, r0, k);
                 interleaved_rows(
                     w->kind, (const uint8_t *)w->quants + local * groups * tile_bytes(w->kind),
                     (const char *)w->scales + local * strip_scale_bytes(w->kind, groups),
@@ -679,9 +848,8 @@ static int interleaved_linear(const InterleavedWeight *parts, int64_t count, con
             }
         }
     }
-    free_rows(&xq);
-    free(xu);
-    free(xhalfsums);
+    free_rounded(rounded);
+    free_rounded(rounded + 1);
     free(shares);
     return 0;
 }

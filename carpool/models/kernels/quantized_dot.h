@@ -815,6 +815,17 @@ static inline float block_sum(const float *xb) {
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
+/* A block's elements times inverse, rounded to nearest even (the default rounding
+   mode, as nearbyintf); a NaN (a broken model's) becomes 0 */
+static inline void round_block(const float *xb, float inverse, int8_t *quants) {
+    const __m512 s = _mm512_set1_ps(inverse);
+    const __m512 sa = _mm512_mul_ps(_mm512_loadu_ps(xb), s), sb = _mm512_mul_ps(_mm512_loadu_ps(xb + 16), s);
+    const __m512i ia = _mm512_maskz_cvtps_epi32(_mm512_cmp_ps_mask(sa, sa, _CMP_ORD_Q), sa);
+    const __m512i ib = _mm512_maskz_cvtps_epi32(_mm512_cmp_ps_mask(sb, sb, _CMP_ORD_Q), sb);
+    _mm_storeu_si128((__m128i *)quants, _mm512_cvtsepi32_epi8(ia));
+    _mm_storeu_si128((__m128i *)(quants + 16), _mm512_cvtsepi32_epi8(ib));
+}
+
 /* One block: its sum (block_sum's order), and with quants its step and int8 quants */
 static inline void quantize_block(const float *xb, int with_quants, float *sum, float *step,
                                   int8_t *quants) {
@@ -828,17 +839,26 @@ static inline void quantize_block(const float *xb, int with_quants, float *sum, 
     if (!with_quants) return;
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
     *step = amax / 127.f;
-    const float inverse = *step > 0.f ? 1.f / *step : 0.f;
-    const __m512 s = _mm512_set1_ps(inverse);
-    /* round to nearest even (the default rounding mode, as nearbyintf); a NaN (a broken
-       model's) becomes 0 */
-    const __m512 sa = _mm512_mul_ps(a, s), sb = _mm512_mul_ps(b, s);
-    const __m512i ia = _mm512_maskz_cvtps_epi32(_mm512_cmp_ps_mask(sa, sa, _CMP_ORD_Q), sa);
-    const __m512i ib = _mm512_maskz_cvtps_epi32(_mm512_cmp_ps_mask(sb, sb, _CMP_ORD_Q), sb);
-    _mm_storeu_si128((__m128i *)quants, _mm512_cvtsepi32_epi8(ia));
-    _mm_storeu_si128((__m128i *)(quants + 16), _mm512_cvtsepi32_epi8(ib));
+    round_block(xb, *step > 0.f ? 1.f / *step : 0.f, quants);
 }
 #elif defined(__AVX2__) && defined(__FMA__)
+/* round_block's portable C below, vectorized: the same rounding */
+static inline void round_block(const float *xb, float inverse, int8_t *quants) {
+    const __m256 s = _mm256_set1_ps(inverse);
+    __m256i q[4];
+    for (int i = 0; i < 4; i++) {
+        const __m256 scaled = _mm256_mul_ps(_mm256_loadu_ps(xb + 8 * i), s);
+        /* nearest even, as nearbyintf in the default mode; a NaN becomes 0 */
+        const __m256 rounded = _mm256_and_ps(_mm256_round_ps(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+                                             _mm256_cmp_ps(scaled, scaled, _CMP_ORD_Q));
+        q[i] = _mm256_cvtps_epi32(rounded);
+    }
+    /* the packs work within 128-bit lanes: put the 32-bit groups back in order */
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256((__m256i *)quants,
+                        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
 /* quantize_block's portable C below, vectorized: the same sum order (block_sum's), the
    same amax (a NaN skipped, as fmaxf skips it), the same rounding */
 static inline void quantize_block(const float *xb, int with_quants, float *sum, float *step,
@@ -853,22 +873,17 @@ static inline void quantize_block(const float *xb, int with_quants, float *sum, 
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     *step = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m))) / 127.f;
-    const float inverse = *step > 0.f ? 1.f / *step : 0.f;
-    const __m256 s = _mm256_set1_ps(inverse);
-    __m256i q[4];
-    for (int i = 0; i < 4; i++) {
-        const __m256 scaled = _mm256_mul_ps(v[i], s);
-        /* nearest even, as nearbyintf in the default mode; a NaN becomes 0 */
-        const __m256 rounded = _mm256_and_ps(_mm256_round_ps(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
-                                             _mm256_cmp_ps(scaled, scaled, _CMP_ORD_Q));
-        q[i] = _mm256_cvtps_epi32(rounded);
-    }
-    /* the packs work within 128-bit lanes: put the 32-bit groups back in order */
-    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-    _mm256_storeu_si256((__m256i *)quants,
-                        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    round_block(xb, *step > 0.f ? 1.f / *step : 0.f, quants);
 }
 #else
+static inline void round_block(const float *xb, float inverse, int8_t *quants) {
+    for (int j = 0; j < BLOCK; j++) {
+        const float v = xb[j] * inverse;
+        /* a NaN (a broken model's) becomes 0: converting it to an integer is undefined */
+        quants[j] = (int8_t)(v == v ? nearbyintf(v) : 0.f);
+    }
+}
+
 static inline void quantize_block(const float *xb, int with_quants, float *sum, float *step,
                                   int8_t *quants) {
     *sum = block_sum(xb);
@@ -876,12 +891,7 @@ static inline void quantize_block(const float *xb, int with_quants, float *sum, 
     float amax = 0.f;
     for (int j = 0; j < BLOCK; j++) amax = fmaxf(amax, fabsf(xb[j]));
     *step = amax / 127.f;
-    const float inverse = *step > 0.f ? 1.f / *step : 0.f;
-    for (int j = 0; j < BLOCK; j++) {
-        const float v = xb[j] * inverse;
-        /* a NaN (a broken model's) becomes 0: converting it to an integer is undefined */
-        quants[j] = (int8_t)(v == v ? nearbyintf(v) : 0.f);
-    }
+    round_block(xb, *step > 0.f ? 1.f / *step : 0.f, quants);
 }
 #endif
 
@@ -902,6 +912,24 @@ static int quantize_rows(const float *x, int64_t rows, int64_t k, int with_quant
         quantize_block(x + b * BLOCK, with_quants, out->sums + b,
                        with_quants ? out->scales + b : NULL,
                        with_quants ? out->quants + b * BLOCK : NULL);
+    return 0;
+}
+
+/* quantize_rows with one step per `per` blocks (k a multiple of per * 32): the largest
+   of their steps, each block rounded again to it (per 8, llama.cpp's Q8_K: what lets
+   the K-quants' integer sub-block scales multiply integer sums) */
+static int quantize_rows_per(const float *x, int64_t rows, int64_t k, int64_t per,
+                             QuantizedRows *out) {
+    if (quantize_rows(x, rows, k, 1, out)) return 1;
+    for (int64_t b = 0; per > 1 && b < rows * (k / BLOCK); b += per) {
+        float step = 0.f;
+        for (int64_t j = 0; j < per; j++) step = fmaxf(step, out->scales[b + j]);
+        const float inverse = step > 0.f ? 1.f / step : 0.f;
+        for (int64_t j = 0; j < per; j++) {
+            out->scales[b + j] = step;
+            round_block(x + (b + j) * BLOCK, inverse, out->quants + (b + j) * BLOCK);
+        }
+    }
     return 0;
 }
 

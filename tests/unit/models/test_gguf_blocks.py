@@ -91,7 +91,8 @@ def test_the_interleaved_copy_keeps_a_k_quants_own_scales_and_computes_rounded_p
 ) -> None:
     """Interleaved, a Q4_K or Q5_K matrix keeps its file's d, dmin (float16), sc and m (0.625
     bits a weight) in place of float32 scales and mins (2): the int8 kernel computes the rounded
-    rows' products with the floats they make, each row's the same at every row count.
+    rows' products with the floats they make (x rounded per 256, its integer sums scaled by sc
+    and m), each row's the same at every row count.
     Without them its float32 products (not float16's) have no interleaved copy."""
     packed = to_packed(kind, random_blocks(kind, 48, 768, seed=int(kind)))
     assert packed is not None and packed.k_scales is not None
@@ -106,7 +107,10 @@ def test_the_interleaved_copy_keeps_a_k_quants_own_scales_and_computes_rounded_p
     x = torch.randn(9, 768, generator=torch.Generator().manual_seed(9))
     nine = kernel(x, None, compact)
     torch.testing.assert_close(
-        nine.double(), rounded_rows_product(x, without_k_scales(packed)), rtol=1e-5, atol=1e-5
+        nine.double(),
+        rounded_rows_product(x, without_k_scales(packed), super_blocks=True),
+        rtol=1e-5,
+        atol=1e-5,
     )
     for rows in (1, 3):
         assert torch.equal(kernel(x[:rows], None, compact), nine[:rows])
@@ -119,8 +123,8 @@ def test_the_interleaved_copy_keeps_a_k_quants_own_scales_and_computes_rounded_p
 def test_q6_k_is_interleaved_in_its_own_bits_and_computes_the_rounded_rows_products() -> None:
     """Interleaved, a Q6_K matrix keeps its 6-bit quants, its int8 scale per 16 weights
     and its float16 d per 256 (6.5625 bits a weight, its file's, against Q8_16's 10); the
-    int8 kernel gives the rounded rows' integer products, a row's bits the same alone or
-    in a step."""
+    int8 kernel gives the rounded rows' integer products (x rounded per 256, the blocks'
+    integer sums added up over a super-block), a row's bits the same alone or in a step."""
     packed = to_packed(T.Q6_K, random_blocks(T.Q6_K, 48, 768, seed=6))
     assert packed is not None and packed.k_scales is not None and packed.k_scales.six_bit
     kernel = quantized_linear_kernel(int8_dots=True)
@@ -133,9 +137,9 @@ def test_q6_k_is_interleaved_in_its_own_bits_and_computes_the_rounded_rows_produ
     )
     assert held * 8 == 48 * 768 * 6.5625
     x = torch.randn(9, 768, generator=torch.Generator().manual_seed(6)) * 3
-    x[0, 32:64] = 0.0  # a block of zeros: step 0
+    x[0, 256:512] = 0.0  # a super-block of zeros: step 0
     together = kernel(x, None, compact)
-    expected = rounded_rows_product(x, packed)
+    expected = rounded_rows_product(x, packed, super_blocks=True)
     tolerance = 1e-5 * expected.abs().max().item()
     torch.testing.assert_close(together.double(), expected, rtol=1e-5, atol=tolerance)
     for r in range(9):
@@ -152,7 +156,7 @@ def test_q6_k_is_interleaved_in_its_own_bits_and_computes_the_rounded_rows_produ
 def test_a_fused_projection_of_mixed_layouts_keeps_each_parts_own_bits(rows: int) -> None:
     """A Q4_K_M file's Q4_K query and key beside its Q6_K value, interleaved part by
     part: each part in its file's bits (not Q8_16 with mins for all), and each output
-    feature the bits its part alone gives."""
+    feature the bits its part alone gives (x rounded per 256 for all three)."""
     from tests.unit.models.test_packed_linear import rounded_rows_product
 
     kinds = [T.Q4_K, T.Q4_K, T.Q6_K]
@@ -177,9 +181,42 @@ def test_a_fused_projection_of_mixed_layouts_keeps_each_parts_own_bits(rows: int
     together = layer(x)
     alone = [kernel(x, None, part) for part in layer.interleaved.parts]
     assert torch.equal(together, torch.cat(alone, dim=1))
-    expected = rounded_rows_product(x, PackedWeight.stack(parts))
+    expected = rounded_rows_product(x, PackedWeight.stack(parts), super_blocks=True)
     tolerance = 1e-5 * expected.abs().max().item()
     torch.testing.assert_close(together.double(), expected, rtol=1e-5, atol=tolerance)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 20])
+def test_a_fused_projection_rounds_x_for_each_parts_kind(rows: int) -> None:
+    """A Q8_0 part reads x rounded per block of 32, the K-quant parts beside it per 256:
+    x is rounded both ways in one call, and each part's features get the bits that
+    part alone gives."""
+    kinds, sizes = [T.Q4_K, T.Q8_0, T.Q6_K], (32, 16, 16)
+    parts = [
+        to_packed(t, random_blocks(t, n, 512, seed=n)) for t, n in zip(kinds, sizes, strict=True)
+    ]
+    kernel = quantized_linear_kernel(int8_dots=True)
+    if not kernel.interleaved_vectorized:
+        pytest.skip("no AVX2: nothing is interleaved")
+    layer = Linear(512, 64, bias=False)
+    drop_float(layer)
+    layer.attach_parts(parts, kernel)
+    assert isinstance(layer.interleaved, FusedInterleaved)
+    assert [p.kind for p in layer.interleaved.parts] == [
+        BlockType.Q4_1,
+        BlockType.Q8_0,
+        BlockType.Q8_16,
+    ]
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
+    together = layer(x)
+    alone = [kernel(x, None, part) for part in layer.interleaved.parts]
+    assert torch.equal(together, torch.cat(alone, dim=1))
+    from tests.unit.models.test_packed_linear import rounded_rows_product
+
+    q8_0 = rounded_rows_product(x, parts[1])  # per block: not the K-quants' rounding
+    torch.testing.assert_close(
+        alone[1].double(), q8_0, rtol=1e-5, atol=1e-5 * q8_0.abs().max().item()
+    )
 
 
 @pytest.mark.parametrize("rows", [1, 5, 20])

@@ -227,7 +227,8 @@ def test_the_interleaved_k_quant_scales_compute_the_same_bits_on_every_rung(
     linear_rungs: list[tuple[tuple[str, ...], Path]], kind: GGMLQuantizationType
 ) -> None:
     """The interleaved copy that keeps a K-quant's own scales (d * sc, -dmin * m): one
-    result on every rung, the rounded rows' product. Its float32 products are not
+    result on every rung, the rounded rows' product with one step per 256 of x (the
+    integer sub-block scales multiply integer sums). Its float32 products are not
     float16's: without the K-quant's scales there is no interleaved copy of them."""
     packed = to_packed(kind, random_blocks(kind, 32, 512, seed=5))
     assert packed is not None
@@ -241,7 +242,10 @@ def test_the_interleaved_k_quant_scales_compute_the_same_bits_on_every_rung(
         results.append(kernel(x, None, compact))
     assert all(torch.equal(r, results[0]) for r in results[1:])
     torch.testing.assert_close(
-        results[0].double(), rounded_rows_product(x, packed), rtol=1e-5, atol=1e-5
+        results[0].double(),
+        rounded_rows_product(x, packed, super_blocks=True),
+        rtol=1e-5,
+        atol=1e-5,
     )
 
 

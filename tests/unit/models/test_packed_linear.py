@@ -234,12 +234,18 @@ def test_native_weights_are_refused_where_there_are_no_blocks(
     assert load_causal_lm(folder, progress=False).packed_layers == 0
 
 
-def rounded_rows_product(x: torch.Tensor, packed: PackedWeight) -> torch.Tensor:
+def rounded_rows_product(
+    x: torch.Tensor, packed: PackedWeight, super_blocks: bool = False
+) -> torch.Tensor:
     """What int8 dot products compute, in float64: each block of 32 of x rounded to
     steps of its amax / 127, times the blocks' integer quants and both scales; the
-    mins times the float32 sum of x's elements they apply to (Q8_16: per 16)."""
+    mins times the float32 sum of x's elements they apply to (Q8_16: per 16).
+    ``super_blocks``: as the interleaved Q4_K and Q5_K tiles compute, one step for each
+    256 of x (its 8 blocks' largest), and the mins times the rounded sums."""
     blocks = x.view(x.shape[0], -1, 32)
     step = blocks.abs().amax(-1) / 127
+    if super_blocks:
+        step = step.view(x.shape[0], -1, 8).amax(-1).repeat_interleave(8, dim=-1)
     inverse = torch.where(step > 0, 1 / step, torch.zeros_like(step))
     xq = torch.round(blocks * inverse[..., None]).double()
     if packed.kind is BlockType.Q5_0:
@@ -255,6 +261,8 @@ def rounded_rows_product(x: torch.Tensor, packed: PackedWeight) -> torch.Tensor:
     y = (dots * packed.scales.double()[None] * steps[:, None, :]).sum(-1)
     if packed.mins is not None:
         sums = x.view(rows, -1, per).sum(-1).double()
+        if super_blocks:
+            sums = xq.view(rows, -1, per).sum(-1) * steps
         y += (sums[:, None, :] * packed.mins.double()[None]).sum(-1)
     return y
 
