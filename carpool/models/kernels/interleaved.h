@@ -114,7 +114,9 @@ static inline int interleaved_kind(int64_t kind) {
            factored(kind) || kind == KIND_Q6_K;
 }
 
-/* Kinds whose scales are per super-block of 256 weights (k a multiple of 256) */
+/* Kinds whose scales are per super-block of 256 weights (k a multiple of 256): their
+   tiles read x rounded per super-block, so that their integer sub-block scales
+   multiply integer sums */
 static inline int super_blocked(int64_t kind) { return factored(kind) || kind == KIND_Q6_K; }
 
 /* Bytes of scales and of extra per strip of FEATURES features */
@@ -267,8 +269,8 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
    dot times its integer scale (vpmulld) adds up over the super-block; at its end the
    sums of x's steps times the blocks' mins m (vpdpwssd: two blocks of 16-bit pairs at
    a time) make the other sum, and each is converted once and scaled by d (or -dmin)
-   times x's step. Only the dots are carried from block to block: with the float sums
-   and a block's weights they fill the 32 registers. */
+   times x's step. Only the dots are carried from block to block (with the float sums
+   and a block's weights, 24 of the 32 registers). */
 ALWAYS_INLINE void k_quant_tile(int64_t kind, const uint8_t *q, const uint8_t *scales,
                                 const uint16_t *supers, const TileRows *x, int64_t k,
                                 int64_t groups, int64_t rows, float *y, int64_t n) {
@@ -745,18 +747,14 @@ static void free_rounded(RoundedRows *x) {
     free(x->xpairsums);
 }
 
-/* A kind's tiles read x rounded per super-block (one step for its 8 blocks): the
-   K-quants', whose integer sub-block scales then multiply integer sums */
-static inline int reads_super_blocks(int64_t kind) { return super_blocked(kind); }
-
-/* x rounded for the parts whose reads_super_blocks is super, with their operands;
+/* x rounded for the parts whose super_blocked is super, with their operands;
    1 when out of memory (nothing left to free then). */
 static int round_rows(const InterleavedWeight *parts, int64_t count, int super, const float *x,
                       int64_t rows, int64_t k, RoundedRows *out) {
     int with_xu = 0, with_halves = 0, with_pairs = 0;
     for (int64_t p = 0; p < count; p++) {
         const int64_t kind = parts[p].kind;
-        if (reads_super_blocks(kind) != super) continue;
+        if (super_blocked(kind) != super) continue;
         with_xu |= INTERLEAVED_VECTORIZED == 2 && kind == KIND_Q8_0;
         with_halves |= kind == KIND_Q5_0 || (INTERLEAVED_VECTORIZED == 2 && kind == KIND_Q6_K);
         with_pairs |= factored(kind);
@@ -813,7 +811,7 @@ static int interleaved_linear(const InterleavedWeight *parts, int64_t count, con
     int reads[2] = {0, 0};              /* whether a part reads x per block, per super-block */
     for (int64_t p = 0; p < count; p++) {
         first[p + 1] = first[p] + parts[p].n / FEATURES;
-        reads[reads_super_blocks(parts[p].kind)] = 1;
+        reads[super_blocked(parts[p].kind)] = 1;
     }
     const int64_t strips = first[count], n = strips * FEATURES;
     RoundedRows rounded[2];
@@ -834,7 +832,7 @@ static int interleaved_linear(const InterleavedWeight *parts, int64_t count, con
             int64_t p = 0;
             while (s >= first[p + 1]) p++;
             const InterleavedWeight *w = parts + p;
-            const RoundedRows *xr = rounded + reads_super_blocks(w->kind);
+            const RoundedRows *xr = rounded + super_blocked(w->kind);
             const int64_t local = s - first[p];
             for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS) {
                 const TileRows tile = tile_rows(xr, r0, k);
