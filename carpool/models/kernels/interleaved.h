@@ -43,7 +43,7 @@
    (each a float32 exactly, so the same floats as the file layout's float32 scales, in
    2 bytes a block instead of 4: Q4_1 in 5 bits a weight, its file's, instead of 6).
 
-   x's rows are rounded to int8 steps first (quantize_rows_per in quantized_dot.h), each
+   x's rows are rounded to int8 steps first (fill_rounded, quantize_block's rounding), each
    step within [-127, 127]: per block of 32 for Q4_1, Q8_0, Q5_1 and Q5_0, per super-block
    of 256 (one step, its blocks' largest, as llama.cpp's Q8_K) for the K-quants, so that
    their integer sub-block scales multiply integer sums; a call whose parts read both
@@ -747,10 +747,10 @@ static void free_rounded(RoundedRows *x) {
     free(x->xpairsums);
 }
 
-/* x rounded for the parts whose super_blocked is super, with their operands;
-   1 when out of memory (nothing left to free then). */
-static int round_rows(const InterleavedWeight *parts, int64_t count, int super, const float *x,
-                      int64_t rows, int64_t k, RoundedRows *out) {
+/* Room for x rounded for the parts whose super_blocked is super, with the operands
+   they read; 1 when out of memory (nothing left to free then). */
+static int alloc_rounded(const InterleavedWeight *parts, int64_t count, int super, int64_t rows,
+                         int64_t k, RoundedRows *out) {
     int with_xu = 0, with_halves = 0, with_pairs = 0;
     for (int64_t p = 0; p < count; p++) {
         const int64_t kind = parts[p].kind;
@@ -759,33 +759,57 @@ static int round_rows(const InterleavedWeight *parts, int64_t count, int super, 
         with_halves |= kind == KIND_Q5_0 || (INTERLEAVED_VECTORIZED == 2 && kind == KIND_Q6_K);
         with_pairs |= factored(kind);
     }
-    const int64_t halves = rows * k / (BLOCK / 2), pairs = rows * k / (2 * BLOCK);
+    const int64_t groups = rows * k / BLOCK;
     memset(out, 0, sizeof *out);
-    if (quantize_rows_per(x, rows, k, super ? SUPER_BLOCKS : 1, &out->xq)) {
-        memset(out, 0, sizeof *out); /* freed */
-        return 1;
-    }
+    out->xq.quants = malloc((size_t)(rows * k));
+    out->xq.scales = malloc(sizeof(float) * (size_t)groups);
+    out->xq.sums = malloc(sizeof(float) * (size_t)groups);
     out->xu = with_xu ? malloc((size_t)(rows * k)) : NULL;
-    out->xhalfsums = with_halves ? malloc(sizeof(int32_t) * (size_t)halves) : NULL;
-    out->xpairsums = with_pairs ? malloc(sizeof(int32_t) * (size_t)pairs) : NULL;
-    if ((with_xu && out->xu == NULL) || (with_halves && out->xhalfsums == NULL) ||
+    out->xhalfsums = with_halves ? malloc(sizeof(int32_t) * (size_t)(2 * groups)) : NULL;
+    out->xpairsums = with_pairs ? malloc(sizeof(int32_t) * (size_t)(groups / 2)) : NULL;
+    if (out->xq.quants == NULL || out->xq.scales == NULL || out->xq.sums == NULL ||
+        (with_xu && out->xu == NULL) || (with_halves && out->xhalfsums == NULL) ||
         (with_pairs && out->xpairsums == NULL)) {
         free_rounded(out);
+        memset(out, 0, sizeof *out);
         return 1;
     }
-    const int8_t *quants = out->xq.quants;
-    for (int64_t i = 0; out->xu != NULL && i < rows * k; i++) out->xu[i] = (uint8_t)(quants[i] ^ 0x80);
-    for (int64_t h = 0; out->xhalfsums != NULL && h < halves; h++) {
-        int32_t sum = 0;
-        for (int j = 0; j < BLOCK / 2; j++) sum += quants[h * (BLOCK / 2) + j];
-        out->xhalfsums[h] = sum;
-    }
-    for (int64_t p = 0; out->xpairsums != NULL && p < pairs; p++) {
-        int32_t sums[2] = {0, 0};
-        for (int j = 0; j < 2 * BLOCK; j++) sums[j / BLOCK] += quants[p * 2 * BLOCK + j];
-        out->xpairsums[p] = (int32_t)((uint32_t)(uint16_t)sums[0] | (uint32_t)(uint16_t)sums[1] << 16);
-    }
     return 0;
+}
+
+/* x rounded into out, a super-block (or a block) at a time over the threads of the
+   enclosing parallel region (a work-sharing loop: every thread calls it): each
+   block's step is amax / 127 (quantize_block's), or per super-block its blocks'
+   largest, each element rounded to nearest even; then the operands beside. */
+static void fill_rounded(RoundedRows *out, int super, const float *x, int64_t rows, int64_t k) {
+    const int64_t per = super ? SUPER_BLOCKS : 1, units = rows * (k / BLOCK) / per;
+    QuantizedRows *xq = &out->xq;
+#pragma omp for schedule(static)
+    for (int64_t u = 0; u < units; u++) {
+        const int64_t b0 = u * per;
+        float step = 0.f;
+        for (int64_t b = b0; b < b0 + per; b++) {
+            quantize_block(x + b * BLOCK, 1, xq->sums + b, xq->scales + b, xq->quants + b * BLOCK);
+            step = fmaxf(step, xq->scales[b]);
+        }
+        for (int64_t b = b0; per > 1 && b < b0 + per; b++) {
+            xq->scales[b] = step;
+            round_block(x + b * BLOCK, step > 0.f ? 1.f / step : 0.f, xq->quants + b * BLOCK);
+        }
+        const int8_t *quants = xq->quants + b0 * BLOCK;
+        for (int64_t i = 0; out->xu != NULL && i < per * BLOCK; i++)
+            out->xu[b0 * BLOCK + i] = (uint8_t)(quants[i] ^ 0x80);
+        for (int64_t h = 0; out->xhalfsums != NULL && h < 2 * per; h++) {
+            int32_t sum = 0;
+            for (int j = 0; j < BLOCK / 2; j++) sum += quants[h * (BLOCK / 2) + j];
+            out->xhalfsums[2 * b0 + h] = sum;
+        }
+        for (int64_t p = 0; out->xpairsums != NULL && p < per / 2; p++) {
+            int32_t sums[2] = {0, 0};
+            for (int j = 0; j < 2 * BLOCK; j++) sums[j / BLOCK] += quants[p * 2 * BLOCK + j];
+            out->xpairsums[b0 / 2 + p] = (int32_t)((uint32_t)(uint16_t)sums[0] | (uint32_t)(uint16_t)sums[1] << 16);
+        }
+    }
 }
 
 /* The rows r0 on of x's rounding x */
@@ -818,7 +842,7 @@ static int interleaved_linear(const InterleavedWeight *parts, int64_t count, con
     memset(rounded, 0, sizeof rounded);
     int failed = 0;
     for (int super = 0; super < 2 && !failed; super++)
-        if (reads[super]) failed = round_rows(parts, count, super, x, rows, k, rounded + super);
+        if (reads[super]) failed = alloc_rounded(parts, count, super, rows, k, rounded + super);
     Share *shares = failed ? NULL : new_shares(strips, num_threads);
     if (shares == NULL) {
         free_rounded(rounded);
@@ -827,6 +851,9 @@ static int interleaved_linear(const InterleavedWeight *parts, int64_t count, con
     }
 #pragma omp parallel num_threads(num_threads)
     {
+        /* every thread rounds a share of x, and waits for the rest at the loops' ends */
+        for (int super = 0; super < 2; super++)
+            if (reads[super]) fill_rounded(rounded + super, super, x, rows, k);
         int victim = 0;
         for (int64_t s; (s = next_chunk(shares, num_threads, omp_get_thread_num(), &victim)) >= 0;) {
             int64_t p = 0;

@@ -915,24 +915,6 @@ static int quantize_rows(const float *x, int64_t rows, int64_t k, int with_quant
     return 0;
 }
 
-/* quantize_rows with one step per `per` blocks (k a multiple of per * 32): the largest
-   of their steps, each block rounded again to it (per 8, llama.cpp's Q8_K: what lets
-   the K-quants' integer sub-block scales multiply integer sums) */
-static int quantize_rows_per(const float *x, int64_t rows, int64_t k, int64_t per,
-                             QuantizedRows *out) {
-    if (quantize_rows(x, rows, k, 1, out)) return 1;
-    for (int64_t b = 0; per > 1 && b < rows * (k / BLOCK); b += per) {
-        float step = 0.f;
-        for (int64_t j = 0; j < per; j++) step = fmaxf(step, out->scales[b + j]);
-        const float inverse = step > 0.f ? 1.f / step : 0.f;
-        for (int64_t j = 0; j < per; j++) {
-            out->scales[b + j] = step;
-            round_block(x + (b + j) * BLOCK, inverse, out->quants + (b + j) * BLOCK);
-        }
-    }
-    return 0;
-}
-
 /* y[0..FEATURE_GROUP) = features o ... of one row x (or its int8 rows xq) against Q4_1
    blocks, or Q5_1's with five_bits: a copy for each kind and arithmetic */
 static void nibble_features_one_row(const uint8_t *quants, int five_bits, int int8_dots,
