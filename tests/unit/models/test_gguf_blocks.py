@@ -152,6 +152,36 @@ def test_q6_k_is_interleaved_in_its_own_bits_and_computes_the_rounded_rows_produ
         Interleaved.of(replace(packed, mins=torch.zeros_like(packed.scales)))
 
 
+def fused_interleaved(
+    kinds: list[gguf.GGMLQuantizationType], sizes: tuple[int, ...]
+) -> tuple[list[PackedWeight], Linear]:
+    """Random parts of k = 512 of these kinds and output features, and a layer that runs
+    them interleaved part by part (skips without AVX2: nothing is interleaved)."""
+    made = [
+        to_packed(t, random_blocks(t, n, 512, seed=n)) for t, n in zip(kinds, sizes, strict=True)
+    ]
+    parts = [p for p in made if p is not None]
+    assert len(parts) == len(kinds)
+    kernel = quantized_linear_kernel(int8_dots=True)
+    if not kernel.interleaved_vectorized:
+        pytest.skip("no AVX2: nothing is interleaved")
+    layer = Linear(512, sum(sizes), bias=False)
+    drop_float(layer)
+    layer.attach_parts(parts, kernel)
+    assert layer.packed is None and isinstance(layer.interleaved, FusedInterleaved)
+    return parts, layer
+
+
+def each_part_alone(layer: Linear, x: torch.Tensor) -> list[torch.Tensor]:
+    """The layer's output on x, which must equal each interleaved part's alone, side by
+    side: those parts' outputs."""
+    assert isinstance(layer.interleaved, FusedInterleaved)
+    kernel = quantized_linear_kernel(int8_dots=True)
+    alone = [kernel(x, None, part) for part in layer.interleaved.parts]
+    assert torch.equal(layer(x), torch.cat(alone, dim=1))
+    return alone
+
+
 @pytest.mark.parametrize("rows", [1, 5, 20])
 def test_a_fused_projection_of_mixed_layouts_keeps_each_parts_own_bits(rows: int) -> None:
     """A Q4_K_M file's Q4_K query and key beside its Q6_K value, interleaved part by
@@ -159,28 +189,15 @@ def test_a_fused_projection_of_mixed_layouts_keeps_each_parts_own_bits(rows: int
     feature the bits its part alone gives (x rounded per 256 for all three)."""
     from tests.unit.models.test_packed_linear import rounded_rows_product
 
-    kinds = [T.Q4_K, T.Q4_K, T.Q6_K]
-    sizes = (64, 32, 32)
-    parts = [
-        to_packed(t, random_blocks(t, n, 512, seed=n)) for t, n in zip(kinds, sizes, strict=True)
-    ]
-    assert all(p is not None for p in parts)
-    kernel = quantized_linear_kernel(int8_dots=True)
-    if not kernel.interleaved_vectorized:
-        pytest.skip("no AVX2: nothing is interleaved")
-    layer = Linear(512, 128, bias=False)
-    drop_float(layer)
-    layer.attach_parts(parts, kernel)
-    assert layer.packed is None and isinstance(layer.interleaved, FusedInterleaved)
+    parts, layer = fused_interleaved([T.Q4_K, T.Q4_K, T.Q6_K], (64, 32, 32))
+    assert isinstance(layer.interleaved, FusedInterleaved)
     assert [(p.kind, p.code) for p in layer.interleaved.parts] == [
         (BlockType.Q4_1, 5),
         (BlockType.Q4_1, 5),
         (BlockType.Q8_16, 7),
     ]
     x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
-    together = layer(x)
-    alone = [kernel(x, None, part) for part in layer.interleaved.parts]
-    assert torch.equal(together, torch.cat(alone, dim=1))
+    together = torch.cat(each_part_alone(layer, x), dim=1)
     expected = rounded_rows_product(x, PackedWeight.stack(parts), super_blocks=True)
     tolerance = 1e-5 * expected.abs().max().item()
     torch.testing.assert_close(together.double(), expected, rtol=1e-5, atol=tolerance)
@@ -191,16 +208,9 @@ def test_a_fused_projection_rounds_x_for_each_parts_kind(rows: int) -> None:
     """A Q8_0 part reads x rounded per block of 32, the K-quant parts beside it per 256:
     x is rounded both ways in one call, and each part's features get the bits that
     part alone gives."""
-    kinds, sizes = [T.Q4_K, T.Q8_0, T.Q6_K], (32, 16, 16)
-    parts = [
-        to_packed(t, random_blocks(t, n, 512, seed=n)) for t, n in zip(kinds, sizes, strict=True)
-    ]
-    kernel = quantized_linear_kernel(int8_dots=True)
-    if not kernel.interleaved_vectorized:
-        pytest.skip("no AVX2: nothing is interleaved")
-    layer = Linear(512, 64, bias=False)
-    drop_float(layer)
-    layer.attach_parts(parts, kernel)
+    from tests.unit.models.test_packed_linear import rounded_rows_product
+
+    parts, layer = fused_interleaved([T.Q4_K, T.Q8_0, T.Q6_K], (32, 16, 16))
     assert isinstance(layer.interleaved, FusedInterleaved)
     assert [p.kind for p in layer.interleaved.parts] == [
         BlockType.Q4_1,
@@ -208,15 +218,10 @@ def test_a_fused_projection_rounds_x_for_each_parts_kind(rows: int) -> None:
         BlockType.Q8_16,
     ]
     x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
-    together = layer(x)
-    alone = [kernel(x, None, part) for part in layer.interleaved.parts]
-    assert torch.equal(together, torch.cat(alone, dim=1))
-    from tests.unit.models.test_packed_linear import rounded_rows_product
-
+    alone = each_part_alone(layer, x)
     q8_0 = rounded_rows_product(x, parts[1])  # per block: not the K-quants' rounding
-    torch.testing.assert_close(
-        alone[1].double(), q8_0, rtol=1e-5, atol=1e-5 * q8_0.abs().max().item()
-    )
+    atol = 1e-5 * q8_0.abs().max().item()
+    torch.testing.assert_close(alone[1].double(), q8_0, rtol=1e-5, atol=atol)
 
 
 @pytest.mark.parametrize("rows", [1, 5, 20])
