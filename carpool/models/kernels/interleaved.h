@@ -131,8 +131,8 @@ static inline int64_t strip_extra_bytes(int64_t kind, int64_t groups) {
 }
 
 /* The x operands of one tile: its rows' int8 steps (xq), Q8_0's xq + 128 under VNNI
-   (xu), the sums of each half block's steps (xhalfsums: Q5_0's, and Q6_K's under
-   VNNI), and per block the step (xscales) and the float32 sum (xsums); each
+   (xu), the sums of each half block's steps (xhalfsums: Q5_0's, and Q6_K's vector
+   code's), and per block the step (xscales) and the float32 sum (xsums); each
    [rows, k], [rows, 2 * groups] or [rows, groups] from the tile's row. */
 typedef struct {
     const int8_t *xq;
@@ -329,20 +329,21 @@ static inline __m256 halves_floats(const uint16_t *p) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
 
-/* The 8 features of half h: vpmaddubsw multiplies unsigned weights by signed x bytes
-   into 16-bit sums of two products, which are added up as 16-bit sums while they
-   cannot overflow (Q4_1: 8 of them, at most 8 * 2 * 15 * 127; Q5: 4, at most
-   4 * 2 * 31 * 127), then widened to 32 bits by vpmaddwd. Q8_0's signed weights
-   multiply as |w| times x with w's sign (vpsignb), at most 2 * 128 * 127 a 16-bit sum,
-   so each is widened at once. */
-ALWAYS_INLINE __m256i half_dot(int64_t kind, const __m256i *w, const __m256i *wabs,
-                               const int8_t *a) {
-    const __m256i ones = _mm256_set1_epi16(1);
+/* The 8 features of half h, each times its lane of times (a 16-bit factor, the same in
+   both halves of its 32-bit lane: 1 for the plain dot, a K-quant block's scales):
+   vpmaddubsw multiplies unsigned weights by signed x bytes into 16-bit sums of two
+   products, which are added up as 16-bit sums while they cannot overflow (Q4_1: 8 of
+   them, at most 8 * 2 * 15 * 127; Q5: 4, at most 4 * 2 * 31 * 127), then widened to 32
+   bits by vpmaddwd, which multiplies them by times on the way (exact: at most 63 times
+   each sum). Q8_0's signed weights multiply as |w| times x with w's sign (vpsignb), at
+   most 2 * 128 * 127 a 16-bit sum, so each is widened at once. */
+ALWAYS_INLINE __m256i half_dot_times(int64_t kind, const __m256i *w, const __m256i *wabs,
+                                     const int8_t *a, __m256i times) {
     if (kind == KIND_Q8_0) {
         __m256i dot = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
             const __m256i signed_x = _mm256_sign_epi8(broadcast4(a + 4 * j), w[j]);
-            dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[j], signed_x), ones));
+            dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[j], signed_x), times));
         }
         return dot;
     }
@@ -350,7 +351,7 @@ ALWAYS_INLINE __m256i half_dot(int64_t kind, const __m256i *w, const __m256i *wa
         __m256i sum = _mm256_maddubs_epi16(w[0], broadcast4(a));
         for (int j = 1; j < 8; j++)
             sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(w[j], broadcast4(a + 4 * j)));
-        return _mm256_madd_epi16(sum, ones);
+        return _mm256_madd_epi16(sum, times);
     }
     __m256i first = _mm256_maddubs_epi16(w[0], broadcast4(a));
     __m256i second = _mm256_maddubs_epi16(w[4], broadcast4(a + 16));
@@ -358,7 +359,11 @@ ALWAYS_INLINE __m256i half_dot(int64_t kind, const __m256i *w, const __m256i *wa
         first = _mm256_add_epi16(first, _mm256_maddubs_epi16(w[j], broadcast4(a + 4 * j)));
         second = _mm256_add_epi16(second, _mm256_maddubs_epi16(w[4 + j], broadcast4(a + 16 + 4 * j)));
     }
-    return _mm256_add_epi32(_mm256_madd_epi16(first, ones), _mm256_madd_epi16(second, ones));
+    return _mm256_add_epi32(_mm256_madd_epi16(first, times), _mm256_madd_epi16(second, times));
+}
+
+ALWAYS_INLINE __m256i half_dot(int64_t kind, const __m256i *w, const __m256i *wabs, const int8_t *a) {
+    return half_dot_times(kind, w, wabs, a, _mm256_set1_epi16(1));
 }
 
 /* Half h's features (8h on) of a block of Q4_1's or Q5's quants as their unsigned
@@ -423,8 +428,9 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
     }
 }
 
-/* Q4_K's and Q5_K's tile, the AVX-512 code's sums per half of 8 features: vpmulld
-   for the scales, vpmaddwd for the mins' pairs at the super-block's end */
+/* Q4_K's and Q5_K's tile, the AVX-512 code's sums per half of 8 features: the scales
+   multiply the 16-bit sums as vpmaddwd widens them (half_dot_times: no vpmulld), and
+   vpmaddwd makes the mins' pairs at the super-block's end */
 ALWAYS_INLINE void k_quant_tile(int64_t kind, const uint8_t *q, const uint8_t *scales,
                                 const uint16_t *supers, const TileRows *x, int64_t k,
                                 int64_t groups, int64_t rows, float *y, int64_t n) {
@@ -445,10 +451,10 @@ ALWAYS_INLINE void k_quant_tile(int64_t kind, const uint8_t *q, const uint8_t *s
             unpack_nibbles(kind, q, h, w);
             const uint8_t *sc = scales + g * 2 * FEATURES + 8 * h;
             const __m256i scale = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sc));
-            for (int64_t r = 0; r < rows; r++) {
-                const __m256i dot = half_dot(quant_kind(kind), w, NULL, x->xq + r * k + g * BLOCK);
-                dots[r][h] = _mm256_add_epi32(dots[r][h], _mm256_mullo_epi32(dot, scale));
-            }
+            const __m256i scale_pairs = _mm256_or_si256(scale, _mm256_slli_epi32(scale, 16));
+            for (int64_t r = 0; r < rows; r++)
+                dots[r][h] = _mm256_add_epi32(
+                    dots[r][h], half_dot_times(quant_kind(kind), w, NULL, x->xq + r * k + g * BLOCK, scale_pairs));
             if (!end) continue;
             __m256i min_pairs[SUPER_BLOCKS / 2]; /* as the AVX-512 code's */
             for (int i = 0; i < SUPER_BLOCKS / 2; i++) {
@@ -612,11 +618,21 @@ static inline __m256i q6_scale_pairs(const int8_t *sc) {
     return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(v, 16));
 }
 
-/* Lane j's weights of half h, q - 32 in [-32, 31]: the nibbles, and bits 4 and 5 from
-   the high lanes (16-bit shifts move bits across bytes, which the mask drops). Each
-   16-bit sum of four vpmaddubsw (|q - 32| times x, x given q's sign by vpsignb) is at
-   most 8 * 32 * 127 and cannot overflow; vpmaddwd by the scale pairs widens the sums
-   of 16 weights and scales them. */
+/* 32 times a block's two half-block scales of 8 features, the first's in each 32-bit
+   lane's low 16 bits and the second's in its high 16 (each within 32 * 128) */
+static inline __m256i q6_offset_pairs(const int8_t *sc) {
+    const __m256i first = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)sc));
+    const __m256i second = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + FEATURES)));
+    return _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi32(first, 5), _mm256_set1_epi32(0xffff)),
+                           _mm256_slli_epi32(second, 21));
+}
+
+/* Lane j's weights of half h, q in [0, 63], unsigned as vpmaddubsw takes them: the
+   nibbles, and bits 4 and 5 from the high lanes (16-bit shifts move bits across bytes,
+   which the mask drops). A 16-bit sum of two vpmaddubsw (at most 4 * 63 * 127) is
+   widened and scaled by vpmaddwd; a half block's q . x less 32 times the sum of its x
+   steps is (q - 32) . x, and 32 times both halves' step sums times their scales is one
+   more vpmaddwd (each sum within 16 * 127). The integers are the portable code's. */
 ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const uint16_t *supers,
                              const TileRows *x, int64_t k, int64_t groups, int64_t rows,
                              float *y, int64_t n) {
@@ -627,13 +643,12 @@ ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const uint1
         dots[r][0] = dots[r][1] = _mm256_setzero_si256();
     }
     const __m256i low = _mm256_set1_epi8(15), high = _mm256_set1_epi8(0x30);
-    const __m256i offset = _mm256_set1_epi8(32);
     __m256 d[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}; /* the super-block's, made once */
     for (int64_t g = 0; g < groups; g++, q += FEATURES * 4 * 6) {
         prefetch_ahead(q, FEATURES * 4 * 6);
         for (int h = 0; h < 2; h++) {
             if (g % SUPER_BLOCKS == 0) d[h] = halves_floats(supers + g / SUPER_BLOCKS * FEATURES + 8 * h);
-            __m256i w[8], wabs[8];
+            __m256i w[8];
             const __m256i bits[2] = {_mm256_loadu_si256((const __m256i *)(q + 256 + 32 * h)),
                                      _mm256_loadu_si256((const __m256i *)(q + 320 + 32 * h))};
             for (int j = 0; j < 4; j++) {
@@ -643,27 +658,24 @@ ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const uint1
                 for (int part = 0; part < 2; part++) {
                     const __m256i top = j < 2 ? _mm256_slli_epi16(bits[part], 4 - 2 * j)
                                               : _mm256_srli_epi16(bits[part], 2 * j - 4);
-                    const __m256i value = _mm256_or_si256(nibbles[part], _mm256_and_si256(top, high));
-                    w[4 * part + j] = _mm256_sub_epi8(value, offset);
+                    w[4 * part + j] = _mm256_or_si256(nibbles[part], _mm256_and_si256(top, high));
                 }
             }
-            for (int j = 0; j < 8; j++) wabs[j] = _mm256_abs_epi8(w[j]);
             const int8_t *sc = scales + g * 2 * FEATURES + 8 * h;
-            const __m256i first_scale = q6_scale_pairs(sc), second_scale = q6_scale_pairs(sc + FEATURES);
+            const __m256i scale[2] = {q6_scale_pairs(sc), q6_scale_pairs(sc + FEATURES)};
+            const __m256i offsets = q6_offset_pairs(sc);
             for (int64_t r = 0; r < rows; r++) {
                 const int8_t *a = x->xq + r * k + g * BLOCK;
-                __m256i sums[2];
-                for (int part = 0; part < 2; part++) {
-                    __m256i sum = _mm256_setzero_si256();
-                    for (int j = 0; j < 4; j++) {
-                        const int i = 4 * part + j;
-                        const __m256i signed_x = _mm256_sign_epi8(broadcast4(a + 4 * i), w[i]);
-                        sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(wabs[i], signed_x));
-                    }
-                    sums[part] = sum;
+                const int32_t *halves = x->xhalfsums + (r * groups + g) * 2;
+                const uint32_t both = (uint32_t)(uint16_t)halves[0] | (uint32_t)(uint16_t)halves[1] << 16;
+                __m256i dot = _mm256_setzero_si256();
+                for (int i = 0; i < 8; i += 2) {
+                    const __m256i sum = _mm256_add_epi16(_mm256_maddubs_epi16(w[i], broadcast4(a + 4 * i)),
+                                                         _mm256_maddubs_epi16(w[i + 1], broadcast4(a + 4 * i + 4)));
+                    dot = _mm256_add_epi32(dot, _mm256_madd_epi16(sum, scale[i / 4]));
                 }
-                dots[r][h] = _mm256_add_epi32(dots[r][h], _mm256_add_epi32(_mm256_madd_epi16(sums[0], first_scale),
-                                                                           _mm256_madd_epi16(sums[1], second_scale)));
+                dot = _mm256_sub_epi32(dot, _mm256_madd_epi16(offsets, _mm256_set1_epi32((int32_t)both)));
+                dots[r][h] = _mm256_add_epi32(dots[r][h], dot);
                 if (g % SUPER_BLOCKS == SUPER_BLOCKS - 1) {
                     const __m256 step = _mm256_set1_ps(x->xscales[r * groups + g]);
                     acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[r][h]), _mm256_mul_ps(d[h], step), acc[r][h]);
@@ -756,7 +768,7 @@ static int alloc_rounded(const InterleavedWeight *parts, int64_t count, int supe
         const int64_t kind = parts[p].kind;
         if (super_blocked(kind) != super) continue;
         with_xu |= INTERLEAVED_VECTORIZED == 2 && kind == KIND_Q8_0;
-        with_halves |= kind == KIND_Q5_0 || (INTERLEAVED_VECTORIZED == 2 && kind == KIND_Q6_K);
+        with_halves |= kind == KIND_Q5_0 || (INTERLEAVED_VECTORIZED > 0 && kind == KIND_Q6_K);
         with_pairs |= factored(kind);
     }
     const int64_t groups = rows * k / BLOCK;
