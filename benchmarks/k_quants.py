@@ -83,6 +83,15 @@ def make_shape_q4_k_m(shape: str, llama_bin: Path, llama_src: Path, out_dir: Pat
     return target
 
 
+def int8_code() -> str:
+    """Which code carpool's interleaved int8 kernels run here, as this process (and the
+    servers it starts, with the same ``CC``) builds them."""
+    from carpool.models.packed_linear import quantized_linear_kernel
+
+    vectorized = quantized_linear_kernel(int8_dots=True).interleaved_vectorized
+    return {2: "AVX-512 VNNI", 1: "AVX2"}.get(vectorized, "portable C")
+
+
 def tensor_types(gguf: Path) -> str:
     from gguf import GGUFReader
 
@@ -308,6 +317,7 @@ def main() -> None:
     args.parallel = args.concurrency
     file_mib = args.gguf.stat().st_size / 2**20
     print(f"{args.gguf} ({file_mib:.1f} MiB): {tensor_types(args.gguf)}")
+    print(f"carpool's int8 kernels: {int8_code()}")
 
     from carpool.config import default_cache_dir
     from carpool.models.causal_lm import convert_gguf
