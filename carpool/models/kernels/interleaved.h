@@ -329,6 +329,11 @@ static inline __m256 halves_floats(const uint16_t *p) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
 
+/* vpmaddwd's 16-bit pairs: each 32-bit lane lo's low 16 bits, then hi's */
+static inline __m256i pairs16(__m256i lo, __m256i hi) {
+    return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(hi, 16));
+}
+
 /* The 8 features of half h, each times its lane of times (a 16-bit factor, the same in
    both halves of its 32-bit lane: 1 for the plain dot, a K-quant block's scales):
    vpmaddubsw multiplies unsigned weights by signed x bytes into 16-bit sums of two
@@ -451,7 +456,7 @@ ALWAYS_INLINE void k_quant_tile(int64_t kind, const uint8_t *q, const uint8_t *s
             unpack_nibbles(kind, q, h, w);
             const uint8_t *sc = scales + g * 2 * FEATURES + 8 * h;
             const __m256i scale = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sc));
-            const __m256i scale_pairs = _mm256_or_si256(scale, _mm256_slli_epi32(scale, 16));
+            const __m256i scale_pairs = pairs16(scale, scale);
             for (int64_t r = 0; r < rows; r++)
                 dots[r][h] = _mm256_add_epi32(
                     dots[r][h], half_dot_times(quant_kind(kind), w, NULL, x->xq + r * k + g * BLOCK, scale_pairs));
@@ -461,7 +466,7 @@ ALWAYS_INLINE void k_quant_tile(int64_t kind, const uint8_t *q, const uint8_t *s
                 const uint8_t *m = scales + (g0 + 2 * i) * 2 * FEATURES + FEATURES + 8 * h;
                 const __m256i first = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)m));
                 const __m256i second = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(m + 2 * FEATURES)));
-                min_pairs[i] = _mm256_or_si256(first, _mm256_slli_epi32(second, 16));
+                min_pairs[i] = pairs16(first, second);
             }
             const uint16_t *super = supers + g / SUPER_BLOCKS * 2 * FEATURES + 8 * h;
             const __m256 d = halves_floats(super), neg_dmin = halves_floats(super + FEATURES);
@@ -612,19 +617,9 @@ ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const uint1
     for (int64_t r = 0; r < rows; r++) _mm512_storeu_ps(y + r * n, acc[r]);
 }
 #elif INTERLEAVED_VECTORIZED == 1
-/* 8 features' int8 scales as vpmaddwd's operand: each 32-bit lane the scale twice */
-static inline __m256i q6_scale_pairs(const int8_t *sc) {
-    const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)sc));
-    return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(v, 16));
-}
-
-/* 32 times a block's two half-block scales of 8 features, the first's in each 32-bit
-   lane's low 16 bits and the second's in its high 16 (each within 32 * 128) */
-static inline __m256i q6_offset_pairs(const int8_t *sc) {
-    const __m256i first = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)sc));
-    const __m256i second = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + FEATURES)));
-    return _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi32(first, 5), _mm256_set1_epi32(0xffff)),
-                           _mm256_slli_epi32(second, 21));
+/* 8 features' int8 scales, widened to 32 bits */
+static inline __m256i q6_scales(const int8_t *sc) {
+    return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)sc));
 }
 
 /* Lane j's weights of half h, q in [0, 63], unsigned as vpmaddubsw takes them: the
@@ -662,8 +657,10 @@ ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const uint1
                 }
             }
             const int8_t *sc = scales + g * 2 * FEATURES + 8 * h;
-            const __m256i scale[2] = {q6_scale_pairs(sc), q6_scale_pairs(sc + FEATURES)};
-            const __m256i offsets = q6_offset_pairs(sc);
+            const __m256i first = q6_scales(sc), second = q6_scales(sc + FEATURES);
+            const __m256i scale[2] = {pairs16(first, first), pairs16(second, second)};
+            /* 32 times both half blocks' scales (each within 32 * 128), the first's low */
+            const __m256i offsets = pairs16(_mm256_slli_epi32(first, 5), _mm256_slli_epi32(second, 5));
             for (int64_t r = 0; r < rows; r++) {
                 const int8_t *a = x->xq + r * k + g * BLOCK;
                 const int32_t *halves = x->xhalfsums + (r * groups + g) * 2;
