@@ -280,7 +280,8 @@ static inline void prefetch_rows(const void *cache, int64_t row, int64_t count, 
         pos_ += count_;                                                                     \
     }
 
-/* attend_head for every head of one sequence. q_seq, out_seq: [num_heads, head_dim];
+/* attend_head for heads [h0, h1) of one sequence. q_seq, out_seq: [num_heads, head_dim] (only
+   those heads' parts of out_seq are written);
    scores: scratch of num_heads * (len - first) floats. Vectorised by hand where
    head_dim is a multiple of 8: the tokens in spans of SPAN, each span's keys scored by
    every head in turn (eight tokens at a time within a block), then its values weighed
@@ -290,8 +291,8 @@ static inline void prefetch_rows(const void *cache, int64_t row, int64_t count, 
 #if defined(__AVX2__) && defined(__FMA__)
 static inline __attribute__((always_inline)) void attend_sequence_of(
     const AttentionShape *a, const float *q_seq, const void *k_cache, const void *v_cache,
-    const int64_t *table, int64_t first, int64_t len, float *scores, float *out_seq, Ahead *ahead,
-    const int half) {
+    const int64_t *table, int64_t first, int64_t len, int64_t h0, int64_t h1, float *scores,
+    float *out_seq, Ahead *ahead, const int half) {
     const int64_t d = a->head_dim, heads = a->num_heads;
     const int64_t group = heads / a->num_kv_heads;
     const int64_t stride = a->num_kv_heads * d, bs = a->block_size, n = len - first;
@@ -303,11 +304,11 @@ static inline __attribute__((always_inline)) void attend_sequence_of(
 #define FETCH(row, t, count) prefetch_rows(k_cache, row, count, stride, half)
         FOR_EACH_RUN(table, bs, first, t0, t1, FETCH)
 #undef FETCH
-        for (int64_t h = 0; h < heads; h++) {
+        for (int64_t h = h0; h < h1; h++) {
             const float *qh = q_seq + h * d;
             const int64_t kh = (h / group) * d;
 #define SCORE(row, t, count)                                                                  \
-    if (h == 0 && early_values) prefetch_rows(v_cache, row, count, stride, half);            \
+    if (h == h0 && early_values) prefetch_rows(v_cache, row, count, stride, half);            \
     score_run(qh, k_cache, kh + (row) * stride, stride, d, count, a->scale, scores + h * n + (t), \
               half);                                                                        \
     ahead_some(ahead);
@@ -315,11 +316,11 @@ static inline __attribute__((always_inline)) void attend_sequence_of(
 #undef SCORE
         }
     }
-    for (int64_t h = 0; h < heads; h++) {
+    for (int64_t h = h0; h < h1; h++) {
         float *sh = scores + h * n;
         sums[h] = exp_shifted(sh, maximum_of(sh, n), sh, n);
     }
-    for (int64_t j = 0; j < heads * d; j++) out_seq[j] = 0.f;
+    for (int64_t j = h0 * d; j < h1 * d; j++) out_seq[j] = 0.f;
     for (int64_t t0 = 0; t0 < n; t0 += SPAN) {
         const int64_t t1 = t0 + SPAN < n ? t0 + SPAN : n;
         if (!early_values) {
@@ -327,7 +328,7 @@ static inline __attribute__((always_inline)) void attend_sequence_of(
             FOR_EACH_RUN(table, bs, first, t0, t1, FETCH)
 #undef FETCH
         }
-        for (int64_t h = 0; h < heads; h++) {
+        for (int64_t h = h0; h < h1; h++) {
             const int64_t vh = (h / group) * d;
             const float *ph = scores + h * n;
 #define WEIGH(row, t, count)                                                              \
@@ -338,7 +339,7 @@ static inline __attribute__((always_inline)) void attend_sequence_of(
 #undef WEIGH
         }
     }
-    for (int64_t h = 0; h < heads; h++) {
+    for (int64_t h = h0; h < h1; h++) {
         const float inverse = 1.f / sums[h];
         for (int64_t j = 0; j < d; j++) out_seq[h * d + j] *= inverse;
     }
@@ -347,27 +348,28 @@ static inline __attribute__((always_inline)) void attend_sequence_of(
 
 static void attend_sequence(const AttentionShape *a, const float *q_seq, const void *k_cache,
                             const void *v_cache, const int64_t *table, int64_t first,
-                            int64_t len, float *scores, float *out_seq, Ahead *ahead) {
+                            int64_t len, int64_t h0, int64_t h1, float *scores, float *out_seq,
+                            Ahead *ahead) {
     const int64_t d = a->head_dim, heads = a->num_heads;
 #if defined(__AVX2__) && defined(__FMA__)
     if (d % 8 == 0 && heads <= MAX_HEADS) {
         if (ahead != NULL) {
             /* every call of ahead_some below: each head's runs, keys and values */
-            const int64_t calls = 2 * heads * ((len - first) / a->block_size + 2);
+            const int64_t calls = 2 * (h1 - h0) * ((len - first) / a->block_size + 2);
             /* all of it asked for by about halfway (finishing with the sequence was
                slower: 0.38 against 0.36 ms a layer, 64 streams of SmolLM2-135M) */
             ahead->per_call = 2 * ahead_lines(ahead) / calls + 1;
         }
         if (a->kv_half)
-            attend_sequence_of(a, q_seq, k_cache, v_cache, table, first, len, scores, out_seq,
-                               ahead, 1);
+            attend_sequence_of(a, q_seq, k_cache, v_cache, table, first, len, h0, h1, scores,
+                               out_seq, ahead, 1);
         else
-            attend_sequence_of(a, q_seq, k_cache, v_cache, table, first, len, scores, out_seq,
-                               ahead, 0);
+            attend_sequence_of(a, q_seq, k_cache, v_cache, table, first, len, h0, h1, scores,
+                               out_seq, ahead, 0);
         return;
     }
 #endif
-    for (int64_t h = 0; h < heads; h++)
+    for (int64_t h = h0; h < h1; h++)
         attend_head(a, q_seq + h * d, k_cache, v_cache, table, first, len, h, scores,
                     out_seq + h * d);
 }
@@ -403,7 +405,8 @@ static int attend_all(const AttentionShape *a, const float *q, const void *k_cac
                                                       context_lens[n], window)
                                         : NULL;
             attend_sequence(a, q + s * seq_size, k_cache, v_cache, block_tables + s * max_blocks,
-                            window_start(context_lens[s], window), context_lens[s], scores,
+                            window_start(context_lens[s], window), context_lens[s], 0,
+                            a->num_heads, scores,
                             out + s * seq_size, ahead);
         }
         free(scores);

@@ -52,6 +52,8 @@ typedef struct {
 
 typedef struct {
     int64_t first_row, rows; /* rows == 1 and chunk < 0: a single-token row (a decode) */
+    /* a chunk's: its kv head; a single-token row's: the kv head whose query heads it
+       attends, or -1 for all of them */
     int64_t chunk, kv_head;
 } AttentionItem;
 
@@ -176,6 +178,11 @@ static int attend_rows(const AttentionShape *a, const float *q, const void *k_ca
     Chunk *chunks = malloc(sizeof(Chunk) * (size_t)rows);
     AttentionItem *items = malloc(sizeof(AttentionItem) * (size_t)(rows * kv_heads));
     int64_t num_chunks = 0, count = 0, longest = 1, widest = KEY_TILE, gathered = 0;
+    /* A step of fewer rows than twice the threads (one stream, a few): each single-token
+       row is one item per kv head (its query heads), so every thread has a share of
+       the attention instead of one thread doing it while the rest wait. A head's
+       arithmetic is the same either way. */
+    const int split = rows < 2 * num_threads;
     for (int64_t r = 0; r < rows && chunks && items;) {
         int64_t end = r + 1;
         while (end < rows && row_seqs[end] == row_seqs[r] &&
@@ -184,7 +191,9 @@ static int attend_rows(const AttentionShape *a, const float *q, const void *k_ca
         const int64_t len = context_lens[end - 1];
         if (len > longest) longest = len;
         if (end - r <= ROWWISE_CHUNK) {
-            for (int64_t row = r; row < end; row++) items[count++] = (AttentionItem){row, 1, -1, 0};
+            for (int64_t row = r; row < end; row++)
+                for (int64_t g = split ? 0 : -1; g < (split ? kv_heads : 0); g++)
+                    items[count++] = (AttentionItem){row, 1, -1, g};
         } else {
             const int64_t start = window_start(context_lens[r], window);
             const int64_t width = (len - start + KEY_TILE - 1) / KEY_TILE * KEY_TILE;
@@ -235,14 +244,18 @@ static int attend_rows(const AttentionShape *a, const float *q, const void *k_ca
                 const int64_t len = context_lens[it.first_row];
                 /* the row this thread likely takes next, as the threads take turns */
                 const int64_t n = i + omp_get_num_threads();
-                const int64_t row = n < count && items[n].chunk < 0 ? items[n].first_row : -1;
+                const int64_t row = it.kv_head < 0 && n < count && items[n].chunk < 0
+                                        ? items[n].first_row
+                                        : -1;
+                const int64_t h0 = it.kv_head < 0 ? 0 : it.kv_head * group;
+                const int64_t h1 = it.kv_head < 0 ? a->num_heads : h0 + group;
                 Ahead next;
                 Ahead *ahead = row < 0 ? NULL
                                        : ahead_start(&next, a, k_cache, v_cache,
                                                      block_tables + row_seqs[row] * max_blocks,
                                                      context_lens[row], window);
                 attend_sequence(a, q + it.first_row * row_size, k_cache, v_cache, table,
-                                window_start(len, window), len, scores,
+                                window_start(len, window), len, h0, h1, scores,
                                 out + it.first_row * row_size, ahead);
             } else {
                 attend_chunk_tile(a, q, chunks + it.chunk, context_lens, window, it.first_row,

@@ -38,11 +38,16 @@ PROMPTS = [[5 + i for i in range(n)] for n in (3, 17, 40, 9, 64)]
 
 
 def tiny_with_blocks(
-    arch: str, folder: Path, smollm_folder: Path, kind: BlockType, window: int | None = None
+    arch: str,
+    folder: Path,
+    smollm_folder: Path,
+    kind: BlockType,
+    window: int | None = None,
+    int8: bool = False,
 ) -> LoadedLM:
     """A tiny random ``arch`` model whose decoder linear weights are ``kind`` blocks
-    (the float32 weights are what the blocks hold), with the blocks attached;
-    ``window``: a sliding window (Mistral's)."""
+    (the float32 weights are what the blocks hold), with the blocks attached (their
+    dot products in int8 where ``int8``); ``window``: a sliding window (Mistral's)."""
     tiny_models.build(arch, folder, smollm_folder, sliding_window=window)
     tensors = load_file(str(folder / "model.safetensors"))
     packed = {}
@@ -56,7 +61,8 @@ def tiny_with_blocks(
     lm = load_causal_lm(folder, progress=False, weight_kernel="torch")
     model = lm.model
     assert isinstance(model, LlamaForCausalLM)
-    assert model.attach_packed(packed, quantized_linear_kernel()) == 4 * lm.config.num_layers
+    kernel = quantized_linear_kernel(int8)
+    assert model.attach_packed(packed, kernel) == 4 * lm.config.num_layers
     return lm
 
 
@@ -72,13 +78,13 @@ class Counting:
 
 
 @contextmanager
-def stack_replaced(lm: LoadedLM, replacement: Any) -> Iterator[None]:
+def stack_replaced(lm: LoadedLM, replacement: Any) -> Iterator[Any]:
     model = lm.model
     assert isinstance(model, LlamaForCausalLM)
     kept = model.stack
     model.stack = replacement
     try:
-        yield
+        yield replacement
     finally:
         model.stack = kept
 
@@ -252,6 +258,48 @@ def test_the_builtin_model_decodes_on_the_stack(smollm: LoadedLM) -> None:
         return {k: v.outputs[0].token_ids for k, v in results.items()}
 
     assert tokens(fused) == tokens(plain)
+
+
+class Recording:
+    """Wraps a stack and keeps each step's output."""
+
+    def __init__(self, stack: LlamaStack) -> None:
+        self.stack, self.outputs = stack, list[torch.Tensor]()
+
+    def __call__(self, x: torch.Tensor, *args: Any) -> torch.Tensor:
+        out = self.stack(x, *args)
+        self.outputs.append(out.clone())
+        return out
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "float16"])
+def test_a_lone_decode_gets_the_bits_it_gets_among_many(
+    kv_cache_dtype: str, tmp_path: Path, smollm_folder: Path
+) -> None:
+    """A step of fewer rows than twice the threads shares each decode's attention
+    among the threads, a kv head (and its query heads) each; a bigger step attends a
+    row at a time. Each head's arithmetic is the same: a prompt decoded alone leaves
+    the stack with the bits it leaves it with beside seven others (int8 dot products,
+    which round each row on its own, so the linear layers add no difference)."""
+    lm = tiny_with_blocks("llama", tmp_path / "llama", smollm_folder, BlockType.Q8_0, int8=True)
+    model = lm.model
+    assert isinstance(model, LlamaForCausalLM) and model.stack is not None
+    assert model.config.num_heads > model.config.num_kv_heads > 1
+    others = [[9 + i + j for j in range(5 + 3 * i)] for i in range(7)]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the crowd's 8 rows are then past the split, the lone 1 not
+    try:
+        with stack_replaced(lm, Recording(model.stack)) as alone:
+            generate(lm, [PROMPTS[2]], kv_cache_dtype=kv_cache_dtype)
+        with stack_replaced(lm, Recording(model.stack)) as crowd:
+            generate(lm, [PROMPTS[2], *others], kv_cache_dtype=kv_cache_dtype)
+    finally:
+        torch.set_num_threads(threads)
+    decodes = zip(alone.outputs[1:], crowd.outputs[1:], strict=True)
+    for step, (lone, among) in enumerate(decodes, start=1):
+        assert lone.shape[0] == 1 and among.shape[0] == 8
+        # the lone row is one of the eight (the others' prompts differ from it)
+        assert any(torch.equal(lone[0], row) for row in among), f"step {step}"
 
 
 def test_torch_attention_turns_the_stack_off(smollm: LoadedLM, smollm_folder: Path) -> None:
