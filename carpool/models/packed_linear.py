@@ -299,7 +299,8 @@ class Interleaved:
     # Q6_K (Q8_16 with k_scales): 4 of nibbles and 2 of bits 4-5, uint8
     quants: torch.Tensor
     # [n/16, k/32, 16] float16 (the file's: each a float32 exactly); with k_scales
-    # [n/16, k/32, 2, 16] uint8 (KScales.factors; Q6_K's int8)
+    # KScales.factors: Q4_K's and Q5_K's [n/16, k/256, K_SCALE_BYTES] uint8 in their
+    # 6 bits (``six_bit_pairs``), Q6_K's [n/16, k/32, 2, 16] int8
     scales: torch.Tensor
     # Q4_1, Q5_1: the mins, like scales; Q8_0: each block's quant sum, int16; Q5_0:
     # None; with k_scales [n/16, k/256, 2, 16] float16 (KScales.supers; Q6_K's [.., 1, 16])
@@ -348,10 +349,11 @@ class Interleaved:
                 shape = (strips, FEATURES, *t.shape[1:])
                 return t.view(shape).permute(0, 2, 3, 1).contiguous()
 
+            factors = by_strip_pairs(k_scales.factors)
             return Interleaved(
                 packed.kind,
                 quants,
-                by_strip_pairs(k_scales.factors),
+                factors if six_bit else six_bit_pairs(factors),
                 by_strip_pairs(k_scales.supers.to(torch.float16)),
                 (n, k),
                 True,
@@ -405,7 +407,8 @@ class Interleaved:
             def pairs(t: torch.Tensor) -> torch.Tensor:
                 return t.permute(0, 3, 1, 2).reshape(n, t.shape[1], t.shape[2])
 
-            k_scales = KScales(pairs(self.extra).float(), pairs(self.scales))
+            factors = self.scales if self.kind is BlockType.Q8_16 else _unpacked_pairs(self.scales)
+            k_scales = KScales(pairs(self.extra).float(), pairs(factors))
             scales, mins = k_scales.scales_and_mins()
             if k_scales.six_bit:
                 q = _six_bit_quants(quants)
@@ -568,6 +571,41 @@ def _six_bit_quants(lanes: torch.Tensor) -> torch.Tensor:
     high = (top >> (2 * torch.arange(4, dtype=torch.uint8)[:, None])) & 3  # [.., half, j, b]
     q = torch.cat([nibbles & 15, nibbles >> 4], -1) | (high.flatten(-3) << 4)
     return (q.to(torch.int16) - 32).to(torch.int8)
+
+
+K_SCALE_BYTES = SUPER * 2 * FEATURES * 6 // 8  # kernels/interleaved.h's: a super-block's
+
+
+def six_bit_pairs(pairs: torch.Tensor) -> torch.Tensor:
+    """Q4_K's and Q5_K's scales and mins by strip, ``[strips, k/32, 2, 16]`` uint8 (each
+    block's sc of 16 features, then its m; each below 64), in their file's 6 bits as
+    the interleaved layout holds them, ``[strips, k/256, K_SCALE_BYTES]`` uint8
+    (``kernels/interleaved.h``'s ``unpack_k_scales`` reads them): per super-block,
+    byte 16j + f holds the low four bits of block j's sc (bits 0-3) and m (bits 4-7)
+    of feature f, then run p's byte i (of two runs of 32) holds bits 4 and 5 of value
+    i (sc of feature i below 16, else m of feature i - 16) of block 4p + t at bits 2t
+    and 2t + 1. ValueError where a value needs more than 6 bits."""
+    if pairs.numel() and int(pairs.max()) >= 64:
+        raise ValueError("Q4_K's and Q5_K's scales and mins hold 6 bits")
+    strips, groups = pairs.shape[:2]
+    values = pairs.reshape(strips, groups // SUPER, SUPER, 2 * FEATURES)  # [.., j, i]
+    low = (values[..., :FEATURES] & 15) | ((values[..., FEATURES:] & 15) << 4)
+    top = (values >> 4).view(strips, groups // SUPER, 2, 4, 2 * FEATURES)  # [.., p, t, i]
+    runs = torch.zeros(strips, groups // SUPER, 2, 2 * FEATURES, dtype=torch.uint8)
+    for t in range(4):
+        runs |= top[..., t, :] << (2 * t)
+    return torch.cat([low.flatten(-2), runs.flatten(-2)], -1).contiguous()
+
+
+def _unpacked_pairs(packed: torch.Tensor) -> torch.Tensor:
+    """``six_bit_pairs`` undone: [strips, k/256, K_SCALE_BYTES] -> [strips, k/32, 2, 16]."""
+    strips, supers = packed.shape[:2]
+    low = packed[..., : SUPER * FEATURES].view(strips, supers, SUPER, FEATURES)
+    runs = packed[..., SUPER * FEATURES :].view(strips, supers, 2, 1, 2 * FEATURES)
+    shifts = 2 * torch.arange(4, dtype=torch.uint8)[:, None]
+    top = ((runs >> shifts) & 3).view(strips, supers, SUPER, 2 * FEATURES)  # [.., j, i]
+    values = torch.cat([low & 15, low >> 4], -1) | (top << 4)
+    return values.view(strips, supers * SUPER, 2, FEATURES)
 
 
 def fifth_bit_lane(word: torch.Tensor) -> torch.Tensor:
@@ -898,7 +936,10 @@ def check_interleaved(weight: Interleaved) -> None:
     lanes = interleaved_lanes(weight.kind)
     check_shape("quants", weight.quants, strips, groups, lanes, FEATURES, 4)
     if weight.k_scales:
-        check_shape("scales", weight.scales, strips, groups, 2, FEATURES)
+        if six_bit:
+            check_shape("scales", weight.scales, strips, groups, 2, FEATURES)
+        else:
+            check_shape("scales", weight.scales, strips, groups // SUPER, K_SCALE_BYTES)
         if weight.extra is None:
             raise ValueError("interleaved blocks with K-quant scales need their super-blocks'")
         check_tensors(extra=(weight.extra, torch.float16))

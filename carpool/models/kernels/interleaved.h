@@ -27,11 +27,12 @@
          extra: Q5_1's mins, float16 [FEATURES]; Q5_0: none (its quants' 16 is taken
          out of the integer sum as 16 * the sum of x's block's int8 steps).
    Q4_K, Q5_K (kinds of this kernel only): Q4_1's and Q5_1's quants with a K-quant's
-         scales as its file holds them (k a multiple of 256): scales uint8 [2][FEATURES]
-         (each feature's scale sc, then its min m), extra float16 [2][FEATURES] per
-         super-block of SUPER_BLOCKS blocks (the file's d, then -dmin); a block's scale
-         is d * sc and its min -dmin * m: in 4.625 and 5.625 bits a weight instead of
-         Q4_1's and Q5_1's 6 and 7 (the files' 4.5 and 5.5).
+         scales as its file holds them (k a multiple of 256): per super-block of
+         SUPER_BLOCKS blocks, scales of K_SCALE_BYTES uint8: each block's and feature's
+         scale sc and min m in the file's 6 bits (unpack_k_scales has the order), and
+         extra float16 [2][FEATURES] (the file's d, then -dmin); a block's scale is
+         d * sc and its min -dmin * m: in 4.5 and 5.5 bits a weight, the files', instead
+         of Q4_1's and Q5_1's 6 and 7.
    Q6_K (a kind of this kernel only; k a multiple of 256): quants [6][FEATURES][4]
          uint8 of q = the file's 6-bit quant (w = d * sc * (q - 32)): lanes 0-3 Q4_1's
          nibbles of q's low four bits, lane 4: byte (f, b)'s bits 2j and 2j + 1 are
@@ -39,7 +40,7 @@
          lane 5 the same for the high nibbles (weight 16 + 4j + b); scales int8
          [2][FEATURES]: each feature's sc for weights 0-15, then for 16-31; extra float16
          [FEATURES] per super-block (d): 6.5625 bits a weight, the file's.
-   scales: float16 [FEATURES] (but Q4_K's, Q5_K's and Q6_K's): the file's own, as the mins
+   scales: float16 [FEATURES] a block (but Q4_K's, Q5_K's and Q6_K's): the file's own, as the mins
    (each a float32 exactly, so the same floats as the file layout's float32 scales, in
    2 bytes a block instead of 4: Q4_1 in 5 bits a weight, its file's, instead of 6).
 
@@ -78,7 +79,7 @@ typedef struct {
        or KIND_Q6_K */
     int64_t kind;
     const void *quants;
-    const void *scales; /* float16, but the K-quants' (uint8; Q6_K's int8) */
+    const void *scales; /* float16, but the K-quants' (6-bit pairs; Q6_K's int8) */
     /* Q4_1, Q5_1: mins (float16); Q8_0: quant sums (int16); Q5_0: NULL; the K-quants:
        the super-blocks' d and -dmin (float16; Q6_K's d) */
     const void *extra;
@@ -119,10 +120,46 @@ static inline int interleaved_kind(int64_t kind) {
    multiply integer sums */
 static inline int super_blocked(int64_t kind) { return factored(kind) || kind == KIND_Q6_K; }
 
+/* Bytes of Q4_K's and Q5_K's scales and mins per super-block of a strip: 6 bits each */
+#define K_SCALE_BYTES (SUPER_BLOCKS * 2 * FEATURES * 6 / 8)
+
 /* Bytes of scales and of extra per strip of FEATURES features */
 static inline int64_t strip_scale_bytes(int64_t kind, int64_t groups) {
-    (void)kind; /* two bytes a feature and block: a float16, or a K-quant's pair */
-    return groups * FEATURES * 2;
+    if (factored(kind)) return groups / SUPER_BLOCKS * K_SCALE_BYTES;
+    return groups * FEATURES * 2; /* two bytes a feature and block: a float16, Q6_K's pair */
+}
+
+/* One super-block's K_SCALE_BYTES of Q4_K's or Q5_K's scales as a byte each: out
+   [SUPER_BLOCKS][2][FEATURES], block j's sc of each feature, then its m. Packed, byte
+   16j + f holds the low four bits of block j's sc (bits 0-3) and m (bits 4-7) of
+   feature f; then two runs of 32 bytes, run p's byte i holding bits 4 and 5 of value i
+   of block 4p + t (i < FEATURES: sc of feature i, else m of feature i - FEATURES) at
+   bits 2t and 2t + 1. The same bytes on every rung. */
+static inline uint8_t k_scale_at(const uint8_t *packed, int j, int i) {
+    const uint8_t low = packed[FEATURES * j + i % FEATURES];
+    const int bits = (packed[SUPER_BLOCKS * FEATURES + 2 * FEATURES * (j / 4) + i] >> (2 * (j % 4))) & 3;
+    return (uint8_t)((i < FEATURES ? low & 15 : low >> 4) | bits << 4);
+}
+
+static inline void unpack_k_scales(const uint8_t *packed, uint8_t *out) {
+#if defined(__AVX2__) && defined(__FMA__)
+    const uint8_t *high = packed + SUPER_BLOCKS * FEATURES;
+    const __m128i nibble = _mm_set1_epi8(15);
+    const __m256i two = _mm256_set1_epi8(3);
+    for (int j = 0; j < SUPER_BLOCKS; j++) {
+        const __m128i low = _mm_loadu_si128((const __m128i *)(packed + FEATURES * j));
+        const __m256i lows = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(low, 4), nibble),
+                                              _mm_and_si128(low, nibble));
+        const __m256i run = _mm256_loadu_si256((const __m256i *)(high + 2 * FEATURES * (j / 4)));
+        /* 16-bit shifts: the mask keeps each byte's own two bits */
+        const __m256i bits = _mm256_and_si256(_mm256_srl_epi16(run, _mm_cvtsi32_si128(2 * (j % 4))), two);
+        _mm256_storeu_si256((__m256i *)(out + 2 * FEATURES * j),
+                            _mm256_or_si256(lows, _mm256_slli_epi16(bits, 4)));
+    }
+#else
+    for (int j = 0; j < SUPER_BLOCKS; j++)
+        for (int i = 0; i < 2 * FEATURES; i++) out[2 * FEATURES * j + i] = k_scale_at(packed, j, i);
+#endif
 }
 static inline int64_t strip_extra_bytes(int64_t kind, int64_t groups) {
     if (super_blocked(kind))
@@ -281,11 +318,13 @@ ALWAYS_INLINE void k_quant_tile(int64_t kind, const uint8_t *q, const uint8_t *s
         dots[r] = _mm512_setzero_si512();
     }
     const int64_t bytes = tile_bytes(kind);
+    uint8_t unpacked[SUPER_BLOCKS * 2 * FEATURES];
     for (int64_t g = 0; g < groups; g++, q += bytes) {
         prefetch_ahead(q, bytes);
+        if (g % SUPER_BLOCKS == 0) unpack_k_scales(scales + g / SUPER_BLOCKS * K_SCALE_BYTES, unpacked);
         __m512i w[8];
         unpack_nibbles(kind, q, w);
-        const uint8_t *sc = scales + g * 2 * FEATURES;
+        const uint8_t *sc = unpacked + g % SUPER_BLOCKS * 2 * FEATURES;
         const __m512i scale = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sc));
         for (int64_t r = 0; r < rows; r++) {
             const __m512i dot = block_dot(w, (const uint8_t *)(x->xq + r * k + g * BLOCK), 0);
@@ -295,7 +334,7 @@ ALWAYS_INLINE void k_quant_tile(int64_t kind, const uint8_t *q, const uint8_t *s
         const int64_t g0 = g + 1 - SUPER_BLOCKS;
         __m512i min_pairs[SUPER_BLOCKS / 2]; /* each feature's m of blocks 2i (low 16 bits), 2i + 1 */
         for (int i = 0; i < SUPER_BLOCKS / 2; i++) {
-            const uint8_t *m = scales + (g0 + 2 * i) * 2 * FEATURES + FEATURES;
+            const uint8_t *m = unpacked + 2 * i * 2 * FEATURES + FEATURES;
             const __m512i first = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)m));
             const __m512i second = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(m + 2 * FEATURES)));
             min_pairs[i] = _mm512_or_si512(first, _mm512_slli_epi32(second, 16));
@@ -447,14 +486,16 @@ ALWAYS_INLINE void k_quant_tile(int64_t kind, const uint8_t *q, const uint8_t *s
             dots[r][h] = _mm256_setzero_si256();
         }
     const int64_t bytes = tile_bytes(kind);
+    uint8_t unpacked[SUPER_BLOCKS * 2 * FEATURES];
     for (int64_t g = 0; g < groups; g++, q += bytes) {
         prefetch_ahead(q, bytes);
+        if (g % SUPER_BLOCKS == 0) unpack_k_scales(scales + g / SUPER_BLOCKS * K_SCALE_BYTES, unpacked);
         const int end = g % SUPER_BLOCKS == SUPER_BLOCKS - 1;
         const int64_t g0 = g + 1 - SUPER_BLOCKS;
         for (int h = 0; h < 2; h++) {
             __m256i w[8];
             unpack_nibbles(kind, q, h, w);
-            const uint8_t *sc = scales + g * 2 * FEATURES + 8 * h;
+            const uint8_t *sc = unpacked + g % SUPER_BLOCKS * 2 * FEATURES + 8 * h;
             const __m256i scale = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sc));
             const __m256i scale_pairs = pairs16(scale, scale);
             for (int64_t r = 0; r < rows; r++)
@@ -463,7 +504,7 @@ ALWAYS_INLINE void k_quant_tile(int64_t kind, const uint8_t *q, const uint8_t *s
             if (!end) continue;
             __m256i min_pairs[SUPER_BLOCKS / 2]; /* as the AVX-512 code's */
             for (int i = 0; i < SUPER_BLOCKS / 2; i++) {
-                const uint8_t *m = scales + (g0 + 2 * i) * 2 * FEATURES + FEATURES + 8 * h;
+                const uint8_t *m = unpacked + 2 * i * 2 * FEATURES + FEATURES + 8 * h;
                 const __m256i first = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)m));
                 const __m256i second = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(m + 2 * FEATURES)));
                 min_pairs[i] = pairs16(first, second);
@@ -543,9 +584,11 @@ ALWAYS_INLINE void k_quant_tile(int64_t kind, const uint8_t *q, const uint8_t *s
             float acc = 0.f;
             int32_t dots = 0, mins = 0;
             for (int64_t g = 0; g < groups; g++) {
-                const uint8_t *sc = scales + g * 2 * FEATURES;
-                dots += tile_nibble_dot(kind, q + g * bytes, f, x->xq + r * k + g * BLOCK) * sc[f];
-                mins += block_steps_sum(x, groups, r, g) * sc[FEATURES + f];
+                const uint8_t *packed = scales + g / SUPER_BLOCKS * K_SCALE_BYTES;
+                const int j = (int)(g % SUPER_BLOCKS);
+                dots += tile_nibble_dot(kind, q + g * bytes, f, x->xq + r * k + g * BLOCK) *
+                        k_scale_at(packed, j, f);
+                mins += block_steps_sum(x, groups, r, g) * k_scale_at(packed, j, FEATURES + f);
                 if (g % SUPER_BLOCKS == SUPER_BLOCKS - 1) {
                     const uint16_t *super = supers + g / SUPER_BLOCKS * 2 * FEATURES;
                     const float step = x->xscales[r * groups + g];

@@ -89,10 +89,10 @@ def test_every_type_with_a_layout_holds_the_weights_gguf_reads(
 def test_the_interleaved_copy_keeps_a_k_quants_own_scales_and_computes_rounded_products(
     kind: gguf.GGMLQuantizationType,
 ) -> None:
-    """Interleaved, a Q4_K or Q5_K matrix keeps its file's d, dmin (float16), sc and m (0.625
-    bits a weight) in place of float32 scales and mins (2): the int8 kernel computes the rounded
-    rows' products with the floats they make (x rounded per 256, its integer sums scaled by sc
-    and m), each row's the same at every row count.
+    """Interleaved, a Q4_K or Q5_K matrix keeps its file's d, dmin (float16), sc and m (6
+    bits each: 0.5 bits a weight, as its file) in place of float32 scales and mins (2): the
+    int8 kernel computes the rounded rows' products with the floats they make (x rounded per
+    256, its integer sums scaled by sc and m), each row's the same at every row count.
     Without them its float32 products (not float16's) have no interleaved copy."""
     packed = to_packed(kind, random_blocks(kind, 48, 768, seed=int(kind)))
     assert packed is not None and packed.k_scales is not None
@@ -103,7 +103,7 @@ def test_the_interleaved_copy_keeps_a_k_quants_own_scales_and_computes_rounded_p
     assert compact is not None and compact.k_scales
     assert Interleaved.of(without_k_scales(packed)) is None
     scale_bytes = sum(t.numel() * t.element_size() for t in (compact.scales, compact.extra))
-    assert scale_bytes * 16 == (48 * 768 // 32 * 2 * 4) * 5  # 0.625 bits against 2
+    assert scale_bytes * 8 == 48 * 768 // 2  # 0.5 bits a weight
     x = torch.randn(9, 768, generator=torch.Generator().manual_seed(9))
     nine = kernel(x, None, compact)
     torch.testing.assert_close(

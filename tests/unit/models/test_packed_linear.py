@@ -26,6 +26,7 @@ from carpool.models.packed_linear import (
     PackedWeight,
     quantized_linear_kernel,
     save_packed,
+    six_bit_pairs,
 )
 from carpool.workers.factory import engine_for
 from tests import tiny_models
@@ -430,3 +431,18 @@ def test_q5_0_beside_q8_0_is_fused_as_q8_0() -> None:
     x = torch.randn(2, 64, generator=torch.Generator().manual_seed(3))
     product = x @ torch.cat([w for _, w in parts]).T
     torch.testing.assert_close(quantized_linear_kernel()(x, fused), product, rtol=1e-5, atol=1e-5)
+
+
+def test_q4_k_scales_and_mins_are_interleaved_in_their_files_six_bits() -> None:
+    """A strip's sc and m (each below 64) in 6 bits, per super-block: each block's low
+    nibbles, then two runs of their bits 4 and 5; a value of 64 cannot be held."""
+    seeded = torch.Generator().manual_seed(5)
+    pairs = torch.randint(0, 64, (3, 16, 2, 16), dtype=torch.uint8, generator=seeded)
+    packed = six_bit_pairs(pairs)
+    assert packed.shape == (3, 2, 192) and packed.dtype == torch.uint8
+    sc, m = int(pairs[2, 8 + 5, 0, 7]), int(pairs[2, 8 + 5, 1, 7])  # super-block 1, block 5
+    assert int(packed[2, 1, 16 * 5 + 7]) == (sc & 15) | (m & 15) << 4
+    run = packed[2, 1, 128 + 32 * (5 // 4) :]  # bits 4-5 of block 5 at bits 2, 3
+    assert (int(run[7]) >> 2) & 3 == sc >> 4 and (int(run[16 + 7]) >> 2) & 3 == m >> 4
+    with pytest.raises(ValueError, match="6 bits"):
+        six_bit_pairs(torch.full((1, 8, 2, 16), 64, dtype=torch.uint8))
