@@ -126,7 +126,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
             self.embed_scale, self.embed_tokens.weight.dtype
         )
         if self.stack is not None and LlamaStack.applies(x, meta):
-            return self.norm(self.stack(x, positions, caches, meta))
+            return self.stack(x, positions, caches, meta)  # the final norm included
         for layer, cache in zip(self.layers, caches, strict=True):
             x = layer(x, positions, cache, meta)
         return self.norm(x)
@@ -160,7 +160,11 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
 
     def stack_shape(self) -> StackShape:
         return dataclasses.replace(
-            super().stack_shape(), rope=self.full_rope, local_rope=self.local_rope, gelu=True
+            super().stack_shape(),
+            rope=self.full_rope,
+            local_rope=self.local_rope,
+            gelu=True,
+            final_norm=_one_plus(cast(GemmaRMSNorm, self.norm)),
         )
 
 

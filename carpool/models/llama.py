@@ -179,7 +179,7 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         if self.stack is not None and LlamaStack.applies(x, meta):
-            return self.norm(self.stack(x, positions, caches, meta))
+            return self.stack(x, positions, caches, meta)  # the final norm included
         residual: torch.Tensor | None = None
         for layer, cache in zip(self.layers, caches, strict=True):
             x, residual = layer(x, residual, positions, cache, meta)
@@ -218,6 +218,7 @@ class LlamaForCausalLM(nn.Module):
             cfg.norm_eps,
             attention.scale,
             attention.rope,
+            self.norm.weight.detach(),
         )
 
     def load_weights(

@@ -128,6 +128,7 @@ def _function() -> Any:
         ctypes.c_int64,  # window_max_blocks
         ctypes.c_void_p,  # row_seqs
         ctypes.c_void_p,  # context_lens
+        ctypes.c_void_p,  # final_norm
         ctypes.c_int,  # num_threads
     ]
     sizes = library.llama_stack_struct_size
@@ -246,7 +247,9 @@ def _check_layer(layer: LayerWeights, shape: StackShape) -> None:
 
 @dataclass(frozen=True)
 class StackShape:
-    """The model's sizes, its attention's scale and its rotary tables."""
+    """The model's sizes, its attention's scale, its rotary tables and the weight of
+    its final norm (as the layers' norms, multiplied by as given: Gemma's ``1 +
+    weight``)."""
 
     hidden_size: int
     num_heads: int
@@ -256,6 +259,7 @@ class StackShape:
     norm_eps: float
     scale: float
     rope: RotaryEmbedding
+    final_norm: torch.Tensor
     local_rope: RotaryEmbedding | None = None  # Gemma 3's sliding layers' own
     gelu: bool = False  # GELU (tanh) gating, not SiLU
 
@@ -309,6 +313,9 @@ class LlamaStack:
         self._least_blocks = (0, 0, 0)
         self._rope = shape.rope
         self._local_rope = shape.local_rope if any(w.local_rope for w in layers) else None
+        check_tensors(final_norm=(shape.final_norm, torch.float32))
+        check_shape("final_norm", shape.final_norm, shape.hidden_size)
+        self._final_norm = shape.final_norm
 
     @staticmethod
     def usable(layers: Sequence[LayerWeights]) -> bool:
@@ -328,8 +335,8 @@ class LlamaStack:
         caches: Sequence[torch.Tensor],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        """The residual stream after every decoder layer (``x`` is updated in place
-        and returned)."""
+        """The final norm of the residual stream after every decoder layer (``x`` is
+        updated in place and returned)."""
         native = meta.native
         assert native is not None
         if caches is not self._caches:
@@ -370,6 +377,7 @@ class LlamaStack:
             window_tables.shape[1] if window_tables is not None else 0,
             native.row_seqs.data_ptr(),
             native.context_lens.data_ptr(),
+            self._final_norm.data_ptr(),
             torch.get_num_threads(),
         )
         if failed:
