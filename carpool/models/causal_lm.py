@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from carpool import c_heap
+from carpool import c_heap, huge_pages
 from carpool.config import ConfigError, default_cache_dir
 from carpool.models.attention import AttentionMetadata
 from carpool.models.decoder_config import GEMMA3_FAMILY, GPT2_FAMILY, LLAMA_FAMILY, DecoderConfig
@@ -34,6 +34,7 @@ from carpool.models.llama import LlamaForCausalLM
 from carpool.models.native import KernelUnavailable, torch_because
 from carpool.models.packed_linear import (
     BlocksFile,
+    Linear,
     PackedWeight,
     QuantizedLinearKernel,
     quantized_linear_kernel,
@@ -155,6 +156,7 @@ def load_causal_lm(
     packed_layers, linear = _attach_packed(model, blocks, weight_kernel)
     tokenizer = load_tokenizer(folder)
     c_heap.trim()  # what loading's temporaries freed, before a KV cache is allocated
+    huge_pages.collapse(_weight_tensors(model), torch.get_num_threads())
     return LoadedLM(
         name=name or path.stem,
         model=model,  # type: ignore[arg-type]
@@ -167,6 +169,16 @@ def load_causal_lm(
         paths=(linear, *_stack_path(model, packed_layers)),
         generation_defaults=read_generation_defaults(folder),
     )
+
+
+def _weight_tensors(model: nn.Module) -> Iterator[torch.Tensor]:
+    """The tensors a step streams the weights from: parameters, buffers and every
+    linear layer's blocks."""
+    for module in model.modules():
+        yield from module.parameters(recurse=False)
+        yield from module.buffers(recurse=False)
+        if isinstance(module, Linear):
+            yield from module.block_tensors()
 
 
 def _stack_path(model: nn.Module, packed_layers: int) -> tuple[PathTaken, ...]:

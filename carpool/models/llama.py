@@ -331,6 +331,7 @@ class LlamaForCausalLM(nn.Module):
             if isinstance(module, Embedding):
                 kept = usable and not module.weight.numel()
                 module.packed = parts[0].lean() if kept else None
+                module.kernel = kernel
                 module.interleaved = None
             elif usable:
                 module.attach_parts(parts, kernel)  # type: ignore[operator]

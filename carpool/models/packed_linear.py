@@ -741,6 +741,41 @@ class QuantizedLinearKernel:
         self._k_quant.argtypes = (
             [ctypes.c_int64] + [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4 + [ctypes.c_int]
         )
+        self._rows = library.packed_rows
+        self._rows.restype = ctypes.c_int
+        self._rows.argtypes = (
+            [ctypes.c_int64] + [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 3 + [ctypes.c_void_p]
+        )
+
+    def rows(self, weight: PackedWeight, ids: torch.Tensor) -> torch.Tensor:
+        """``weight.rows(ids)`` in C: the float32 rows ``ids`` (int64), [*ids.shape, k],
+        the same floats (an embedding's lookup: a few torch calls less a step, each
+        slow after the weights' stream has left its code and data in memory alone).
+        ValueError for an id outside the weight's rows."""
+        self.check_blocks(weight)
+        n, k = weight.shape
+        flat = ids.reshape(-1)
+        check_tensors(ids=(flat, torch.int64))
+        out = torch.empty(flat.shape[0], k, dtype=torch.float32)
+        k_scales = weight.k_scales if weight.scales is None else None
+        failed = self._rows(
+            KIND_CODES[weight.kind],
+            weight.quants.data_ptr(),
+            None if weight.scales is None else weight.scales.data_ptr(),
+            None if weight.mins is None else weight.mins.data_ptr(),
+            None if k_scales is None else k_scales.supers.data_ptr(),
+            None if k_scales is None else k_scales.factors.data_ptr(),
+            flat.data_ptr(),
+            flat.shape[0],
+            n,
+            k,
+            out.data_ptr(),
+        )
+        if failed == 2:
+            raise ValueError(f"ids outside the {n} rows of the weight")
+        if failed:
+            raise MemoryError("the rows' scales could not be allocated")
+        return out.view(*ids.shape, k)
 
     def __call__(
         self,
@@ -1043,6 +1078,20 @@ class Linear(nn.Linear):
         """Whether blocks hold this layer's weight (the file's or interleaved)."""
         return self.packed is not None or self.interleaved is not None
 
+    def block_tensors(self) -> list[torch.Tensor]:
+        """The tensors its blocks are held in (the file's layout and the interleaved
+        copy, every part's)."""
+        held: list[torch.Tensor | None] = []
+        if self.interleaved is not None:
+            for part in interleaved_parts(self.interleaved):
+                held += [part.quants, part.scales, part.extra]
+        if self.packed is not None:
+            for packed in packed_parts(self.packed):
+                k_scales = packed.k_scales
+                held += [packed.quants, packed.scales, packed.mins]
+                held += [None, None] if k_scales is None else [k_scales.supers, k_scales.factors]
+        return [t for t in held if t is not None]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (
             self.has_blocks
@@ -1072,6 +1121,7 @@ class Embedding(nn.Embedding):
 
     packed: PackedWeight | None = None
     interleaved: Interleaved | None = None
+    kernel: QuantizedLinearKernel | None = None  # looks ``packed``'s rows up in C
 
     def reset_parameters(self) -> None:
         if not _on_meta(self.weight):
@@ -1091,6 +1141,8 @@ class Embedding(nn.Embedding):
         if self.interleaved is not None:
             return self.interleaved.rows(ids)
         if self.packed is not None:
+            if self.kernel is not None:
+                return self.kernel.rows(self.packed, ids)
             return self.packed.rows(ids)
         return super().forward(ids)
 

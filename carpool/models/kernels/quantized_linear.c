@@ -56,6 +56,40 @@ int k_quant_linear(int64_t kind, const float *x, const void *quants, const float
                             num_threads);
 }
 
+/* The float32 rows ids[0..count) of W [n, k] in the file's blocks, each weight as
+   dequantize_block makes it (an embedding's lookup: those rows alone are read): out
+   [count, k]. kind as quantized_linear's; supers and factors: a K-quant's own scales
+   (quantized_dot.h's KScaleRows, for Q4_1, Q5_1 and Q8_16 blocks; k a multiple of 256)
+   that make the scales and mins, which are then NULL; or NULL. Returns 2 for another
+   kind, k not whole blocks (super-blocks) or an id outside [0, n); 1 when out of
+   memory. */
+int packed_rows(int64_t kind, const void *quants, const float *scales, const float *mins,
+                const float *supers, const void *factors, const int64_t *ids, int64_t count,
+                int64_t n, int64_t k, float *out) {
+    const int k_scaled = supers != NULL;
+    if ((kind != KIND_Q4_1 && kind != KIND_Q8_0 && kind != KIND_Q8_16 && kind != KIND_Q5_1 &&
+         kind != KIND_Q5_0) ||
+        k % BLOCK ||
+        (k_scaled && (kind == KIND_Q8_0 || kind == KIND_Q5_0 || k % (SUPER_BLOCK * BLOCK))))
+        return 2;
+    for (int64_t i = 0; i < count; i++)
+        if (ids[i] < 0 || ids[i] >= n) return 2;
+    const KScaleRows ks = {supers, factors};
+    const int six_bit = kind == KIND_Q8_16;
+    const int64_t per_feature = k / (six_bit ? HALF : BLOCK), groups = k / BLOCK;
+    int failed = 0;
+    float *made = scale_buffer(k_scaled ? &ks : NULL, 2 * per_feature, &failed);
+    for (int64_t i = 0; i < count && !failed; i++) {
+        const ChunkScales cs = chunk_scales(k_scaled ? &ks : NULL, six_bit, quants, scales, mins,
+                                            groups * kind_block_bytes(kind), per_feature, ids[i],
+                                            1, k, made);
+        for (int64_t g = 0; g < groups; g++)
+            dequantize_block(kind, cs.quants, cs.scales, cs.mins, g, out + i * k + g * BLOCK);
+    }
+    free(made);
+    return failed;
+}
+
 /* The many-rows path alone, whatever the row count (for tests); kind as
    quantized_linear's. */
 int quantized_gemm_rows(int64_t kind, const float *x, const void *quants, const float *scales,

@@ -85,6 +85,25 @@ def test_every_type_with_a_layout_holds_the_weights_gguf_reads(
     assert torch.equal(packed.dequantize(), file_weight(kind, raw).view(24, 512))
 
 
+@pytest.mark.parametrize("kind", NATIVE_TYPES, ids=lambda t: t.name)
+def test_the_kernel_looks_up_the_rows_gguf_reads(kind: gguf.GGMLQuantizationType) -> None:
+    """An embedding's lookup in C: the rows asked for (repeated, in any order), the
+    floats the gguf package makes, from the held scales or (``lean``) the K-quant's own;
+    an id outside the rows is refused, not read."""
+    raw = random_blocks(kind, 24, 512, seed=int(kind) + 1)
+    packed = to_packed(kind, raw)
+    assert packed is not None
+    kernel = quantized_linear_kernel()
+    ids = torch.tensor([[7, 0, 23], [7, 12, 3]])
+    expected = file_weight(kind, raw).view(24, 512)[ids]
+    weights = [packed] + ([packed.lean()] if packed.k_scales is not None else [])
+    for weight in weights:
+        assert torch.equal(kernel.rows(weight, ids), expected)
+        for bad in (24, -1):
+            with pytest.raises(ValueError, match="outside the 24 rows"):
+                kernel.rows(weight, torch.tensor([3, bad]))
+
+
 @pytest.mark.parametrize("kind", [T.Q4_K, T.Q5_K], ids=lambda t: t.name)
 def test_the_interleaved_copy_keeps_a_k_quants_own_scales_and_computes_rounded_products(
     kind: gguf.GGMLQuantizationType,

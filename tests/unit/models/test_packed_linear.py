@@ -171,7 +171,8 @@ def test_a_model_takes_each_block_matrix_once_from_its_file(
     smollm_folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Loading reads each of the blocks file's matrices once, as its layer takes it (the
-    tied embedding and head share one read), and holds none of the file after."""
+    tied embedding and head share one read), and holds none of the file after; the
+    embedding looks its rows up in the kernel."""
     reads: list[str] = []
     real = BlocksFile.__getitem__
 
@@ -183,7 +184,10 @@ def test_a_model_takes_each_block_matrix_once_from_its_file(
     lm = load_causal_lm(smollm_folder, progress=False, weight_kernel="native")
     assert lm.packed_layers == 4 * lm.config.num_layers + 1
     assert len(reads) == len(set(reads)) == 7 * lm.config.num_layers + 1
-    assert lm.model.embed_tokens.packed is not None  # the tied head's blocks
+    embed = lm.model.embed_tokens
+    assert embed.packed is not None  # the tied head's blocks
+    ids = torch.tensor([[5, 99], [4000, 5]])  # looked up in C: the floats torch makes
+    assert embed.kernel is not None and torch.equal(embed(ids), embed.packed.rows(ids))
 
 
 def test_the_builtin_model_runs_its_blocks_and_keeps_its_outputs(
