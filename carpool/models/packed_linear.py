@@ -748,14 +748,13 @@ class QuantizedLinearKernel:
         )
 
     def rows(self, weight: PackedWeight, ids: torch.Tensor) -> torch.Tensor:
-        """``weight.rows(ids)`` in C: the float32 rows ``ids`` (int64), [*ids.shape, k],
-        the same floats (an embedding's lookup: a few torch calls less a step, each
-        slow after the weights' stream has left its code and data in memory alone).
-        ValueError for an id outside the weight's rows."""
+        """``weight.rows(ids)`` in C: the float32 rows ``ids`` (integers), [*ids.shape, k],
+        the same floats. An embedding's lookup without the ~10 torch calls of the
+        Python one, each slow at a step's start: the weights' stream has evicted its
+        code and data. ValueError for an id outside the weight's rows."""
         self.check_blocks(weight)
         n, k = weight.shape
-        flat = ids.reshape(-1)
-        check_tensors(ids=(flat, torch.int64))
+        flat = ids.reshape(-1).to(torch.int64).contiguous()
         out = torch.empty(flat.shape[0], k, dtype=torch.float32)
         k_scales = weight.k_scales if weight.scales is None else None
         failed = self._rows(
