@@ -1,8 +1,8 @@
 """Backing a model's weights with transparent huge pages once it is loaded.
 
 One stream reads every weight once a token (628 MiB for a 1.2B Q4_K_M file): in
-4 KiB pages that is ~160,000 pages a token, each a TLB entry to fill, and the
-prefetchers stop at every page's end. The 1.2B's 89 matrices, one row, ran 3-9% faster
+4 KiB pages that is ~160,000 pages a token, each a TLB entry to fill by a walk of the
+page tables. The 1.2B's 89 matrices, one row, ran 3-9% faster
 from a copy in 2 MiB pages than from the 4 KiB pages they were loaded into (a Zen 4,
 two threads, sweeps of each alternating in one process; BENCHMARKS.md, session 47).
 

@@ -7,11 +7,11 @@ The file's block types map onto five layouts:
   scale) and Q4_K (each sub-block of 32 its own scale ``d * sc`` and min
   ``-dmin * m``): Q4_K_M's bulk, held in 4.75 bits a weight (the file's 4.5) with the
   file's ``d``, ``dmin``, ``sc`` and ``m`` (``KScales``, ``PackedWeight.lean``; the
-  interleaved copy of ``--weight-kernel native-int8`` keeps them too, ``d`` and
-  ``dmin`` as the file's float16: 4.625), Q4_0 and Q4_1 in 6 (float32 scales and
-  mins; 5 interleaved, the file's float16);
+  interleaved copy of ``--weight-kernel native-int8`` keeps them in the file's bits:
+  ``d`` and ``dmin`` float16, ``sc`` and ``m`` 6 bits each, 4.5), Q4_0 and Q4_1 in 6
+  (float32 scales and mins; 5 interleaved, the file's float16);
 - ``Q5_1`` (5-bit quants, a scale and a min per 32): Q5_1 itself and Q5_K (as Q4_K),
-  7 bits a weight and 5.75 (the files' 6 and 5.5);
+  7 bits a weight and 5.75 (the files' 6 and 5.5; Q5_K interleaved 5.5);
 - ``Q5_0`` (Q5_1's quants, a scale per 32, no min: w = scale * (q - 16)): Q5_0, 6
   bits a weight (the file's 5.5);
 - ``Q8_0`` (int8 quants, a scale per 32): Q8_0 itself, 9 bits;

@@ -62,6 +62,8 @@ def test_a_written_tensor_turns_huge_and_keeps_its_values() -> None:
     expected = weights.clone()
     collapsed = huge_pages.collapse([weights])
     whole = end // HUGE_PAGE * HUGE_PAGE - -(-start // HUGE_PAGE) * HUGE_PAGE
-    assert collapsed == whole >= 3 * HUGE_PAGE
-    assert _huge_bytes_in(start, end) >= whole
+    assert whole >= 3 * HUGE_PAGE
+    # each chunk is collapsed or not (the kernel may find no free huge page for one)
+    assert whole >= collapsed >= HUGE_PAGE and collapsed % HUGE_PAGE == 0
+    assert _huge_bytes_in(start, end) >= collapsed
     assert torch.equal(weights, expected)
