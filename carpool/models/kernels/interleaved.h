@@ -129,30 +129,31 @@ static inline int64_t strip_scale_bytes(int64_t kind, int64_t groups) {
     return groups * FEATURES * 2; /* two bytes a feature and block: a float16, Q6_K's pair */
 }
 
-/* One super-block's K_SCALE_BYTES of Q4_K's or Q5_K's scales as a byte each: out
-   [SUPER_BLOCKS][2][FEATURES], block j's sc of each feature, then its m. Packed, byte
-   16j + f holds the low four bits of block j's sc (bits 0-3) and m (bits 4-7) of
-   feature f; then two runs of 32 bytes, run p's byte i holding bits 4 and 5 of value i
-   of block 4p + t (i < FEATURES: sc of feature i, else m of feature i - FEATURES) at
-   bits 2t and 2t + 1. The same bytes on every rung. */
+/* A super-block's K_SCALE_BYTES of Q4_K's or Q5_K's scales and mins: byte 16j + f holds
+   the low four bits of block j's sc (bits 0-3) and m (bits 4-7) of feature f; then two
+   runs of 32 bytes, run p's byte i holding bits 4 and 5 of value i of block 4p + t
+   (i < FEATURES: sc of feature i, else m of feature i - FEATURES) at bits 2t and 2t + 1.
+   k_scale_at: value i of block j. */
 static inline uint8_t k_scale_at(const uint8_t *packed, int j, int i) {
     const uint8_t low = packed[FEATURES * j + i % FEATURES];
     const int bits = (packed[SUPER_BLOCKS * FEATURES + 2 * FEATURES * (j / 4) + i] >> (2 * (j % 4))) & 3;
     return (uint8_t)((i < FEATURES ? low & 15 : low >> 4) | bits << 4);
 }
 
+/* Every value of a super-block's packed scales as a byte: out [SUPER_BLOCKS][2][FEATURES],
+   block j's sc of each feature, then its m. The same bytes on every rung. */
 static inline void unpack_k_scales(const uint8_t *packed, uint8_t *out) {
 #if defined(__AVX2__) && defined(__FMA__)
     const uint8_t *high = packed + SUPER_BLOCKS * FEATURES;
     const __m128i nibble = _mm_set1_epi8(15);
-    const __m256i two = _mm256_set1_epi8(3);
+    const __m256i two_bits = _mm256_set1_epi8(3);
     for (int j = 0; j < SUPER_BLOCKS; j++) {
         const __m128i low = _mm_loadu_si128((const __m128i *)(packed + FEATURES * j));
         const __m256i lows = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(low, 4), nibble),
                                               _mm_and_si128(low, nibble));
         const __m256i run = _mm256_loadu_si256((const __m256i *)(high + 2 * FEATURES * (j / 4)));
         /* 16-bit shifts: the mask keeps each byte's own two bits */
-        const __m256i bits = _mm256_and_si256(_mm256_srl_epi16(run, _mm_cvtsi32_si128(2 * (j % 4))), two);
+        const __m256i bits = _mm256_and_si256(_mm256_srl_epi16(run, _mm_cvtsi32_si128(2 * (j % 4))), two_bits);
         _mm256_storeu_si256((__m256i *)(out + 2 * FEATURES * j),
                             _mm256_or_si256(lows, _mm256_slli_epi16(bits, 4)));
     }
