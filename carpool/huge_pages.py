@@ -16,7 +16,6 @@ comes round (minutes), or at once with ``MADV_COLLAPSE`` (Linux 6.1). Only the w
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import logging
 import sys
@@ -24,6 +23,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
+
+from carpool import c_heap
 
 log = logging.getLogger(__name__)
 
@@ -41,15 +42,10 @@ def _madvise() -> Callable[[int, int, int], int] | None:
     """libc's ``int madvise(void *addr, size_t length, int advice)`` on Linux, else None."""
     if not sys.platform.startswith("linux"):
         return None
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    try:
-        madvise = ctypes.CDLL(name, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    madvise.restype = ctypes.c_int
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    madvise: Callable[[int, int, int], int] | None = c_heap.libc_function(
+        "madvise", ctypes.c_int, argtypes
+    )
     return madvise
 
 
