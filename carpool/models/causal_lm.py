@@ -47,8 +47,9 @@ log = logging.getLogger(__name__)
 
 # Bump when the converted folder's layout or contents change (2: Q4_1 and Q8_0 blocks
 # kept, PACKED; 3: the K-quants, blocks only; 4: the Q5_1 layout; 5: the Q5_0 layout;
-# 6: Q4_K's and Q5_K's own scales beside their blocks; 7: Q6_K's).
-_CONVERSION_VERSION = "7"
+# 6: Q4_K's and Q5_K's own scales beside their blocks; 7: Q6_K's; 8: those in the
+# files' bits, d and dmin float16, Q4_K's and Q5_K's sc and m 6 bits each).
+_CONVERSION_VERSION = "8"
 # In a subfolder: every *.safetensors of the folder itself is a model weight file.
 PACKED = Path("blocks") / "gguf-blocks.safetensors"
 

@@ -5,18 +5,18 @@ The file's block types map onto five layouts:
 
 - ``Q4_1`` (4-bit quants, a scale and a min per 32): Q4_1 itself, Q4_0 (min -8
   scale) and Q4_K (each sub-block of 32 its own scale ``d * sc`` and min
-  ``-dmin * m``): Q4_K_M's bulk, held in 4.75 bits a weight (the file's 4.5) with the
-  file's ``d``, ``dmin``, ``sc`` and ``m`` (``KScales``, ``PackedWeight.lean``; the
-  interleaved copy of ``--weight-kernel native-int8`` keeps them in the file's bits:
-  ``d`` and ``dmin`` float16, ``sc`` and ``m`` 6 bits each, 4.5), Q4_0 and Q4_1 in 6
+  ``-dmin * m``): Q4_K_M's bulk, held in the file's 4.5 bits a weight with its ``d``,
+  ``dmin``, ``sc`` and ``m`` in their bits (``KScales``, ``PackedWeight.lean``: ``d``
+  and ``dmin`` float16, ``sc`` and ``m`` 6 bits each, as the interleaved copy of
+  ``--weight-kernel native-int8`` keeps them too), Q4_0 and Q4_1 in 6
   (float32 scales and mins; 5 interleaved, the file's float16);
 - ``Q5_1`` (5-bit quants, a scale and a min per 32): Q5_1 itself and Q5_K (as Q4_K),
-  7 bits a weight and 5.75 (the files' 6 and 5.5; Q5_K interleaved 5.5);
+  7 bits a weight and 5.5 (the files' 6 and 5.5);
 - ``Q5_0`` (Q5_1's quants, a scale per 32, no min: w = scale * (q - 16)): Q5_0, 6
   bits a weight (the file's 5.5);
 - ``Q8_0`` (int8 quants, a scale per 32): Q8_0 itself, 9 bits;
 - ``Q8_16`` (int8 quants, a scale and optionally a min per 16): Q6_K (quants ``q -
-  32``, scales ``d * sc``), 8.625 bits a weight with the file's ``d`` and ``sc``
+  32``, scales ``d * sc``), 8.5625 bits a weight with the file's ``d`` and ``sc``
   against the file's 6.56, which the interleaved copy keeps (its 6-bit quants); also
   a fused projection's parts stacked where they differ and cannot be held part by
   part (``PackedWeight.stack``), with mins.
@@ -87,7 +87,7 @@ def to_packed(kind: GGMLQuantizationType, raw: np.ndarray) -> PackedWeight | Non
         scales = d[..., None] * sc.astype(np.float32)  # [n, blocks, 16]
         packed = _q8_16(quants, n, scales.reshape(n, -1), None)
         k_scales = KScales(
-            torch.from_numpy(np.ascontiguousarray(d[..., None])),
+            torch.from_numpy(blocks[..., 208:210].copy().view(np.float16)),
             torch.from_numpy(np.ascontiguousarray(sc).reshape(n, -1, 2)),
         )
         return replace(packed, k_scales=k_scales)
@@ -147,9 +147,10 @@ def _k_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, KScales]:
     sc, m = sc.reshape(n, count, 8), m.reshape(n, count, 8)
     scales = d[..., None] * sc.astype(np.float32)
     mins = -(dmin[..., None] * m.astype(np.float32))
+    halves = blocks[..., 0:4].copy().view(np.float16)  # d, dmin
+    halves[..., 1] = -halves[..., 1]
     k_scales = KScales(
-        torch.from_numpy(np.ascontiguousarray(np.stack([d, -dmin], axis=-1), dtype=np.float32)),
-        torch.from_numpy(np.stack([sc, m], axis=-1).astype(np.uint8).reshape(n, count * 8, 2)),
+        torch.from_numpy(halves), torch.from_numpy(np.ascontiguousarray(blocks[..., 4:16]))
     )
     return scales.reshape(n, -1), mins.reshape(n, -1), k_scales
 

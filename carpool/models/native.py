@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 KERNELS = Path(__file__).parent / "kernels"
 # kernels/abi.h's CARPOOL_ABI_VERSION: the version of the ctypes declarations here.
-ABI_VERSION = 12
+ABI_VERSION = 13
 # -ffp-contract=off: a product and a sum written apart stay apart (as torch rounds
 # them); the kernels' fused multiply-adds are explicit.
 BASE_FLAGS = ("-O3", "-ffp-contract=off", "-shared", "-fPIC")

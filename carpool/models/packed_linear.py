@@ -5,10 +5,10 @@ blocks alone hold the weight) with the C kernel ``kernels/quantized_linear.c``.
 
 A decode step of one or a few streams is bound by reading the weights; the blocks
 are 6 (Q4_1, Q5_0), 7 (Q5_1), 9 (Q8_0) or 10-12 (Q8_16) bits a weight instead of
-float32's 32, and a K-quant's (Q4_K, Q5_K, Q6_K) 4.75, 5.75 and 8.625 with its
-file's own scales (``PackedWeight.lean``; a fused projection whose parts differ,
-part by part: ``FusedPacked``). A step of tens of
-streams is bound by arithmetic; the kernel then dequantizes strips of the weight
+float32's 32, and a K-quant's (Q4_K, Q5_K, Q6_K) 4.5, 5.5 and 8.5625 with its
+file's own scales in their bits (``PackedWeight.lean``; a fused projection whose
+parts differ, part by part: ``FusedPacked``). A step of tens of streams is bound by
+arithmetic; the kernel then dequantizes strips of the weight
 once per step and runs its own register-tiled GEMM. Each weight the kernel uses is
 the float32 the file defines, the same value the float32 matrix holds (checked
 when the blocks are attached), so only the summation order differs from torch's
@@ -65,35 +65,71 @@ FIVE_BITS = (BlockType.Q5_1, BlockType.Q5_0)
 NIBBLES = (BlockType.Q4_1, BlockType.Q5_1, BlockType.Q5_0)  # quants held as uint8 bit fields
 
 
+K_BYTES = 12  # a Q4_K or Q5_K super-block's 8 sc and 8 m, 6 bits each, in its file
+
+
 @dataclass(frozen=True)
 class KScales:
-    """A K-quant matrix's scales (and mins) as its file holds them. Q4_K, Q5_K: block
-    j's scale is ``d * sc`` and its min ``-dmin * m``, ``d`` and ``-dmin`` per
-    super-block of ``SUPER`` blocks, ``sc`` and ``m`` (6 bits, uint8) per block. Q6_K
-    (``six_bit``): ``d`` per super-block and a signed ``sc`` (int8) per 16 weights,
-    each half-block's scale ``d * sc``. Each product is exact in float32 (a float16
-    times an integer below 128): the floats of the matrix's ``PackedWeight.scales``
-    and ``mins``, in a quarter of their bytes or less."""
+    """A K-quant matrix's scales (and mins) as its file holds them, in its bits. Q4_K,
+    Q5_K: block j's scale is ``d * sc`` and its min ``-dmin * m``, ``d`` and ``-dmin``
+    (float16) per super-block of ``SUPER`` blocks, their 8 ``sc`` and 8 ``m`` in the
+    file's 12 bytes (6 bits each, ``pack_k_scales``). Q6_K (``six_bit``): ``d`` per
+    super-block and a signed ``sc`` (int8) per 16 weights, each half-block's scale
+    ``d * sc``. Each product is exact in float32 (a float16 times an integer below
+    128): the floats of the matrix's ``PackedWeight.scales`` and ``mins``, in a quarter
+    of their bytes (Q6_K's: under a third)."""
 
-    supers: torch.Tensor  # [n, k/256, 2] float32: d, -dmin; Q6_K: [n, k/256, 1], d
-    factors: torch.Tensor  # [n, k/32, 2] uint8: sc, m; Q6_K: int8, each half's sc
+    supers: torch.Tensor  # [n, k/256, 2] float16: d, -dmin; Q6_K: [n, k/256, 1], d
+    factors: torch.Tensor  # [n, k/256, K_BYTES] uint8: sc and m; Q6_K: [n, k/32, 2] int8
 
     @property
     def six_bit(self) -> bool:
         """Whether these are Q6_K's (a scale per 16 weights, no mins)."""
         return self.factors.dtype == torch.int8
 
+    def pairs(self) -> torch.Tensor:
+        """Each block's factors, [n, k/32, 2]: Q4_K's and Q5_K's sc and m (uint8);
+        Q6_K's two halves' sc (int8)."""
+        return self.factors if self.six_bit else unpack_k_scales(self.factors)
+
     def scales_and_mins(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The float32 scales and mins [n, k/32] they make; Q6_K's scales [n, k/16]
         (``BlockType.Q8_16``'s) and no mins."""
-        per_block = self.supers.repeat_interleave(SUPER, dim=1)
-        made = per_block * self.factors.to(torch.float32)
+        per_block = self.supers.float().repeat_interleave(SUPER, dim=1)
+        made = per_block * self.pairs().to(torch.float32)
         if self.six_bit:
             return made.reshape(made.shape[0], -1), None
         return made[..., 0], made[..., 1]
 
     def rows(self, order: torch.Tensor) -> KScales:
         return KScales(self.supers[order].contiguous(), self.factors[order].contiguous())
+
+
+def pack_k_scales(pairs: torch.Tensor) -> torch.Tensor:
+    """Q4_K's and Q5_K's sc and m per block, ``[n, k/32, 2]`` uint8 (each below 64), in
+    their file's 12 bytes a super-block, ``[n, k/256, K_BYTES]``: blocks 0-3's sc in
+    bytes 0-3 and their m in bytes 4-7 (bits 0-5); blocks 4-7's low four bits in bytes
+    8-11 (sc in bits 0-3, m in 4-7) and their top two bits in bits 6-7 of bytes 0-3
+    (sc) and 4-7 (m). ValueError where a value needs more than 6 bits."""
+    if pairs.numel() and int(pairs.max()) >= 64:
+        raise ValueError("Q4_K's and Q5_K's scales and mins hold 6 bits")
+    n, groups = pairs.shape[:2]
+    blocks = pairs.reshape(n, groups // SUPER, SUPER, 2)
+    sc, m = blocks[..., 0], blocks[..., 1]
+    top = torch.cat([sc[..., 4:], m[..., 4:]], -1) >> 4
+    low = torch.cat([sc[..., :4], m[..., :4]], -1) | (top << 6)
+    rest = (sc[..., 4:] & 15) | ((m[..., 4:] & 15) << 4)
+    return torch.cat([low, rest], -1).contiguous()
+
+
+def unpack_k_scales(packed: torch.Tensor) -> torch.Tensor:
+    """``pack_k_scales`` undone: [n, k/256, K_BYTES] -> [n, k/32, 2] uint8."""
+    n, supers = packed.shape[:2]
+    first, rest = packed[..., :8], packed[..., 8:]
+    top = first >> 6
+    sc = torch.cat([first[..., :4] & 63, (rest & 15) | (top[..., :4] << 4)], -1)
+    m = torch.cat([first[..., 4:] & 63, (rest >> 4) | (top[..., 4:] << 4)], -1)
+    return torch.stack([sc, m], -1).view(n, supers * SUPER, 2)
 
 
 @dataclass(frozen=True)
@@ -133,8 +169,8 @@ class PackedWeight:
         return self.k_scales.scales_and_mins()
 
     def lean(self) -> PackedWeight:
-        """The same weight holding only the K-quant's own scales (Q4_K in 4.75 bits a
-        weight instead of 6, Q5_K in 5.75 instead of 7, Q6_K's Q8_16 in 8.625 instead
+        """The same weight holding only the K-quant's own scales (Q4_K in 4.5 bits a
+        weight instead of 6, Q5_K in 5.5 instead of 7, Q6_K's Q8_16 in 8.5625 instead
         of 10), which the native kernels make the float32 scales and mins from as they
         read them; itself where it has none, or where it is not such a matrix (a
         Q8_16 of other parts, a k not whole super-blocks). ValueError where the K-quant
@@ -349,12 +385,12 @@ class Interleaved:
                 shape = (strips, FEATURES, *t.shape[1:])
                 return t.view(shape).permute(0, 2, 3, 1).contiguous()
 
-            factors = by_strip_pairs(k_scales.factors)
+            factors = by_strip_pairs(k_scales.pairs())
             return Interleaved(
                 packed.kind,
                 quants,
                 factors if six_bit else six_bit_pairs(factors),
-                by_strip_pairs(k_scales.supers.to(torch.float16)),
+                by_strip_pairs(k_scales.supers),
                 (n, k),
                 True,
             )
@@ -407,8 +443,11 @@ class Interleaved:
             def pairs(t: torch.Tensor) -> torch.Tensor:
                 return t.permute(0, 3, 1, 2).reshape(n, t.shape[1], t.shape[2])
 
-            factors = self.scales if self.kind is BlockType.Q8_16 else _unpacked_pairs(self.scales)
-            k_scales = KScales(pairs(self.extra).float(), pairs(factors))
+            if self.kind is BlockType.Q8_16:
+                k_scales = KScales(pairs(self.extra), pairs(self.scales))
+            else:
+                factors = pack_k_scales(pairs(_unpacked_pairs(self.scales)))
+                k_scales = KScales(pairs(self.extra), factors)
             scales, mins = k_scales.scales_and_mins()
             if k_scales.six_bit:
                 q = _six_bit_quants(quants)
@@ -467,7 +506,7 @@ def interleaved_parts(weight: Interleaved | FusedInterleaved) -> tuple[Interleav
 @dataclass(frozen=True)
 class FusedPacked:
     """A fused projection whose parts' layouts differ, in the file's layout part by
-    part (a Q4_K_M file's Q4_K query and key beside its Q6_K value: 4.75 and 8.625
+    part (a Q4_K_M file's Q4_K query and key beside its Q6_K value: 4.5 and 8.5625
     bits a weight, where stacked in one layout they would take Q8_16 with float32
     scales and mins, 12; Q5_0 beside Q8_0: 6 and 9, stacked 9): their output features
     one after another."""
@@ -903,11 +942,15 @@ def _check_k_scales(weight: PackedWeight) -> None:
         raise ValueError(f"k = {k} is not a whole number of 256-weight super-blocks")
     six_bit = weight.k_scales.six_bit
     check_tensors(
-        supers=(weight.k_scales.supers, torch.float32),
+        supers=(weight.k_scales.supers, torch.float16),
         factors=(weight.k_scales.factors, torch.int8 if six_bit else torch.uint8),
     )
-    check_shape("supers", weight.k_scales.supers, n, k // (SUPER * BLOCK), 1 if six_bit else 2)
-    check_shape("factors", weight.k_scales.factors, n, k // BLOCK, 2)
+    supers = k // (SUPER * BLOCK)
+    check_shape("supers", weight.k_scales.supers, n, supers, 1 if six_bit else 2)
+    if six_bit:
+        check_shape("factors", weight.k_scales.factors, n, k // BLOCK, 2)
+    else:
+        check_shape("factors", weight.k_scales.factors, n, supers, K_BYTES)
 
 
 class InterleavedWeightStruct(ctypes.Structure):

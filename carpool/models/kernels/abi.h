@@ -8,7 +8,7 @@
 
 #include <stdint.h>
 
-#define CARPOOL_ABI_VERSION 12
+#define CARPOOL_ABI_VERSION 13
 
 int64_t carpool_abi_version(void) { return CARPOOL_ABI_VERSION; }
 

@@ -47,7 +47,7 @@ typedef struct {
     /* a K-quant's own scales (quantized_dot.h's KScaleRows: Q4_K's and Q5_K's for Q4_1
        and Q5_1 blocks, Q6_K's for Q8_16), from which scales and mins are made; NULL:
        scales and mins are given */
-    const float *k_supers;
+    const uint16_t *k_supers;
     const void *k_factors;
     int64_t n;
 } FilePart;

@@ -30,6 +30,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "half.h"
 #include "work_share.h"
 #ifdef _OPENMP
 #include <omp.h>
@@ -680,35 +681,52 @@ static void q8_16_dot_int8_rows(const int8_t *q, const float *scales, const int8
 #define CHUNK 16 /* output features a thread claims at a time */
 #define SUPER_BLOCK 8 /* a K-quant's blocks of 32 per super-block (256 weights) */
 
-/* A K-quant matrix's scales as its file holds them (packed_linear.py's KScales), from
-   which its float32 scales and mins are made a few features at a time as a step
-   reads them, instead of held beside the quants (4.75 bits a weight for Q4_K in Q4_1
-   blocks instead of 6). Q4_K and Q5_K (Q4_1 and Q5_1 blocks): supers float32 [n, k /
-   256, 2] (d, -dmin), factors uint8 [n, k / 32, 2] (sc, m): block g's scale is d * sc
-   and its min -dmin * m. Q6_K (Q8_16 blocks, no mins): supers [n, k / 256, 1] (d),
-   factors int8 [n, k / 16] (sc): half h's scale is d * sc. Each product is exact in
-   float32 (a float16 times an integer below 128): the floats the file defines. */
+/* A K-quant matrix's scales as its file holds them, in its bits (packed_linear.py's
+   KScales), from which its float32 scales and mins are made a few features at a time
+   as a step reads them, instead of held beside the quants (4.5 bits a weight for Q4_K
+   in Q4_1 blocks instead of 6). Q4_K and Q5_K (Q4_1 and Q5_1 blocks): supers float16
+   [n, k / 256, 2] (d, -dmin), factors uint8 [n, k / 256, K_BYTES] (the 8 sc and 8 m
+   in the file's 6 bits, k_factors): block g's scale is d * sc and its min -dmin * m.
+   Q6_K (Q8_16 blocks, no mins): supers [n, k / 256, 1] (d), factors int8 [n, k / 16]
+   (sc): half h's scale is d * sc. Each product is exact in float32 (a float16 times
+   an integer below 128): the floats the file defines. */
 typedef struct {
-    const float *supers;
+    const uint16_t *supers;
     const void *factors;
 } KScaleRows;
 
-/* One super-block's 8 scales and 8 mins (Q4_K, Q5_K) from d, -dmin and its 16 bytes
-   of (sc, m) pairs; with AVX2 8 of each at once, the same products */
-static inline void k_super_block(const float *dm, const uint8_t *f, float *scales, float *mins) {
+#define K_BYTES 12 /* a Q4_K or Q5_K super-block's sc and m */
+
+/* A Q4_K or Q5_K super-block's 8 sc then 8 m, a byte each, from its file's 12 bytes:
+   blocks 0-3's in bits 0-5 of bytes 0-3 (sc) and 4-7 (m); blocks 4-7's low four bits
+   in bytes 8-11 (sc in bits 0-3, m in 4-7) and their top two in bits 6-7 of bytes
+   0-3 (sc) and 4-7 (m) */
+static inline void k_factors(const uint8_t *q, uint8_t *out) {
+    for (int j = 0; j < 4; j++) {
+        out[j] = q[j] & 63;
+        out[8 + j] = q[4 + j] & 63;
+        out[4 + j] = (uint8_t)((q[8 + j] & 15) | (q[j] >> 6 << 4));
+        out[12 + j] = (uint8_t)((q[8 + j] >> 4) | (q[4 + j] >> 6 << 4));
+    }
+}
+
+/* One super-block's 8 scales and 8 mins (Q4_K, Q5_K) from d, -dmin (float16) and its
+   K_BYTES of sc and m; with AVX2 8 of each at once, the same products */
+static inline void k_super_block(const uint16_t *dm, const uint8_t *f, float *scales,
+                                 float *mins) {
+    uint8_t split[16]; /* the 8 sc, then the 8 m */
+    k_factors(f, split);
+    const float d = half_to_float(dm[0]), dmin = half_to_float(dm[1]);
 #if defined(__AVX2__) && defined(__FMA__)
-    const __m128i pairs = _mm_loadu_si128((const __m128i *)f);
-    /* the 8 sc bytes, then the 8 m bytes */
-    const __m128i split =
-        _mm_shuffle_epi8(pairs, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
-    const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(split));
-    const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(split, 8)));
-    _mm256_storeu_ps(scales, _mm256_mul_ps(_mm256_set1_ps(dm[0]), sc));
-    _mm256_storeu_ps(mins, _mm256_mul_ps(_mm256_set1_ps(dm[1]), m));
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)split);
+    const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+    const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)));
+    _mm256_storeu_ps(scales, _mm256_mul_ps(_mm256_set1_ps(d), sc));
+    _mm256_storeu_ps(mins, _mm256_mul_ps(_mm256_set1_ps(dmin), m));
 #else
     for (int j = 0; j < SUPER_BLOCK; j++) {
-        scales[j] = dm[0] * (float)f[2 * j];
-        mins[j] = dm[1] * (float)f[2 * j + 1];
+        scales[j] = d * (float)split[j];
+        mins[j] = dmin * (float)split[8 + j];
     }
 #endif
 }
@@ -736,12 +754,12 @@ static void k_scales_of(const KScaleRows *ks, int six_bit, int64_t o0, int64_t c
         for (int64_t u = 0; u < supers; u++) {
             const int64_t g = u * SUPER_BLOCK;
             if (six_bit)
-                six_bit_super_block(ks->supers[o * supers + u],
+                six_bit_super_block(half_to_float(ks->supers[o * supers + u]),
                                     (const int8_t *)ks->factors + (o * groups + g) * 2,
                                     scales + (i * groups + g) * 2);
             else
                 k_super_block(ks->supers + (o * supers + u) * 2,
-                              (const uint8_t *)ks->factors + (o * groups + g) * 2,
+                              (const uint8_t *)ks->factors + (o * supers + u) * K_BYTES,
                               scales + i * groups + g, mins + i * groups + g);
         }
     }

@@ -45,7 +45,7 @@ int q8_16_linear(const float *x, const int8_t *quants, const float *scales, cons
 /* Q4_1 or Q5_1 blocks with Q4_K's or Q5_K's own scales, or Q8_16 blocks with Q6_K's
    (kind: KIND_Q4_1, KIND_Q5_1 or KIND_Q8_16; supers and factors: quantized_dot.h's
    KScaleRows; k a multiple of 256, which the caller checks) */
-int k_quant_linear(int64_t kind, const float *x, const void *quants, const float *supers,
+int k_quant_linear(int64_t kind, const float *x, const void *quants, const uint16_t *supers,
                    const void *factors, float *y, int64_t rows, int64_t n, int64_t k,
                    int64_t int8_dots, int num_threads) {
     if ((kind != KIND_Q4_1 && kind != KIND_Q5_1 && kind != KIND_Q8_16) ||
@@ -64,7 +64,7 @@ int k_quant_linear(int64_t kind, const float *x, const void *quants, const float
    kind, k not whole blocks (super-blocks) or an id outside [0, n); 1 when out of
    memory. */
 int packed_rows(int64_t kind, const void *quants, const float *scales, const float *mins,
-                const float *supers, const void *factors, const int64_t *ids, int64_t count,
+                const uint16_t *supers, const void *factors, const int64_t *ids, int64_t count,
                 int64_t n, int64_t k, float *out) {
     const int k_scaled = supers != NULL;
     if ((kind != KIND_Q4_1 && kind != KIND_Q8_0 && kind != KIND_Q8_16 && kind != KIND_Q5_1 &&

@@ -286,17 +286,17 @@ def test_interleaving_in_pieces_gives_the_whole_matrixs_layout(
 
 
 @pytest.mark.parametrize(
-    ("kind", "bits"), [(T.Q4_K, 4.75), (T.Q5_K, 5.75), (T.Q6_K, 8.625)], ids=lambda v: str(v)
+    ("kind", "bits"), [(T.Q4_K, 4.5), (T.Q5_K, 5.5), (T.Q6_K, 8.5625)], ids=lambda v: str(v)
 )
 @pytest.mark.parametrize("int8_dots", [False, True], ids=["float", "int8"])
 def test_a_lean_k_quant_keeps_only_its_own_scales_and_computes_the_same_bits(
     kind: gguf.GGMLQuantizationType, bits: float, int8_dots: bool
 ) -> None:
     """Held in the file's layout, a K-quant matrix keeps its file's d, dmin, sc and m
-    (Q4_K in 4.75 bits a weight, not 6; Q6_K's int8 quants with theirs in 8.625, not
-    10); the kernels make the float32 scales and mins from them as they read them:
-    the same floats, so the same bits as the float32 scales give, on the few-rows
-    path and the strips', and the same rows looked up."""
+    in the file's bits (Q4_K in its 4.5 bits a weight, not 6; Q6_K's int8 quants with
+    its d and sc in 8.5625, not 10); the kernels make the float32 scales and mins
+    from them as they read them: the same floats, so the same bits as the float32
+    scales give, on the few-rows path and the strips', and the same rows looked up."""
     n, k = 40, 768
     packed = to_packed(kind, random_blocks(kind, n, k, seed=int(kind) + 40))
     assert packed is not None and packed.k_scales is not None

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType
-from gguf.quants import dequantize, quantize
+from gguf.quants import Q4_K, dequantize, quantize
 
 from carpool.config import EngineConfig
 from carpool.engine.sampling_params import SamplingParams
@@ -24,9 +24,11 @@ from carpool.models.packed_linear import (
     Interleaved,
     Linear,
     PackedWeight,
+    pack_k_scales,
     quantized_linear_kernel,
     save_packed,
     six_bit_pairs,
+    unpack_k_scales,
 )
 from carpool.workers.factory import engine_for
 from tests import tiny_models
@@ -450,3 +452,19 @@ def test_q4_k_scales_and_mins_are_interleaved_in_their_files_six_bits() -> None:
     assert (int(run[7]) >> 2) & 3 == sc >> 4 and (int(run[16 + 7]) >> 2) & 3 == m >> 4
     with pytest.raises(ValueError, match="6 bits"):
         six_bit_pairs(torch.full((1, 8, 2, 16), 64, dtype=torch.uint8))
+
+
+def test_q4_k_scales_and_mins_are_held_in_their_files_twelve_bytes() -> None:
+    """The file layout holds any 12 bytes: each super-block's sc and m unpack to the
+    values the gguf package reads from them, and pack back to the same bytes; a value
+    of 64 cannot be held."""
+    seeded = torch.Generator().manual_seed(6)
+    file_bytes = torch.randint(0, 256, (3, 4, 12), dtype=torch.uint8, generator=seeded)
+    pairs = unpack_k_scales(file_bytes)
+    assert pairs.shape == (3, 32, 2) and pairs.dtype == torch.uint8
+    sc, m = Q4_K.get_scale_min(file_bytes.numpy().reshape(-1, 12))
+    assert np.array_equal(pairs[..., 0].numpy().reshape(-1, 8), sc.reshape(-1, 8))
+    assert np.array_equal(pairs[..., 1].numpy().reshape(-1, 8), m.reshape(-1, 8))
+    assert torch.equal(pack_k_scales(pairs), file_bytes)
+    with pytest.raises(ValueError, match="6 bits"):
+        pack_k_scales(torch.full((1, 8, 2), 64, dtype=torch.uint8))
