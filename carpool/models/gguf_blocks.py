@@ -1,7 +1,7 @@
 """A GGUF matrix's blocks in the layouts the native kernels read (``PackedWeight``),
 each weight exactly the float32 the ``gguf`` package dequantizes it to.
 
-The file's block types map onto five layouts:
+The file's block types map onto six layouts:
 
 - ``Q4_1`` (4-bit quants, a scale and a min per 32): Q4_1 itself, Q4_0 (min -8
   scale) and Q4_K (each sub-block of 32 its own scale ``d * sc`` and min
@@ -15,11 +15,12 @@ The file's block types map onto five layouts:
 - ``Q5_0`` (Q5_1's quants, a scale per 32, no min: w = scale * (q - 16)): Q5_0, 6
   bits a weight (the file's 5.5);
 - ``Q8_0`` (int8 quants, a scale per 32): Q8_0 itself, 9 bits;
-- ``Q8_16`` (int8 quants, a scale and optionally a min per 16): Q6_K (quants ``q -
-  32``, scales ``d * sc``), 8.5625 bits a weight with the file's ``d`` and ``sc``
-  against the file's 6.56, which the interleaved copy keeps (its 6-bit quants); also
-  a fused projection's parts stacked where they differ and cannot be held part by
-  part (``PackedWeight.stack``), with mins.
+- ``Q6_16`` (6-bit quants, a scale per 16, no min: w = scale * (q - 32)): Q6_K
+  (scales ``d * sc``), in the file's 6.5625 bits a weight with its ``d`` and ``sc``
+  (the interleaved copy keeps the same bytes);
+- ``Q8_16`` (int8 quants, a scale and optionally a min per 16): a fused projection's
+  parts stacked where they differ and cannot be held part by part
+  (``PackedWeight.stack``).
 
 The bit fields are unpacked by the ``gguf`` package itself where it can be made to
 (its dequantization of the blocks with unit scales gives the integer quants), so
@@ -36,7 +37,13 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import Q4_K, dequantize
 
-from carpool.models.packed_linear import BlockType, KScales, PackedWeight, q5_blocks
+from carpool.models.packed_linear import (
+    BlockType,
+    KScales,
+    PackedWeight,
+    q5_blocks,
+    six_bit_lanes,
+)
 
 T = GGMLQuantizationType
 ONE = np.frombuffer(np.float16(1.0).tobytes(), dtype=np.uint8)  # float16 1.0's two bytes
@@ -85,7 +92,12 @@ def to_packed(kind: GGMLQuantizationType, raw: np.ndarray) -> PackedWeight | Non
         sc = blocks[..., 192:208].copy().view(np.int8)
         d = _f16(blocks[..., 208:210])
         scales = d[..., None] * sc.astype(np.float32)  # [n, blocks, 16]
-        packed = _q8_16(quants, n, scales.reshape(n, -1), None)
+        packed = PackedWeight(
+            BlockType.Q6_16,
+            six_bit_lanes(_int8(quants, n)),
+            torch.from_numpy(np.ascontiguousarray(scales.reshape(n, -1), dtype=np.float32)),
+            None,
+        )
         k_scales = KScales(
             torch.from_numpy(blocks[..., 208:210].copy().view(np.float16)),
             torch.from_numpy(np.ascontiguousarray(sc).reshape(n, -1, 2)),
@@ -114,15 +126,6 @@ def _unit_quants(
 
 def _int8(quants: np.ndarray, n: int) -> torch.Tensor:
     return torch.from_numpy(quants.astype(np.int8).reshape(n, -1, 32))
-
-
-def _q8_16(quants: np.ndarray, n: int, scales: np.ndarray, mins: np.ndarray | None) -> PackedWeight:
-    return PackedWeight(
-        BlockType.Q8_16,
-        _int8(quants, n),
-        torch.from_numpy(np.ascontiguousarray(scales, dtype=np.float32)),
-        None if mins is None else torch.from_numpy(np.ascontiguousarray(mins, dtype=np.float32)),
-    )
 
 
 def _q4_1(

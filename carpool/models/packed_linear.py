@@ -1,11 +1,11 @@
 """Linear layers that also keep their weight in a GGUF file's blocks, in one of
-five layouts (``BlockType``; ``carpool.models.gguf_blocks`` maps the file's types
+six layouts (``BlockType``; ``carpool.models.gguf_blocks`` maps the file's types
 onto them), and run steps of up to ``MAX_KERNEL_ROWS`` rows (every step, where the
 blocks alone hold the weight) with the C kernel ``kernels/quantized_linear.c``.
 
 A decode step of one or a few streams is bound by reading the weights; the blocks
 are 6 (Q4_1, Q5_0), 7 (Q5_1), 9 (Q8_0) or 10-12 (Q8_16) bits a weight instead of
-float32's 32, and a K-quant's (Q4_K, Q5_K, Q6_K) 4.5, 5.5 and 8.5625 with its
+float32's 32, and a K-quant's (Q4_K, Q5_K, Q6_K) 4.5, 5.5 and 6.5625 with its
 file's own scales in their bits (``PackedWeight.lean``; a fused projection whose
 parts differ, part by part: ``FusedPacked``). A step of tens of streams is bound by
 arithmetic; the kernel then dequantizes strips of the weight
@@ -56,11 +56,15 @@ class BlockType(Enum):
     Q8_16 = "Q8_16"  # int8 quants, a scale and optionally a min per 16 (the K-quants)
     Q5_1 = "Q5_1"  # 5-bit quants (Q4_1's nibbles and a plane of fifth bits), scale and min
     Q5_0 = "Q5_0"  # Q5_1's bytes, a scale per 32 and no min: w = scale * (q - 16)
+    # Q6_K's 6-bit quants (Q4_1's nibbles, two lanes of bits 4-5), a scale per 16, no
+    # min: w = scale * (q - 32)
+    Q6_16 = "Q6_16"
 
 
 HALF = 16  # Q8_16's weights per scale
 SUPER = 8  # blocks of 32 in a K-quant's super-block (256 weights)
 Q5_BYTES = 20  # a Q5_1 or Q5_0 block in memory: 16 bytes of nibbles, then 4 of fifth bits
+Q6_BYTES = 24  # a Q6_16 block: 16 bytes of nibbles, then two lanes of bits 4-5 (``six_bit_lanes``)
 FIVE_BITS = (BlockType.Q5_1, BlockType.Q5_0)
 NIBBLES = (BlockType.Q4_1, BlockType.Q5_1, BlockType.Q5_0)  # quants held as uint8 bit fields
 
@@ -135,18 +139,19 @@ def unpack_k_scales(packed: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class PackedWeight:
     """A weight [n, k] in blocks of 32 along k: w = scale * q (+ min for Q4_1 and Q5_1, and
-    for Q8_16 where it has mins; Q5_0's scale * (q - 16)); Q8_16's scale and min change
-    every 16 weights."""
+    for Q8_16 where it has mins; Q5_0's scale * (q - 16), Q6_16's scale * (q - 32));
+    Q8_16's and Q6_16's scale and min change every 16 weights."""
 
     kind: BlockType
     # Q4_1: [n, k/32, 16] uint8 (two per byte); Q8_*: [n, k/32, 32] int8; Q5_*: [n, k/32,
-    # 20] uint8, Q4_1's 16 bytes then 4 (little-endian) whose bit j is weight j's fifth
+    # 20] uint8, Q4_1's 16 bytes then 4 (little-endian) whose bit j is weight j's fifth;
+    # Q6_16: [n, k/32, 24] uint8 (``six_bit_lanes``)
     quants: torch.Tensor
-    # [n, k/32] float32; Q8_16: [n, k/16]; None where k_scales make them (``lean``)
+    # [n, k/32] float32; Q8_16, Q6_16: [n, k/16]; None where k_scales make them (``lean``)
     scales: torch.Tensor | None
     # like scales; Q4_1, Q5_1 always (None where k_scales make them), Q8_16 optionally
     mins: torch.Tensor | None
-    # Q4_1's, Q5_1's and Q8_16's made from Q4_K, Q5_K and Q6_K: the file's scales, which
+    # Q4_1's, Q5_1's and Q6_16's made from Q4_K, Q5_K and Q6_K: the file's scales, which
     # make scales and mins exactly (the interleaved copy keeps these instead, and so
     # does a ``lean`` weight)
     k_scales: KScales | None = None
@@ -170,10 +175,10 @@ class PackedWeight:
 
     def lean(self) -> PackedWeight:
         """The same weight holding only the K-quant's own scales (Q4_K in 4.5 bits a
-        weight instead of 6, Q5_K in 5.5 instead of 7, Q6_K's Q8_16 in 8.5625 instead
-        of 10), which the native kernels make the float32 scales and mins from as they
-        read them; itself where it has none, or where it is not such a matrix (a
-        Q8_16 of other parts, a k not whole super-blocks). ValueError where the K-quant
+        weight instead of 6, Q5_K in 5.5 instead of 7, Q6_K in 6.5625 instead of 8),
+        which the native kernels make the float32 scales and mins from as they read
+        them; itself where it has none, or where it is not such a matrix (a Q8_16 of
+        other parts, a k not whole super-blocks). ValueError where the K-quant
         scales do not make the held ones."""
         if self.scales is None or not _k_scaled(self):
             return self
@@ -233,9 +238,12 @@ class PackedWeight:
         return PackedWeight(BlockType.Q8_0, self.signed_quants(), self.float_scales()[0], None)
 
     def as_q8_16(self) -> PackedWeight:
-        """The same weights in the Q8_16 layout (each scale and min given twice)."""
+        """The same weights in the Q8_16 layout (each scale and min given twice, but
+        Q6_16's, which are per 16 already)."""
         if self.kind is BlockType.Q8_16:
             return self
+        if self.kind is BlockType.Q6_16:
+            return PackedWeight(BlockType.Q8_16, self.signed_quants(), self.float_scales()[0], None)
         quants = self.quants
         if self.kind is BlockType.Q5_0:
             quants = self.signed_quants()
@@ -277,7 +285,9 @@ class PackedWeight:
         return q
 
     def signed_quants(self) -> torch.Tensor:
-        """Q5_0's quants minus 16, one a weight, [n, k/32, 32] int8."""
+        """Q5_0's quants minus 16, or Q6_16's minus 32, one a weight, [n, k/32, 32] int8."""
+        if self.kind is BlockType.Q6_16:
+            return _six_bit_quants(self.quants)
         return (self.integer_quants().to(torch.int8) - 16).to(torch.int8)
 
     def dequantize(self) -> torch.Tensor:
@@ -290,8 +300,9 @@ class PackedWeight:
             assert mins is not None
             q = self.integer_quants().float()
             return (scales[..., None] * q + mins[..., None]).view(n, k)
-        if self.kind is BlockType.Q8_16:
-            w = scales[..., None] * self.quants.float().view(n, -1, HALF)
+        if self.kind in (BlockType.Q8_16, BlockType.Q6_16):
+            q = self.signed_quants() if self.kind is BlockType.Q6_16 else self.quants
+            w = scales[..., None] * q.float().view(n, -1, HALF)
             if mins is not None:
                 w = w + mins[..., None]
             return w.view(n, k)
@@ -306,20 +317,20 @@ KIND_CODES = {
     BlockType.Q8_16: 2,
     BlockType.Q5_1: 3,
     BlockType.Q5_0: 4,
+    BlockType.Q6_16: 8,
 }
 INTERLEAVED_KINDS = (BlockType.Q4_1, BlockType.Q8_0, BlockType.Q5_1, BlockType.Q5_0)
-# kernels/interleaved.h's Q4_K, Q5_K and Q6_K: Q4_1's, Q5_1's and Q8_16's quants with
-# KScales (Q8_16 is interleaved only with Q6_K's: 6-bit quants, no mins)
-K_SCALE_CODES = {BlockType.Q4_1: 5, BlockType.Q5_1: 6, BlockType.Q8_16: 7}
+# kernels/interleaved.h's Q4_K, Q5_K and Q6_K: Q4_1's, Q5_1's and Q6_16's quants with
+# KScales
+K_SCALE_CODES = {BlockType.Q4_1: 5, BlockType.Q5_1: 6, BlockType.Q6_16: 7}
 
 
 def _k_scaled(packed: PackedWeight) -> bool:
     """Whether ``packed``'s K-quant scales alone can give the kernels its scales: Q4_K's
-    and Q5_K's for Q4_1 and Q5_1 blocks, Q6_K's for Q8_16 blocks without mins."""
+    and Q5_K's for Q4_1 and Q5_1 blocks, Q6_K's for Q6_16 blocks."""
     if packed.k_scales is None or packed.kind not in K_SCALE_CODES:
         return False
-    six_bit = packed.kind is BlockType.Q8_16
-    return packed.k_scales.six_bit == six_bit and not (six_bit and packed.mins is not None)
+    return packed.k_scales.six_bit == (packed.kind is BlockType.Q6_16)
 
 
 @dataclass(frozen=True)
@@ -332,7 +343,7 @@ class Interleaved:
     kind: BlockType
     # [n/16, k/32, lanes, 16, 4]: 4 bytes of each of 16 features per lane; Q4_1: 4 lanes
     # of nibbles, uint8; Q5_*: those 4 and a lane of fifth bits, uint8; Q8_0: 8, int8;
-    # Q6_K (Q8_16 with k_scales): 4 of nibbles and 2 of bits 4-5, uint8
+    # Q6_K (Q6_16 with k_scales): 4 of nibbles and 2 of bits 4-5, uint8
     quants: torch.Tensor
     # [n/16, k/32, 16] float16 (the file's: each a float32 exactly); with k_scales
     # KScales.factors: Q4_K's and Q5_K's [n/16, k/256, K_SCALE_BYTES] uint8 in their
@@ -352,8 +363,9 @@ class Interleaved:
     @staticmethod
     def of(packed: PackedWeight) -> Interleaved | None:
         """``packed`` interleaved; None unless its rows are a multiple of 16 and it is
-        Q4_1, Q8_0, Q5_1, Q5_0 or Q6_K's Q8_16 (another Q8_16 has no interleaved
-        kernel: its int8 dot products run on the few-rows kernels, more rows exact).
+        Q4_1, Q8_0, Q5_1, Q5_0 or Q6_K's Q6_16 (a Q8_16, or a Q6_16 without its
+        ``KScales``, has no interleaved kernel: its int8 dot products run on the
+        few-rows kernels, more rows exact).
         Blocks with the K-quants' scales keep those (``KScales``) instead of float32
         scales and mins, ValueError if they do not make them; the others keep their
         scales and mins as float16, a file's own: None where they are not (a K-quant's
@@ -362,8 +374,8 @@ class Interleaved:
         six_bit = packed.k_scales is not None and packed.k_scales.six_bit
         if n % FEATURES or (packed.kind not in INTERLEAVED_KINDS and not six_bit):
             return None
-        if six_bit and (packed.kind is not BlockType.Q8_16 or packed.mins is not None):
-            raise ValueError("Q6_K's scales belong to Q8_16 blocks without mins")
+        if six_bit and packed.kind is not BlockType.Q6_16:
+            raise ValueError("Q6_K's scales belong to Q6_16 blocks")
         strips, groups = n // FEATURES, k // BLOCK
         k_scales = packed.k_scales if packed.kind in K_SCALE_CODES else None
         if k_scales is not None:
@@ -374,7 +386,7 @@ class Interleaved:
             floats = [held_scales] + ([] if held_mins is None else [held_mins])
         if not all(_halves_hold(t) for t in floats):
             return None  # known before the quants are interleaved for nothing
-        quants = _interleaved_quants(packed, six_bit)
+        quants = _interleaved_quants(packed)
 
         def by_strip(t: torch.Tensor) -> torch.Tensor:
             return t.view(strips, FEATURES, groups).permute(0, 2, 1).contiguous()
@@ -443,15 +455,14 @@ class Interleaved:
             def pairs(t: torch.Tensor) -> torch.Tensor:
                 return t.permute(0, 3, 1, 2).reshape(n, t.shape[1], t.shape[2])
 
-            if self.kind is BlockType.Q8_16:
+            if self.kind is BlockType.Q6_16:
                 k_scales = KScales(pairs(self.extra), pairs(self.scales))
             else:
                 factors = pack_k_scales(pairs(_unpacked_pairs(self.scales)))
                 k_scales = KScales(pairs(self.extra), factors)
             scales, mins = k_scales.scales_and_mins()
             if k_scales.six_bit:
-                q = _six_bit_quants(quants)
-                return PackedWeight(self.kind, q, scales, None, k_scales)
+                return PackedWeight(self.kind, quants.contiguous(), scales, None, k_scales)
         else:
             scales = by_feature(self.scales).float()
             mins = by_feature(self.extra).float() if with_mins and self.extra is not None else None
@@ -506,7 +517,7 @@ def interleaved_parts(weight: Interleaved | FusedInterleaved) -> tuple[Interleav
 @dataclass(frozen=True)
 class FusedPacked:
     """A fused projection whose parts' layouts differ, in the file's layout part by
-    part (a Q4_K_M file's Q4_K query and key beside its Q6_K value: 4.5 and 8.5625
+    part (a Q4_K_M file's Q4_K query and key beside its Q6_K value: 4.5 and 6.5625
     bits a weight, where stacked in one layout they would take Q8_16 with float32
     scales and mins, 12; Q5_0 beside Q8_0: 6 and 9, stacked 9): their output features
     one after another."""
@@ -538,10 +549,10 @@ def _halves_hold(values: torch.Tensor) -> bool:
     return torch.equal(values.to(torch.float16).to(values.dtype), values)
 
 
-def _interleaved_quants(packed: PackedWeight, six_bit: bool) -> torch.Tensor:
+def _interleaved_quants(packed: PackedWeight) -> torch.Tensor:
     """``packed``'s quants in the interleaved layout, [n/16, k/32, lanes, 16, 4]: each
-    feature's block as the kernel's lanes (Q5's fifth bits and Q6_K's top two in lanes
-    of their own), a feature's 4 bytes at a time, the 16 features side by side;
+    feature's block as the kernel's lanes (Q5's fifth bits in a lane of their own;
+    Q6_16's bytes as they are), a feature's 4 bytes at a time, the 16 features side by side;
     ``INTERLEAVE_ROWS`` rows at a time."""
     n, k = packed.shape
     groups, lanes = k // BLOCK, interleaved_lanes(packed.kind)
@@ -551,8 +562,6 @@ def _interleaved_quants(packed: PackedWeight, six_bit: bool) -> torch.Tensor:
         q = packed.quants[start : start + INTERLEAVE_ROWS]
         if packed.kind in FIVE_BITS:
             q = torch.cat([q[..., :16], fifth_bit_lane(q[..., 16:])], -1)
-        elif six_bit:
-            q = six_bit_lanes(q)
         strips = q.shape[0] // FEATURES
         by_strip = q.reshape(strips, FEATURES, groups, lanes, 4).permute(0, 2, 3, 1, 4)
         out[start // FEATURES : start // FEATURES + strips] = by_strip
@@ -575,22 +584,22 @@ def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
 
 def interleaved_lanes(kind: BlockType) -> int:
     """The 32-bit lanes a feature's interleaved block fills (Q4_1: four of nibbles;
-    Q5_*: those and one of fifth bits; Q8_0: eight of bytes; Q8_16, Q6_K's: four of
-    nibbles and two of the quants' bits 4 and 5)."""
+    Q5_*: those and one of fifth bits; Q8_0: eight of bytes; Q6_16: four of nibbles
+    and two of the quants' bits 4 and 5, its blocks' own bytes)."""
     return {
         BlockType.Q4_1: 4,
         BlockType.Q5_1: 5,
         BlockType.Q5_0: 5,
         BlockType.Q8_0: 8,
-        BlockType.Q8_16: 6,
+        BlockType.Q6_16: 6,
     }[kind]
 
 
 def six_bit_lanes(quants: torch.Tensor) -> torch.Tensor:
-    """Q6_K's quants minus 32 ([n, k/32, 32] int8, Q8_16's) as the interleaved Q6_K
-    layout's 24 bytes ([n, k/32, 24] uint8): Q4_1's 16 bytes of their low nibbles
-    (weights j and 16 + j in byte j), then two lanes of their bits 4 and 5: lane h's
-    byte b holds, at bits 2j and 2j + 1, those of weight 16h + 4j + b. In uint8 (a
+    """Q6_K's quants minus 32 ([n, k/32, 32] int8) as a Q6_16 block's 24 bytes, which
+    the interleaved Q6_K layout keeps too ([n, k/32, 24] uint8): Q4_1's 16 bytes of
+    their low nibbles (weights j and 16 + j in byte j), then two lanes of their bits 4
+    and 5: lane h's byte b holds, at bits 2j and 2j + 1, those of weight 16h + 4j + b. In uint8 (a
     wider temporary is several times the quants' size; ``_interleaved_quants`` passes
     a few thousand rows at a time)."""
     q = quants.view(torch.uint8) + 32  # q - 32 in [-32, 31] as uint8, + 32: q in [0, 63]
@@ -775,6 +784,9 @@ class QuantizedLinearKernel:
         self._q5_0 = library.q5_0_linear
         self._q5_0.restype = ctypes.c_int
         self._q5_0.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_int]
+        self._q6_16 = library.q6_16_linear
+        self._q6_16.restype = ctypes.c_int
+        self._q6_16.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_int]
         self._k_quant = library.k_quant_linear
         self._k_quant.restype = ctypes.c_int
         self._k_quant.argtypes = (
@@ -874,7 +886,10 @@ class QuantizedLinearKernel:
                 *shape,
             )
         else:
-            failed = (self._q5_0 if weight.kind is BlockType.Q5_0 else self._q8_0)(
+            function = {BlockType.Q5_0: self._q5_0, BlockType.Q6_16: self._q6_16}.get(
+                weight.kind, self._q8_0
+            )
+            failed = function(
                 x.data_ptr(),
                 weight.quants.data_ptr(),
                 weight.scales.data_ptr(),
@@ -912,20 +927,24 @@ class QuantizedLinearKernel:
         n, k = weight.shape
         if k % 32:
             raise ValueError(f"k = {k} is not a whole number of 32-weight blocks")
-        bit_fields = weight.kind in NIBBLES
+        bit_fields = weight.kind in (*NIBBLES, BlockType.Q6_16)
         check_tensors(quants=(weight.quants, torch.uint8 if bit_fields else torch.int8))
-        width = Q5_BYTES if weight.kind in FIVE_BITS else 16 if bit_fields else 32
+        width = {BlockType.Q4_1: 16, BlockType.Q6_16: Q6_BYTES}.get(weight.kind, 32)
+        width = Q5_BYTES if weight.kind in FIVE_BITS else width
         check_shape("quants", weight.quants, n, k // 32, width)
         if weight.scales is None:
             _check_k_scales(weight)
             return
         check_tensors(scales=(weight.scales, torch.float32))
-        per_scale = HALF if weight.kind is BlockType.Q8_16 else BLOCK
+        per_scale = HALF if weight.kind in (BlockType.Q8_16, BlockType.Q6_16) else BLOCK
         check_shape("scales", weight.scales, n, k // per_scale)
         with_mins = weight.kind in (BlockType.Q4_1, BlockType.Q5_1)
         if with_mins and weight.mins is None:
             raise ValueError(f"{weight.kind.value} blocks need their mins")
-        if weight.kind in (BlockType.Q8_0, BlockType.Q5_0) and weight.mins is not None:
+        if (
+            weight.kind in (BlockType.Q8_0, BlockType.Q5_0, BlockType.Q6_16)
+            and weight.mins is not None
+        ):
             raise ValueError(f"{weight.kind.value} blocks have no mins")
         if weight.mins is not None:
             check_tensors(mins=(weight.mins, torch.float32))
@@ -998,7 +1017,7 @@ def check_interleaved(weight: Interleaved) -> None:
     n, k = weight.shape
     if n % FEATURES or k % BLOCK:
         raise ValueError(f"an interleaved weight needs n % 16 == 0 and k % 32 == 0, got {n}, {k}")
-    six_bit = weight.kind is BlockType.Q8_16
+    six_bit = weight.kind is BlockType.Q6_16
     if weight.kind not in INTERLEAVED_KINDS and not (six_bit and weight.k_scales):
         raise ValueError(f"{weight.kind.value} blocks have no interleaved kernel")
     if weight.k_scales and (weight.kind not in K_SCALE_CODES or k % (SUPER * BLOCK)):

@@ -40,12 +40,12 @@
 
 /* One part of a matrix in the file's layout: its rows, n of them */
 typedef struct {
-    int64_t kind; /* KIND_Q4_1, KIND_Q8_0, KIND_Q8_16, KIND_Q5_1 or KIND_Q5_0 (quantized_dot.h) */
+    int64_t kind; /* KIND_Q4_1, KIND_Q8_0, KIND_Q8_16, KIND_Q5_1, KIND_Q5_0 or KIND_Q6_16 */
     const void *quants;
     const float *scales; /* NULL where k_supers and k_factors make them */
     const float *mins;   /* Q4_1's; Q8_16's where it has them; else NULL */
     /* a K-quant's own scales (quantized_dot.h's KScaleRows: Q4_K's and Q5_K's for Q4_1
-       and Q5_1 blocks, Q6_K's for Q8_16), from which scales and mins are made; NULL:
+       and Q5_1 blocks, Q6_K's for Q6_16), from which scales and mins are made; NULL:
        scales and mins are given */
     const uint16_t *k_supers;
     const void *k_factors;

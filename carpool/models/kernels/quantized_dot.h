@@ -13,8 +13,13 @@
    q5_0: quants as q5_1's, scales [n, k / 32], no mins; w = scale * (q - 16): Q5_0,
          run as Q8_0 blocks of signed quants (-16 to 15) read from five bits
    q8_16: quants [n, k / 32, 32] int8; scales (and mins, or none) [n, k / 16]: one
-         per 16 weights; w = scale * q (+ min). The K-quants' layout once unpacked
-         (Q6_K: a scale per 16; Q5_K, Q5_1: a scale and a min, given per 16 here)
+         per 16 weights; w = scale * q (+ min): a fused projection's parts stacked
+         where their layouts differ (Q5_K, Q5_1: a scale and a min, given per 16 here)
+   q6_16: quants [n, k / 32, 24] uint8: Q4_1's 16 bytes of low nibbles, then two
+         lanes of 4 bytes of the quants' bits 4 and 5 (weight 16h + 4i + b's at bits
+         2i and 2i + 1 of lane h's byte b); scales [n, k / 16], no mins; w = scale *
+         (q - 32): Q6_K in its file's 6 bits, run as Q8_16 blocks of signed quants
+         (-32 to 31) read from six bits
 
    With int8_dots (opt-in: --weight-kernel native-int8, llama.cpp's way) each row of x
    is first rounded per block of 32 to int8 steps of amax / 127 (quantize_rows), and a
@@ -29,6 +34,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "half.h"
 #include "work_share.h"
@@ -47,12 +53,16 @@ static inline int omp_get_thread_num(void) { return 0; } /* built without OpenMP
 /* A Q4_1 (five_bits 0) or Q5_1 (1) block's bytes */
 #define NIBBLE_BLOCK_BYTES(five_bits) ((five_bits) ? Q5_BYTES : BLOCK / 2)
 
-/* The block kinds, as carpool/models/packed_linear.py and llama_stack.py number them */
-enum { KIND_Q4_1 = 0, KIND_Q8_0 = 1, KIND_Q8_16 = 2, KIND_Q5_1 = 3, KIND_Q5_0 = 4 };
+/* The block kinds, as carpool/models/packed_linear.py and llama_stack.py number them
+   (5-7 are interleaved.h's) */
+enum { KIND_Q4_1 = 0, KIND_Q8_0 = 1, KIND_Q8_16 = 2, KIND_Q5_1 = 3, KIND_Q5_0 = 4, KIND_Q6_16 = 8 };
 #define FEATURE_GROUP 4 /* features a one-row step computes at once (the *_features functions) */
 #define PREFETCH_AHEAD (4 * FEATURE_GROUP) /* how many features ahead they prefetch */
 /* A Q8_0 (five_bits 0) or Q5_0 (1) block's bytes */
 #define SIGNED_BLOCK_BYTES(five_bits) ((five_bits) ? Q5_BYTES : BLOCK)
+#define Q6_BYTES 24 /* a Q6_16 block: 16 bytes of nibbles, two lanes of bits 4 and 5 */
+/* A Q8_16 (six_bits 0) or Q6_16 (1) block's bytes */
+#define PER_16_BLOCK_BYTES(six_bits) ((six_bits) ? Q6_BYTES : BLOCK)
 
 /* A Q5_1 block's fifth bits (bytes 16-19, little-endian) */
 static inline uint32_t fifth_bits(const uint8_t *q) {
@@ -69,6 +79,14 @@ static inline int block_value(const uint8_t *q, uint32_t bits, int j) {
 /* Weight j of a Q8_0 block (five_bits 0) or of a Q5_0 block (1): its signed quant */
 static inline int signed_value(const uint8_t *q, int five_bits, int j) {
     return five_bits ? block_value(q, fifth_bits(q), j) - 16 : (int)((const int8_t *)q)[j];
+}
+
+/* Weight j of a Q8_16 block (six_bits 0) or of a Q6_16 block (1): its signed quant */
+static inline int per_16_value(const uint8_t *q, int six_bits, int j) {
+    if (!six_bits) return (int)((const int8_t *)q)[j];
+    const int h = j / 16, i = j % 16 / 4, b = j % 4;
+    const int top = (q[16 + 4 * h + b] >> (2 * i)) & 3;
+    return (block_value(q, 0, j) | top << 4) - 32;
 }
 /* inlined into each row count's copy (see FOR_EACH_ROW_COUNT) */
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
@@ -155,6 +173,40 @@ ALWAYS_INLINE __m256i signed_bytes(const uint8_t *q, int five_bits) {
 /* The same quants as four vectors of 8 floats, in weight order */
 ALWAYS_INLINE void signed_floats(const uint8_t *q, int five_bits, __m256 w[4]) {
     const __m256i bytes = signed_bytes(q, five_bits);
+    const __m128i lo = _mm256_castsi256_si128(bytes), hi = _mm256_extracti128_si256(bytes, 1);
+    w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+    w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+    w[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+    w[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+}
+
+/* A Q8_16 (six_bits 0) or Q6_16 block's 32 signed quants, one a byte, in weight order:
+   a Q6_16 lane's 4 bytes go to each of 4 dwords, dword i shifted by 2i, so that byte
+   4i + b holds lane byte b's bits 2i and 2i + 1 (weight 16h + 4i + b's) at its bottom */
+ALWAYS_INLINE __m256i per_16_bytes(const uint8_t *q, int six_bits) {
+    if (!six_bits) return _mm256_loadu_si256((const __m256i *)q);
+    __m128i lo, hi;
+    split_nibbles(q, &lo, &hi);
+    uint32_t lanes[2];
+    memcpy(lanes, q + 16, sizeof lanes);
+    const __m256i spread = _mm256_srlv_epi32(
+        _mm256_setr_epi32((int)lanes[0], (int)lanes[0], (int)lanes[0], (int)lanes[0],
+                          (int)lanes[1], (int)lanes[1], (int)lanes[1], (int)lanes[1]),
+        _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6));
+    const __m256i top = _mm256_slli_epi16(_mm256_and_si256(spread, _mm256_set1_epi8(3)), 4);
+    const __m256i q6 = _mm256_or_si256(_mm256_set_m128i(hi, lo), top);
+    return _mm256_sub_epi8(q6, _mm256_set1_epi8(32));
+}
+
+/* The same quants as four vectors of 8 floats, in weight order */
+ALWAYS_INLINE void per_16_floats(const uint8_t *q, int six_bits, __m256 w[4]) {
+    if (!six_bits) {
+        for (int j = 0; j < 4; j++)
+            w[j] = _mm256_cvtepi32_ps(
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * j))));
+        return;
+    }
+    const __m256i bytes = per_16_bytes(q, 1);
     const __m128i lo = _mm256_castsi256_si128(bytes), hi = _mm256_extracti128_si256(bytes, 1);
     w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
     w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
@@ -359,15 +411,14 @@ ALWAYS_INLINE void dot_int8_features(const uint8_t *q, int nibbles, int five_bit
 }
 
 /* As q8_0_dot with the scale changing after 16 weights (Q8_16's mins are added by
-   the caller) */
-ALWAYS_INLINE void q8_16_dot(const int8_t *q, const float *scales, const float *x, int64_t k,
-                             int64_t rows, int64_t groups, float *out) {
+   the caller); six_bits: Q6_16 blocks */
+ALWAYS_INLINE void q8_16_dot(const uint8_t *q, int six_bits, const float *scales, const float *x,
+                             int64_t k, int64_t rows, int64_t groups, float *out) {
     __m256 acc[ROWS];
     for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < groups; g++, q += BLOCK) {
+    for (int64_t g = 0; g < groups; g++, q += PER_16_BLOCK_BYTES(six_bits)) {
         __m256 w[BLOCK / 8];
-        for (int j = 0; j < BLOCK / 8; j++)
-            w[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * j))));
+        per_16_floats(q, six_bits, w);
         const __m256 s0 = _mm256_set1_ps(scales[2 * g]), s1 = _mm256_set1_ps(scales[2 * g + 1]);
         for (int64_t r = 0; r < rows; r++) {
             const float *xg = x + r * k + g * BLOCK;
@@ -384,13 +435,13 @@ ALWAYS_INLINE void q8_16_dot(const int8_t *q, const float *scales, const float *
 
 /* As q8_0_dot_int8 with the scale changing after 16 weights: the integer sums' lanes
    0-3 hold weights 0-15, lanes 4-7 weights 16-31 */
-ALWAYS_INLINE void q8_16_dot_int8(const int8_t *q, const float *scales, const int8_t *xq,
-                                  const float *xscales, int64_t k, int64_t rows, int64_t groups,
-                                  float *out) {
+ALWAYS_INLINE void q8_16_dot_int8(const uint8_t *q, int six_bits, const float *scales,
+                                  const int8_t *xq, const float *xscales, int64_t k, int64_t rows,
+                                  int64_t groups, float *out) {
     __m256 acc[ROWS];
     for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < groups; g++, q += BLOCK) {
-        const __m256i w = _mm256_loadu_si256((const __m256i *)q);
+    for (int64_t g = 0; g < groups; g++, q += PER_16_BLOCK_BYTES(six_bits)) {
+        const __m256i w = per_16_bytes(q, six_bits);
         const __m256i magnitude = _mm256_abs_epi8(w);
         const __m256 halves =
             _mm256_set_m128(_mm_set1_ps(scales[2 * g + 1]), _mm_set1_ps(scales[2 * g]));
@@ -406,23 +457,21 @@ ALWAYS_INLINE void q8_16_dot_int8(const int8_t *q, const float *scales, const in
 
 /* As dot_features for Q8_16 blocks (a scale per 16; the caller adds the mins):
    q8_16_dot's and q8_16_dot_int8's arithmetic for one row */
-ALWAYS_INLINE void q8_16_dot_features(const int8_t *q, const float *scales, const float *x,
-                                      int64_t groups, float *out) {
+ALWAYS_INLINE void q8_16_dot_features(const uint8_t *q, int six_bits, const float *scales,
+                                      const float *x, int64_t groups, float *out) {
+    const int64_t step = PER_16_BLOCK_BYTES(six_bits);
     __m256 acc[FEATURE_GROUP];
     for (int f = 0; f < FEATURE_GROUP; f++) acc[f] = _mm256_setzero_ps();
-    const char *next = (const char *)(q + PREFETCH_AHEAD * groups * BLOCK);
+    const char *next = (const char *)(q + PREFETCH_AHEAD * groups * step);
     for (int64_t g = 0; g < groups; g++) {
-        prefetch_block(next, g, FEATURE_GROUP * BLOCK);
+        prefetch_block(next, g, FEATURE_GROUP * step);
         const float *xg = x + g * BLOCK;
         const __m256 x0 = _mm256_loadu_ps(xg), x1 = _mm256_loadu_ps(xg + 8);
         const __m256 x2 = _mm256_loadu_ps(xg + 16), x3 = _mm256_loadu_ps(xg + 24);
         for (int f = 0; f < FEATURE_GROUP; f++) {
-            const int8_t *qb = q + (f * groups + g) * BLOCK;
             const float *sf = scales + f * 2 * groups;
             __m256 w[BLOCK / 8];
-            for (int j = 0; j < BLOCK / 8; j++)
-                w[j] = _mm256_cvtepi32_ps(
-                    _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qb + 8 * j))));
+            per_16_floats(q + (f * groups + g) * step, six_bits, w);
             __m256 d0 = _mm256_mul_ps(w[0], x0);
             d0 = _mm256_fmadd_ps(w[1], x1, d0);
             __m256 d1 = _mm256_mul_ps(w[2], x2);
@@ -434,18 +483,19 @@ ALWAYS_INLINE void q8_16_dot_features(const int8_t *q, const float *scales, cons
     for (int f = 0; f < FEATURE_GROUP; f++) out[f] = horizontal_sum(acc[f]);
 }
 
-ALWAYS_INLINE void q8_16_dot_int8_features(const int8_t *q, const float *scales,
+ALWAYS_INLINE void q8_16_dot_int8_features(const uint8_t *q, int six_bits, const float *scales,
                                            const int8_t *xq, const float *xscales,
                                            int64_t groups, float *out) {
+    const int64_t step = PER_16_BLOCK_BYTES(six_bits);
     __m256 acc[FEATURE_GROUP];
     for (int f = 0; f < FEATURE_GROUP; f++) acc[f] = _mm256_setzero_ps();
-    const char *next = (const char *)(q + PREFETCH_AHEAD * groups * BLOCK);
+    const char *next = (const char *)(q + PREFETCH_AHEAD * groups * step);
     for (int64_t g = 0; g < groups; g++) {
-        prefetch_block(next, g, FEATURE_GROUP * BLOCK);
+        prefetch_block(next, g, FEATURE_GROUP * step);
         const __m256i a = _mm256_loadu_si256((const __m256i *)(xq + g * BLOCK));
         const __m256 xscale = _mm256_set1_ps(xscales[g]);
         for (int f = 0; f < FEATURE_GROUP; f++) {
-            const __m256i w = _mm256_loadu_si256((const __m256i *)(q + (f * groups + g) * BLOCK));
+            const __m256i w = per_16_bytes(q + (f * groups + g) * step, six_bits);
             const float *sf = scales + f * 2 * groups;
             const __m256 halves = _mm256_set_m128(_mm_set1_ps(sf[2 * g + 1]), _mm_set1_ps(sf[2 * g]));
             const __m256 dot =
@@ -531,29 +581,32 @@ static void q8_0_dot_int8(const uint8_t *q, int five_bits, const float *scales,
 }
 
 
-static void q8_16_dot(const int8_t *q, const float *scales, const float *x, int64_t k,
-                      int64_t rows, int64_t groups, float *out) {
+static void q8_16_dot(const uint8_t *q, int six_bits, const float *scales, const float *x,
+                      int64_t k, int64_t rows, int64_t groups, float *out) {
     for (int64_t r = 0; r < rows; r++) {
         float acc = 0.f;
         for (int64_t h = 0; h < 2 * groups; h++) {
             const float *xh = x + r * k + h * HALF;
+            const uint8_t *qb = q + h / 2 * PER_16_BLOCK_BYTES(six_bits);
             float dot = 0.f;
-            for (int j = 0; j < HALF; j++) dot += (float)q[h * HALF + j] * xh[j];
+            for (int j = 0; j < HALF; j++)
+                dot += (float)per_16_value(qb, six_bits, h % 2 * HALF + j) * xh[j];
             acc += scales[h] * dot;
         }
         out[r] = acc;
     }
 }
 
-static void q8_16_dot_int8(const int8_t *q, const float *scales, const int8_t *xq,
-                           const float *xscales, int64_t k, int64_t rows, int64_t groups,
-                           float *out) {
+static void q8_16_dot_int8(const uint8_t *q, int six_bits, const float *scales,
+                           const int8_t *xq, const float *xscales, int64_t k, int64_t rows,
+                           int64_t groups, float *out) {
     for (int64_t r = 0; r < rows; r++) {
         float acc = 0.f;
         for (int64_t h = 0; h < 2 * groups; h++) {
             const int8_t *a = xq + r * k + h * HALF;
+            const uint8_t *qb = q + h / 2 * PER_16_BLOCK_BYTES(six_bits);
             int32_t dot = 0;
-            for (int j = 0; j < HALF; j++) dot += q[h * HALF + j] * a[j];
+            for (int j = 0; j < HALF; j++) dot += per_16_value(qb, six_bits, h % 2 * HALF + j) * a[j];
             acc += scales[h] * xscales[r * groups + h / 2] * (float)dot;
         }
         out[r] = acc;
@@ -589,18 +642,19 @@ static void dot_int8_features(const uint8_t *q, int nibbles, int five_bits, int6
     }
 }
 
-static void q8_16_dot_features(const int8_t *q, const float *scales, const float *x,
-                               int64_t groups, float *out) {
+static void q8_16_dot_features(const uint8_t *q, int six_bits, const float *scales,
+                               const float *x, int64_t groups, float *out) {
     for (int f = 0; f < FEATURE_GROUP; f++)
-        q8_16_dot(q + f * groups * BLOCK, scales + f * 2 * groups, x, groups * BLOCK, 1, groups,
-                  out + f);
+        q8_16_dot(q + f * groups * PER_16_BLOCK_BYTES(six_bits), six_bits,
+                  scales + f * 2 * groups, x, groups * BLOCK, 1, groups, out + f);
 }
 
-static void q8_16_dot_int8_features(const int8_t *q, const float *scales, const int8_t *xq,
-                                    const float *xscales, int64_t groups, float *out) {
+static void q8_16_dot_int8_features(const uint8_t *q, int six_bits, const float *scales,
+                                    const int8_t *xq, const float *xscales, int64_t groups,
+                                    float *out) {
     for (int f = 0; f < FEATURE_GROUP; f++)
-        q8_16_dot_int8(q + f * groups * BLOCK, scales + f * 2 * groups, xq, xscales,
-                       groups * BLOCK, 1, groups, out + f);
+        q8_16_dot_int8(q + f * groups * PER_16_BLOCK_BYTES(six_bits), six_bits,
+                       scales + f * 2 * groups, xq, xscales, groups * BLOCK, 1, groups, out + f);
 }
 
 #endif
@@ -622,13 +676,14 @@ static void q8_16_dot_int8_features(const int8_t *q, const float *scales, const 
 #define CALL_WITH_ROWS(call, n) call(n)
 /* call(n) for the row count */
 #define FOR_EACH_ROW_COUNT(call) FOR_EACH_ROW_COUNT_WITH(CALL_WITH_ROWS, call)
-/* call(five_bits, n) with five_bits and the row count each a constant in its copy */
-#define FOR_EACH_FIVE_BITS_AND_ROW_COUNT(call) \
-    if (five_bits) {                            \
-        FOR_EACH_ROW_COUNT_WITH(call, 1)        \
-    } else {                                    \
-        FOR_EACH_ROW_COUNT_WITH(call, 0)        \
+/* call(flag, n) with the flag (0 or 1) and the row count each a constant in its copy */
+#define FOR_EACH_FLAG_AND_ROW_COUNT(flag, call) \
+    if (flag) {                                  \
+        FOR_EACH_ROW_COUNT_WITH(call, 1)         \
+    } else {                                     \
+        FOR_EACH_ROW_COUNT_WITH(call, 0)         \
     }
+#define FOR_EACH_FIVE_BITS_AND_ROW_COUNT(call) FOR_EACH_FLAG_AND_ROW_COUNT(five_bits, call)
 
 /* A copy per kind too: five_bits is a constant in each */
 static void nibble_dot_rows(const uint8_t *q, int five_bits, const float *scales,
@@ -663,18 +718,19 @@ static void q8_0_dot_int8_rows(const uint8_t *q, int five_bits, const float *sca
 #undef CALL
 }
 
-static void q8_16_dot_rows(const int8_t *q, const float *scales, const float *x, int64_t k,
-                           int64_t rows, int64_t groups, float *out) {
-#define CALL(n) q8_16_dot(q, scales, x, k, n, groups, out)
-    FOR_EACH_ROW_COUNT(CALL)
+/* A copy per kind too: six_bits (Q6_16 blocks, else Q8_16's) is a constant in each */
+static void q8_16_dot_rows(const uint8_t *q, int six_bits, const float *scales, const float *x,
+                           int64_t k, int64_t rows, int64_t groups, float *out) {
+#define CALL(bits, n) q8_16_dot(q, bits, scales, x, k, n, groups, out)
+    FOR_EACH_FLAG_AND_ROW_COUNT(six_bits, CALL)
 #undef CALL
 }
 
-static void q8_16_dot_int8_rows(const int8_t *q, const float *scales, const int8_t *xq,
-                                const float *xscales, int64_t k, int64_t rows, int64_t groups,
-                                float *out) {
-#define CALL(n) q8_16_dot_int8(q, scales, xq, xscales, k, n, groups, out)
-    FOR_EACH_ROW_COUNT(CALL)
+static void q8_16_dot_int8_rows(const uint8_t *q, int six_bits, const float *scales,
+                                const int8_t *xq, const float *xscales, int64_t k, int64_t rows,
+                                int64_t groups, float *out) {
+#define CALL(bits, n) q8_16_dot_int8(q, bits, scales, xq, xscales, k, n, groups, out)
+    FOR_EACH_FLAG_AND_ROW_COUNT(six_bits, CALL)
 #undef CALL
 }
 
@@ -1006,18 +1062,23 @@ static int nibble_few_rows(const float *x, const uint8_t *quants, const float *s
 }
 
 /* y[0..FEATURE_GROUP) = features o ... of one row x (or its int8 rows xq) against Q8_0
-   blocks, Q5_0's with five_bits, or Q8_16's with per_16 (without their mins): a copy
-   for each kind and arithmetic */
-static void q8_features_one_row(const uint8_t *quants, int five_bits, int per_16, int int8_dots,
-                                int64_t o, const float *scales, const float *x,
+   blocks, Q5_0's with five_bits, or Q8_16's with per_16 (without their mins), Q6_16's
+   with six_bits too: a copy for each kind and arithmetic */
+static void q8_features_one_row(const uint8_t *quants, int five_bits, int per_16, int six_bits,
+                                int int8_dots, int64_t o, const float *scales, const float *x,
                                 const QuantizedRows *xq, int64_t groups, float *y) {
-    const int64_t bytes = groups * SIGNED_BLOCK_BYTES(five_bits);
+    const int64_t bytes =
+        groups * (per_16 ? PER_16_BLOCK_BYTES(six_bits) : SIGNED_BLOCK_BYTES(five_bits));
     const uint8_t *q = quants + o * bytes;
     const float *s = scales + o * groups * (per_16 ? 2 : 1);
-    if (per_16 && int8_dots)
-        q8_16_dot_int8_features((const int8_t *)q, s, xq->quants, xq->scales, groups, y);
+    if (per_16 && int8_dots && six_bits)
+        q8_16_dot_int8_features(q, 1, s, xq->quants, xq->scales, groups, y);
+    else if (per_16 && int8_dots)
+        q8_16_dot_int8_features(q, 0, s, xq->quants, xq->scales, groups, y);
+    else if (per_16 && six_bits)
+        q8_16_dot_features(q, 1, s, x, groups, y);
     else if (per_16)
-        q8_16_dot_features((const int8_t *)q, s, x, groups, y);
+        q8_16_dot_features(q, 0, s, x, groups, y);
     else if (int8_dots && five_bits)
         dot_int8_features(q, 0, 1, bytes, s, NULL, NULL, xq->quants, xq->scales, groups, y);
     else if (int8_dots)
@@ -1055,15 +1116,16 @@ static inline float half_min_share(const float *mins, const float *sums, int64_t
 
 /* Q8_0 blocks (a scale per 32), with five_bits Q5_0's (the same, the signed quants
    read from five bits), or with per_16 Q8_16's (a scale per 16, and mins where they
-   are not NULL); Q8_16's scales may instead be made from ks (Q6_K's own: then scales
-   and mins are NULL) */
+   are not NULL), with six_bits too Q6_16's (no mins); Q6_16's scales may instead be
+   made from ks (Q6_K's own: then scales and mins are NULL) */
 static int q8_few_rows(const float *x, const void *quants, const float *scales,
                        const float *mins, const KScaleRows *ks, float *y, int64_t rows,
                        int64_t n, int64_t k, int int8_dots, int per_16, int five_bits,
-                       int num_threads) {
+                       int six_bits, int num_threads) {
     const int64_t groups = k / BLOCK, halves = k / HALF, chunks = (n + CHUNK - 1) / CHUNK;
     const int64_t per_feature = per_16 ? halves : groups; /* scales a feature has */
-    const int64_t row_bytes = groups * SIGNED_BLOCK_BYTES(five_bits);
+    const int64_t row_bytes =
+        groups * (per_16 ? PER_16_BLOCK_BYTES(six_bits) : SIGNED_BLOCK_BYTES(five_bits));
     QuantizedRows xq = {NULL, NULL, NULL};
     if (int8_dots && quantize_rows(x, rows, k, 1, &xq)) return 1;
     float *sums = mins != NULL ? half_sums(x, rows, k) : NULL;
@@ -1086,8 +1148,8 @@ static int q8_few_rows(const float *x, const void *quants, const float *scales,
             int64_t o = o0;
             if (rows == 1)
                 for (; o + FEATURE_GROUP <= end; o += FEATURE_GROUP) {
-                    q8_features_one_row(cs.quants, five_bits, per_16, int8_dots, o - o0,
-                                        cs.scales, x, &xq, groups, y + o);
+                    q8_features_one_row(cs.quants, five_bits, per_16, six_bits, int8_dots,
+                                        o - o0, cs.scales, x, &xq, groups, y + o);
                     if (cs.mins != NULL)
                         for (int f = 0; f < FEATURE_GROUP; f++)
                             y[o + f] +=
@@ -1095,7 +1157,6 @@ static int q8_few_rows(const float *x, const void *quants, const float *scales,
                 }
             for (; o < end; o++) {
                 const uint8_t *qo = cs.quants + (o - o0) * row_bytes;
-                const int8_t *q8o = (const int8_t *)qo;
                 const float *so = cs.scales + (o - o0) * per_feature;
                 for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
                     const int64_t count = rows - r0 < ROWS ? rows - r0 : ROWS;
@@ -1103,11 +1164,11 @@ static int q8_few_rows(const float *x, const void *quants, const float *scales,
                     const float *xs0 = xq.scales + r0 * groups;
                     float dots[ROWS];
                     if (int8_dots && per_16)
-                        q8_16_dot_int8_rows(q8o, so, xq0, xs0, k, count, groups, dots);
+                        q8_16_dot_int8_rows(qo, six_bits, so, xq0, xs0, k, count, groups, dots);
                     else if (int8_dots)
                         q8_0_dot_int8_rows(qo, five_bits, so, xq0, xs0, k, count, groups, dots);
                     else if (per_16)
-                        q8_16_dot_rows(q8o, so, x + r0 * k, k, count, groups, dots);
+                        q8_16_dot_rows(qo, six_bits, so, x + r0 * k, k, count, groups, dots);
                     else
                         q8_0_dot_rows(qo, five_bits, so, x + r0 * k, k, count, groups, dots);
                     for (int64_t r = 0; r < count; r++)

@@ -24,23 +24,22 @@
 #define LANES 16 /* rows per tile: two AVX2 vectors */
 
 /* w[0..32) = the weights of one block: scale * q (+ min for Q4_1 and Q5_1, and for Q8_16
-   where it has mins; Q8_16's scale and min change after 16 weights; Q5_0's are scale *
-   (q - 16)). The product is rounded before the sum, as torch's and the gguf package's
+   where it has mins; Q8_16's and Q6_16's scale and min change after 16 weights; Q5_0's
+   are scale * (q - 16), Q6_16's scale * (q - 32)). The product is rounded before the sum, as torch's and the gguf package's
    dequantization round it (the kernels are built with -ffp-contract=off, so no fused
    multiply-add). */
 static void dequantize_block(int64_t kind, const void *quants, const float *scales,
                              const float *mins, int64_t index, float *w) {
-    if (kind == KIND_Q8_16) {
-        const int8_t *q = (const int8_t *)quants + index * GEMM_BLOCK;
+    if (kind == KIND_Q8_16 || kind == KIND_Q6_16) {
+        const int six_bits = kind == KIND_Q6_16;
+        const uint8_t *q = (const uint8_t *)quants + index * PER_16_BLOCK_BYTES(six_bits);
         for (int half = 0; half < 2; half++) {
             const float scale = scales[2 * index + half];
-            const int8_t *qh = q + half * (GEMM_BLOCK / 2);
             float *wh = w + half * (GEMM_BLOCK / 2);
-            if (mins == NULL)
-                for (int j = 0; j < GEMM_BLOCK / 2; j++) wh[j] = scale * (float)qh[j];
-            else
-                for (int j = 0; j < GEMM_BLOCK / 2; j++)
-                    wh[j] = scale * (float)qh[j] + mins[2 * index + half];
+            for (int j = 0; j < GEMM_BLOCK / 2; j++) {
+                const float value = (float)per_16_value(q, six_bits, half * (GEMM_BLOCK / 2) + j);
+                wh[j] = mins == NULL ? scale * value : scale * value + mins[2 * index + half];
+            }
         }
         return;
     }
@@ -134,16 +133,17 @@ static void strip_times_rows(const float *w, const float *xt, int64_t k, float *
 /* A block's bytes in kind's layout (quantized_dot.h) */
 static int64_t kind_block_bytes(int64_t kind) {
     if (kind == KIND_Q4_1 || kind == KIND_Q5_1) return NIBBLE_BLOCK_BYTES(kind == KIND_Q5_1);
+    if (kind == KIND_Q6_16) return Q6_BYTES;
     return SIGNED_BLOCK_BYTES(kind == KIND_Q5_0);
 }
 
-/* ks: Q4_1's, Q5_1's or Q8_16's scales (and mins) made from a K-quant's own
+/* ks: Q4_1's, Q5_1's or Q6_16's scales (and mins) made from a K-quant's own
    (quantized_dot.h's KScaleRows; then scales and mins are NULL), or NULL */
 static int quantized_gemm(int64_t kind, const float *x, const void *quants,
                           const float *scales, const float *mins, const KScaleRows *ks,
                           float *y, int64_t rows, int64_t n, int64_t k, int num_threads) {
     const int64_t tiles = (rows + LANES - 1) / LANES, strips = (n + STRIP - 1) / STRIP;
-    const int six_bit = kind == KIND_Q8_16;
+    const int six_bit = kind == KIND_Q8_16 || kind == KIND_Q6_16; /* a scale per 16 */
     const int64_t per_feature = k / (six_bit ? HALF : GEMM_BLOCK);
     /* xt[t][j][r]: row t * LANES + r of x at column j, zero past the last row */
     float *xt = malloc(sizeof(float) * (size_t)(tiles * k * LANES));

@@ -42,13 +42,20 @@ int q8_16_linear(const float *x, const int8_t *quants, const float *scales, cons
                             num_threads);
 }
 
-/* Q4_1 or Q5_1 blocks with Q4_K's or Q5_K's own scales, or Q8_16 blocks with Q6_K's
-   (kind: KIND_Q4_1, KIND_Q5_1 or KIND_Q8_16; supers and factors: quantized_dot.h's
+/* quants: [n, k / 32, 24] (quantized_dot.h's q6_16: Q6_K's 6 bits); scales [n, k / 16] */
+int q6_16_linear(const float *x, const uint8_t *quants, const float *scales, float *y,
+                 int64_t rows, int64_t n, int64_t k, int64_t int8_dots, int num_threads) {
+    return quantized_linear(KIND_Q6_16, x, quants, scales, NULL, NULL, y, rows, n, k, int8_dots,
+                            num_threads);
+}
+
+/* Q4_1 or Q5_1 blocks with Q4_K's or Q5_K's own scales, or Q6_16 blocks with Q6_K's
+   (kind: KIND_Q4_1, KIND_Q5_1 or KIND_Q6_16; supers and factors: quantized_dot.h's
    KScaleRows; k a multiple of 256, which the caller checks) */
 int k_quant_linear(int64_t kind, const float *x, const void *quants, const uint16_t *supers,
                    const void *factors, float *y, int64_t rows, int64_t n, int64_t k,
                    int64_t int8_dots, int num_threads) {
-    if ((kind != KIND_Q4_1 && kind != KIND_Q5_1 && kind != KIND_Q8_16) ||
+    if ((kind != KIND_Q4_1 && kind != KIND_Q5_1 && kind != KIND_Q6_16) ||
         k % (SUPER_BLOCK * BLOCK))
         return 2;
     const KScaleRows ks = {supers, factors};
@@ -59,7 +66,7 @@ int k_quant_linear(int64_t kind, const float *x, const void *quants, const uint1
 /* The float32 rows ids[0..count) of W [n, k] in the file's blocks, each weight as
    dequantize_block makes it (an embedding's lookup: those rows alone are read): out
    [count, k]. kind as quantized_linear's; supers and factors: a K-quant's own scales
-   (quantized_dot.h's KScaleRows, for Q4_1, Q5_1 and Q8_16 blocks; k a multiple of 256)
+   (quantized_dot.h's KScaleRows, for Q4_1, Q5_1 and Q6_16 blocks; k a multiple of 256)
    that make the scales and mins, which are then NULL; or NULL. Returns 2 for another
    kind, k not whole blocks (super-blocks) or an id outside [0, n); 1 when out of
    memory. */
@@ -68,14 +75,15 @@ int packed_rows(int64_t kind, const void *quants, const float *scales, const flo
                 int64_t n, int64_t k, float *out) {
     const int k_scaled = supers != NULL;
     if ((kind != KIND_Q4_1 && kind != KIND_Q8_0 && kind != KIND_Q8_16 && kind != KIND_Q5_1 &&
-         kind != KIND_Q5_0) ||
+         kind != KIND_Q5_0 && kind != KIND_Q6_16) ||
         k % BLOCK ||
-        (k_scaled && (kind == KIND_Q8_0 || kind == KIND_Q5_0 || k % (SUPER_BLOCK * BLOCK))))
+        (k_scaled && ((kind != KIND_Q4_1 && kind != KIND_Q5_1 && kind != KIND_Q6_16) ||
+                      k % (SUPER_BLOCK * BLOCK))))
         return 2;
     for (int64_t i = 0; i < count; i++)
         if (ids[i] < 0 || ids[i] >= n) return 2;
     const KScaleRows ks = {supers, factors};
-    const int six_bit = kind == KIND_Q8_16;
+    const int six_bit = kind == KIND_Q8_16 || kind == KIND_Q6_16; /* a scale per 16 */
     const int64_t per_feature = k / (six_bit ? HALF : BLOCK), groups = k / BLOCK;
     int failed = 0;
     float *made = scale_buffer(k_scaled ? &ks : NULL, 2 * per_feature, &failed);

@@ -141,7 +141,7 @@ def test_the_interleaved_copy_keeps_a_k_quants_own_scales_and_computes_rounded_p
 
 def test_q6_k_is_interleaved_in_its_own_bits_and_computes_the_rounded_rows_products() -> None:
     """Interleaved, a Q6_K matrix keeps its 6-bit quants, its int8 scale per 16 weights
-    and its float16 d per 256 (6.5625 bits a weight, its file's, against Q8_16's 10); the
+    and its float16 d per 256 (6.5625 bits a weight, its file's, as its file layout); the
     int8 kernel gives the rounded rows' integer products (x rounded per 256, the blocks'
     integer sums added up over a super-block), a row's bits the same alone or in a step."""
     packed = to_packed(T.Q6_K, random_blocks(T.Q6_K, 48, 768, seed=6))
@@ -167,8 +167,8 @@ def test_q6_k_is_interleaved_in_its_own_bits_and_computes_the_rounded_rows_produ
     assert torch.equal(back.quants, packed.quants) and torch.equal(back.scales, packed.scales)
     assert back.mins is None and back.k_scales is not None
     assert torch.equal(back.k_scales.factors, packed.k_scales.factors)
-    with pytest.raises(ValueError, match="without mins"):
-        Interleaved.of(replace(packed, mins=torch.zeros_like(packed.scales)))
+    with pytest.raises(ValueError, match="belong to Q6_16"):
+        Interleaved.of(replace(packed.as_q8_16(), k_scales=packed.k_scales))
 
 
 def fused_interleaved(
@@ -213,7 +213,7 @@ def test_a_fused_projection_of_mixed_layouts_keeps_each_parts_own_bits(rows: int
     assert [(p.kind, p.code) for p in layer.interleaved.parts] == [
         (BlockType.Q4_1, 5),
         (BlockType.Q4_1, 5),
-        (BlockType.Q8_16, 7),
+        (BlockType.Q6_16, 7),
     ]
     x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
     together = torch.cat(each_part_alone(layer, x), dim=1)
@@ -234,7 +234,7 @@ def test_a_fused_projection_rounds_x_for_each_parts_kind(rows: int) -> None:
     assert [p.kind for p in layer.interleaved.parts] == [
         BlockType.Q4_1,
         BlockType.Q8_0,
-        BlockType.Q8_16,
+        BlockType.Q6_16,
     ]
     x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
     alone = each_part_alone(layer, x)
@@ -286,15 +286,15 @@ def test_interleaving_in_pieces_gives_the_whole_matrixs_layout(
 
 
 @pytest.mark.parametrize(
-    ("kind", "bits"), [(T.Q4_K, 4.5), (T.Q5_K, 5.5), (T.Q6_K, 8.5625)], ids=lambda v: str(v)
+    ("kind", "bits"), [(T.Q4_K, 4.5), (T.Q5_K, 5.5), (T.Q6_K, 6.5625)], ids=lambda v: str(v)
 )
 @pytest.mark.parametrize("int8_dots", [False, True], ids=["float", "int8"])
 def test_a_lean_k_quant_keeps_only_its_own_scales_and_computes_the_same_bits(
     kind: gguf.GGMLQuantizationType, bits: float, int8_dots: bool
 ) -> None:
     """Held in the file's layout, a K-quant matrix keeps its file's d, dmin, sc and m
-    in the file's bits (Q4_K in its 4.5 bits a weight, not 6; Q6_K's int8 quants with
-    its d and sc in 8.5625, not 10); the kernels make the float32 scales and mins
+    in the file's bits (Q4_K in its 4.5 bits a weight, not 6; Q6_K in its 6.5625, not
+    10); the kernels make the float32 scales and mins
     from them as they read them: the same floats, so the same bits as the float32
     scales give, on the few-rows path and the strips', and the same rows looked up."""
     n, k = 40, 768
@@ -468,7 +468,7 @@ def test_a_k_quant_model_runs_on_its_blocks_with_its_float32_tokens(
         BlockType.Q4_1,
         BlockType.Q5_1,
         BlockType.Q5_0,
-        BlockType.Q8_16,
+        BlockType.Q6_16,
         BlockType.Q8_0,
     }
     native = load_causal_lm(folder, progress=False, weight_kernel="native")
@@ -484,7 +484,7 @@ def test_a_k_quant_model_runs_on_its_blocks_with_its_float32_tokens(
     assert [(p.kind, p.is_lean) for p in first_qkv.parts] == [
         (BlockType.Q4_1, True),
         (BlockType.Q4_1, True),
-        (BlockType.Q8_16, True),
+        (BlockType.Q6_16, True),
     ]
     assert fallback.mlp.gate_up_proj.packed.kind is BlockType.Q5_0
     # Q4_K, Q5_K and Q6_K matrices keep only their own scales
@@ -564,7 +564,7 @@ def test_int8_dots_keep_each_interleaved_matrix_once_and_run_it_fused(
         BlockType.Q8_0,
     ]
     assert int8.model.lm_head.interleaved is not None and int8.model.lm_head.interleaved.k_scales
-    assert kinds == set(BlockType)  # every layout, Q8_16 as Q6_K's
+    assert kinds == set(BlockType) - {BlockType.Q8_16}  # every file's layout
     assert int8.model.stack is not None
     rng = random.Random(8)
     prompts = [[rng.randrange(3, tiny_models.VOCAB) for _ in range(n)] for n in (2, 9, 60)]

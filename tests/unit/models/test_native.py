@@ -250,11 +250,12 @@ def test_the_interleaved_k_quant_scales_compute_the_same_bits_on_every_rung(
 
 
 @pytest.mark.parametrize("rows", [1, 3])
-@pytest.mark.parametrize("kind", ["Q8_16+mins", "Q5_1", "Q5_0", "Q8_0"])
+@pytest.mark.parametrize("kind", ["Q8_16+mins", "Q6_16", "Q5_1", "Q5_0", "Q8_0"])
 def test_the_k_quant_layouts_compute_their_products_on_every_rung(
     linear_rungs: list[tuple[tuple[str, ...], Path]], kind: str, rows: int
 ) -> None:
-    """Q8_16 (scales and mins per 16), Q5_1 and Q5_0 (a plane of fifth bits) and Q8_0
+    """Q8_16 (scales and mins per 16), Q6_16 (two lanes of bits 4 and 5), Q5_1 and
+    Q5_0 (a plane of fifth bits) and Q8_0
     in the vector code and the portable C, one row (four features at a time) and a
     few: the float32 product, and with int8 dots the rounded rows' integer products."""
     packed, weight = gguf_weight(kind, 40, 128, seed=6)

@@ -27,6 +27,7 @@ from carpool.models.packed_linear import (
     pack_k_scales,
     quantized_linear_kernel,
     save_packed,
+    six_bit_lanes,
     six_bit_pairs,
     unpack_k_scales,
 )
@@ -41,10 +42,10 @@ KINDS = {
     BlockType.Q5_1: GGMLQuantizationType.Q5_1,
     BlockType.Q5_0: GGMLQuantizationType.Q5_0,
 }
-# Each layout the kernels read; Q8_16 (Q6_K's, and a mixed fused projection's) with
-# and without mins.
-LAYOUTS = ["Q4_1", "Q8_0", "Q5_1", "Q5_0", "Q8_16", "Q8_16+mins"]
-INTERLEAVED = ["Q4_1", "Q8_0", "Q5_1", "Q5_0"]  # Q8_16 is interleaved only as Q6_K's
+# Each layout the kernels read; Q8_16 (a mixed fused projection's) with and without
+# mins; Q6_16 (Q6_K's 6 bits).
+LAYOUTS = ["Q4_1", "Q8_0", "Q5_1", "Q5_0", "Q8_16", "Q8_16+mins", "Q6_16"]
+INTERLEAVED = ["Q4_1", "Q8_0", "Q5_1", "Q5_0"]  # Q6_16 is interleaved only with Q6_K's scales
 
 
 def gguf_weight(
@@ -52,14 +53,19 @@ def gguf_weight(
 ) -> tuple[PackedWeight, torch.Tensor]:
     """Blocks of ``kind`` (a layout name of ``LAYOUTS``), and the float32 weight they
     hold: Q4_1, Q5_1, Q5_0 and Q8_0 made by the gguf package (and read as it reads them);
-    Q8_16 random quants of 6 bits with scales (and mins) per 16, as a Q6_K's (a
-    Q5_K's) unpack to (``test_gguf_blocks.py`` checks the unpacking against gguf)."""
-    if kind in ("Q8_16", "Q8_16+mins"):
+    Q8_16 and Q6_16 random quants of 6 bits with scales (and Q8_16's mins) per 16, as
+    a Q6_K's (a Q5_K's) unpack to (``test_gguf_blocks.py`` checks the unpacking
+    against gguf)."""
+    if kind in ("Q8_16", "Q8_16+mins", "Q6_16"):
         gen = torch.Generator().manual_seed(seed)
         quants = torch.randint(-32, 32, (n, k // 32, 32), generator=gen, dtype=torch.int8)
         scales = torch.rand(n, k // 16, generator=gen) * 0.004
         mins = -torch.rand(n, k // 16, generator=gen) * 0.05 if kind == "Q8_16+mins" else None
-        packed = PackedWeight(BlockType.Q8_16, quants, scales, mins)
+        if kind == "Q6_16":
+            packed = PackedWeight(BlockType.Q6_16, six_bit_lanes(quants), scales, None)
+            assert torch.equal(packed.signed_quants(), quants)
+        else:
+            packed = PackedWeight(BlockType.Q8_16, quants, scales, mins)
         return packed, packed.dequantize()
     data = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32) * 0.05
     file_type = KINDS[BlockType(kind)]  # made by the gguf package, read by gguf_blocks
@@ -255,13 +261,13 @@ def rounded_rows_product(
         step = step.view(x.shape[0], -1, 8).amax(-1).repeat_interleave(8, dim=-1)
     inverse = torch.where(step > 0, 1 / step, torch.zeros_like(step))
     xq = torch.round(blocks * inverse[..., None]).double()
-    if packed.kind is BlockType.Q5_0:
+    if packed.kind in (BlockType.Q5_0, BlockType.Q6_16):
         q = packed.signed_quants().double()
     elif packed.kind in (BlockType.Q4_1, BlockType.Q5_1):
         q = packed.integer_quants().double()
     else:
         q = packed.quants.double()
-    per = 16 if packed.kind is BlockType.Q8_16 else 32
+    per = 16 if packed.kind in (BlockType.Q8_16, BlockType.Q6_16) else 32
     rows, n = x.shape[0], q.shape[0]
     dots = torch.einsum("rgj,ngj->rng", xq.view(rows, -1, per), q.view(n, -1, per))
     steps = step.double().repeat_interleave(32 // per, dim=-1)
