@@ -187,12 +187,10 @@ ALWAYS_INLINE __m256i per_16_bytes(const uint8_t *q, int six_bits) {
     if (!six_bits) return _mm256_loadu_si256((const __m256i *)q);
     __m128i lo, hi;
     split_nibbles(q, &lo, &hi);
-    uint32_t lanes[2];
-    memcpy(lanes, q + 16, sizeof lanes);
-    const __m256i spread = _mm256_srlv_epi32(
-        _mm256_setr_epi32((int)lanes[0], (int)lanes[0], (int)lanes[0], (int)lanes[0],
-                          (int)lanes[1], (int)lanes[1], (int)lanes[1], (int)lanes[1]),
-        _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6));
+    const __m256i lanes = _mm256_permutevar8x32_epi32(
+        _mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(q + 16))),
+        _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+    const __m256i spread = _mm256_srlv_epi32(lanes, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6));
     const __m256i top = _mm256_slli_epi16(_mm256_and_si256(spread, _mm256_set1_epi8(3)), 4);
     const __m256i q6 = _mm256_or_si256(_mm256_set_m128i(hi, lo), top);
     return _mm256_sub_epi8(q6, _mm256_set1_epi8(32));
@@ -767,19 +765,25 @@ static inline void k_factors(const uint8_t *q, uint8_t *out) {
 }
 
 /* One super-block's 8 scales and 8 mins (Q4_K, Q5_K) from d, -dmin (float16) and its
-   K_BYTES of sc and m; with AVX2 8 of each at once, the same products */
+   K_BYTES of sc and m; with AVX2 8 of each at once, the same products, k_factors'
+   bytes made four at a time in 32-bit words (x86 is little-endian) and kept in
+   registers (bytes stored one by one and read back as a vector stall the load) */
 static inline void k_super_block(const uint16_t *dm, const uint8_t *f, float *scales,
                                  float *mins) {
-    uint8_t split[16]; /* the 8 sc, then the 8 m */
-    k_factors(f, split);
     const float d = half_to_float(dm[0]), dmin = half_to_float(dm[1]);
 #if defined(__AVX2__) && defined(__FMA__)
-    const __m128i bytes = _mm_loadu_si128((const __m128i *)split);
-    const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
-    const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)));
-    _mm256_storeu_ps(scales, _mm256_mul_ps(_mm256_set1_ps(d), sc));
-    _mm256_storeu_ps(mins, _mm256_mul_ps(_mm256_set1_ps(dmin), m));
+    uint32_t u[3];
+    memcpy(u, f, sizeof u);
+    const uint32_t six = 0x3f3f3f3fu, four = 0x0f0f0f0fu, two = 0x03030303u;
+    const uint32_t sc_high = (u[2] & four) | (u[0] >> 6 & two) << 4;
+    const uint32_t m_high = (u[2] >> 4 & four) | (u[1] >> 6 & two) << 4;
+    const __m128i sc = _mm_setr_epi32((int)(u[0] & six), (int)sc_high, 0, 0);
+    const __m128i m = _mm_setr_epi32((int)(u[1] & six), (int)m_high, 0, 0);
+    _mm256_storeu_ps(scales, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc))));
+    _mm256_storeu_ps(mins, _mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m))));
 #else
+    uint8_t split[16]; /* the 8 sc, then the 8 m */
+    k_factors(f, split);
     for (int j = 0; j < SUPER_BLOCK; j++) {
         scales[j] = d * (float)split[j];
         mins[j] = dmin * (float)split[8 + j];

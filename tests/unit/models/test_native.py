@@ -249,6 +249,31 @@ def test_the_interleaved_k_quant_scales_compute_the_same_bits_on_every_rung(
     )
 
 
+@pytest.mark.parametrize(
+    "kind",
+    [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K],
+    ids=lambda t: t.name,
+)
+def test_a_lean_k_quant_computes_its_product_on_every_rung(
+    linear_rungs: list[tuple[tuple[str, ...], Path]], kind: GGMLQuantizationType
+) -> None:
+    """A K-quant matrix holding only its file's scales: Q4_K's and Q5_K's sc and m
+    unpacked from their 12 bytes (in 32-bit words in the vector code, byte by byte in
+    the portable C), Q6_K's quants from their six bits; the float32 product on every
+    rung, one row (four features at a time) and a few."""
+    packed = to_packed(kind, random_blocks(kind, 32, 512, seed=9))
+    assert packed is not None
+    lean = packed.lean()
+    assert lean.is_lean
+    weight = packed.dequantize()
+    for rows in (1, 3):
+        x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
+        exact = x @ weight.T
+        for extra, path in linear_rungs:
+            got = QuantizedLinearKernel(ctypes.CDLL(str(path)))(x, lean)
+            torch.testing.assert_close(got, exact, rtol=1e-5, atol=1e-5, msg=str(extra))
+
+
 @pytest.mark.parametrize("rows", [1, 3])
 @pytest.mark.parametrize("kind", ["Q8_16+mins", "Q6_16", "Q5_1", "Q5_0", "Q8_0"])
 def test_the_k_quant_layouts_compute_their_products_on_every_rung(
