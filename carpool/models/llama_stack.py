@@ -28,7 +28,6 @@ from carpool.models.attention import AttentionMetadata, NativeDecode
 from carpool.models.decode_kernel import NATIVE_KV_DTYPES
 from carpool.models.native import (
     KernelUnavailable,
-    check_range,
     check_shape,
     check_tensors,
     load_library,
@@ -89,6 +88,45 @@ class _Layer(ctypes.Structure):
     ]
 
 
+class _Step(ctypes.Structure):
+    """kernels/llama_stack.c's Step: a step's rows and what they index."""
+
+    _fields_ = [
+        ("positions", ctypes.c_void_p),
+        ("cos", ctypes.c_void_p),
+        ("sin", ctypes.c_void_p),
+        ("rope_rows", ctypes.c_int64),
+        ("local_cos", ctypes.c_void_p),
+        ("local_sin", ctypes.c_void_p),
+        ("local_rope_rows", ctypes.c_int64),
+        ("slots", ctypes.c_void_p),
+        ("block_tables", ctypes.c_void_p),
+        ("num_seqs", ctypes.c_int64),
+        ("max_blocks", ctypes.c_int64),
+        ("num_blocks", ctypes.c_int64),
+        ("window_slots", ctypes.c_void_p),
+        ("window_block_tables", ctypes.c_void_p),
+        ("window_max_blocks", ctypes.c_int64),
+        ("window_num_blocks", ctypes.c_int64),
+        ("row_seqs", ctypes.c_void_p),
+        ("context_lens", ctypes.c_void_p),
+    ]
+
+
+# What the C side returns for an index outside what it indexes (check_step), and the
+# array's name
+_BAD_INDEX = {
+    2: "positions",
+    3: "slots",
+    4: "block_tables",
+    5: "row_seqs",
+    6: "context_lens",
+    7: "window slots",
+    8: "window block_tables",
+    9: "context_lens (windowed)",
+}
+
+
 class _Dims(ctypes.Structure):
     _fields_ = [
         ("hidden", ctypes.c_int64),
@@ -116,24 +154,13 @@ def _function() -> Any:
         ctypes.c_void_p,  # dims
         ctypes.c_void_p,  # x
         ctypes.c_int64,  # rows
-        ctypes.c_void_p,  # cos
-        ctypes.c_void_p,  # sin
-        ctypes.c_void_p,  # local_cos
-        ctypes.c_void_p,  # local_sin
-        ctypes.c_void_p,  # slots
-        ctypes.c_void_p,  # block_tables
-        ctypes.c_int64,  # max_blocks
-        ctypes.c_void_p,  # window_slots
-        ctypes.c_void_p,  # window_block_tables
-        ctypes.c_int64,  # window_max_blocks
-        ctypes.c_void_p,  # row_seqs
-        ctypes.c_void_p,  # context_lens
+        ctypes.c_void_p,  # step
         ctypes.c_void_p,  # final_norm
         ctypes.c_int,  # num_threads
     ]
     sizes = library.llama_stack_struct_size
     sizes.restype, sizes.argtypes = ctypes.c_int64, [ctypes.c_int64]
-    for which, struct in enumerate((_Matrix, _Layer, _Dims)):
+    for which, struct in enumerate((_Matrix, _Layer, _Dims, _Step)):
         if sizes(which) != ctypes.sizeof(struct):
             raise KernelUnavailable(
                 f"llama_stack's {struct.__name__[1:]} is {sizes(which)} bytes in C and "
@@ -336,69 +363,79 @@ class LlamaStack:
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         """The final norm of the residual stream after every decoder layer (``x`` is
-        updated in place and returned)."""
+        updated in place and returned). Every tensor is checked here, every index it
+        holds in C before the first is followed (no torch call: after the weights'
+        stream each costs 10-30x its warm time): ValueError naming the one outside
+        what it indexes."""
         native = meta.native
         assert native is not None
         if caches is not self._caches:
             self._bind(caches)
-        cos = self._rope.cos_table[positions].contiguous()
-        sin = self._rope.sin_table[positions].contiguous()
-        local_cos = local_sin = None
-        if self._local_rope is not None:
-            local_cos = self._local_rope.cos_table[positions].contiguous()
-            local_sin = self._local_rope.sin_table[positions].contiguous()
-            self._check_rows("local_cos", local_cos, x.shape[0])
         every, unwindowed, windowed_pool = self._least_blocks
         windowed = meta.windowed.native if meta.windowed is not None else None
-        read_by = every if windowed is None else unwindowed
-        self._check(x, cos, meta.slot_mapping, native, read_by)
-        window_slots = window_tables = None
+        self._check(x, positions, meta.slot_mapping, native)
+        cos, sin, rope_rows = self._tables(self._rope)
+        local = self._tables(self._local_rope) if self._local_rope else (None, None, 0)
+        step = _Step(
+            positions=positions.data_ptr(),
+            cos=cos,
+            sin=sin,
+            rope_rows=rope_rows,
+            local_cos=local[0],
+            local_sin=local[1],
+            local_rope_rows=local[2],
+            slots=meta.slot_mapping.data_ptr(),
+            block_tables=native.block_tables.data_ptr(),
+            num_seqs=native.block_tables.shape[0],
+            max_blocks=native.block_tables.shape[1],
+            num_blocks=every if windowed is None else unwindowed,
+            row_seqs=native.row_seqs.data_ptr(),
+            context_lens=native.context_lens.data_ptr(),
+        )
         if windowed is not None:
             assert meta.windowed is not None
-            window_slots, window_tables = meta.windowed.slot_mapping, windowed.block_tables
             # The C side reads the step's rows against the windowed tables.
+            window_slots, window_tables = meta.windowed.slot_mapping, windowed.block_tables
             rows = dataclasses.replace(native, block_tables=window_tables)
-            self._check(x, cos, window_slots, rows, windowed_pool)
+            self._check(x, positions, window_slots, rows)
+            step.window_slots, step.window_block_tables = (
+                window_slots.data_ptr(),
+                window_tables.data_ptr(),
+            )
+            step.window_max_blocks, step.window_num_blocks = window_tables.shape[1], windowed_pool
         failed = self._function(
             ctypes.addressof(self._layers),
             len(self._layers),
             ctypes.addressof(self._dims),
             x.data_ptr(),
             x.shape[0],
-            cos.data_ptr(),
-            sin.data_ptr(),
-            _pointer(local_cos),
-            _pointer(local_sin),
-            meta.slot_mapping.data_ptr(),
-            native.block_tables.data_ptr(),
-            native.block_tables.shape[1],
-            _pointer(window_slots),
-            _pointer(window_tables),
-            window_tables.shape[1] if window_tables is not None else 0,
-            native.row_seqs.data_ptr(),
-            native.context_lens.data_ptr(),
+            ctypes.addressof(step),
             self._final_norm.data_ptr(),
             torch.get_num_threads(),
         )
-        if failed:
+        if failed == 1:
             raise MemoryError("the fused step could not allocate its buffers")
+        if failed:
+            raise ValueError(f"{_BAD_INDEX.get(failed, failed)} holds an index outside its range")
         return x
 
-    def _check_rows(self, name: str, table: torch.Tensor, rows: int) -> None:
-        check_tensors(**{name: (table, torch.float32)})
-        check_shape(name, table, rows, self._dims.head_dim)
+    def _tables(self, rope: RotaryEmbedding) -> tuple[int | None, int | None, int]:
+        """A rotary embedding's cos and sin tables for the C side, and their rows."""
+        cos, sin = rope.cos_table, rope.sin_table
+        check_tensors(cos=(cos, torch.float32), sin=(sin, torch.float32))
+        check_shape("cos", cos, cos.shape[0], self._dims.head_dim)
+        check_shape("sin", sin, cos.shape[0], self._dims.head_dim)
+        return cos.data_ptr(), sin.data_ptr(), cos.shape[0]
 
     def _check(
         self,
         x: torch.Tensor,
-        cos: torch.Tensor,
+        positions: torch.Tensor,
         slots: torch.Tensor,
         native: NativeDecode,
-        num_blocks: int,
     ) -> None:
-        """Raise ValueError unless every tensor is what the C side reads and every
-        index it follows points inside the caches of ``num_blocks`` blocks that read
-        it (a corrupted block table fails the step's requests, not the process)."""
+        """Raise ValueError unless every tensor is what the C side reads (its indices
+        it checks itself)."""
         block_tables, row_seqs, context_lens = (
             native.block_tables,
             native.row_seqs,
@@ -406,25 +443,20 @@ class LlamaStack:
         )
         check_tensors(
             x=(x, torch.float32),
-            cos=(cos, torch.float32),
+            positions=(positions, torch.int64),
             slots=(slots, torch.int64),
             block_tables=(block_tables, torch.int64),
             row_seqs=(row_seqs, torch.int64),
             context_lens=(context_lens, torch.int64),
         )
-        rows, dims = x.shape[0], self._dims
-        check_shape("x", x, rows, dims.hidden)
-        check_shape("cos", cos, rows, dims.head_dim)
+        rows = x.shape[0]
+        check_shape("x", x, rows, self._dims.hidden)
+        check_shape("positions", positions, rows)
         check_shape("slots", slots, rows)
         check_shape("row_seqs", row_seqs, rows)
         check_shape("context_lens", context_lens, rows)
         if block_tables.dim() != 2:
             raise ValueError(f"block_tables has shape {tuple(block_tables.shape)}, expected 2-D")
-        num_seqs, max_blocks = block_tables.shape
-        check_range("slots", slots, 0, num_blocks * dims.block_size - 1)
-        check_range("block_tables", block_tables, 0, num_blocks - 1)
-        check_range("row_seqs", row_seqs, 0, num_seqs - 1)
-        check_range("context_lens", context_lens, 1, max_blocks * dims.block_size)
 
     def _bind(self, caches: Sequence[torch.Tensor]) -> None:
         """Point every layer at its cache ([2, blocks, block_size, kv_heads, head_dim];

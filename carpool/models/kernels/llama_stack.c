@@ -14,16 +14,9 @@
    quantized-linear and decode-attention kernels), without several hundred torch
    calls a step; only summation order may differ.
 
-   x: [rows, hidden] float32, the residual stream, updated in place (normed at the end).
-   cos, sin: [rows, head_dim], each row's rotary factors (rotate-half layout);
-   local_cos, local_sin: the same from the second table that layers with local_rope
-   read (Gemma 3's sliding layers), or NULL where no layer does.
-   slots: [rows], where each row's key and value go (block * block_size + offset).
-   block_tables: [num_seqs, max_blocks], one per sequence of the step;
-   row_seqs: [rows], each row's sequence; context_lens: [rows], each row's position + 1.
-   window_slots, window_block_tables ([num_seqs, window_max_blocks]): where not NULL,
-   the layers with a window write and read these instead (a hybrid model's windowed
-   layers keep their KV in a pool of their own, with tables of their own). */
+   x: [rows, hidden] float32, the residual stream, updated in place (normed at the end);
+   step: where each row reads its rotary factors, writes its key and value and reads
+   its sequence's cache (Step), every index checked before the first is followed. */
 
 #include "abi.h"
 
@@ -77,7 +70,7 @@ typedef struct {
        Dims.kv_half (kv_cache.h) */
     void *k_cache, *v_cache;
     int64_t window;           /* the sliding window (each row's last this-many keys); 0: none */
-    int64_t local_rope;       /* 1: rotary factors from local_cos / local_sin */
+    int64_t local_rope;       /* 1: rotary factors from Step's local_cos / local_sin */
 } Layer;
 
 typedef struct {
@@ -88,13 +81,38 @@ typedef struct {
     int64_t kv_half;   /* 1: the KV caches hold IEEE halves; 0: float32 */
 } Dims;
 
-/* The sizes of the structs passed by pointer (0: Matrix, 1: Layer, 2: Dims; else -1),
-   checked against their ctypes declarations in carpool/models/llama_stack.py. */
+/* A step's rows and what they index. */
+typedef struct {
+    const int64_t *positions; /* [rows], each row's position */
+    /* rotary tables [rope_rows, head_dim] (rotate-half layout), read at the positions;
+       local_cos, local_sin: the second tables that layers with local_rope read (Gemma
+       3's sliding layers), of local_rope_rows, or NULL where no layer does */
+    const float *cos, *sin;
+    int64_t rope_rows;
+    const float *local_cos, *local_sin;
+    int64_t local_rope_rows;
+    /* slots: [rows], where each row's key and value go (block * block_size + offset);
+       block_tables: [num_seqs, max_blocks], one per sequence of the step; num_blocks:
+       the fewest blocks a cache they index holds */
+    const int64_t *slots, *block_tables;
+    int64_t num_seqs, max_blocks, num_blocks;
+    /* where not NULL, the layers with a window write and read these instead (a hybrid
+       model's windowed layers keep their KV in a pool of their own, with tables of
+       their own: [num_seqs, window_max_blocks], into window_num_blocks) */
+    const int64_t *window_slots, *window_block_tables;
+    int64_t window_max_blocks, window_num_blocks;
+    const int64_t *row_seqs;     /* [rows], each row's sequence */
+    const int64_t *context_lens; /* [rows], each row's position + 1 */
+} Step;
+
+/* The sizes of the structs passed by pointer (0: Matrix, 1: Layer, 2: Dims, 3: Step; else
+   -1), checked against their ctypes declarations in carpool/models/llama_stack.py. */
 int64_t llama_stack_struct_size(int64_t which) {
     switch (which) {
         case 0: return (int64_t)sizeof(Matrix);
         case 1: return (int64_t)sizeof(Layer);
         case 2: return (int64_t)sizeof(Dims);
+        case 3: return (int64_t)sizeof(Step);
         default: return -1;
     }
 }
@@ -180,19 +198,58 @@ static void rotate(float *v, int64_t count, int64_t d, const float *cos, const f
         }
 }
 
+/* What llama_stack returns where an index points outside what it indexes (one per
+   array, in the order they are checked; llama_stack.py names them) */
+enum {
+    BAD_POSITIONS = 2,
+    BAD_SLOTS,
+    BAD_BLOCK_TABLES,
+    BAD_ROW_SEQS,
+    BAD_CONTEXT_LENS,
+    BAD_WINDOW_SLOTS,
+    BAD_WINDOW_BLOCK_TABLES,
+    BAD_WINDOW_CONTEXT_LENS,
+};
+
+static int all_within(const int64_t *values, int64_t count, int64_t low, int64_t high) {
+    for (int64_t i = 0; i < count; i++)
+        if (values[i] < low || values[i] > high) return 0;
+    return 1;
+}
+
+/* 0 when every index of the step points inside what it indexes (a corrupted block
+   table fails the step's requests, not the process), else which array does not */
+static int check_step(const Step *s, int64_t rows, int64_t block_size) {
+    if (!all_within(s->positions, rows, 0, s->rope_rows - 1) ||
+        (s->local_cos != NULL && !all_within(s->positions, rows, 0, s->local_rope_rows - 1)))
+        return BAD_POSITIONS;
+    if (!all_within(s->slots, rows, 0, s->num_blocks * block_size - 1)) return BAD_SLOTS;
+    if (!all_within(s->block_tables, s->num_seqs * s->max_blocks, 0, s->num_blocks - 1))
+        return BAD_BLOCK_TABLES;
+    if (!all_within(s->row_seqs, rows, 0, s->num_seqs - 1)) return BAD_ROW_SEQS;
+    if (!all_within(s->context_lens, rows, 1, s->max_blocks * block_size)) return BAD_CONTEXT_LENS;
+    if (s->window_slots == NULL) return 0;
+    if (!all_within(s->window_slots, rows, 0, s->window_num_blocks * block_size - 1))
+        return BAD_WINDOW_SLOTS;
+    if (!all_within(s->window_block_tables, s->num_seqs * s->window_max_blocks, 0,
+                    s->window_num_blocks - 1))
+        return BAD_WINDOW_BLOCK_TABLES;
+    if (!all_within(s->context_lens, rows, 1, s->window_max_blocks * block_size))
+        return BAD_WINDOW_CONTEXT_LENS;
+    return 0;
+}
+
 /* x += delta */
 static void add_in_place(float *x, const float *delta, int64_t count, int threads) {
 #pragma omp parallel for simd schedule(static) num_threads(threads) if (count >= PARALLEL_VALUES)
     for (int64_t i = 0; i < count; i++) x[i] = x[i] + delta[i];
 }
 
+/* Returns 0, 1 when out of memory, or check_step's code (nothing run) */
 int llama_stack(const Layer *layers, int64_t num_layers, const Dims *dims, float *x,
-                int64_t rows, const float *cos, const float *sin, const float *local_cos,
-                const float *local_sin, const int64_t *slots,
-                const int64_t *block_tables, int64_t max_blocks, const int64_t *window_slots,
-                const int64_t *window_block_tables, int64_t window_max_blocks,
-                const int64_t *row_seqs, const int64_t *context_lens, const float *final_norm,
-                int num_threads) {
+                int64_t rows, const Step *step, const float *final_norm, int num_threads) {
+    const int bad = check_step(step, rows, dims->block_size);
+    if (bad) return bad;
     const int64_t hidden = dims->hidden, d = dims->head_dim;
     const int64_t q_size = dims->num_heads * d, kv_size = dims->num_kv_heads * d;
     const int64_t qkv_size = q_size + 2 * kv_size, inter = dims->intermediate;
@@ -208,12 +265,12 @@ int llama_stack(const Layer *layers, int64_t num_layers, const Dims *dims, float
     int failed = !normed || !qkv || !queries || !attended || !gate_up || !act || !delta;
     for (int64_t l = 0; l < num_layers && !failed; l++) {
         const Layer *layer = layers + l;
-        const float *layer_cos = layer->local_rope ? local_cos : cos;
-        const float *layer_sin = layer->local_rope ? local_sin : sin;
-        const int own_pool = layer->window > 0 && window_slots != NULL;
-        const int64_t *layer_slots = own_pool ? window_slots : slots;
-        const int64_t *tables = own_pool ? window_block_tables : block_tables;
-        const int64_t width = own_pool ? window_max_blocks : max_blocks;
+        const float *layer_cos = layer->local_rope ? step->local_cos : step->cos;
+        const float *layer_sin = layer->local_rope ? step->local_sin : step->sin;
+        const int own_pool = layer->window > 0 && step->window_slots != NULL;
+        const int64_t *layer_slots = own_pool ? step->window_slots : step->slots;
+        const int64_t *tables = own_pool ? step->window_block_tables : step->block_tables;
+        const int64_t width = own_pool ? step->window_max_blocks : step->max_blocks;
         if (layer_cos == NULL || layer_sin == NULL || tables == NULL) {
             failed = 1;
             break;
@@ -228,15 +285,16 @@ int llama_stack(const Layer *layers, int64_t num_layers, const Dims *dims, float
                 norm_heads(row, dims->num_heads, d, layer->q_norm, dims->eps);
                 norm_heads(row + q_size, dims->num_kv_heads, d, layer->k_norm, dims->eps);
             }
-            rotate(row, dims->num_heads + dims->num_kv_heads, d, layer_cos + r * d,
-                   layer_sin + r * d);
+            const int64_t at = step->positions[r] * d;
+            rotate(row, dims->num_heads + dims->num_kv_heads, d, layer_cos + at, layer_sin + at);
             for (int64_t i = 0; i < q_size; i++) queries[r * q_size + i] = row[i];
             const int64_t slot = layer_slots[r] * kv_size;
             kv_store(layer->k_cache, slot, row + q_size, kv_size, shape.kv_half);
             kv_store(layer->v_cache, slot, row + q_size + kv_size, kv_size, shape.kv_half);
         }
         failed |= attend_rows(&shape, queries, layer->k_cache, layer->v_cache, tables, width,
-                              row_seqs, context_lens, layer->window, rows, attended, num_threads);
+                              step->row_seqs, step->context_lens, layer->window, rows, attended,
+                              num_threads);
         failed |= linear(&layer->o, attended, delta, rows, dims->int8_dots, num_threads);
         if (layer->attn_out_norm != NULL)
             rms_norm(delta, layer->attn_out_norm, delta, rows, hidden, dims->eps, num_threads);

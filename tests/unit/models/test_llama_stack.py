@@ -391,6 +391,10 @@ def test_the_stack_refuses_metadata_that_does_not_fit(smollm: LoadedLM) -> None:
         )
     with pytest.raises(ValueError, match="x has shape"):
         stack(torch.zeros(2, 7), positions, caches, good)
+    rope_rows = model.stack_shape().rope.cos_table.shape[0]
+    for outside in (rope_rows, -1):  # past the rotary tables
+        with pytest.raises(ValueError, match="positions holds"):
+            stack(x.clone(), torch.tensor([0, outside]), caches, good)
 
 
 def test_the_stack_refuses_a_layer_whose_norms_the_kernel_cannot_read(
