@@ -398,6 +398,8 @@ class LlamaStack:
             window_slots, window_tables = meta.windowed.slot_mapping, windowed.block_tables
             rows = dataclasses.replace(native, block_tables=window_tables)
             self._check(x, positions, window_slots, rows)
+            if window_tables.shape[0] != step.num_seqs:
+                raise ValueError("the windowed block_tables are not one a sequence")
             step.window_slots, step.window_block_tables = (
                 window_slots.data_ptr(),
                 window_tables.data_ptr(),

@@ -53,7 +53,7 @@ MAX_KERNEL_ROWS = 128
 class BlockType(Enum):
     Q4_1 = "Q4_1"  # 4-bit quants, a scale and a min per 32
     Q8_0 = "Q8_0"  # int8 quants, a scale per 32
-    Q8_16 = "Q8_16"  # int8 quants, a scale and optionally a min per 16 (the K-quants)
+    Q8_16 = "Q8_16"  # int8 quants, a scale and optionally a min per 16 (mixed parts stacked)
     Q5_1 = "Q5_1"  # 5-bit quants (Q4_1's nibbles and a plane of fifth bits), scale and min
     Q5_0 = "Q5_0"  # Q5_1's bytes, a scale per 32 and no min: w = scale * (q - 16)
     # Q6_K's 6-bit quants (Q4_1's nibbles, two lanes of bits 4-5), a scale per 16, no
@@ -61,7 +61,7 @@ class BlockType(Enum):
     Q6_16 = "Q6_16"
 
 
-HALF = 16  # Q8_16's weights per scale
+HALF = 16  # Q8_16's and Q6_16's weights per scale
 SUPER = 8  # blocks of 32 in a K-quant's super-block (256 weights)
 Q5_BYTES = 20  # a Q5_1 or Q5_0 block in memory: 16 bytes of nibbles, then 4 of fifth bits
 Q6_BYTES = 24  # a Q6_16 block: 16 bytes of nibbles, then two lanes of bits 4-5 (``six_bit_lanes``)
@@ -98,7 +98,7 @@ class KScales:
 
     def scales_and_mins(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The float32 scales and mins [n, k/32] they make; Q6_K's scales [n, k/16]
-        (``BlockType.Q8_16``'s) and no mins."""
+        (``BlockType.Q6_16``'s) and no mins."""
         per_block = self.supers.float().repeat_interleave(SUPER, dim=1)
         made = per_block * self.pairs().to(torch.float32)
         if self.six_bit:
@@ -552,8 +552,8 @@ def _halves_hold(values: torch.Tensor) -> bool:
 def _interleaved_quants(packed: PackedWeight) -> torch.Tensor:
     """``packed``'s quants in the interleaved layout, [n/16, k/32, lanes, 16, 4]: each
     feature's block as the kernel's lanes (Q5's fifth bits in a lane of their own;
-    Q6_16's bytes as they are), a feature's 4 bytes at a time, the 16 features side by side;
-    ``INTERLEAVE_ROWS`` rows at a time."""
+    Q6_16's bytes as they are), a feature's 4 bytes at a time, the 16 features side by
+    side; ``INTERLEAVE_ROWS`` rows at a time."""
     n, k = packed.shape
     groups, lanes = k // BLOCK, interleaved_lanes(packed.kind)
     dtype = torch.int8 if packed.kind is BlockType.Q8_0 else torch.uint8
@@ -599,9 +599,8 @@ def six_bit_lanes(quants: torch.Tensor) -> torch.Tensor:
     """Q6_K's quants minus 32 ([n, k/32, 32] int8) as a Q6_16 block's 24 bytes, which
     the interleaved Q6_K layout keeps too ([n, k/32, 24] uint8): Q4_1's 16 bytes of
     their low nibbles (weights j and 16 + j in byte j), then two lanes of their bits 4
-    and 5: lane h's byte b holds, at bits 2j and 2j + 1, those of weight 16h + 4j + b. In uint8 (a
-    wider temporary is several times the quants' size; ``_interleaved_quants`` passes
-    a few thousand rows at a time)."""
+    and 5: lane h's byte b holds, at bits 2j and 2j + 1, those of weight 16h + 4j + b.
+    In uint8 (a wider temporary is several times the quants' size)."""
     q = quants.view(torch.uint8) + 32  # q - 32 in [-32, 31] as uint8, + 32: q in [0, 63]
     out = torch.empty(*q.shape[:-1], 24, dtype=torch.uint8)
     out[..., :16] = (q[..., :16] & 15) | ((q[..., 16:] & 15) << 4)
@@ -742,8 +741,9 @@ class QuantizedLinearKernel:
     (per 256 for an interleaved K-quant) and the dot products are integer (llama.cpp's
     way): faster, not exact. With a
     weight's ``Interleaved`` copy (or its parts', ``FusedInterleaved``) that is every
-    row count (``kernels/interleaved.h``); without one (no AVX2, a Q8_16 weight not
-    Q6_K's, or rows not a multiple of 16), steps of up to 8 rows, larger ones exact."""
+    row count (``kernels/interleaved.h``); without one (no AVX2, a Q8_16 weight or a
+    Q6_16 without its K-quant scales, or rows not a multiple of 16), steps of up to 8
+    rows, larger ones exact."""
 
     def __init__(self, library: ctypes.CDLL, int8_dots: bool = False) -> None:
         self.int8_dots = int8_dots

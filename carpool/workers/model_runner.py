@@ -73,7 +73,8 @@ def _sampling_rows(hidden: torch.Tensor, sample_index: torch.Tensor) -> torch.Te
     """The rows of ``hidden`` that produce logits. Where there are as many as rows, they
     are every row in order (``prepare`` takes each sampling chunk's last rows, so only
     a step of decodes and drafts samples every row): ``hidden`` itself, no gather (on
-    the CPU a torch index right after the weights' stream takes ~0.1 ms)."""
+    the CPU the gather right after the weights' stream took ~0.10 ms of a 1.2B token,
+    this check ~0.04)."""
     if len(sample_index) == len(hidden):
         return hidden
     return hidden[sample_index]

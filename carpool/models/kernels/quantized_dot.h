@@ -741,7 +741,7 @@ static void q8_16_dot_int8_rows(const uint8_t *q, int six_bits, const float *sca
    in Q4_1 blocks instead of 6). Q4_K and Q5_K (Q4_1 and Q5_1 blocks): supers float16
    [n, k / 256, 2] (d, -dmin), factors uint8 [n, k / 256, K_BYTES] (the 8 sc and 8 m
    in the file's 6 bits, k_factors): block g's scale is d * sc and its min -dmin * m.
-   Q6_K (Q8_16 blocks, no mins): supers [n, k / 256, 1] (d), factors int8 [n, k / 16]
+   Q6_K (Q6_16 blocks, no mins): supers [n, k / 256, 1] (d), factors int8 [n, k / 16]
    (sc): half h's scale is d * sc. Each product is exact in float32 (a float16 times
    an integer below 128): the floats the file defines. */
 typedef struct {
