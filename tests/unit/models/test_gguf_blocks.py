@@ -141,7 +141,7 @@ def test_the_interleaved_copy_keeps_a_k_quants_own_scales_and_computes_rounded_p
 
 def test_q6_k_is_interleaved_in_its_own_bits_and_computes_the_rounded_rows_products() -> None:
     """Interleaved, a Q6_K matrix keeps its 6-bit quants, its int8 scale per 16 weights
-    and its float16 d per 256 (6.5625 bits a weight, its file's, as its file layout); the
+    and its float16 d per 256 (6.5625 bits a weight, its file's, as the file layout); the
     int8 kernel gives the rounded rows' integer products (x rounded per 256, the blocks'
     integer sums added up over a super-block), a row's bits the same alone or in a step."""
     packed = to_packed(T.Q6_K, random_blocks(T.Q6_K, 48, 768, seed=6))
@@ -294,9 +294,9 @@ def test_a_lean_k_quant_keeps_only_its_own_scales_and_computes_the_same_bits(
 ) -> None:
     """Held in the file's layout, a K-quant matrix keeps its file's d, dmin, sc and m
     in the file's bits (Q4_K in its 4.5 bits a weight, not 6; Q6_K in its 6.5625, not
-    10); the kernels make the float32 scales and mins
-    from them as they read them: the same floats, so the same bits as the float32
-    scales give, on the few-rows path and the strips', and the same rows looked up."""
+    8); the kernels make the float32 scales and mins from them as they read them: the
+    same floats, so the same bits as the float32 scales give, on the few-rows path and
+    the strips', and the same rows looked up."""
     n, k = 40, 768
     packed = to_packed(kind, random_blocks(kind, n, k, seed=int(kind) + 40))
     assert packed is not None and packed.k_scales is not None
