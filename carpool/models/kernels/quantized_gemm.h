@@ -25,9 +25,9 @@
 
 /* w[0..32) = the weights of one block: scale * q (+ min for Q4_1 and Q5_1, and for Q8_16
    where it has mins; Q8_16's and Q6_16's scale and min change after 16 weights; Q5_0's
-   are scale * (q - 16), Q6_16's scale * (q - 32)). The product is rounded before the sum, as torch's and the gguf package's
-   dequantization round it (the kernels are built with -ffp-contract=off, so no fused
-   multiply-add). */
+   are scale * (q - 16), Q6_16's scale * (q - 32)). The product is rounded before the
+   sum, as torch's and the gguf package's dequantization round it (the kernels are
+   built with -ffp-contract=off, so no fused multiply-add). */
 static void dequantize_block(int64_t kind, const void *quants, const float *scales,
                              const float *mins, int64_t index, float *w) {
     if (kind == KIND_Q8_16 || kind == KIND_Q6_16) {
