@@ -90,8 +90,8 @@ def to_packed(kind: GGMLQuantizationType, raw: np.ndarray) -> PackedWeight | Non
         blocks = raw.reshape(n, -1, 210)
         quants = _unit_quants(kind, blocks, [(192, np.ones(16, np.uint8)), (208, ONE)])
         sc = blocks[..., 192:208].copy().view(np.int8)
-        d = _f16(blocks[..., 208:210])
-        scales = d[..., None] * sc.astype(np.float32)  # [n, blocks, 16]
+        d = blocks[..., 208:210].copy().view(np.float16)  # [n, blocks, 1]
+        scales = d.astype(np.float32) * sc.astype(np.float32)  # [n, blocks, 16]
         packed = PackedWeight(
             BlockType.Q6_16,
             six_bit_lanes(_int8(quants, n)),
@@ -99,8 +99,7 @@ def to_packed(kind: GGMLQuantizationType, raw: np.ndarray) -> PackedWeight | Non
             None,
         )
         k_scales = KScales(
-            torch.from_numpy(blocks[..., 208:210].copy().view(np.float16)),
-            torch.from_numpy(np.ascontiguousarray(sc).reshape(n, -1, 2)),
+            torch.from_numpy(d), torch.from_numpy(np.ascontiguousarray(sc).reshape(n, -1, 2))
         )
         return replace(packed, k_scales=k_scales)
     return None
@@ -145,13 +144,13 @@ def _k_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, KScales]:
     [n, blocks * 8] float32, computed as the gguf package computes them; and the
     factors they are made of (``KScales``)."""
     n, count = blocks.shape[:2]
-    d, dmin = _f16(blocks[..., 0:2]), _f16(blocks[..., 2:4])
+    halves = blocks[..., 0:4].copy().view(np.float16)  # d, dmin
+    d, dmin = halves[..., 0].astype(np.float32), halves[..., 1].astype(np.float32)
     sc, m = Q4_K.get_scale_min(np.ascontiguousarray(blocks[..., 4:16]).reshape(-1, 12))
     sc, m = sc.reshape(n, count, 8), m.reshape(n, count, 8)
     scales = d[..., None] * sc.astype(np.float32)
     mins = -(dmin[..., None] * m.astype(np.float32))
-    halves = blocks[..., 0:4].copy().view(np.float16)  # d, dmin
-    halves[..., 1] = -halves[..., 1]
+    halves[..., 1] = -halves[..., 1]  # the factor the kernels multiply m by
     k_scales = KScales(
         torch.from_numpy(halves), torch.from_numpy(np.ascontiguousarray(blocks[..., 4:16]))
     )

@@ -67,6 +67,7 @@ Q5_BYTES = 20  # a Q5_1 or Q5_0 block in memory: 16 bytes of nibbles, then 4 of 
 Q6_BYTES = 24  # a Q6_16 block: 16 bytes of nibbles, then two lanes of bits 4-5 (``six_bit_lanes``)
 FIVE_BITS = (BlockType.Q5_1, BlockType.Q5_0)
 NIBBLES = (BlockType.Q4_1, BlockType.Q5_1, BlockType.Q5_0)  # quants held as uint8 bit fields
+PER_16 = (BlockType.Q8_16, BlockType.Q6_16)  # a scale (and min) per 16 weights
 
 
 K_BYTES = 12  # a Q4_K or Q5_K super-block's 8 sc and 8 m, 6 bits each, in its file
@@ -300,7 +301,7 @@ class PackedWeight:
             assert mins is not None
             q = self.integer_quants().float()
             return (scales[..., None] * q + mins[..., None]).view(n, k)
-        if self.kind in (BlockType.Q8_16, BlockType.Q6_16):
+        if self.kind in PER_16:
             q = self.signed_quants() if self.kind is BlockType.Q6_16 else self.quants
             w = scales[..., None] * q.float().view(n, -1, HALF)
             if mins is not None:
@@ -936,7 +937,7 @@ class QuantizedLinearKernel:
             _check_k_scales(weight)
             return
         check_tensors(scales=(weight.scales, torch.float32))
-        per_scale = HALF if weight.kind in (BlockType.Q8_16, BlockType.Q6_16) else BLOCK
+        per_scale = HALF if weight.kind in PER_16 else BLOCK
         check_shape("scales", weight.scales, n, k // per_scale)
         with_mins = weight.kind in (BlockType.Q4_1, BlockType.Q5_1)
         if with_mins and weight.mins is None:

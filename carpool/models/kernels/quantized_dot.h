@@ -61,14 +61,18 @@ enum { KIND_Q4_1 = 0, KIND_Q8_0 = 1, KIND_Q8_16 = 2, KIND_Q5_1 = 3, KIND_Q5_0 = 
 /* A Q8_0 (five_bits 0) or Q5_0 (1) block's bytes */
 #define SIGNED_BLOCK_BYTES(five_bits) ((five_bits) ? Q5_BYTES : BLOCK)
 #define Q6_BYTES 24 /* a Q6_16 block: 16 bytes of nibbles, two lanes of bits 4 and 5 */
+/* Whether the kind's blocks have a scale per 16 weights (Q8_16's and Q6_16's) */
+static inline int scale_per_16(int64_t kind) { return kind == KIND_Q8_16 || kind == KIND_Q6_16; }
 /* A Q8_16 (six_bits 0) or Q6_16 (1) block's bytes */
 #define PER_16_BLOCK_BYTES(six_bits) ((six_bits) ? Q6_BYTES : BLOCK)
 
-/* A Q5_1 block's fifth bits (bytes 16-19, little-endian) */
-static inline uint32_t fifth_bits(const uint8_t *q) {
-    return (uint32_t)q[16] | (uint32_t)q[17] << 8 | (uint32_t)q[18] << 16 |
-           (uint32_t)q[19] << 24;
+/* The 4 bytes at p as a word, little-endian on any machine (byte b its bits 8b on) */
+static inline uint32_t little_word(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
+
+/* A Q5_1 block's fifth bits (bytes 16-19, little-endian) */
+static inline uint32_t fifth_bits(const uint8_t *q) { return little_word(q + 16); }
 
 /* Weight j (0-31) of a Q4_1 block (bits 0) or of a Q5_1 block (bits: its fifth_bits) */
 static inline int block_value(const uint8_t *q, uint32_t bits, int j) {
@@ -751,42 +755,38 @@ typedef struct {
 
 #define K_BYTES 12 /* a Q4_K or Q5_K super-block's sc and m */
 
-/* A Q4_K or Q5_K super-block's 8 sc then 8 m, a byte each, from its file's 12 bytes:
-   blocks 0-3's in bits 0-5 of bytes 0-3 (sc) and 4-7 (m); blocks 4-7's low four bits
-   in bytes 8-11 (sc in bits 0-3, m in 4-7) and their top two in bits 6-7 of bytes
-   0-3 (sc) and 4-7 (m) */
-static inline void k_factors(const uint8_t *q, uint8_t *out) {
-    for (int j = 0; j < 4; j++) {
-        out[j] = q[j] & 63;
-        out[8 + j] = q[4 + j] & 63;
-        out[4 + j] = (uint8_t)((q[8 + j] & 15) | (q[j] >> 6 << 4));
-        out[12 + j] = (uint8_t)((q[8 + j] >> 4) | (q[4 + j] >> 6 << 4));
-    }
+/* A Q4_K or Q5_K super-block's 8 sc and 8 m from its file's 12 bytes, as 4 words of 4
+   bytes (byte b of a word its bits 8b on): sc 0-3, sc 4-7, m 0-3, m 4-7. Blocks 0-3's
+   are bits 0-5 of bytes 0-3 (sc) and 4-7 (m); blocks 4-7's low four bits are bytes
+   8-11 (sc in bits 0-3, m in 4-7), their top two bits 6-7 of bytes 0-3 (sc) and 4-7
+   (m). Four at a time in a word: the masks keep each byte's own bits. */
+static inline void k_factors(const uint8_t *q, uint32_t words[4]) {
+    const uint32_t sc = little_word(q), m = little_word(q + 4), rest = little_word(q + 8);
+    const uint32_t six = 0x3f3f3f3fu, four = 0x0f0f0f0fu, two = 0x03030303u;
+    words[0] = sc & six;
+    words[1] = (rest & four) | (sc >> 6 & two) << 4;
+    words[2] = m & six;
+    words[3] = (rest >> 4 & four) | (m >> 6 & two) << 4;
 }
 
 /* One super-block's 8 scales and 8 mins (Q4_K, Q5_K) from d, -dmin (float16) and its
-   K_BYTES of sc and m; with AVX2 8 of each at once, the same products, k_factors'
-   bytes made four at a time in 32-bit words (x86 is little-endian) and kept in
-   registers (bytes stored one by one and read back as a vector stall the load) */
+   K_BYTES of sc and m; with AVX2 8 of each at once, the same products (k_factors'
+   words kept in registers: bytes stored one by one and read back as a vector stall
+   the load) */
 static inline void k_super_block(const uint16_t *dm, const uint8_t *f, float *scales,
                                  float *mins) {
     const float d = half_to_float(dm[0]), dmin = half_to_float(dm[1]);
+    uint32_t w[4];
+    k_factors(f, w);
 #if defined(__AVX2__) && defined(__FMA__)
-    uint32_t u[3];
-    memcpy(u, f, sizeof u);
-    const uint32_t six = 0x3f3f3f3fu, four = 0x0f0f0f0fu, two = 0x03030303u;
-    const uint32_t sc_high = (u[2] & four) | (u[0] >> 6 & two) << 4;
-    const uint32_t m_high = (u[2] >> 4 & four) | (u[1] >> 6 & two) << 4;
-    const __m128i sc = _mm_setr_epi32((int)(u[0] & six), (int)sc_high, 0, 0);
-    const __m128i m = _mm_setr_epi32((int)(u[1] & six), (int)m_high, 0, 0);
+    const __m128i sc = _mm_setr_epi32((int)w[0], (int)w[1], 0, 0);
+    const __m128i m = _mm_setr_epi32((int)w[2], (int)w[3], 0, 0);
     _mm256_storeu_ps(scales, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc))));
     _mm256_storeu_ps(mins, _mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m))));
 #else
-    uint8_t split[16]; /* the 8 sc, then the 8 m */
-    k_factors(f, split);
     for (int j = 0; j < SUPER_BLOCK; j++) {
-        scales[j] = d * (float)split[j];
-        mins[j] = dmin * (float)split[8 + j];
+        scales[j] = d * (float)(w[j / 4] >> 8 * (j % 4) & 255);
+        mins[j] = dmin * (float)(w[2 + j / 4] >> 8 * (j % 4) & 255);
     }
 #endif
 }

@@ -30,7 +30,7 @@
    built with -ffp-contract=off, so no fused multiply-add). */
 static void dequantize_block(int64_t kind, const void *quants, const float *scales,
                              const float *mins, int64_t index, float *w) {
-    if (kind == KIND_Q8_16 || kind == KIND_Q6_16) {
+    if (scale_per_16(kind)) {
         const int six_bits = kind == KIND_Q6_16;
         const uint8_t *q = (const uint8_t *)quants + index * PER_16_BLOCK_BYTES(six_bits);
         for (int half = 0; half < 2; half++) {
@@ -143,7 +143,7 @@ static int quantized_gemm(int64_t kind, const float *x, const void *quants,
                           const float *scales, const float *mins, const KScaleRows *ks,
                           float *y, int64_t rows, int64_t n, int64_t k, int num_threads) {
     const int64_t tiles = (rows + LANES - 1) / LANES, strips = (n + STRIP - 1) / STRIP;
-    const int six_bit = kind == KIND_Q8_16 || kind == KIND_Q6_16; /* a scale per 16 */
+    const int six_bit = scale_per_16(kind);
     const int64_t per_feature = k / (six_bit ? HALF : GEMM_BLOCK);
     /* xt[t][j][r]: row t * LANES + r of x at column j, zero past the last row */
     float *xt = malloc(sizeof(float) * (size_t)(tiles * k * LANES));

@@ -83,7 +83,7 @@ int packed_rows(int64_t kind, const void *quants, const float *scales, const flo
     for (int64_t i = 0; i < count; i++)
         if (ids[i] < 0 || ids[i] >= n) return 2;
     const KScaleRows ks = {supers, factors};
-    const int six_bit = kind == KIND_Q8_16 || kind == KIND_Q6_16; /* a scale per 16 */
+    const int six_bit = scale_per_16(kind);
     const int64_t per_feature = k / (six_bit ? HALF : BLOCK), groups = k / BLOCK;
     int failed = 0;
     float *made = scale_buffer(k_scaled ? &ks : NULL, 2 * per_feature, &failed);

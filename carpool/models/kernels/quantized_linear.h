@@ -27,8 +27,7 @@ static int quantized_linear(int64_t kind, const float *x, const void *quants,
         return quantized_gemm(kind, x, quants, scales, mins, ks, y, rows, n, k, num_threads);
     if (kind == KIND_Q8_0 || kind == KIND_Q8_16 || kind == KIND_Q5_0 || kind == KIND_Q6_16)
         return q8_few_rows(x, quants, scales, mins, ks, y, rows, n, k, int8_dots != 0,
-                           kind == KIND_Q8_16 || kind == KIND_Q6_16, kind == KIND_Q5_0,
-                           kind == KIND_Q6_16, num_threads);
+                           scale_per_16(kind), kind == KIND_Q5_0, kind == KIND_Q6_16, num_threads);
     return nibble_few_rows(x, quants, scales, mins, ks, y, rows, n, k, int8_dots != 0,
                            kind == KIND_Q5_1, num_threads);
 }

@@ -19,6 +19,7 @@ from carpool.models.causal_lm import LoadedLM, load_causal_lm
 from carpool.models.gguf_blocks import to_packed
 from carpool.models.packed_linear import (
     MAX_KERNEL_ROWS,
+    PER_16,
     BlocksFile,
     BlockType,
     Interleaved,
@@ -267,7 +268,7 @@ def rounded_rows_product(
         q = packed.integer_quants().double()
     else:
         q = packed.quants.double()
-    per = 16 if packed.kind in (BlockType.Q8_16, BlockType.Q6_16) else 32
+    per = 16 if packed.kind in PER_16 else 32
     rows, n = x.shape[0], q.shape[0]
     dots = torch.einsum("rgj,ngj->rng", xq.view(rows, -1, per), q.view(n, -1, per))
     steps = step.double().repeat_interleave(32 // per, dim=-1)
