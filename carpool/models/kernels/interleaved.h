@@ -73,6 +73,10 @@
 
 #define FEATURES 16
 #define TILE_ROWS 8
+/* The AVX2 tiles take up to WIDE_ROWS rows a call (their sums live in memory either
+   way: 16 registers hold no row's beside the weights), so that each block's weights
+   are unpacked once for a step's rows, not once for every 8 */
+#define WIDE_ROWS 64
 
 typedef struct {
     /* KIND_Q4_1, KIND_Q8_0, KIND_Q5_1 or KIND_Q5_0 (quantized_dot.h), KIND_Q4_K, KIND_Q5_K
@@ -500,14 +504,14 @@ ALWAYS_INLINE void five_bit_row(const __m256i w[2][8], const int8_t *a, const __
 ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *scales,
                                     const void *extra, const TileRows *x, int64_t k,
                                     int64_t groups, int64_t rows, float *y, int64_t n) {
-    __m256 acc[TILE_ROWS][2];
-    for (int r = 0; r < TILE_ROWS; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    __m256 acc[WIDE_ROWS][2];
+    for (int64_t r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     const int64_t bytes = tile_bytes(kind);
     const int with_mins = has_mins(kind);
     const __m256i ones[2] = {_mm256_set1_epi16(1), _mm256_set1_epi16(1)};
     for (int64_t g = 0; g < groups; g++, q += bytes) {
         prefetch_ahead(q, bytes);
-        __m256i dots[TILE_ROWS][2];
+        __m256i dots[WIDE_ROWS][2];
         if (kind == KIND_Q4_1) {
             for (int64_t r = 0; r < rows; r++) dots[r][0] = dots[r][1] = _mm256_setzero_si256();
             for (int64_t r0 = 0; r0 < rows; r0 += NIBBLE_ROWS)
@@ -558,9 +562,9 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
 ALWAYS_INLINE void k_quant_tile(int64_t kind, const uint8_t *q, const uint8_t *scales,
                                 const uint16_t *supers, const TileRows *x, int64_t k,
                                 int64_t groups, int64_t rows, float *y, int64_t n) {
-    __m256 acc[TILE_ROWS][2];
-    __m256i dots[TILE_ROWS][2];
-    for (int r = 0; r < TILE_ROWS; r++)
+    __m256 acc[WIDE_ROWS][2];
+    __m256i dots[WIDE_ROWS][2];
+    for (int64_t r = 0; r < rows; r++)
         for (int h = 0; h < 2; h++) {
             acc[r][h] = _mm256_setzero_ps();
             dots[r][h] = _mm256_setzero_si256();
@@ -788,9 +792,9 @@ ALWAYS_INLINE void q6_row(const __m256i w[2][8], const __m256i scale[2][2], cons
 ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const uint16_t *supers,
                              const TileRows *x, int64_t k, int64_t groups, int64_t rows,
                              float *y, int64_t n) {
-    __m256 acc[TILE_ROWS][2];
-    __m256i dots[TILE_ROWS][2];
-    for (int r = 0; r < TILE_ROWS; r++) {
+    __m256 acc[WIDE_ROWS][2];
+    __m256i dots[WIDE_ROWS][2];
+    for (int64_t r = 0; r < rows; r++) {
         acc[r][0] = acc[r][1] = _mm256_setzero_ps();
         dots[r][0] = dots[r][1] = _mm256_setzero_si256();
     }
@@ -870,10 +874,30 @@ ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const uint1
 }
 #endif
 
-/* One copy per kind and row count, so the accumulators stay in registers */
+/* A call's rows for a kind: AVX2's Q5 and Q6 tiles, whose weights cost the most to
+   unpack, take up to WIDE_ROWS (0.82-0.96x the time at 64 rows); the others 8, whose
+   x rows then stay in L1 (Q4_1's, Q4_K's and Q8_0's 64 at once took 1.07-1.3x) */
+static inline int64_t row_step(int64_t kind) {
+    const int wide = kind == KIND_Q6_K || kind == KIND_Q5_K || kind == KIND_Q5_0 || kind == KIND_Q5_1;
+    return INTERLEAVED_VECTORIZED == 1 && wide ? WIDE_ROWS : TILE_ROWS;
+}
+
+/* One copy per kind and row count up to TILE_ROWS, so the accumulators stay in
+   registers where they can; more rows (AVX2's, up to WIDE_ROWS) one copy per kind */
 static void interleaved_rows(int64_t kind, const uint8_t *q, const void *scales,
                              const void *extra, const TileRows *x, int64_t k, int64_t groups,
                              int64_t rows, float *y, int64_t n) {
+#if INTERLEAVED_VECTORIZED == 1
+    if (rows > TILE_ROWS) {
+        switch (kind) {
+            case KIND_Q6_K: q6_k_tile(q, scales, extra, x, k, groups, rows, y, n); break;
+            case KIND_Q5_1: interleaved_tile(KIND_Q5_1, q, scales, extra, x, k, groups, rows, y, n); break;
+            case KIND_Q5_K: k_quant_tile(KIND_Q5_K, q, scales, extra, x, k, groups, rows, y, n); break;
+            default: interleaved_tile(KIND_Q5_0, q, scales, extra, x, k, groups, rows, y, n); break;
+        }
+        return;
+    }
+#endif
 #define CALL(kind_code, count) interleaved_tile(kind_code, q, scales, extra, x, k, groups, count, y, n)
 #define CALL_Q6(unused, count) q6_k_tile(q, scales, extra, x, k, groups, count, y, n)
 #define CALL_K(kind_code, count) k_quant_tile(kind_code, q, scales, extra, x, k, groups, count, y, n)
@@ -1020,14 +1044,15 @@ static int interleaved_linear(const InterleavedWeight *parts, int64_t count, con
             const InterleavedWeight *w = parts + p;
             const RoundedRows *xr = rounded + super_blocked(w->kind);
             const int64_t local = s - first[p];
-            for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS) {
+            const int64_t step = row_step(w->kind);
+            for (int64_t r0 = 0; r0 < rows; r0 += step) {
                 const TileRows tile = tile_rows(xr, r0, k);
                 interleaved_rows(
                     w->kind, (const uint8_t *)w->quants + local * groups * tile_bytes(w->kind),
                     (const char *)w->scales + local * strip_scale_bytes(w->kind, groups),
                     w->extra == NULL ? NULL
                                      : (const char *)w->extra + local * strip_extra_bytes(w->kind, groups),
-                    &tile, k, groups, rows - r0 < TILE_ROWS ? rows - r0 : TILE_ROWS,
+                    &tile, k, groups, rows - r0 < step ? rows - r0 : step,
                     y + r0 * n + s * FEATURES, n);
             }
         }

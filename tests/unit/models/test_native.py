@@ -192,7 +192,8 @@ def test_the_interleaved_int8_kernel_computes_the_same_bits_on_every_rung(
     code do the same arithmetic: one result, bit for bit."""
     packed, _ = gguf_weight(kind, 48, 128, seed=2)
     interleaved = Interleaved.of(packed)
-    for rows in (9, 11, 14):  # a tile's rows in every remainder of AVX2's four at a time
+    # every remainder of AVX2's four rows at a time, and past a call's 64 (its wide tiles)
+    for rows in (9, 11, 14, 70):
         x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows))
         results = []
         for _, path in linear_rungs:
@@ -205,14 +206,15 @@ def test_the_interleaved_q6_k_computes_the_same_bits_on_every_rung(
     linear_rungs: list[tuple[tuple[str, ...], Path]],
 ) -> None:
     """Q6_K's tile (its AVX-512 VNNI code, its AVX2 code and the portable C): one
-    result on every rung, for a few rows and a tile's worth and more."""
+    result on every rung, for a few rows, a tile's worth and more, and past AVX2's
+    64 rows a call."""
     packed = to_packed(
         GGMLQuantizationType.Q6_K, random_blocks(GGMLQuantizationType.Q6_K, 32, 512, 7)
     )
     assert packed is not None
     interleaved = Interleaved.of(packed)
     assert interleaved is not None and interleaved.k_scales
-    for rows in (1, 11):
+    for rows in (1, 11, 70):
         x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
         results = []
         for _, path in linear_rungs:
@@ -236,8 +238,8 @@ def test_the_interleaved_k_quant_scales_compute_the_same_bits_on_every_rung(
     compact = Interleaved.of(packed)
     assert compact is not None and compact.k_scales
     assert Interleaved.of(without_k_scales(packed)) is None
-    # 3, 9 and 14 rows: a tile's rows in every remainder of AVX2's four at a time
-    for rows in (3, 9, 14):
+    # every remainder of AVX2's four rows at a time, and past a call's 64 (its wide tiles)
+    for rows in (3, 9, 14, 70):
         x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
         results = []
         for _, path in linear_rungs:
