@@ -875,15 +875,17 @@ ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const uint1
 #endif
 
 /* A call's rows for a kind: AVX2's Q5 and Q6 tiles, whose weights cost the most to
-   unpack, take up to WIDE_ROWS (0.82-0.96x the time at 64 rows); the others 8, whose
-   x rows then stay in L1 (Q4_1's, Q4_K's and Q8_0's 64 at once took 1.07-1.3x) */
+   unpack, take up to WIDE_ROWS (at 64 rows Q5_K 0.82x the time, Q6_K 0.90x, Q5_0
+   0.90-1.01x); the others 8, whose x rows then stay in L1 (Q4_1's, Q4_K's and Q8_0's
+   64 at once took 1.07-1.3x). Every AVX2 tile takes any row count up to WIDE_ROWS. */
 static inline int64_t row_step(int64_t kind) {
     const int wide = kind == KIND_Q6_K || kind == KIND_Q5_K || kind == KIND_Q5_0 || kind == KIND_Q5_1;
     return INTERLEAVED_VECTORIZED == 1 && wide ? WIDE_ROWS : TILE_ROWS;
 }
 
 /* One copy per kind and row count up to TILE_ROWS, so the accumulators stay in
-   registers where they can; more rows (AVX2's, up to WIDE_ROWS) one copy per kind */
+   registers where they can; more rows (AVX2's, up to WIDE_ROWS: row_step) one copy per
+   kind */
 static void interleaved_rows(int64_t kind, const uint8_t *q, const void *scales,
                              const void *extra, const TileRows *x, int64_t k, int64_t groups,
                              int64_t rows, float *y, int64_t n) {
@@ -891,7 +893,10 @@ static void interleaved_rows(int64_t kind, const uint8_t *q, const void *scales,
     if (rows > TILE_ROWS) {
         switch (kind) {
             case KIND_Q6_K: q6_k_tile(q, scales, extra, x, k, groups, rows, y, n); break;
+            case KIND_Q4_1: interleaved_tile(KIND_Q4_1, q, scales, extra, x, k, groups, rows, y, n); break;
+            case KIND_Q8_0: interleaved_tile(KIND_Q8_0, q, scales, extra, x, k, groups, rows, y, n); break;
             case KIND_Q5_1: interleaved_tile(KIND_Q5_1, q, scales, extra, x, k, groups, rows, y, n); break;
+            case KIND_Q4_K: k_quant_tile(KIND_Q4_K, q, scales, extra, x, k, groups, rows, y, n); break;
             case KIND_Q5_K: k_quant_tile(KIND_Q5_K, q, scales, extra, x, k, groups, rows, y, n); break;
             default: interleaved_tile(KIND_Q5_0, q, scales, extra, x, k, groups, rows, y, n); break;
         }
