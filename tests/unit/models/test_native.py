@@ -20,7 +20,12 @@ from carpool.models import llama_stack, native
 from carpool.models.decode_kernel import decode_kernel_in
 from carpool.models.gguf_blocks import to_packed
 from carpool.models.native import BASE_FLAGS, FLAG_LADDER, build_key, build_library
-from carpool.models.packed_linear import Interleaved, QuantizedLinearKernel, without_k_scales
+from carpool.models.packed_linear import (
+    Interleaved,
+    PackedWeight,
+    QuantizedLinearKernel,
+    without_k_scales,
+)
 from tests.unit.models.test_decode_kernel import attend, paged_inputs
 from tests.unit.models.test_gguf_blocks import random_blocks
 from tests.unit.models.test_packed_linear import INTERLEAVED, gguf_weight, rounded_rows_product
@@ -184,6 +189,22 @@ def linear_rungs(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[tuple[s
         return list(zip(flags, paths, strict=True))
 
 
+def one_result_on_every_rung(
+    linear_rungs: list[tuple[tuple[str, ...], Path]],
+    x: torch.Tensor,
+    packed: PackedWeight | None,
+    interleaved: Interleaved,
+) -> torch.Tensor:
+    """The int8 product of ``x`` on each rung's interleaved kernel, checked to be one
+    result, bit for bit: that result."""
+    results = [
+        QuantizedLinearKernel(ctypes.CDLL(str(path)), int8_dots=True)(x, packed, interleaved)
+        for _, path in linear_rungs
+    ]
+    assert all(torch.equal(r, results[0]) for r in results[1:])
+    return results[0]
+
+
 @pytest.mark.parametrize("kind", INTERLEAVED)
 def test_the_interleaved_int8_kernel_computes_the_same_bits_on_every_rung(
     linear_rungs: list[tuple[tuple[str, ...], Path]], kind: str
@@ -193,13 +214,10 @@ def test_the_interleaved_int8_kernel_computes_the_same_bits_on_every_rung(
     packed, _ = gguf_weight(kind, 48, 128, seed=2)
     interleaved = Interleaved.of(packed)
     # every remainder of AVX2's four rows at a time, and past a call's 64 (its wide tiles)
+    assert interleaved is not None
     for rows in (9, 11, 14, 70):
         x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows))
-        results = []
-        for _, path in linear_rungs:
-            kernel = QuantizedLinearKernel(ctypes.CDLL(str(path)), int8_dots=True)
-            results.append(kernel(x, packed, interleaved))
-        assert all(torch.equal(r, results[0]) for r in results[1:])
+        one_result_on_every_rung(linear_rungs, x, packed, interleaved)
 
 
 def test_the_interleaved_q6_k_computes_the_same_bits_on_every_rung(
@@ -216,11 +234,7 @@ def test_the_interleaved_q6_k_computes_the_same_bits_on_every_rung(
     assert interleaved is not None and interleaved.k_scales
     for rows in (1, 11, 70):
         x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
-        results = []
-        for _, path in linear_rungs:
-            kernel = QuantizedLinearKernel(ctypes.CDLL(str(path)), int8_dots=True)
-            results.append(kernel(x, None, interleaved))
-        assert all(torch.equal(r, results[0]) for r in results[1:])
+        one_result_on_every_rung(linear_rungs, x, None, interleaved)
 
 
 @pytest.mark.parametrize(
@@ -241,13 +255,8 @@ def test_the_interleaved_k_quant_scales_compute_the_same_bits_on_every_rung(
     # every remainder of AVX2's four rows at a time, and past a call's 64 (its wide tiles)
     for rows in (3, 9, 14, 70):
         x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
-        results = []
-        for _, path in linear_rungs:
-            kernel = QuantizedLinearKernel(ctypes.CDLL(str(path)), int8_dots=True)
-            results.append(kernel(x, None, compact))
-        assert all(torch.equal(r, results[0]) for r in results[1:])
         torch.testing.assert_close(
-            results[0].double(),
+            one_result_on_every_rung(linear_rungs, x, None, compact).double(),
             rounded_rows_product(x, packed, super_blocks=True),
             rtol=1e-5,
             atol=1e-5,
