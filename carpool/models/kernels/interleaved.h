@@ -380,61 +380,33 @@ static inline __m256i pairs16(__m256i lo, __m256i hi) {
 
 /* A running sum kept as it is: without it GCC reassociates a row's sums over the
    block's lanes into a tree whose products wait on the stack (with it the AVX2 tiles
-   of Q4_1, Q5_0, Q8_0 and Q5_K take 0.90-0.95x the time, 64 rows on a Zen 4) */
+   of Q4_1, Q5_0, Q8_0 and Q5_K, a half at a time then, took 0.90-0.95x the time, 64
+   rows on a Zen 4) */
 #define KEEP_SUM(v) __asm__("" : "+x"(v))
 
-/* The 8 features of half h, each times its lane of times (a 16-bit factor, the same in
-   both halves of its 32-bit lane: 1 for the plain dot, a K-quant block's scales):
-   vpmaddubsw multiplies unsigned weights by signed x bytes into 16-bit sums of two
-   products, which are added up as 16-bit sums while they cannot overflow (Q4_1: 8 of
-   them, at most 8 * 2 * 15 * 127; Q5: 4, at most 4 * 2 * 31 * 127), then widened to 32
-   bits by vpmaddwd, which multiplies them by times on the way (exact: at most 63 times
-   each sum). Q8_0's signed weights multiply as |w| times x with w's sign (vpsignb), at
-   most 2 * 128 * 127 a 16-bit sum, so each is widened at once. */
-ALWAYS_INLINE __m256i half_dot_times(int64_t kind, const __m256i *w, const __m256i *wabs,
-                                     const int8_t *a, __m256i times) {
-    if (kind == KIND_Q8_0) {
-        __m256i dot = _mm256_setzero_si256();
-        for (int j = 0; j < 8; j++) {
-            const __m256i signed_x = _mm256_sign_epi8(broadcast4(a + 4 * j), w[j]);
-            dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[j], signed_x), times));
-            KEEP_SUM(dot);
-        }
-        return dot;
+/* Q8_0's 8 features of half h (w its signed weights, wabs their magnitudes): |w|
+   times x with w's sign (vpsignb), at most 2 * 128 * 127 a 16-bit sum of vpmaddubsw,
+   so each is widened by vpmaddwd at once */
+ALWAYS_INLINE __m256i q8_0_half_dot(const __m256i *w, const __m256i *wabs, const int8_t *a) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i dot = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+        const __m256i signed_x = _mm256_sign_epi8(broadcast4(a + 4 * j), w[j]);
+        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[j], signed_x), ones));
+        KEEP_SUM(dot);
     }
-    if (kind == KIND_Q4_1) { /* w[j] holds weights 4j + b, as Q5's */
-        __m256i sum = _mm256_maddubs_epi16(w[0], broadcast4(a));
-        for (int j = 1; j < 8; j++) {
-            sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(w[j], broadcast4(a + 4 * j)));
-            KEEP_SUM(sum);
-        }
-        return _mm256_madd_epi16(sum, times);
-    }
-    __m256i first = _mm256_maddubs_epi16(w[0], broadcast4(a));
-    __m256i second = _mm256_maddubs_epi16(w[4], broadcast4(a + 16));
-    for (int j = 1; j < 4; j++) {
-        first = _mm256_add_epi16(first, _mm256_maddubs_epi16(w[j], broadcast4(a + 4 * j)));
-        second = _mm256_add_epi16(second, _mm256_maddubs_epi16(w[4 + j], broadcast4(a + 16 + 4 * j)));
-        KEEP_SUM(first);
-        KEEP_SUM(second);
-    }
-    return _mm256_add_epi32(_mm256_madd_epi16(first, times), _mm256_madd_epi16(second, times));
+    return dot;
 }
 
-ALWAYS_INLINE __m256i half_dot(int64_t kind, const __m256i *w, const __m256i *wabs, const int8_t *a) {
-    return half_dot_times(kind, w, wabs, a, _mm256_set1_epi16(1));
-}
-
-/* Half h's features (8h on) of a block of Q4_1's or Q5's quants as their unsigned
-   weights 4j + b in w[j]: the nibbles, and Q5's fifth bits or-ed in */
-ALWAYS_INLINE void unpack_nibbles(int64_t kind, const uint8_t *q, int h, __m256i w[8]) {
+/* Half h's features (8h on) of a block of Q5's quants (Q5_0's, Q5_1's, Q5_K's) as
+   their unsigned weights 4j + b in w[j]: the nibbles, the fifth bits or-ed in */
+ALWAYS_INLINE void unpack_five_bits(const uint8_t *q, int h, __m256i w[8]) {
     const __m256i low = _mm256_set1_epi8(15);
     for (int j = 0; j < 4; j++) {
         const __m256i packed = _mm256_loadu_si256((const __m256i *)(q + 64 * j + 32 * h));
         w[j] = _mm256_and_si256(packed, low);
         w[4 + j] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
     }
-    if (quant_kind(kind) == KIND_Q4_1) return;
     const __m256i fifth = _mm256_loadu_si256((const __m256i *)(q + 256 + 32 * h));
     for (int j = 0; j < 8; j++) {
         /* bit j of each byte to bit 4 (see the AVX-512 code) */
@@ -449,11 +421,14 @@ ALWAYS_INLINE void unpack_nibbles(int64_t kind, const uint8_t *q, int h, __m256i
 #define NIBBLE_ROWS 4
 
 /* A block of Q4_1's quants q (both halves, 16 features) times count (at most
-   NIBBLE_ROWS) rows of x's steps a (row r at a + r * k), each half's 16-bit sum
-   widened by vpmaddwd times its scale pairs (times) and added to dots[r][h]: the integers
-   half_dot_times makes, with each weight vector loaded and unpacked once for the rows
-   and each broadcast of x multiplied by both halves' weights: 0.83-0.87x the time of
-   half_dot_times a half at a time (a 1.2B gate_up, 8 and 64 rows, AVX2 code on a Zen 4) */
+   NIBBLE_ROWS) rows of x's steps a (row r at a + r * k): vpmaddubsw multiplies the
+   unsigned weights by signed x bytes into 16-bit sums of two products, 8 of them added
+   up as 16-bit sums (at most 8 * 2 * 15 * 127), widened by vpmaddwd times (each 32-bit
+   lane's 16-bit factor, the same in both halves: 1 for the plain dot, a K-quant block's
+   scale; exact, at most 63 times a sum) and added to dots[r][h]. Each weight vector is
+   loaded and unpacked once for the rows and each broadcast of x multiplies both halves'
+   weights: 0.83-0.87x the time of a half at a time (a 1.2B gate_up, 8 and 64 rows, AVX2
+   code on a Zen 4) */
 ALWAYS_INLINE void nibble_rows_times(const uint8_t *q, const int8_t *a, int64_t k, int count,
                                      const __m256i times[2], __m256i dots[][2]) {
     const __m256i low = _mm256_set1_epi8(15);
@@ -479,9 +454,18 @@ ALWAYS_INLINE void nibble_rows_times(const uint8_t *q, const int8_t *a, int64_t 
             dots[r][h] = _mm256_add_epi32(dots[r][h], _mm256_madd_epi16(sums[r][h], times[h]));
 }
 
+/* nibble_rows_times for rows rows (a at row 0), NIBBLE_ROWS at a time */
+ALWAYS_INLINE void nibble_block_times(const uint8_t *q, const int8_t *a, int64_t k, int64_t rows,
+                                      const __m256i times[2], __m256i dots[][2]) {
+    for (int64_t r0 = 0; r0 < rows; r0 += NIBBLE_ROWS)
+        nibble_rows_times(q, a + r0 * k, k, rows - r0 < NIBBLE_ROWS ? (int)(rows - r0) : NIBBLE_ROWS, times,
+                          dots + r0);
+}
+
 /* Row a's block times both halves' Q5 weights w[h][j] (q in [0, 31], unpacked once
-   for all rows), each broadcast of x used by both halves: per half the integers
-   half_dot_times makes with times[h] */
+   for all rows), each broadcast of x used by both halves: per half two 16-bit sums of
+   4 vpmaddubsw each (at most 4 * 2 * 31 * 127), widened by vpmaddwd times times[h] as
+   nibble_rows_times' */
 ALWAYS_INLINE void five_bit_row(const __m256i w[2][8], const int8_t *a, const __m256i times[2], __m256i dot[2]) {
     __m256i first[2], second[2];
     for (int j = 0; j < 4; j++) {
@@ -514,9 +498,7 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
         __m256i dots[WIDE_ROWS][2];
         if (kind == KIND_Q4_1) {
             for (int64_t r = 0; r < rows; r++) dots[r][0] = dots[r][1] = _mm256_setzero_si256();
-            for (int64_t r0 = 0; r0 < rows; r0 += NIBBLE_ROWS)
-                nibble_rows_times(q, x->xq + r0 * k + g * BLOCK, k,
-                                  rows - r0 < NIBBLE_ROWS ? (int)(rows - r0) : NIBBLE_ROWS, ones, dots + r0);
+            nibble_block_times(q, x->xq + g * BLOCK, k, rows, ones, dots);
         } else if (kind == KIND_Q8_0) {
             for (int h = 0; h < 2; h++) {
                 __m256i w[8], wabs[8]; /* features 8h on, bytes 4j on */
@@ -524,11 +506,11 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
                     w[j] = _mm256_loadu_si256((const __m256i *)(q + 64 * j + 32 * h));
                     wabs[j] = _mm256_abs_epi8(w[j]);
                 }
-                for (int64_t r = 0; r < rows; r++) dots[r][h] = half_dot(kind, w, wabs, x->xq + r * k + g * BLOCK);
+                for (int64_t r = 0; r < rows; r++) dots[r][h] = q8_0_half_dot(w, wabs, x->xq + r * k + g * BLOCK);
             }
         } else {
             __m256i w[2][8];
-            for (int h = 0; h < 2; h++) unpack_nibbles(kind, q, h, w[h]);
+            for (int h = 0; h < 2; h++) unpack_five_bits(q, h, w[h]);
             for (int64_t r = 0; r < rows; r++) {
                 five_bit_row(w, x->xq + r * k + g * BLOCK, ones, dots[r]);
                 if (kind == KIND_Q5_0) {
@@ -557,7 +539,8 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
 }
 
 /* Q4_K's and Q5_K's tile, the AVX-512 code's sums per half of 8 features: the scales
-   multiply the 16-bit sums as vpmaddwd widens them (half_dot_times: no vpmulld), and
+   multiply the 16-bit sums as vpmaddwd widens them (nibble_rows_times, five_bit_row:
+   no vpmulld), and
    vpmaddwd makes the mins' pairs at the super-block's end */
 ALWAYS_INLINE void k_quant_tile(int64_t kind, const uint8_t *q, const uint8_t *scales,
                                 const uint16_t *supers, const TileRows *x, int64_t k,
@@ -583,12 +566,10 @@ ALWAYS_INLINE void k_quant_tile(int64_t kind, const uint8_t *q, const uint8_t *s
             scale_pairs[h] = pairs16(scale, scale);
         }
         if (kind == KIND_Q4_K) {
-            for (int64_t r0 = 0; r0 < rows; r0 += NIBBLE_ROWS)
-                nibble_rows_times(q, x->xq + r0 * k + g * BLOCK, k,
-                                  rows - r0 < NIBBLE_ROWS ? (int)(rows - r0) : NIBBLE_ROWS, scale_pairs, dots + r0);
+            nibble_block_times(q, x->xq + g * BLOCK, k, rows, scale_pairs, dots);
         } else {
             __m256i w[2][8];
-            for (int h = 0; h < 2; h++) unpack_nibbles(kind, q, h, w[h]);
+            for (int h = 0; h < 2; h++) unpack_five_bits(q, h, w[h]);
             for (int64_t r = 0; r < rows; r++) {
                 __m256i dot[2];
                 five_bit_row(w, x->xq + r * k + g * BLOCK, scale_pairs, dot);
@@ -889,35 +870,33 @@ static inline int64_t row_step(int64_t kind) {
 static void interleaved_rows(int64_t kind, const uint8_t *q, const void *scales,
                              const void *extra, const TileRows *x, int64_t k, int64_t groups,
                              int64_t rows, float *y, int64_t n) {
-#if INTERLEAVED_VECTORIZED == 1
-    if (rows > TILE_ROWS) {
-        switch (kind) {
-            case KIND_Q6_K: q6_k_tile(q, scales, extra, x, k, groups, rows, y, n); break;
-            case KIND_Q4_1: interleaved_tile(KIND_Q4_1, q, scales, extra, x, k, groups, rows, y, n); break;
-            case KIND_Q8_0: interleaved_tile(KIND_Q8_0, q, scales, extra, x, k, groups, rows, y, n); break;
-            case KIND_Q5_1: interleaved_tile(KIND_Q5_1, q, scales, extra, x, k, groups, rows, y, n); break;
-            case KIND_Q4_K: k_quant_tile(KIND_Q4_K, q, scales, extra, x, k, groups, rows, y, n); break;
-            case KIND_Q5_K: k_quant_tile(KIND_Q5_K, q, scales, extra, x, k, groups, rows, y, n); break;
-            default: interleaved_tile(KIND_Q5_0, q, scales, extra, x, k, groups, rows, y, n); break;
-        }
-        return;
-    }
-#endif
 #define CALL(kind_code, count) interleaved_tile(kind_code, q, scales, extra, x, k, groups, count, y, n)
 #define CALL_Q6(unused, count) q6_k_tile(q, scales, extra, x, k, groups, count, y, n)
 #define CALL_K(kind_code, count) k_quant_tile(kind_code, q, scales, extra, x, k, groups, count, y, n)
-    switch (kind) {
-        case KIND_Q6_K: FOR_EACH_ROW_COUNT_WITH(CALL_Q6, 0) break;
-        case KIND_Q4_1: FOR_EACH_ROW_COUNT_WITH(CALL, KIND_Q4_1) break;
-        case KIND_Q8_0: FOR_EACH_ROW_COUNT_WITH(CALL, KIND_Q8_0) break;
-        case KIND_Q5_1: FOR_EACH_ROW_COUNT_WITH(CALL, KIND_Q5_1) break;
-        case KIND_Q4_K: FOR_EACH_ROW_COUNT_WITH(CALL_K, KIND_Q4_K) break;
-        case KIND_Q5_K: FOR_EACH_ROW_COUNT_WITH(CALL_K, KIND_Q5_K) break;
-        default: FOR_EACH_ROW_COUNT_WITH(CALL, KIND_Q5_0) break;
+/* each(call, arg): the call for arg and the row count */
+#define FOR_EACH_KIND(each)                              \
+    switch (kind) {                                      \
+        case KIND_Q6_K: each(CALL_Q6, 0) break;          \
+        case KIND_Q4_1: each(CALL, KIND_Q4_1) break;     \
+        case KIND_Q8_0: each(CALL, KIND_Q8_0) break;     \
+        case KIND_Q5_1: each(CALL, KIND_Q5_1) break;     \
+        case KIND_Q4_K: each(CALL_K, KIND_Q4_K) break;   \
+        case KIND_Q5_K: each(CALL_K, KIND_Q5_K) break;   \
+        default: each(CALL, KIND_Q5_0) break;            \
     }
+#define ANY_ROW_COUNT(call, arg) call(arg, rows);
+#if INTERLEAVED_VECTORIZED == 1
+    if (rows > TILE_ROWS) {
+        FOR_EACH_KIND(ANY_ROW_COUNT)
+        return;
+    }
+#endif
+    FOR_EACH_KIND(FOR_EACH_ROW_COUNT_WITH)
 #undef CALL
 #undef CALL_Q6
 #undef CALL_K
+#undef FOR_EACH_KIND
+#undef ANY_ROW_COUNT
 }
 
 /* x's rows rounded once (per block, or per super-block), with the operands the tiles
