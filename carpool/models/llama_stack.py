@@ -425,8 +425,8 @@ class LlamaStack:
         """A rotary embedding's cos and sin tables for the C side, and their rows."""
         cos, sin = rope.cos_table, rope.sin_table
         check_tensors(cos=(cos, torch.float32), sin=(sin, torch.float32))
-        check_shape("cos", cos, cos.shape[0], self._dims.head_dim)
-        check_shape("sin", sin, cos.shape[0], self._dims.head_dim)
+        check_shape("cos", cos, cos.shape[0], self._dims.head_dim // 2)
+        check_shape("sin", sin, cos.shape[0], self._dims.head_dim // 2)
         return cos.data_ptr(), sin.data_ptr(), cos.shape[0]
 
     def _check(

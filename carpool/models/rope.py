@@ -2,10 +2,13 @@
 config's scaling: none, ``linear``, ``dynamic``, ``yarn``, ``longrope`` (Phi-3's
 ``su``) or ``llama3``, as transformers computes them.
 
-Tables hold cos/sin per position up to the model's context, so a kind is its
-inverse frequencies (and, for yarn and longrope, a factor on cos/sin). ``dynamic``
-(NTK) changes the base only past ``max_position_embeddings``, where no table reaches:
-within the context it is the default. ``longrope`` uses its short factors up to
+Tables hold cos/sin per position up to the model's context, each angle once: the
+rotate-half layout turns both halves of a head by the same angles, so a row is
+``head_dim / 2`` wide (a Llama 3 file's 131,072 positions at head_dim 64: 32 MiB
+rather than 64). A kind is its inverse frequencies (and, for yarn and longrope, a
+factor on cos/sin). ``dynamic`` (NTK) changes the base only past
+``max_position_embeddings``, where no table reaches: within the context it is the
+default. ``longrope`` uses its short factors up to
 ``original_max_position_embeddings`` and its long ones past it, position by
 position (transformers switches every position once a sequence grows past it; the
 two agree on sequences within it).
@@ -43,7 +46,8 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: Mapping[str, Any])
 def rope_tables(
     head_dim: int, max_positions: int, theta: float, scaling: Mapping[str, Any]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [max_positions, head_dim] for every position."""
+    """cos and sin [max_positions, head_dim / 2] for every position: the angles of
+    both halves of a head."""
     kind = scaling.get("rope_type", "default")
     positions = torch.arange(max_positions, dtype=torch.float32)
     factor = 1.0
@@ -60,8 +64,7 @@ def rope_tables(
         )
     else:
         freqs = torch.outer(positions, inverse_frequencies(head_dim, theta, scaling))
-    angles = torch.cat([freqs, freqs], dim=-1)
-    return angles.cos() * factor, angles.sin() * factor
+    return freqs.cos() * factor, freqs.sin() * factor
 
 
 def _yarn(
@@ -128,7 +131,8 @@ def _llama3(inv_freq: torch.Tensor, scaling: Mapping[str, Any]) -> torch.Tensor:
 
 
 class RotaryEmbedding(torch.nn.Module):
-    """cos/sin tables for every position up to the model's context, looked up per token."""
+    """cos/sin tables [positions, head_dim / 2] for every position up to the model's
+    context (``rope_tables``), looked up per token."""
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: Mapping[str, Any]):
         super().__init__()
@@ -137,7 +141,7 @@ class RotaryEmbedding(torch.nn.Module):
             # A model built without data (``reset`` computes the tables later): the
             # tables' arithmetic on the meta device would import torch's compiler
             # (~1 s and tens of MiB) for tensors that hold nothing.
-            cos = sin = torch.empty(max_positions, head_dim)
+            cos = sin = torch.empty(max_positions, head_dim // 2)
         else:
             cos, sin = rope_tables(head_dim, max_positions, theta, scaling)
         self.cos_table: torch.Tensor
@@ -155,8 +159,8 @@ class RotaryEmbedding(torch.nn.Module):
         self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``q``: [T, H, D], ``k``: [T, Hkv, D], ``positions``: [T]."""
-        cos = self.cos_table[positions].unsqueeze(1)
-        sin = self.sin_table[positions].unsqueeze(1)
+        cos, sin = self.cos_table[positions], self.sin_table[positions]
+        cos, sin = torch.cat((cos, cos), -1).unsqueeze(1), torch.cat((sin, sin), -1).unsqueeze(1)
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 

@@ -53,7 +53,7 @@ def _rotary_store_kernel(  # type: ignore[no-untyped-def]
     position = tl.load(positions_ptr + token).to(tl.int64)
     j = tl.arange(0, HALF_P)
     valid_j = j < half
-    # The tables hold each angle twice (for both halves): the first half is enough.
+    # Each angle once: both halves of a head turn by it.
     cos = tl.load(cos_ptr + position * stride_table + j, mask=valid_j, other=0.0).to(tl.float32)
     sin = tl.load(sin_ptr + position * stride_table + j, mask=valid_j, other=0.0).to(tl.float32)
     head = tl.arange(0, HEADS_P)
@@ -98,13 +98,13 @@ def rotary_store(
     """Rotary embedding and the cache write in one kernel: ``qkv`` [T, (heads + 2 *
     kv_heads) * head_dim] (a row's queries, keys, values); keys are rotated and,
     with the values, stored at ``slots`` (negative: skipped); returns the rotated
-    queries [T, heads, head_dim]. ``cos_table``/``sin_table`` [positions, head_dim]
-    hold each angle for both halves (``carpool.models.rope``)."""
+    queries [T, heads, head_dim]. ``cos_table``/``sin_table`` [positions, head_dim / 2]
+    hold the angles both halves of a head share (``carpool.models.rope``)."""
     tokens, width = qkv.shape
     kv_heads, head_dim = cache.shape[-2:]
     if width != (heads + 2 * kv_heads) * head_dim or qkv.stride(1) != 1 or head_dim % 2:
         raise ValueError(f"qkv {tuple(qkv.shape)} is not {heads} + 2 x {kv_heads} heads")
-    if cos_table.shape != sin_table.shape or cos_table.shape[1] != head_dim:
+    if cos_table.shape != sin_table.shape or cos_table.shape[1] != head_dim // 2:
         raise ValueError(f"rotary tables {tuple(cos_table.shape)} for head_dim {head_dim}")
     if not (cos_table.is_contiguous() and sin_table.is_contiguous() and cache.is_contiguous()):
         raise ValueError("the rotary tables and the cache must be contiguous")

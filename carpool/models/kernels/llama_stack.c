@@ -84,7 +84,8 @@ typedef struct {
 /* A step's rows and what they index. */
 typedef struct {
     const int64_t *positions; /* [rows], each row's position */
-    /* rotary tables [rope_rows, head_dim] (rotate-half layout), read at the positions;
+    /* rotary tables [rope_rows, head_dim / 2] (each angle once: carpool.models.rope),
+       read at the positions;
        local_cos, local_sin: the second tables that layers with local_rope read (Gemma
        3's sliding layers), of local_rope_rows, or NULL where no layer does */
     const float *cos, *sin;
@@ -187,14 +188,15 @@ static void norm_heads(float *v, int64_t count, int64_t d, const float *weight, 
     }
 }
 
-/* v * cos + rotate_half(v) * sin for each of count heads of one row */
+/* v * cos + rotate_half(v) * sin for each of count heads of one row; cos and sin
+   [d / 2], the angles both halves of a head share */
 static void rotate(float *v, int64_t count, int64_t d, const float *cos, const float *sin) {
     const int64_t half = d / 2;
     for (int64_t h = 0; h < count; h++, v += d)
         for (int64_t i = 0; i < half; i++) {
             const float a = v[i], b = v[i + half];
             v[i] = a * cos[i] + (-b) * sin[i];
-            v[i + half] = b * cos[i + half] + a * sin[i + half];
+            v[i + half] = b * cos[i] + a * sin[i];
         }
 }
 
@@ -285,7 +287,7 @@ int llama_stack(const Layer *layers, int64_t num_layers, const Dims *dims, float
                 norm_heads(row, dims->num_heads, d, layer->q_norm, dims->eps);
                 norm_heads(row + q_size, dims->num_kv_heads, d, layer->k_norm, dims->eps);
             }
-            const int64_t at = step->positions[r] * d;
+            const int64_t at = step->positions[r] * (d / 2);
             rotate(row, dims->num_heads + dims->num_kv_heads, d, layer_cos + at, layer_sin + at);
             for (int64_t i = 0; i < q_size; i++) queries[r * q_size + i] = row[i];
             const int64_t slot = layer_slots[r] * kv_size;

@@ -55,12 +55,12 @@ def hf_config(scaling: dict[str, Any]) -> Any:
 
 
 def hf_tables(scaling: dict[str, Any], seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """transformers' cos/sin for positions below ``seq_len`` of a sequence that long."""
+    """transformers' cos/sin for positions below ``seq_len`` of a sequence that long,
+    each angle once (transformers repeats them for a head's second half)."""
     config = hf_config(scaling)
     inv_freq, factor = ROPE_INIT_FUNCTIONS[scaling["rope_type"]](config, "cpu", seq_len=seq_len)
     freqs = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq.float())
-    angles = torch.cat([freqs, freqs], dim=-1)
-    return angles.cos() * factor, angles.sin() * factor
+    return freqs.cos() * factor, freqs.sin() * factor
 
 
 @pytest.mark.parametrize("name", sorted(SCALINGS))
