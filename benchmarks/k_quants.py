@@ -5,8 +5,9 @@ concurrent streams over HTTP (``carpool bench``, the same random prompts for ``c
 serve`` and ``llama-server``: output tok/s, TTFT, inter-token p99), and carpool's peak
 resident memory against the bound of issue 49: the process before any model + 1.3x
 the file + the KV cache. Beside the one-stream rounds it prints whether they are bound
-by memory: what this machine reads (``read_ceiling_gib_s``), the bytes a token reads
-in llama.cpp and in carpool, and what carpool would reach at that rate. carpool's KV
+by memory: what this machine reads (``read_ceiling_gib_s``, before each side of each
+round too: this guest's rate swings 1.5-2x within minutes), the bytes a token reads
+in llama.cpp and in carpool, and what share of that rate each streamed. carpool's KV
 cache is sized to hold every stream at once (``--concurrency`` x the prompt and output
 tokens) unless ``--kv-cache`` says otherwise: a smaller one preempts streams and
 recomputes them (the count is printed). It holds float16 (``--kv-cache-dtype``), as
@@ -35,6 +36,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -237,30 +239,43 @@ def concurrent(name: str, args: argparse.Namespace) -> dict[str, Any]:
         stop(process)
 
 
-def one_stream_round(args: argparse.Namespace, bin_dir: Path, index: int) -> tuple[float, float]:
-    """(llama-bench tg128, carpool's offline engine) tokens/s, back to back, llama-bench
-    first in even rounds."""
+@dataclass(frozen=True)
+class Round:
+    """One one-stream round: each side's tokens/s and what the machine read (the float32
+    sum, ``read_ceiling_gib_s``) just before it ran."""
 
-    def bench() -> float:
-        return llama_bench(bin_dir / "llama-bench", str(args.gguf), args.threads)
+    bench_ts: float
+    own_ts: float
+    bench_ceiling: float
+    own_ceiling: float
 
-    def own() -> float:
-        gguf = str(args.gguf)
+
+def one_stream_round(args: argparse.Namespace, bin_dir: Path, index: int) -> Round:
+    """llama-bench tg128 and carpool's offline engine, back to back, llama-bench first in
+    even rounds; each after a read of the machine's memory rate (this guest's swings
+    by 1.5-2x within minutes, and a round read when it is low is bound by it)."""
+
+    def bench() -> tuple[float, float]:
+        ceiling = read_ceiling_gib_s(args.threads)
+        return llama_bench(bin_dir / "llama-bench", str(args.gguf), args.threads), ceiling
+
+    def own() -> tuple[float, float]:
+        ceiling = read_ceiling_gib_s(args.threads)
         seconds = offline(
             args.threads,
             args.requests,
             args.weight_kernel,
-            gguf,
+            str(args.gguf),
             kv_cache_memory=args.kv_cache,
             kv_cache_dtype=args.kv_cache_dtype,
         )
-        return 1 / seconds
+        return 1 / seconds, ceiling
 
     if index % 2 == 0:
-        bench_ts = bench()
-        return bench_ts, own()
-    own_ts = own()
-    return bench(), own_ts
+        (bench_ts, bench_ceiling), (own_ts, own_ceiling) = bench(), own()
+    else:
+        (own_ts, own_ceiling), (bench_ts, bench_ceiling) = own(), bench()
+    return Round(bench_ts, own_ts, bench_ceiling, own_ceiling)
 
 
 def main() -> None:
@@ -333,15 +348,20 @@ def main() -> None:
 
     kv = float(args.kv_cache.removesuffix("MiB"))
     print()
-    for i, (bench_ts, own_ts) in enumerate(rounds):
-        print(
-            f"one stream, round {i + 1}: llama-bench tg128 {bench_ts:.1f} tok/s | carpool "
-            f"offline {own_ts:.1f} tok/s | ratio {own_ts / bench_ts:.2f}"
-        )
-    ratio = statistics.median(own / bench for bench, own in rounds)
-    print(f"one stream: median ratio {ratio:.2f} over {len(rounds)} rounds (target >= 1.1)")
     theirs, ours = llama_bytes_per_token(args.gguf) / 2**30, memory[args.weight_kernel][3] / 1024
-    best_bench = max(bench for bench, _ in rounds)
+    for i, r in enumerate(rounds):
+        print(
+            f"one stream, round {i + 1}: llama-bench tg128 {r.bench_ts:.1f} tok/s | carpool "
+            f"offline {r.own_ts:.1f} tok/s | ratio {r.own_ts / r.bench_ts:.2f}"
+        )
+        print(
+            f"  streamed: llama-bench {r.bench_ts * theirs:.1f} GiB/s of {r.bench_ceiling:.1f} "
+            f"read just before ({r.bench_ts * theirs / r.bench_ceiling:.0%}), carpool "
+            f"{r.own_ts * ours:.1f} of {r.own_ceiling:.1f} ({r.own_ts * ours / r.own_ceiling:.0%})"
+        )
+    ratio = statistics.median(r.own_ts / r.bench_ts for r in rounds)
+    print(f"one stream: median ratio {ratio:.2f} over {len(rounds)} rounds (target >= 1.1)")
+    best_bench = max(r.bench_ts for r in rounds)
     print(
         f"  bound by memory: this machine reads {ceiling:.1f} GiB/s (a float32 sum's median, "
         f"{args.threads} threads); a token reads {theirs * 1024:.0f} MiB in llama.cpp, "
