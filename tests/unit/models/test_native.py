@@ -213,8 +213,8 @@ def test_the_interleaved_int8_kernel_computes_the_same_bits_on_every_rung(
     code do the same arithmetic: one result, bit for bit."""
     packed, _ = gguf_weight(kind, 48, 128, seed=2)
     interleaved = Interleaved.of(packed)
-    # every remainder of AVX2's four rows at a time, and past a call's 64 (its wide tiles)
     assert interleaved is not None
+    # every remainder of AVX2's four rows at a time, and past a call's 64 (its wide tiles)
     for rows in (9, 11, 14, 70):
         x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows))
         one_result_on_every_rung(linear_rungs, x, packed, interleaved)
