@@ -398,15 +398,21 @@ ALWAYS_INLINE __m256i q8_0_half_dot(const __m256i *w, const __m256i *wabs, const
     return dot;
 }
 
-/* Half h's features (8h on) of a block of Q5's quants (Q5_0's, Q5_1's, Q5_K's) as
-   their unsigned weights 4j + b in w[j]: the nibbles, the fifth bits or-ed in */
-ALWAYS_INLINE void unpack_five_bits(const uint8_t *q, int h, __m256i w[8]) {
+/* Half h's features (8h on) of a block of Q4's quants (Q4_1's, Q4_K's; Q5's low four
+   bits) as their unsigned weights 4j + b in w[j]: the low nibbles, then the high ones */
+ALWAYS_INLINE void unpack_nibbles(const uint8_t *q, int h, __m256i w[8]) {
     const __m256i low = _mm256_set1_epi8(15);
     for (int j = 0; j < 4; j++) {
         const __m256i packed = _mm256_loadu_si256((const __m256i *)(q + 64 * j + 32 * h));
         w[j] = _mm256_and_si256(packed, low);
         w[4 + j] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
     }
+}
+
+/* Half h's features (8h on) of a block of Q5's quants (Q5_0's, Q5_1's, Q5_K's) as
+   their unsigned weights 4j + b in w[j]: the nibbles, the fifth bits or-ed in */
+ALWAYS_INLINE void unpack_five_bits(const uint8_t *q, int h, __m256i w[8]) {
+    unpack_nibbles(q, h, w);
     const __m256i fifth = _mm256_loadu_si256((const __m256i *)(q + 256 + 32 * h));
     for (int j = 0; j < 8; j++) {
         /* bit j of each byte to bit 4 (see the AVX-512 code) */
@@ -414,6 +420,13 @@ ALWAYS_INLINE void unpack_five_bits(const uint8_t *q, int h, __m256i w[8]) {
         const __m256i sixteen = j < 4 ? _mm256_slli_epi16(bit, 4 - j) : _mm256_srli_epi16(bit, j - 4);
         w[j] = _mm256_or_si256(w[j], sixteen);
     }
+}
+
+/* 16-bit sums widened by vpmaddwd times times (each 32-bit lane's 16-bit factor, the
+   same in both halves), added to dot where add, else in its place */
+ALWAYS_INLINE __m256i widened(__m256i dot, __m256i sums, __m256i times, int add) {
+    const __m256i wide = _mm256_madd_epi16(sums, times);
+    return add ? _mm256_add_epi32(dot, wide) : wide;
 }
 
 /* Rows at a time of nibble_rows_times (Q4_1's and Q4_K's tiles): their 16-bit sums
@@ -425,12 +438,12 @@ ALWAYS_INLINE void unpack_five_bits(const uint8_t *q, int h, __m256i w[8]) {
    unsigned weights by signed x bytes into 16-bit sums of two products, 8 of them added
    up as 16-bit sums (at most 8 * 2 * 15 * 127), widened by vpmaddwd times (each 32-bit
    lane's 16-bit factor, the same in both halves: 1 for the plain dot, a K-quant block's
-   scale; exact, at most 63 times a sum) and added to dots[r][h]. Each weight vector is
+   scale; exact, at most 63 times a sum) into dots[r][h] (widened). Each weight vector is
    loaded and unpacked once for the rows and each broadcast of x multiplies both halves'
    weights: 0.83-0.87x the time of a half at a time (a 1.2B gate_up, 8 and 64 rows, AVX2
    code on a Zen 4) */
 ALWAYS_INLINE void nibble_rows_times(const uint8_t *q, const int8_t *a, int64_t k, int count,
-                                     const __m256i times[2], __m256i dots[][2]) {
+                                     const __m256i times[2], int add, __m256i dots[][2]) {
     const __m256i low = _mm256_set1_epi8(15);
     __m256i sums[NIBBLE_ROWS][2];
     for (int j = 0; j < 4; j++) {
@@ -451,15 +464,46 @@ ALWAYS_INLINE void nibble_rows_times(const uint8_t *q, const int8_t *a, int64_t 
     }
     for (int r = 0; r < count; r++)
         for (int h = 0; h < 2; h++)
-            dots[r][h] = _mm256_add_epi32(dots[r][h], _mm256_madd_epi16(sums[r][h], times[h]));
+            dots[r][h] = widened(dots[r][h], sums[r][h], times[h], add);
 }
 
-/* nibble_rows_times for rows rows (a at row 0), NIBBLE_ROWS at a time */
+/* Row a's block times both halves' Q4 weights w[h][j] (unpack_nibbles' order, unpacked
+   once for every row): per half one 16-bit sum of 8 vpmaddubsw (at most
+   8 * 2 * 15 * 127), widened by vpmaddwd times times[h] into dot[h] (as
+   nibble_rows_times') */
+ALWAYS_INLINE void nibble_row_times(const __m256i w[2][8], const int8_t *a, const __m256i times[2], int add,
+                                    __m256i dot[2]) {
+    __m256i sums[2];
+    for (int j = 0; j < 4; j++) {
+        const __m256i first = broadcast4(a + 4 * j), second = broadcast4(a + 16 + 4 * j);
+        for (int h = 0; h < 2; h++) {
+            const __m256i pair =
+                _mm256_add_epi16(_mm256_maddubs_epi16(w[h][j], first), _mm256_maddubs_epi16(w[h][4 + j], second));
+            sums[h] = j == 0 ? pair : _mm256_add_epi16(sums[h], pair);
+            KEEP_SUM(sums[h]);
+        }
+    }
+    for (int h = 0; h < 2; h++) dot[h] = widened(dot[h], sums[h], times[h], add);
+}
+
+/* A block of Q4's quants q times rows rows of x's steps (a at row 0, row r at a + r * k),
+   into dots (widened). Up to TILE_ROWS rows, NIBBLE_ROWS at a time in registers
+   (nibble_rows_times); more (AVX2's wide calls, row_step), the block's weights unpacked
+   once (they live on the stack: 16 registers hold no row's sums beside them) and each
+   row's sums made from them (nibble_row_times): at 64 rows 0.85-0.89x the time of four
+   rows at a time, which unpacks the weights 16 times (a 1.2B gate_up, Q4_K and Q4_1,
+   AVX2 code on a Zen 4), but 1.25-1.3x at 1 and 4 rows */
 ALWAYS_INLINE void nibble_block_times(const uint8_t *q, const int8_t *a, int64_t k, int64_t rows,
-                                      const __m256i times[2], __m256i dots[][2]) {
+                                      const __m256i times[2], int add, __m256i dots[][2]) {
+    if (rows > TILE_ROWS) {
+        __m256i w[2][8];
+        for (int h = 0; h < 2; h++) unpack_nibbles(q, h, w[h]);
+        for (int64_t r = 0; r < rows; r++) nibble_row_times(w, a + r * k, times, add, dots[r]);
+        return;
+    }
     for (int64_t r0 = 0; r0 < rows; r0 += NIBBLE_ROWS)
         nibble_rows_times(q, a + r0 * k, k, rows - r0 < NIBBLE_ROWS ? (int)(rows - r0) : NIBBLE_ROWS, times,
-                          dots + r0);
+                          add, dots + r0);
 }
 
 /* Row a's block times both halves' Q5 weights w[h][j] (q in [0, 31], unpacked once
@@ -482,7 +526,7 @@ ALWAYS_INLINE void five_bit_row(const __m256i w[2][8], const int8_t *a, const __
         dot[h] = _mm256_add_epi32(_mm256_madd_epi16(first[h], times[h]), _mm256_madd_epi16(second[h], times[h]));
 }
 
-/* A block's integer dots for every row first (Q4_1: four rows at a time; Q5: both
+/* A block's integer dots for every row first (Q4_1: nibble_block_times; Q5: both
    halves' weights unpacked once; Q8_0: a half's 8 registers of weights at a time),
    then each row's floats. */
 ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *scales,
@@ -497,8 +541,7 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
         prefetch_ahead(q, bytes);
         __m256i dots[WIDE_ROWS][2];
         if (kind == KIND_Q4_1) {
-            for (int64_t r = 0; r < rows; r++) dots[r][0] = dots[r][1] = _mm256_setzero_si256();
-            nibble_block_times(q, x->xq + g * BLOCK, k, rows, ones, dots);
+            nibble_block_times(q, x->xq + g * BLOCK, k, rows, ones, 0, dots);
         } else if (kind == KIND_Q8_0) {
             for (int h = 0; h < 2; h++) {
                 __m256i w[8], wabs[8]; /* features 8h on, bytes 4j on */
@@ -566,7 +609,7 @@ ALWAYS_INLINE void k_quant_tile(int64_t kind, const uint8_t *q, const uint8_t *s
             scale_pairs[h] = pairs16(scale, scale);
         }
         if (kind == KIND_Q4_K) {
-            nibble_block_times(q, x->xq + g * BLOCK, k, rows, scale_pairs, dots);
+            nibble_block_times(q, x->xq + g * BLOCK, k, rows, scale_pairs, 1, dots);
         } else {
             __m256i w[2][8];
             for (int h = 0; h < 2; h++) unpack_five_bits(q, h, w[h]);
@@ -855,12 +898,13 @@ ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const uint1
 }
 #endif
 
-/* A call's rows for a kind: AVX2's Q5 and Q6 tiles, whose weights cost the most to
-   unpack, take up to WIDE_ROWS (at 64 rows Q5_K 0.82x the time, Q6_K 0.90x, Q5_0
-   0.90-1.01x); the others 8, whose x rows then stay in L1 (Q4_1's, Q4_K's and Q8_0's
-   64 at once took 1.07-1.3x). Every AVX2 tile takes any row count up to WIDE_ROWS. */
+/* A call's rows for a kind: AVX2's Q4, Q5 and Q6 tiles, which unpack a block's weights
+   once for all of them, take up to WIDE_ROWS (at 64 rows Q5_K 0.82x the time, Q6_K
+   0.90x, Q5_0 0.90-1.01x, Q4_K and Q4_1 0.85-0.89x: nibble_block_times); Q8_0's 8,
+   whose x rows then stay in L1 (64 at once took 1.07-1.3x). Every AVX2 tile takes any
+   row count up to WIDE_ROWS. */
 static inline int64_t row_step(int64_t kind) {
-    const int wide = kind == KIND_Q6_K || kind == KIND_Q5_K || kind == KIND_Q5_0 || kind == KIND_Q5_1;
+    const int wide = kind != KIND_Q8_0;
     return INTERLEAVED_VECTORIZED == 1 && wide ? WIDE_ROWS : TILE_ROWS;
 }
 

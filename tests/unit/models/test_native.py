@@ -214,8 +214,9 @@ def test_the_interleaved_int8_kernel_computes_the_same_bits_on_every_rung(
     packed, _ = gguf_weight(kind, 48, 128, seed=2)
     interleaved = Interleaved.of(packed)
     assert interleaved is not None
-    # every remainder of AVX2's four rows at a time, and past a call's 64 (its wide tiles)
-    for rows in (9, 11, 14, 70):
+    # up to 8 rows AVX2's four at a time (every remainder), more its wide tiles (one
+    # unpacking for every row), and past a call's 64
+    for rows in (1, 3, 6, 9, 70):
         x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows))
         one_result_on_every_rung(linear_rungs, x, packed, interleaved)
 
@@ -252,8 +253,9 @@ def test_the_interleaved_k_quant_scales_compute_the_same_bits_on_every_rung(
     compact = Interleaved.of(packed)
     assert compact is not None and compact.k_scales
     assert Interleaved.of(without_k_scales(packed)) is None
-    # every remainder of AVX2's four rows at a time, and past a call's 64 (its wide tiles)
-    for rows in (3, 9, 14, 70):
+    # up to 8 rows AVX2's four at a time (every remainder), more its wide tiles (one
+    # unpacking for every row), and past a call's 64
+    for rows in (1, 3, 6, 9, 70):
         x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
         torch.testing.assert_close(
             one_result_on_every_rung(linear_rungs, x, None, compact).double(),
