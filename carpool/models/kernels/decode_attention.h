@@ -120,7 +120,9 @@ static inline __attribute__((always_inline)) void attend_head_of(
         for (int64_t i = i0; i < bs && t < n; i++, t++) {
             const int64_t kh = kb + i * stride;
             float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
+            /* in order, no simd reduction: the vectorizer may split a half cache's sum
+               into other lanes than a float cache's (AVX2 code did, head_dim 12), and a
+               half cache must give the bits its values widened give */
             for (int64_t j = 0; j < d; j++) dot += q_head[j] * kv_value(k_cache, kh + j, half);
             dot *= a->scale;
             scores[t] = dot;
