@@ -173,9 +173,10 @@ static inline int64_t strip_extra_bytes(int64_t kind, int64_t groups) {
 }
 
 /* The x operands of one tile: its rows' int8 steps (xq), xq + 128 (xu: Q8_0's under
-   VNNI, Q6_K's AVX2 code's), the sums of each half block's steps (xhalfsums: Q5_0's, and Q6_K's vector
-   code's), and per block the step (xscales) and the float32 sum (xsums); each
-   [rows, k], [rows, 2 * groups] or [rows, groups] from the tile's row. */
+   VNNI, Q6_K's AVX2 code's past TILE_ROWS rows), the sums of each half block's steps
+   (xhalfsums: Q5_0's, and Q6_K's vector code's), and per block the step (xscales) and the
+   float32 sum (xsums); each [rows, k], [rows, 2 * groups] or [rows, groups] from the
+   tile's row. */
 typedef struct {
     const int8_t *xq;
     const uint8_t *xu;
@@ -1015,7 +1016,7 @@ static int alloc_rounded(const InterleavedWeight *parts, int64_t count, int supe
         const int64_t kind = parts[p].kind;
         if (super_blocked(kind) != super) continue;
         with_xu |= (INTERLEAVED_VECTORIZED == 2 && kind == KIND_Q8_0) ||
-                   (INTERLEAVED_VECTORIZED == 1 && kind == KIND_Q6_K);
+                   (INTERLEAVED_VECTORIZED == 1 && kind == KIND_Q6_K && rows > TILE_ROWS);
         with_halves |= kind == KIND_Q5_0 || (INTERLEAVED_VECTORIZED > 0 && kind == KIND_Q6_K);
         with_pairs |= factored(kind);
     }
