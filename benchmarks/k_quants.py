@@ -90,8 +90,7 @@ def int8_code() -> str:
     servers it starts, with the same ``CC``) builds them."""
     from carpool.models.packed_linear import quantized_linear_kernel
 
-    vectorized = quantized_linear_kernel(int8_dots=True).interleaved_vectorized
-    return {2: "AVX-512 VNNI", 1: "AVX2"}.get(vectorized, "portable C")
+    return quantized_linear_kernel(int8_dots=True).int8_code
 
 
 def tensor_types(gguf: Path) -> str:

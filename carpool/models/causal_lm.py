@@ -267,8 +267,7 @@ def _attach_packed(model: nn.Module, blocks: _Blocks, choice: str) -> tuple[int,
         if count:
             detail = f"quantized_linear on the file's blocks, {count} layers, no float32 copy"
             if kernel.int8_dots and kernel.interleaved_vectorized:
-                isa = "AVX-512 VNNI" if kernel.interleaved_vectorized == 2 else "AVX2"
-                detail += f", int8 dot products on interleaved blocks ({isa})"
+                detail += f", int8 dot products on interleaved blocks ({kernel.int8_code})"
                 if choice == "auto":
                     detail += " (auto: a K-quant file, run as llama.cpp runs it)"
             elif kernel.int8_dots:

@@ -736,6 +736,15 @@ class BlocksFile(MutableMapping[str, PackedWeight]):
         return len(self._kinds)
 
 
+# What the interleaved int8 kernel runs, by its interleaved_vectorized()
+INT8_CODES = {
+    3: "AMX tiles past 8 rows, AVX-512 VNNI up to 8",
+    2: "AVX-512 VNNI",
+    1: "AVX2",
+    0: "portable C",
+}
+
+
 class QuantizedLinearKernel:
     """y = x @ W^T with W in blocks, for float32 rows x [m, k]. With ``int8_dots``
     (opt-in, ``--weight-kernel native-int8``) x is rounded per block of 32 to int8
@@ -768,7 +777,7 @@ class QuantizedLinearKernel:
             )
         vectorized = library.interleaved_vectorized
         vectorized.restype = ctypes.c_int64
-        # 2: AVX-512 VNNI, 1: AVX2, 0: the portable C
+        # a key of INT8_CODES
         self.interleaved_vectorized = int(vectorized())
         self._q4_1 = library.q4_1_linear
         self._q4_1.restype = ctypes.c_int
@@ -798,6 +807,11 @@ class QuantizedLinearKernel:
         self._rows.argtypes = (
             [ctypes.c_int64] + [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 3 + [ctypes.c_void_p]
         )
+
+    @property
+    def int8_code(self) -> str:
+        """The instructions the interleaved int8 kernel runs here, in words."""
+        return INT8_CODES[self.interleaved_vectorized]
 
     def rows(self, weight: PackedWeight, ids: torch.Tensor) -> torch.Tensor:
         """``weight.rows(ids)`` in C: the float32 rows ``ids`` (integers), [*ids.shape, k],

@@ -10,7 +10,9 @@
    block, and one conversion and two multiply-adds scale it. Unpacking the weights is
    shared by up to TILE_ROWS rows, so a step of a few rows (a speculative
    verification) costs little more than one row; prompt chunks run here too, so every
-   row of every step gets the same arithmetic.
+   row of every step gets the same arithmetic. Past TILE_ROWS rows a CPU with AMX
+   multiplies a block for 16 rows in one tile instruction (amx_tile below), the same
+   integers scaled the same way.
 
    Layouts (carpool/models/packed_linear.py Interleaved writes them), n a multiple of
    FEATURES, groups = k / 32, per strip of FEATURES features and block:
@@ -308,6 +310,33 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
     for (int64_t r = 0; r < rows; r++) _mm512_storeu_ps(y + r * n, acc[r]);
 }
 
+/* Each feature's m of a super-block's blocks 2i (low 16 bits) and 2i + 1 in pairs[i],
+   from unpack_k_scales' bytes */
+ALWAYS_INLINE void k_min_pairs(const uint8_t *unpacked, __m512i pairs[SUPER_BLOCKS / 2]) {
+    for (int i = 0; i < SUPER_BLOCKS / 2; i++) {
+        const uint8_t *m = unpacked + 2 * i * 2 * FEATURES + FEATURES;
+        const __m512i first = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)m));
+        const __m512i second = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(m + 2 * FEATURES)));
+        pairs[i] = _mm512_or_si512(first, _mm512_slli_epi32(second, 16));
+    }
+}
+
+/* Row r's acc past the super-block that ends with block g: dots, the sum of its blocks'
+   sc * (q . xq); the sums of x's steps times the blocks' m (vpdpwssd: two blocks of
+   16-bit pairs at a time) the other sum; each converted once and scaled by d (or
+   -dmin) times x's step */
+ALWAYS_INLINE __m512 k_quant_super(__m512i dots, const __m512i min_pairs[SUPER_BLOCKS / 2], __m512 d,
+                                   __m512 neg_dmin, const TileRows *x, int64_t groups, int64_t r,
+                                   int64_t g, __m512 acc) {
+    const int32_t *pairs = x->xpairsums + (r * groups + g + 1 - SUPER_BLOCKS) / 2;
+    __m512i mins = _mm512_setzero_si512();
+    for (int i = 0; i < SUPER_BLOCKS / 2; i++)
+        mins = _mm512_dpwssd_epi32(mins, min_pairs[i], _mm512_set1_epi32(pairs[i]));
+    const __m512 step = _mm512_set1_ps(x->xscales[r * groups + g]);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), _mm512_mul_ps(d, step), acc);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(neg_dmin, step), acc);
+}
+
 /* Q4_K's and Q5_K's tile (the arithmetic in the header comment): a block's integer
    dot times its integer scale (vpmulld) adds up over the super-block; at its end the
    sums of x's steps times the blocks' mins m (vpdpwssd: two blocks of 16-bit pairs at
@@ -337,24 +366,12 @@ ALWAYS_INLINE void k_quant_tile(int64_t kind, const uint8_t *q, const uint8_t *s
             dots[r] = _mm512_add_epi32(dots[r], _mm512_mullo_epi32(dot, scale));
         }
         if (g % SUPER_BLOCKS != SUPER_BLOCKS - 1) continue;
-        const int64_t g0 = g + 1 - SUPER_BLOCKS;
-        __m512i min_pairs[SUPER_BLOCKS / 2]; /* each feature's m of blocks 2i (low 16 bits), 2i + 1 */
-        for (int i = 0; i < SUPER_BLOCKS / 2; i++) {
-            const uint8_t *m = unpacked + 2 * i * 2 * FEATURES + FEATURES;
-            const __m512i first = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)m));
-            const __m512i second = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(m + 2 * FEATURES)));
-            min_pairs[i] = _mm512_or_si512(first, _mm512_slli_epi32(second, 16));
-        }
+        __m512i min_pairs[SUPER_BLOCKS / 2];
+        k_min_pairs(unpacked, min_pairs);
         const uint16_t *super = supers + g / SUPER_BLOCKS * 2 * FEATURES;
         const __m512 d = halves_floats(super), neg_dmin = halves_floats(super + FEATURES);
         for (int64_t r = 0; r < rows; r++) {
-            const int32_t *pairs = x->xpairsums + (r * groups + g0) / 2;
-            __m512i mins = _mm512_setzero_si512();
-            for (int i = 0; i < SUPER_BLOCKS / 2; i++)
-                mins = _mm512_dpwssd_epi32(mins, min_pairs[i], _mm512_set1_epi32(pairs[i]));
-            const __m512 step = _mm512_set1_ps(x->xscales[r * groups + g]);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[r]), _mm512_mul_ps(d, step), acc[r]);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(neg_dmin, step), acc[r]);
+            acc[r] = k_quant_super(dots[r], min_pairs, d, neg_dmin, x, groups, r, g, acc[r]);
             dots[r] = _mm512_setzero_si512();
         }
     }
@@ -725,35 +742,40 @@ ALWAYS_INLINE void k_quant_tile(int64_t kind, const uint8_t *q, const uint8_t *s
 /* Q6_K's tile: the same arithmetic in the AVX-512 VNNI code, the AVX2 code and the
    portable C. */
 #if INTERLEAVED_VECTORIZED == 2
-/* Lane j's weights q in [0, 63], unsigned as vpdpbusd takes them: the nibbles, and
-   bits 4 and 5 from the high lanes (16-bit shifts move bits across bytes, which the
-   mask drops). Each half block's sum q . x (at most 16 * 63 * 127) less 32 times the
-   sum of its x steps is (q - 32) . x; times its int8 scale (vpmulld: at most
-   16 * 32 * 127 * 128 each) the two add up to the portable code's integer. */
+/* A block of Q6_K's quants as each feature's weights 4j + b in w[j] (unpack_nibbles'
+   order), q in [0, 63] unsigned as vpdpbusd takes them: the nibbles, and bits 4 and 5
+   from the high lanes (16-bit shifts move bits across bytes, which the mask drops) */
+ALWAYS_INLINE void unpack_q6(const uint8_t *q, __m512i w[8]) {
+    const __m512i low = _mm512_set1_epi8(15), high = _mm512_set1_epi8(0x30);
+    const __m512i bits[2] = {_mm512_loadu_si512((const void *)(q + 256)),
+                             _mm512_loadu_si512((const void *)(q + 320))};
+    for (int j = 0; j < 4; j++) {
+        const __m512i packed = _mm512_loadu_si512((const void *)(q + 64 * j));
+        const __m512i nibbles[2] = {_mm512_and_si512(packed, low),
+                                    _mm512_and_si512(_mm512_srli_epi16(packed, 4), low)};
+        for (int part = 0; part < 2; part++) {
+            const __m512i top = j < 2 ? _mm512_slli_epi16(bits[part], 4 - 2 * j)
+                                      : _mm512_srli_epi16(bits[part], 2 * j - 4);
+            w[4 * part + j] = _mm512_or_si512(nibbles[part], _mm512_and_si512(top, high));
+        }
+    }
+}
+
+/* Each half block's sum q . x (at most 16 * 63 * 127) less 32 times the sum of its x
+   steps is (q - 32) . x; times its int8 scale (vpmulld: at most 16 * 32 * 127 * 128
+   each) the two add up to the portable code's integer. */
 ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const uint16_t *supers,
                              const TileRows *x, int64_t k, int64_t groups, int64_t rows,
                              float *y, int64_t n) {
     __m512 acc[TILE_ROWS];
     __m512i dots[TILE_ROWS];
     for (int r = 0; r < TILE_ROWS; r++) acc[r] = _mm512_setzero_ps(), dots[r] = _mm512_setzero_si512();
-    const __m512i low = _mm512_set1_epi8(15), high = _mm512_set1_epi8(0x30);
     __m512 d = _mm512_setzero_ps(); /* the super-block's, made once */
     for (int64_t g = 0; g < groups; g++, q += FEATURES * 4 * 6) {
         prefetch_ahead(q, FEATURES * 4 * 6);
         if (g % SUPER_BLOCKS == 0) d = halves_floats(supers + g / SUPER_BLOCKS * FEATURES);
         __m512i w[8];
-        const __m512i bits[2] = {_mm512_loadu_si512((const void *)(q + 256)),
-                                 _mm512_loadu_si512((const void *)(q + 320))};
-        for (int j = 0; j < 4; j++) {
-            const __m512i packed = _mm512_loadu_si512((const void *)(q + 64 * j));
-            const __m512i nibbles[2] = {_mm512_and_si512(packed, low),
-                                        _mm512_and_si512(_mm512_srli_epi16(packed, 4), low)};
-            for (int part = 0; part < 2; part++) {
-                const __m512i top = j < 2 ? _mm512_slli_epi16(bits[part], 4 - 2 * j)
-                                          : _mm512_srli_epi16(bits[part], 2 * j - 4);
-                w[4 * part + j] = _mm512_or_si512(nibbles[part], _mm512_and_si512(top, high));
-            }
-        }
+        unpack_q6(q, w);
         const int8_t *sc = scales + g * 2 * FEATURES;
         const __m512i first_scale = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc));
         const __m512i second_scale =
@@ -947,6 +969,211 @@ ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const uint1
 }
 #endif
 
+/* AMX (a CPU with AMX-TILE and AMX-INT8; or the tests' emulation, amx_tiles.h): a call
+   of more than TILE_ROWS rows takes up to AMX_ROWS rows a tile. A block's weights,
+   unpacked once to signed bytes (Q5_0's q - 16, Q6_K's q - 32, Q4's and Q5's q: each
+   within int8), are TDPBSSD's second operand as the interleaved layout holds them (row
+   j: the strip's 16 features' weights 4j + b; Q8_0's quants are loaded as they are),
+   x's steps of the block its first, one row each: the product is every row's integer
+   dot q . xq of the block, the vector tiles' integers. The AVX-512 code then scales
+   and sums them as the vector tiles do, the same float operations in the same order:
+   the same bits. Up to SUPER_BLOCKS blocks at a time (a K-quant's super-block): their
+   products to memory, then each row's sums over them. Q6_K's half blocks, each with
+   its own scale, take a product each. */
+#if INTERLEAVED_VECTORIZED == 2 && \
+    ((defined(__AMX_TILE__) && defined(__AMX_INT8__)) || defined(CARPOOL_AMX_EMULATED))
+#define INTERLEAVED_AMX 1
+#include "amx_tiles.h"
+
+#define AMX_ROWS AMX_MAX_ROWS
+/* Tile registers: a block's products (Q6_K's first half's), x's steps, the weights;
+   Q6_K's second half's products, and each half's x steps and weights */
+#define TILE_DOTS 0
+#define TILE_X 1
+#define TILE_W 2
+#define TILE_SECOND_DOTS 3
+#define TILE_HALF_X 4
+#define TILE_HALF_W 5
+#define TILE_SECOND_X 6
+#define TILE_SECOND_W 7
+
+/* The row count the calling thread's tiles are shaped for (0: none) */
+static __thread int64_t amx_shaped_rows;
+
+/* The tiles shaped for rows rows (1 to AMX_ROWS), unless they are */
+static inline void amx_shape_for(int64_t rows) {
+    if (amx_shaped_rows == rows) return;
+    AmxConfig config;
+    memset(&config, 0, sizeof config);
+    config.palette = 1;
+    amx_shape(&config, TILE_DOTS, rows, FEATURES * 4);
+    amx_shape(&config, TILE_X, rows, BLOCK);
+    amx_shape(&config, TILE_W, BLOCK / 4, FEATURES * 4);
+    amx_shape(&config, TILE_SECOND_DOTS, rows, FEATURES * 4);
+    for (int t = TILE_HALF_X; t <= TILE_SECOND_X; t += 2) {
+        amx_shape(&config, t, rows, BLOCK / 2);
+        amx_shape(&config, t + 1, BLOCK / 8, FEATURES * 4);
+    }
+    amx_load_config(&config);
+    amx_shaped_rows = rows;
+}
+
+/* The calling thread's tiles given back (at the end of a call that used them) */
+static inline void amx_done(void) {
+    if (amx_shaped_rows == 0) return;
+    amx_release();
+    amx_shaped_rows = 0;
+}
+
+/* Products of up to SUPER_BLOCKS blocks: [block][half (Q6_K's; else the first)][row][feature] */
+typedef int32_t AmxDots[SUPER_BLOCKS][2][AMX_ROWS][FEATURES];
+
+/* Block g's products, for the rows the tiles are shaped for, into dots */
+ALWAYS_INLINE void amx_block_dots(int64_t kind, const uint8_t *q, const TileRows *x, int64_t k, int64_t g,
+                                  int32_t dots[2][AMX_ROWS][FEATURES]) {
+    int8_t w[BLOCK / 4][FEATURES * 4] __attribute__((aligned(64)));
+    if (kind != KIND_Q8_0) {
+        __m512i v[8];
+        if (kind == KIND_Q6_K)
+            unpack_q6(q, v);
+        else
+            unpack_nibbles(kind, q, v);
+        const __m512i offset = _mm512_set1_epi8(kind == KIND_Q6_K ? 32 : kind == KIND_Q5_0 ? 16 : 0);
+        for (int j = 0; j < 8; j++) _mm512_store_si512((void *)w[j], _mm512_sub_epi8(v[j], offset));
+    }
+    const int8_t *a = x->xq + g * BLOCK;
+    if (kind == KIND_Q6_K) {
+        AMX_ZERO(TILE_DOTS);
+        AMX_ZERO(TILE_SECOND_DOTS);
+        AMX_LOAD(TILE_HALF_X, a, k);
+        AMX_LOAD(TILE_HALF_W, w[0], FEATURES * 4);
+        AMX_LOAD(TILE_SECOND_X, a + BLOCK / 2, k);
+        AMX_LOAD(TILE_SECOND_W, w[BLOCK / 8], FEATURES * 4);
+        AMX_DPBSSD(TILE_DOTS, TILE_HALF_X, TILE_HALF_W);
+        AMX_DPBSSD(TILE_SECOND_DOTS, TILE_SECOND_X, TILE_SECOND_W);
+        AMX_STORE(TILE_DOTS, dots[0], FEATURES * 4);
+        AMX_STORE(TILE_SECOND_DOTS, dots[1], FEATURES * 4);
+        return;
+    }
+    AMX_ZERO(TILE_DOTS);
+    AMX_LOAD(TILE_X, a, k);
+    if (kind == KIND_Q8_0)
+        AMX_LOAD(TILE_W, q, FEATURES * 4);
+    else
+        AMX_LOAD(TILE_W, w, FEATURES * 4);
+    AMX_DPBSSD(TILE_DOTS, TILE_X, TILE_W);
+    AMX_STORE(TILE_DOTS, dots[0], FEATURES * 4);
+}
+
+/* Blocks g0 to g0 + count - 1 of Q4_1, Q8_0, Q5_1 or Q5_0 added to each row's acc
+   (interleaved_tile's arithmetic) */
+ALWAYS_INLINE void amx_block_sums(int64_t kind, const void *scales, const void *extra, const TileRows *x,
+                                  int64_t groups, int64_t g0, int64_t count, int64_t rows, AmxDots dots,
+                                  __m512 *acc) {
+    const int with_mins = has_mins(kind);
+    __m512 scale[SUPER_BLOCKS], min[SUPER_BLOCKS];
+    for (int64_t b = 0; b < count; b++) {
+        scale[b] = halves_floats((const uint16_t *)scales + (g0 + b) * FEATURES);
+        min[b] = with_mins ? halves_floats((const uint16_t *)extra + (g0 + b) * FEATURES)
+                           : _mm512_setzero_ps();
+    }
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < count; b++) {
+            const int64_t g = g0 + b;
+            const __m512i dot = _mm512_load_si512((const void *)dots[b][0][r]);
+            const __m512 part =
+                _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(x->xscales[r * groups + g]));
+            acc[r] = _mm512_fmadd_ps(part, scale[b], acc[r]);
+            if (with_mins) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(x->xsums[r * groups + g]), min[b], acc[r]);
+        }
+}
+
+/* The super-block of Q4_K or Q5_K from block g0 added to each row's acc (k_quant_tile's
+   arithmetic) */
+ALWAYS_INLINE void amx_k_quant_sums(const uint8_t *scales, const uint16_t *supers, const TileRows *x,
+                                    int64_t groups, int64_t g0, int64_t rows, AmxDots dots, __m512 *acc) {
+    uint8_t unpacked[SUPER_BLOCKS * 2 * FEATURES];
+    unpack_k_scales(scales + g0 / SUPER_BLOCKS * K_SCALE_BYTES, unpacked);
+    __m512i scale[SUPER_BLOCKS], min_pairs[SUPER_BLOCKS / 2];
+    for (int b = 0; b < SUPER_BLOCKS; b++)
+        scale[b] = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(unpacked + b * 2 * FEATURES)));
+    k_min_pairs(unpacked, min_pairs);
+    const uint16_t *super = supers + g0 / SUPER_BLOCKS * 2 * FEATURES;
+    const __m512 d = halves_floats(super), neg_dmin = halves_floats(super + FEATURES);
+    for (int64_t r = 0; r < rows; r++) {
+        __m512i sum = _mm512_setzero_si512();
+        for (int b = 0; b < SUPER_BLOCKS; b++)
+            sum = _mm512_add_epi32(
+                sum, _mm512_mullo_epi32(_mm512_load_si512((const void *)dots[b][0][r]), scale[b]));
+        acc[r] = k_quant_super(sum, min_pairs, d, neg_dmin, x, groups, r, g0 + SUPER_BLOCKS - 1, acc[r]);
+    }
+}
+
+/* The super-block of Q6_K from block g0 added to each row's acc (q6_k_tile's arithmetic) */
+ALWAYS_INLINE void amx_q6_k_sums(const int8_t *scales, const uint16_t *supers, const TileRows *x,
+                                 int64_t groups, int64_t g0, int64_t rows, AmxDots dots, __m512 *acc) {
+    __m512i scale[SUPER_BLOCKS][2];
+    for (int b = 0; b < SUPER_BLOCKS; b++)
+        for (int h = 0; h < 2; h++)
+            scale[b][h] = _mm512_cvtepi8_epi32(
+                _mm_loadu_si128((const __m128i *)(scales + (g0 + b) * 2 * FEATURES + h * FEATURES)));
+    const __m512 d = halves_floats(supers + g0 / SUPER_BLOCKS * FEATURES);
+    for (int64_t r = 0; r < rows; r++) {
+        __m512i sum = _mm512_setzero_si512();
+        for (int b = 0; b < SUPER_BLOCKS; b++)
+            for (int h = 0; h < 2; h++)
+                sum = _mm512_add_epi32(
+                    sum, _mm512_mullo_epi32(_mm512_load_si512((const void *)dots[b][h][r]), scale[b][h]));
+        const __m512 step = _mm512_set1_ps(x->xscales[r * groups + g0 + SUPER_BLOCKS - 1]);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, step), acc[r]);
+    }
+}
+
+/* A strip's FEATURES features for up to AMX_ROWS rows of x */
+ALWAYS_INLINE void amx_tile(int64_t kind, const uint8_t *q, const void *scales, const void *extra,
+                            const TileRows *x, int64_t k, int64_t groups, int64_t rows, float *y, int64_t n) {
+    amx_shape_for(rows);
+    AmxDots dots __attribute__((aligned(64)));
+    __m512 acc[AMX_ROWS];
+    for (int64_t r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    const int64_t bytes = tile_bytes(kind);
+    for (int64_t g0 = 0; g0 < groups; g0 += SUPER_BLOCKS) {
+        const int64_t count = groups - g0 < SUPER_BLOCKS ? groups - g0 : SUPER_BLOCKS;
+        for (int64_t b = 0; b < count; b++) {
+            const uint8_t *block = q + (g0 + b) * bytes;
+            prefetch_ahead(block, bytes);
+            amx_block_dots(kind, block, x, k, g0 + b, dots[b]);
+        }
+        if (factored(kind))
+            amx_k_quant_sums((const uint8_t *)scales, (const uint16_t *)extra, x, groups, g0, rows, dots,
+                             acc);
+        else if (kind == KIND_Q6_K)
+            amx_q6_k_sums((const int8_t *)scales, (const uint16_t *)extra, x, groups, g0, rows, dots, acc);
+        else
+            amx_block_sums(kind, scales, extra, x, groups, g0, count, rows, dots, acc);
+    }
+    for (int64_t r = 0; r < rows; r++) _mm512_storeu_ps(y + r * n, acc[r]);
+}
+
+/* amx_tile, one copy per kind */
+static void amx_rows(int64_t kind, const uint8_t *q, const void *scales, const void *extra, const TileRows *x,
+                     int64_t k, int64_t groups, int64_t rows, float *y, int64_t n) {
+#define AMX_CALL(kind_code) amx_tile(kind_code, q, scales, extra, x, k, groups, rows, y, n)
+    switch (kind) {
+        case KIND_Q6_K: AMX_CALL(KIND_Q6_K); break;
+        case KIND_Q4_1: AMX_CALL(KIND_Q4_1); break;
+        case KIND_Q8_0: AMX_CALL(KIND_Q8_0); break;
+        case KIND_Q5_1: AMX_CALL(KIND_Q5_1); break;
+        case KIND_Q4_K: AMX_CALL(KIND_Q4_K); break;
+        case KIND_Q5_K: AMX_CALL(KIND_Q5_K); break;
+        default: AMX_CALL(KIND_Q5_0); break;
+    }
+#undef AMX_CALL
+}
+#else
+#define INTERLEAVED_AMX 0
+#endif
+
 /* A call's rows for a kind: AVX2's Q4, Q5 and Q6 tiles, which unpack a block's weights
    once for all of them, take up to WIDE_ROWS (at 64 rows Q5_K 0.82x the time, Q6_K
    0.90x, Q5_0 0.90-1.01x, Q4_K and Q4_1 0.85-0.89x: nibble_block_times); Q8_0's 8,
@@ -1008,16 +1235,17 @@ static void free_rounded(RoundedRows *x) {
 }
 
 /* Room for x rounded for the parts whose super_blocked is super, with the operands
-   they read; 1 when out of memory (nothing left to free then). */
+   they read (the AMX tiles, amx, read neither xu nor xhalfsums); 1 when out of memory
+   (nothing left to free then). */
 static int alloc_rounded(const InterleavedWeight *parts, int64_t count, int super, int64_t rows,
-                         int64_t k, RoundedRows *out) {
+                         int64_t k, int amx, RoundedRows *out) {
     int with_xu = 0, with_halves = 0, with_pairs = 0;
     for (int64_t p = 0; p < count; p++) {
         const int64_t kind = parts[p].kind;
         if (super_blocked(kind) != super) continue;
-        with_xu |= (INTERLEAVED_VECTORIZED == 2 && kind == KIND_Q8_0) ||
+        with_xu |= (INTERLEAVED_VECTORIZED == 2 && kind == KIND_Q8_0 && !amx) ||
                    (INTERLEAVED_VECTORIZED == 1 && kind == KIND_Q6_K && rows > TILE_ROWS);
-        with_halves |= kind == KIND_Q5_0 || (INTERLEAVED_VECTORIZED > 0 && kind == KIND_Q6_K);
+        with_halves |= (kind == KIND_Q5_0 || (INTERLEAVED_VECTORIZED > 0 && kind == KIND_Q6_K)) && !amx;
         with_pairs |= factored(kind);
     }
     const int64_t groups = rows * k / BLOCK;
@@ -1099,11 +1327,16 @@ static int interleaved_linear(const InterleavedWeight *parts, int64_t count, con
         reads[super_blocked(parts[p].kind)] = 1;
     }
     const int64_t strips = first[count], n = strips * FEATURES;
+#if INTERLEAVED_AMX
+    const int amx = rows > TILE_ROWS && amx_permitted();
+#else
+    const int amx = 0;
+#endif
     RoundedRows rounded[2];
     memset(rounded, 0, sizeof rounded);
     int failed = 0;
     for (int super = 0; super < 2 && !failed; super++)
-        if (reads[super]) failed = alloc_rounded(parts, count, super, rows, k, rounded + super);
+        if (reads[super]) failed = alloc_rounded(parts, count, super, rows, k, amx, rounded + super);
     Share *shares = failed ? NULL : new_shares(strips, num_threads);
     if (shares == NULL) {
         free_rounded(rounded);
@@ -1122,18 +1355,31 @@ static int interleaved_linear(const InterleavedWeight *parts, int64_t count, con
             const InterleavedWeight *w = parts + p;
             const RoundedRows *xr = rounded + super_blocked(w->kind);
             const int64_t local = s - first[p];
+            const uint8_t *quants = (const uint8_t *)w->quants + local * groups * tile_bytes(w->kind);
+            const void *scales = (const char *)w->scales + local * strip_scale_bytes(w->kind, groups);
+            const void *extra =
+                w->extra == NULL ? NULL : (const char *)w->extra + local * strip_extra_bytes(w->kind, groups);
+#if INTERLEAVED_AMX
+            const int64_t step = amx ? AMX_ROWS : row_step(w->kind);
+#else
             const int64_t step = row_step(w->kind);
+#endif
             for (int64_t r0 = 0; r0 < rows; r0 += step) {
                 const TileRows tile = tile_rows(xr, r0, k);
-                interleaved_rows(
-                    w->kind, (const uint8_t *)w->quants + local * groups * tile_bytes(w->kind),
-                    (const char *)w->scales + local * strip_scale_bytes(w->kind, groups),
-                    w->extra == NULL ? NULL
-                                     : (const char *)w->extra + local * strip_extra_bytes(w->kind, groups),
-                    &tile, k, groups, rows - r0 < step ? rows - r0 : step,
-                    y + r0 * n + s * FEATURES, n);
+                const int64_t chunk = rows - r0 < step ? rows - r0 : step;
+                float *out = y + r0 * n + s * FEATURES;
+#if INTERLEAVED_AMX
+                if (amx) {
+                    amx_rows(w->kind, quants, scales, extra, &tile, k, groups, chunk, out, n);
+                    continue;
+                }
+#endif
+                interleaved_rows(w->kind, quants, scales, extra, &tile, k, groups, chunk, out, n);
             }
         }
+#if INTERLEAVED_AMX
+        amx_done();
+#endif
     }
     free_rounded(rounded);
     free_rounded(rounded + 1);

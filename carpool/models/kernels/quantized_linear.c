@@ -127,6 +127,12 @@ int interleaved_int8_linear(const InterleavedWeight *parts, int64_t count, const
 /* The size of InterleavedWeight, checked against its ctypes declaration. */
 int64_t interleaved_weight_size(void) { return (int64_t)sizeof(InterleavedWeight); }
 
-/* How the interleaved kernel was built: 2 with AVX-512 VNNI, 1 with AVX2, 0 its
-   portable C. */
-int64_t interleaved_vectorized(void) { return INTERLEAVED_VECTORIZED; }
+/* How the interleaved kernel runs here: 3 with AMX tiles past TILE_ROWS rows (built for
+   a CPU with AMX, or emulated, and Linux grants the tiles; AVX-512 VNNI up to that),
+   2 with AVX-512 VNNI, 1 with AVX2, 0 its portable C. */
+int64_t interleaved_vectorized(void) {
+#if INTERLEAVED_AMX
+    if (amx_permitted()) return 3;
+#endif
+    return INTERLEAVED_VECTORIZED;
+}

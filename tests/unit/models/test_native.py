@@ -156,12 +156,23 @@ def test_the_half_conversions_round_as_torch_does(
 # On an AVX-512 CPU, -march=native builds the AVX-512 code: this rung keeps the AVX2
 # code (which AVX2-only CPUs run) in the comparison.
 AVX2_RUNG = ("-mavx2", "-mfma", "-mf16c")
+# On a CPU with AVX-512 VNNI (the AMX tiles' other half), the AMX tiles with their
+# instructions emulated in C (kernels/amx_tiles.h): the code around them checked on a
+# CPU without AMX.
+AMX_EMULATED_RUNG = (*FLAG_LADDER[0], "-DCARPOOL_AMX_EMULATED")
+
+
+def has_avx512_vnni() -> bool:
+    return "avx512_vnni" in native.cpu_id().split()
 
 
 def linear_flags() -> tuple[tuple[str, ...], ...]:
-    """The flag ladder, and the AVX2 rung where the CPU has AVX-512."""
+    """The flag ladder, and the AVX2 rung where the CPU has AVX-512 (and the emulated
+    AMX rung where it has AVX-512 VNNI)."""
     avx512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
-    return (*FLAG_LADDER, AVX2_RUNG) if avx512 else FLAG_LADDER
+    if not avx512:
+        return FLAG_LADDER
+    return (*FLAG_LADDER, AVX2_RUNG, *([AMX_EMULATED_RUNG] if has_avx512_vnni() else []))
 
 
 @pytest.fixture(scope="module")
@@ -205,19 +216,53 @@ def one_result_on_every_rung(
     return results[0]
 
 
+def test_the_emulated_amx_rung_runs_the_amx_tiles(
+    linear_rungs: list[tuple[tuple[str, ...], Path]],
+) -> None:
+    """The rung the bit-for-bit comparisons below include for the AMX code does run it
+    (its kernel says so), and the other rungs do not emulate anything."""
+    codes = {
+        extra: QuantizedLinearKernel(ctypes.CDLL(str(path))).interleaved_vectorized
+        for extra, path in linear_rungs
+    }
+    if AMX_EMULATED_RUNG not in codes or codes[FLAG_LADDER[0]] < 2:
+        pytest.skip("no AVX-512 VNNI code here (the CPU's or the compiler's): no AMX tiles")
+    assert codes[AMX_EMULATED_RUNG] == 3
+    assert codes[FLAG_LADDER[-1]] == 0
+    assert codes[AVX2_RUNG] == 1
+
+
+def test_the_amx_instructions_build_for_a_cpu_with_amx(compiler: str, tmp_path: Path) -> None:
+    """The AMX tiles' real instructions (not emulated) compile for a Sapphire Rapids,
+    the first CPU with AMX, whatever CPU builds them: they run where one is found."""
+    probe = tmp_path / "probe.c"
+    probe.write_text("int main(void) { return 0; }\n")
+    known = subprocess.run(
+        [compiler, "-march=sapphirerapids", "-fsyntax-only", str(probe)], capture_output=True
+    )
+    if known.returncode != 0:
+        pytest.skip("the compiler does not know -march=sapphirerapids")
+    library = build_library(
+        "quantized_linear", compiler, (*BASE_FLAGS, "-march=sapphirerapids", "-fopenmp"), tmp_path
+    )
+    assert library.exists()
+
+
 @pytest.mark.parametrize("kind", INTERLEAVED)
 def test_the_interleaved_int8_kernel_computes_the_same_bits_on_every_rung(
     linear_rungs: list[tuple[tuple[str, ...], Path]], kind: str
 ) -> None:
-    """Its portable C (the plain rungs, or a CPU without AVX-512 VNNI) and its vector
-    code do the same arithmetic: one result, bit for bit."""
-    packed, _ = gguf_weight(kind, 48, 128, seed=2)
+    """Its portable C (the plain rungs, or a CPU without AVX-512 VNNI), its vector code
+    and its AMX tiles (emulated: past 8 rows, 16 at a time) do the same arithmetic:
+    one result, bit for bit."""
+    # 11 blocks a row: the AMX tiles' 8 at a time, then 3
+    packed, _ = gguf_weight(kind, 48, 352, seed=2)
     interleaved = Interleaved.of(packed)
     assert interleaved is not None
     # up to 8 rows AVX2's four at a time (every remainder), more its wide tiles (one
-    # unpacking for every row), and past a call's 64
+    # unpacking for every row), and past a call's 64 (AMX's 16 at a time, then 6)
     for rows in (1, 3, 6, 9, 70):
-        x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows))
+        x = torch.randn(rows, 352, generator=torch.Generator().manual_seed(rows))
         one_result_on_every_rung(linear_rungs, x, packed, interleaved)
 
 
