@@ -265,6 +265,24 @@ ALWAYS_INLINE void unpack_nibbles(int64_t kind, const uint8_t *q, __m512i w[8]) 
     }
 }
 
+/* Row r's acc past block g: the block's integer dot q . xq times x's step and the
+   block's scale, and for Q4_1 and Q5_1 x's float sum times its min (the header's
+   arithmetic). The VNNI and AMX tiles both end a block here: the same bits. */
+ALWAYS_INLINE __m512 block_scaled(__m512i dot, const TileRows *x, int64_t groups, int64_t r, int64_t g,
+                                  __m512 scale, __m512 min, int with_mins, __m512 acc) {
+    const __m512 part = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(x->xscales[r * groups + g]));
+    acc = _mm512_fmadd_ps(part, scale, acc);
+    return with_mins ? _mm512_fmadd_ps(_mm512_set1_ps(x->xsums[r * groups + g]), min, acc) : acc;
+}
+
+/* Row r's acc past the K-quant super-block that ends with block g: its integer sum
+   dots converted once and scaled by d (or -dmin) times x's step */
+ALWAYS_INLINE __m512 super_scaled(__m512i dots, __m512 d, const TileRows *x, int64_t groups, int64_t r,
+                                  int64_t g, __m512 acc) {
+    const __m512 step = _mm512_set1_ps(x->xscales[r * groups + g]);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), _mm512_mul_ps(d, step), acc);
+}
+
 /* x's rows as vpdpbusd's unsigned operand: Q4_1's and Q5's weights are the unsigned
    bytes and x the signed ones; Q8_0's signed weights take x + 128 (xu) as the unsigned
    ones */
@@ -301,10 +319,7 @@ ALWAYS_INLINE void interleaved_tile(int64_t kind, const uint8_t *q, const void *
                 if (kind == KIND_Q5_0)
                     dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(q5_0_offset(x, groups, r, g)));
             }
-            const __m512 part =
-                _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(x->xscales[r * groups + g]));
-            acc[r] = _mm512_fmadd_ps(part, scale, acc[r]);
-            if (with_mins) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(x->xsums[r * groups + g]), min, acc[r]);
+            acc[r] = block_scaled(dot, x, groups, r, g, scale, min, with_mins, acc[r]);
         }
     }
     for (int64_t r = 0; r < rows; r++) _mm512_storeu_ps(y + r * n, acc[r]);
@@ -332,9 +347,7 @@ ALWAYS_INLINE __m512 k_quant_super(__m512i dots, const __m512i min_pairs[SUPER_B
     __m512i mins = _mm512_setzero_si512();
     for (int i = 0; i < SUPER_BLOCKS / 2; i++)
         mins = _mm512_dpwssd_epi32(mins, min_pairs[i], _mm512_set1_epi32(pairs[i]));
-    const __m512 step = _mm512_set1_ps(x->xscales[r * groups + g]);
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), _mm512_mul_ps(d, step), acc);
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(neg_dmin, step), acc);
+    return super_scaled(mins, neg_dmin, x, groups, r, g, super_scaled(dots, d, x, groups, r, g, acc));
 }
 
 /* Q4_K's and Q5_K's tile (the arithmetic in the header comment): a block's integer
@@ -793,8 +806,7 @@ ALWAYS_INLINE void q6_k_tile(const uint8_t *q, const int8_t *scales, const uint1
             dots[r] = _mm512_add_epi32(dots[r], _mm512_add_epi32(_mm512_mullo_epi32(sums[0], first_scale),
                                                                  _mm512_mullo_epi32(sums[1], second_scale)));
             if (g % SUPER_BLOCKS == SUPER_BLOCKS - 1) {
-                const __m512 step = _mm512_set1_ps(x->xscales[r * groups + g]);
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[r]), _mm512_mul_ps(d, step), acc[r]);
+                acc[r] = super_scaled(dots[r], d, x, groups, r, g, acc[r]);
                 dots[r] = _mm512_setzero_si512();
             }
         }
@@ -1079,12 +1091,8 @@ ALWAYS_INLINE void amx_block_sums(int64_t kind, const void *scales, const void *
     }
     for (int64_t r = 0; r < rows; r++)
         for (int64_t b = 0; b < count; b++) {
-            const int64_t g = g0 + b;
             const __m512i dot = _mm512_load_si512((const void *)dots[b][0][r]);
-            const __m512 part =
-                _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(x->xscales[r * groups + g]));
-            acc[r] = _mm512_fmadd_ps(part, scale[b], acc[r]);
-            if (with_mins) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(x->xsums[r * groups + g]), min[b], acc[r]);
+            acc[r] = block_scaled(dot, x, groups, r, g0 + b, scale[b], min[b], with_mins, acc[r]);
         }
 }
 
@@ -1124,8 +1132,7 @@ ALWAYS_INLINE void amx_q6_k_sums(const int8_t *scales, const uint16_t *supers, c
             for (int h = 0; h < 2; h++)
                 sum = _mm512_add_epi32(
                     sum, _mm512_mullo_epi32(_mm512_load_si512((const void *)dots[b][h][r]), scale[b][h]));
-        const __m512 step = _mm512_set1_ps(x->xscales[r * groups + g0 + SUPER_BLOCKS - 1]);
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, step), acc[r]);
+        acc[r] = super_scaled(sum, d, x, groups, r, g0 + SUPER_BLOCKS - 1, acc[r]);
     }
 }
 
